@@ -1,0 +1,68 @@
+// cmd_train.cpp: `train` and `plan`, which share the config options: --config FILE, repeatable
+// --set section.key=value and --print-config (print the resolved YAML and exit 0).
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/commands.h"
+#include "engine/config/config.h"
+#include "engine/core/check.h"
+#include "engine/train/trainer.h"
+
+namespace ms::app {
+namespace {
+
+struct ConfigArgs {
+    std::string config_path;
+    std::vector<std::string> overrides;
+    bool print_config = false;
+};
+
+void add_config_args(CLI::App* cmd, ConfigArgs& args) {
+    cmd->add_option("-c,--config", args.config_path, "YAML config file (without it: the built-in defaults)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--set", args.overrides,
+                    "Override one key, applied after the file: section.key=value (repeatable), "
+                    "e.g. --set training.train_iters=100")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    cmd->add_flag("--print-config", args.print_config, "Print the resolved config as YAML and exit");
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& parent) {
+    CLI::App* cmd = parent.add_subcommand("train", "Train a GPT model as configured");
+    auto args = std::make_shared<ConfigArgs>();
+    add_config_args(cmd, *args);
+    return {cmd, [args]() {
+                const Config cfg = load_config(args->config_path, args->overrides);
+                if (args->print_config) {
+                    std::cout << config_to_yaml(cfg) << std::flush;
+                    return kExitOk;
+                }
+                return run_train(cfg);
+            }};
+}
+
+Command add_plan_command(CLI::App& parent) {
+    CLI::App* cmd = parent.add_subcommand(
+        "plan", "Validate a config for a world size and print the layout, derived values and memory per rank");
+    auto args = std::make_shared<ConfigArgs>();
+    auto world_size = std::make_shared<int>(1);
+    add_config_args(cmd, *args);
+    cmd->add_option("--world-size", *world_size, "Number of ranks to plan for")
+        ->default_val(1)
+        ->check(CLI::Range(1, 1 << 20));
+    return {cmd, [args, world_size]() {
+                const Config cfg = load_config(args->config_path, args->overrides);
+                if (args->print_config) {
+                    std::cout << config_to_yaml(cfg) << std::flush;
+                    return kExitOk;
+                }
+                return run_plan(cfg, *world_size);
+            }};
+}
+
+}  // namespace ms::app

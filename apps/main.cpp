@@ -1,0 +1,47 @@
+// main.cpp: mindspeed-train's command line -- `--version` and the train / plan / preprocess subcommands.
+//
+// Exit codes (engine/core/check.h): a bad command line or a UserError (bad config, bad data) exits 2 with one
+// "error: ..." sentence on stderr before anything large is allocated.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "apps/commands.h"
+#include "engine/core/check.h"
+
+namespace {
+
+// UserError texts already say what kind of error they are ("config error: ...", "data error: ..."); others get
+// the plain "error: " prefix.
+std::string user_error_line(const std::string& what) {
+    const size_t colon = what.find(": ");
+    const std::string head = what.substr(0, colon == std::string::npos ? 0 : colon);
+    const bool has_kind = head.size() >= 5 && head.size() <= 24 && head.compare(head.size() - 5, 5, "error") == 0 &&
+                          head.find_first_not_of("abcdefghijklmnopqrstuvwxyz ") == std::string::npos;
+    return has_kind ? what : "error: " + what;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on the CPU today"};
+    app.set_version_flag("--version", std::string("mindspeed-train ") + MS_VERSION);
+    app.require_subcommand(1);
+    const ms::app::Command commands[] = {ms::app::add_train_command(app), ms::app::add_plan_command(app),
+                                         ms::app::add_preprocess_command(app)};
+    try {
+        app.parse(argc, argv);
+        for (const ms::app::Command& c : commands) {
+            if (c.cli->parsed()) return c.run();
+        }
+        return ms::kExitConfigError;  // unreachable: require_subcommand(1)
+    } catch (const CLI::ParseError& e) {
+        const int rc = app.exit(e);  // prints help / version to stdout, errors to stderr
+        return rc == 0 ? ms::kExitOk : ms::kExitConfigError;
+    } catch (const ms::UserError& e) {
+        std::fflush(stdout);
+        std::cerr << user_error_line(e.what()) << std::endl;
+        return e.exit_code();
+    }
+}

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# cpu_gpt2_124m.sh: GPT-2 124M (12 layers, 768 hidden, 12 heads, vocab 50257 -> 50304, fp32, micro-batch 4, seq 64)
+# trained for a few steps by mindspeed-train and by the PyTorch peer (bench/torch_gpt2_bench.py), alternating, in
+# one run, on the same threads, under two environments:
+#   default: the machine's environment as it is (OPENBLAS_CORETYPE as set; glibc malloc for PyTorch);
+#   best:    OPENBLAS_CORETYPE unset (OpenBLAS picks its AVX-512 kernel) and PyTorch with jemalloc
+#            (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=retain:true,...); each command changes only itself.
+# Prints ms/step, tokens/s, MFU against the sgemm peak measured in the same environment, and the ratio.
+#   bench/cpu_gpt2_124m.sh [build-dir] [rounds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+rounds=${2:-2}
+threads=${MS_BENCH_THREADS:-2}
+steps=${MS_BENCH_STEPS:-6}
+py=/usr/bin/python3
+bin=$build/mindspeed-train
+[ -x "$bin" ] || { echo "bench: $bin not found: run scripts/setup.sh first" >&2; exit 2; }
+jemalloc=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n1 || true)
+out=$(mktemp -d)
+tokens=$((4 * 64))
+
+ms_run() {  # $1: env label; prints median ms/step and the measured peak
+  local envcmd=("${@:2}")
+  "${envcmd[@]}" env OMP_NUM_THREADS=$threads "$bin" train --config configs/gpt2-124m.yaml \
+    --set data.source=synthetic --set data.synthetic.vocab_size=50257 --set data.synthetic.num_tokens=200000 \
+    --set model.vocab_size=50257 --set model.seq_length=64 --set model.max_position_embeddings=1024 \
+    --set training.micro_batch_size=4 --set training.global_batch_size=4 \
+    --set training.train_iters=$((steps + 2)) --set logging.log_interval=1 --set eval.eval_interval=0 \
+    --set eval.sample_tokens=0 --set run.output_dir="$out/ms-$1" --set run.num_threads=$threads \
+    > "$out/ms-$1.log" 2>&1
+  local peak med
+  peak=$(grep -o 'peak: [0-9.]* GFLOP/s' "$out/ms-$1.log" | awk '{print $2}')
+  med=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/ms-$1.log" | awk '{print $NF}' | tail -n +3 |
+        sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
+  echo "$med $peak"
+}
+
+torch_run() {  # $1: env label
+  local envcmd=("${@:2}")
+  "${envcmd[@]}" "$py" bench/torch_gpt2_bench.py --threads $threads --steps $steps --warmup 2 > "$out/torch-$1.log" 2>&1
+  tail -n1 "$out/torch-$1.log" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["median_ms_per_step"])'
+}
+
+# FLOPs per step by Megatron's formula (the same one the trainer's MFU uses), 124M at seq 64, micro-batch 4.
+flops=$("$py" -c "L,C,T,V,B=12,768,64,50304,4; print(72*B*T*L*C*C*(1+T/(6*C)+V/(12*L*C)))")
+
+declare -A ms_ms torch_ms peak
+for r in $(seq 1 "$rounds"); do
+  for e in default best; do
+    if [ $e = default ]; then ms_env=(env); torch_env=(env)
+    else ms_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+         torch_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE LD_PRELOAD=$jemalloc
+                    MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1); fi
+    read -r m p < <(ms_run "$e-$r" "${ms_env[@]}")
+    t=$(torch_run "$e-$r" "${torch_env[@]}")
+    echo "round $r $e: mindspeed-train ${m} ms/step (peak ${p} GFLOP/s), pytorch ${t} ms/step"
+    ms_ms[$e]="${ms_ms[$e]:-} $m"; torch_ms[$e]="${torch_ms[$e]:-} $t"; peak[$e]="${peak[$e]:-} $p"
+  done
+done
+
+best() { tr ' ' '\n' | grep -v '^$' | sort -g | head -n1; }
+printf '\n%-9s %-16s %10s %10s %8s\n' env system ms/step tokens/s MFU
+for e in default best; do
+  m=$(echo "${ms_ms[$e]}" | best); t=$(echo "${torch_ms[$e]}" | best); p=$(echo "${peak[$e]}" | tr ' ' '\n' | sort -g | tail -n1)
+  "$py" - "$e" "$m" "$t" "$p" "$flops" "$tokens" <<'PY'
+import sys
+e, m, t, p, flops, tokens = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+for name, ms in (("mindspeed", m), ("pytorch", t)):
+    print(f"{e:<9} {name:<16} {ms:10.1f} {tokens / (ms / 1e3):10.1f} {100 * flops / (ms / 1e3) / (p * 1e9):7.1f}%")
+print(f"{e:<9} speedup mindspeed/pytorch (tokens/s): {t / m:.2f}x | sgemm peak {p:.1f} GFLOP/s")
+PY
+done
+echo "logs: $out"

@@ -1,0 +1,217 @@
+// backend.h: the op interface every device implements (CPU now, CUDA later), one method per op family.
+//
+// Dimensions: B batch, T sequence, C hidden, NH heads, HS = C/NH head size, V vocab (real), Vp padded vocab,
+// N = B*T rows. TP-local sizes end in _local. All tensors are contiguous row-major views (engine/core/tensor.h)
+// whose storage belongs to the caller. Weights are in Linear orientation: (out_features, in_features).
+//
+// Accumulation contract (the same for every backend):
+//   - parameter gradients (dweight, dbias, dtable, dpos) are ACCUMULATED (+=): gradient accumulation over
+//     micro-batches needs no extra buffers and the trainer zeroes them once per step;
+//   - activation gradients (dinp) follow the `Accumulate` field of their op: kOverwrite (=) or kAdd (+=).
+//     kAdd is used where an activation feeds two consumers (the residual stream).
+// Every op is deterministic: the same inputs give bit-identical outputs on the same machine and thread count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "engine/core/tensor.h"
+
+namespace ms {
+
+enum class Accumulate : uint8_t { kOverwrite, kAdd };
+
+enum class OpKind : uint16_t {
+    kEmbeddingForward,
+    kEmbeddingBackward,
+    kLayerNormForward,
+    kLayerNormBackward,
+    kMatmulForward,
+    kMatmulBackward,
+    kAttentionForward,
+    kAttentionBackward,
+    kGeluForward,
+    kGeluBackward,
+    kResidualForward,
+    kCrossEntropyForward,
+    kCrossEntropyBackward,
+    kAdamW,
+    kSumSquares,
+    kCount
+};
+
+// out[n] = (vocab_start <= tok[n] < vocab_start + V_local ? table[tok[n] - vocab_start] : 0) + (pos ? pos[n % T] : 0)
+struct EmbeddingForwardArgs {
+    Tensor tokens;        // (N) int32, token ids in [0, V)
+    Tensor table;         // (V_local, C) this rank's rows of the (padded) token embedding
+    Tensor pos;           // (T, C) position embedding (optional: undefined skips the add)
+    Tensor out;           // (N, C)
+    int64_t vocab_start;  // first global row held in `table`
+    int64_t T;            // position of row n is n % T
+};
+struct EmbeddingBackwardArgs {
+    Tensor tokens;        // (N) int32
+    Tensor dout;          // (N, C)
+    Tensor dtable;        // (V_local, C) += (rows outside this rank's range are not touched)
+    Tensor dpos;          // (T, C) += (optional)
+    int64_t vocab_start;
+    int64_t T;
+};
+
+// out = (inp - mean) * rstd * weight + bias over the last dim; mean/rstd saved for the backward.
+struct LayerNormForwardArgs {
+    Tensor inp;     // (N, C)
+    Tensor weight;  // (C)
+    Tensor bias;    // (C)
+    Tensor out;     // (N, C)
+    Tensor mean;    // (N) fp32
+    Tensor rstd;    // (N) fp32
+    float eps;
+};
+struct LayerNormBackwardArgs {
+    Tensor dout;     // (N, C)
+    Tensor inp;      // (N, C)
+    Tensor weight;   // (C)
+    Tensor mean;     // (N)
+    Tensor rstd;     // (N)
+    Tensor dinp;     // (N, C) per `accumulate`
+    Tensor dweight;  // (C) +=
+    Tensor dbias;    // (C) +=
+    Accumulate accumulate;
+};
+
+// out = inp @ weight^T + bias
+struct MatmulForwardArgs {
+    Tensor inp;     // (N, K)
+    Tensor weight;  // (M, K)
+    Tensor bias;    // (M) (optional)
+    Tensor out;     // (N, M)
+};
+struct MatmulBackwardArgs {
+    Tensor dout;     // (N, M)
+    Tensor inp;      // (N, K)
+    Tensor weight;   // (M, K)
+    Tensor dinp;     // (N, K) per `accumulate` (optional: undefined skips it)
+    Tensor dweight;  // (M, K) +=
+    Tensor dbias;    // (M) += (optional)
+    Accumulate accumulate;
+};
+
+// Causal multi-head self-attention. qkv rows are [Q | K | V], each block head-major (head h owns columns
+// h*HS .. (h+1)*HS of its block). out = softmax(Q K^T / sqrt(HS) + causal mask) V, per head, written back
+// head-major as (N, NH_local*HS). lse (log-sum-exp of each softmax row) is saved for the backward, which
+// recomputes the probabilities: no (B, NH, T, T) tensor is ever kept.
+struct AttentionForwardArgs {
+    Tensor qkv;  // (B, T, 3*NH_local*HS)
+    Tensor out;  // (B, T, NH_local*HS)
+    Tensor lse;  // (B, NH_local, T) fp32
+    int64_t NH;  // heads held here (NH_local)
+};
+struct AttentionBackwardArgs {
+    Tensor dout;  // (B, T, NH_local*HS)
+    Tensor qkv;   // (B, T, 3*NH_local*HS)
+    Tensor out;   // (B, T, NH_local*HS) forward output
+    Tensor lse;   // (B, NH_local, T)
+    Tensor dqkv;  // (B, T, 3*NH_local*HS) overwritten
+    int64_t NH;
+};
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+struct GeluForwardArgs {
+    Tensor inp;  // (n)
+    Tensor out;  // (n) may alias inp? no: the backward needs inp
+};
+struct GeluBackwardArgs {
+    Tensor inp;   // (n) forward input
+    Tensor dout;  // (n)
+    Tensor dinp;  // (n) overwritten (may alias dout)
+};
+
+// out = a + b (the residual stream). Its backward is the identity on both inputs.
+struct ResidualForwardArgs {
+    Tensor a;    // (n)
+    Tensor b;    // (n)
+    Tensor out;  // (n) may alias a
+};
+
+// Vocab-parallel softmax cross-entropy in pieces, so TP can all-reduce between them (DESIGN.md §5).
+// Columns >= vocab_valid_local (the padded tail of the vocabulary) are masked out of max, sum and gradient.
+//   phase kMax:    row_max[n]  = max_j logits[n, j]                                  (before an all-reduce max)
+//   phase kSumExp: sum_exp[n]  = sum_j exp(logits[n, j] - row_max[n]);
+//                  target_logit[n] = logits[n, targets[n] - vocab_start] if in range, else 0   (before all-reduce sums)
+// loss[n] = log(sum_exp[n]) + row_max[n] - target_logit[n] is then a few flops on N values.
+enum class CrossEntropyPhase : uint8_t { kMax, kSumExp };
+struct CrossEntropyForwardArgs {
+    Tensor logits;        // (N, Vp_local)
+    Tensor targets;       // (N) int32 global ids
+    Tensor row_max;       // (N) fp32: written in kMax, read in kSumExp
+    Tensor sum_exp;       // (N) fp32: written in kSumExp
+    Tensor target_logit;  // (N) fp32: written in kSumExp
+    int64_t vocab_start;
+    int64_t vocab_valid_local;  // number of unmasked columns in this shard
+    CrossEntropyPhase phase;
+};
+// dlogits[n, j] = dloss[n] * (softmax[n, j] - [j == target]), 0 in masked columns. Written over logits.
+struct CrossEntropyBackwardArgs {
+    Tensor logits;   // (N, Vp_local) in: logits, out: dlogits
+    Tensor targets;  // (N) int32
+    Tensor row_max;  // (N) global max
+    Tensor sum_exp;  // (N) global sum
+    Tensor dloss;    // (N) fp32, e.g. 1 / (tokens per step)
+    int64_t vocab_start;
+    int64_t vocab_valid_local;
+};
+
+// One fused AdamW pass (decoupled weight decay, bias correction), for n contiguous elements:
+//   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+//   param -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * param )
+struct AdamWArgs {
+    Tensor param;  // (n) fp32
+    Tensor grad;   // (n)
+    Tensor m;      // (n) fp32
+    Tensor v;      // (n) fp32
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale;  // clipping factor folded into the pass
+    int64_t step;      // t >= 1, for the bias corrections
+};
+
+enum class BackendKind : uint8_t { kCPU, kCUDA };
+enum class OpMode : uint8_t { kFast, kReference };
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string_view name() const = 0;
+    virtual bool supports(OpKind op, DType dtype) const = 0;
+    virtual void synchronize() = 0;
+
+    virtual void embedding_forward(const EmbeddingForwardArgs& a) = 0;
+    virtual void embedding_backward(const EmbeddingBackwardArgs& a) = 0;
+    virtual void layernorm_forward(const LayerNormForwardArgs& a) = 0;
+    virtual void layernorm_backward(const LayerNormBackwardArgs& a) = 0;
+    virtual void matmul_forward(const MatmulForwardArgs& a) = 0;
+    virtual void matmul_backward(const MatmulBackwardArgs& a) = 0;
+    virtual void attention_forward(const AttentionForwardArgs& a) = 0;
+    virtual void attention_backward(const AttentionBackwardArgs& a) = 0;
+    virtual void gelu_forward(const GeluForwardArgs& a) = 0;
+    virtual void gelu_backward(const GeluBackwardArgs& a) = 0;
+    virtual void residual_forward(const ResidualForwardArgs& a) = 0;
+    virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
+    virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
+    virtual void adamw(const AdamWArgs& a) = 0;
+    // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm).
+    virtual double sum_squares(const Tensor& x) = 0;
+    // x[:] = 0
+    virtual void zero(const Tensor& x) = 0;
+};
+
+struct BackendOptions {
+    BackendKind kind = BackendKind::kCPU;
+    OpMode mode = OpMode::kFast;  // kReference: naive loops, the executable spec, for tests
+    int num_threads = 0;          // 0: OpenMP's default
+};
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+}  // namespace ms

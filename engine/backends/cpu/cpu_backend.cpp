@@ -1,0 +1,49 @@
+// cpu_backend.cpp: the CPU Backend: dispatches every op to cpu/ops/<op>.cpp in the configured mode.
+#include <omp.h>
+
+#include <cstring>
+
+#include "engine/backends/cpu/ops.h"
+
+namespace ms {
+namespace {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(const BackendOptions& o) : mode_(o.mode) {
+        if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
+    }
+    std::string_view name() const override { return mode_ == OpMode::kFast ? "cpu" : "cpu-reference"; }
+    bool supports(OpKind, DType dtype) const override { return dtype == DType::kF32; }
+    void synchronize() override {}
+
+    void embedding_forward(const EmbeddingForwardArgs& a) override { cpu::embedding_forward(a, mode_); }
+    void embedding_backward(const EmbeddingBackwardArgs& a) override { cpu::embedding_backward(a, mode_); }
+    void layernorm_forward(const LayerNormForwardArgs& a) override { cpu::layernorm_forward(a, mode_); }
+    void layernorm_backward(const LayerNormBackwardArgs& a) override { cpu::layernorm_backward(a, mode_); }
+    void matmul_forward(const MatmulForwardArgs& a) override { cpu::matmul_forward(a, mode_); }
+    void matmul_backward(const MatmulBackwardArgs& a) override { cpu::matmul_backward(a, mode_); }
+    void attention_forward(const AttentionForwardArgs& a) override { cpu::attention_forward(a, mode_); }
+    void attention_backward(const AttentionBackwardArgs& a) override { cpu::attention_backward(a, mode_); }
+    void gelu_forward(const GeluForwardArgs& a) override { cpu::gelu_forward(a, mode_); }
+    void gelu_backward(const GeluBackwardArgs& a) override { cpu::gelu_backward(a, mode_); }
+    void residual_forward(const ResidualForwardArgs& a) override { cpu::residual_forward(a, mode_); }
+    void cross_entropy_forward(const CrossEntropyForwardArgs& a) override { cpu::cross_entropy_forward(a, mode_); }
+    void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override { cpu::cross_entropy_backward(a, mode_); }
+    void adamw(const AdamWArgs& a) override { cpu::adamw(a, mode_); }
+    double sum_squares(const Tensor& x) override { return cpu::sum_squares(x, mode_); }
+    void zero(const Tensor& x) override { std::memset(x.data, 0, x.bytes()); }
+
+private:
+    OpMode mode_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
+    MS_CHECK(options.kind == BackendKind::kCPU, "backend kind {} is not built into this binary",
+             static_cast<int>(options.kind));
+    return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace ms

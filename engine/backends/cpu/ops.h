@@ -1,0 +1,30 @@
+// cpu/ops.h: the CPU implementations of every Backend op, one file per op under cpu/ops/<op>.cpp.
+//
+// Each op has two paths selected by OpMode:
+//   kReference: naive loops, fp32 (double where noted) accumulation, single-threaded: the executable spec;
+//   kFast:      OpenBLAS sgemm for the GEMMs, OpenMP over independent rows, no per-call allocation of large
+//               buffers (scratch is thread-local and grows once).
+// Both follow the accumulation contract in backends/backend.h.
+#pragma once
+
+#include "engine/backends/backend.h"
+
+namespace ms::cpu {
+
+void embedding_forward(const EmbeddingForwardArgs& a, OpMode mode);
+void embedding_backward(const EmbeddingBackwardArgs& a, OpMode mode);
+void layernorm_forward(const LayerNormForwardArgs& a, OpMode mode);
+void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode);
+void matmul_forward(const MatmulForwardArgs& a, OpMode mode);
+void matmul_backward(const MatmulBackwardArgs& a, OpMode mode);
+void attention_forward(const AttentionForwardArgs& a, OpMode mode);
+void attention_backward(const AttentionBackwardArgs& a, OpMode mode);
+void gelu_forward(const GeluForwardArgs& a, OpMode mode);
+void gelu_backward(const GeluBackwardArgs& a, OpMode mode);
+void residual_forward(const ResidualForwardArgs& a, OpMode mode);
+void cross_entropy_forward(const CrossEntropyForwardArgs& a, OpMode mode);
+void cross_entropy_backward(const CrossEntropyBackwardArgs& a, OpMode mode);
+void adamw(const AdamWArgs& a, OpMode mode);
+double sum_squares(const Tensor& x, OpMode mode);
+
+}  // namespace ms::cpu

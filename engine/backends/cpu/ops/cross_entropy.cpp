@@ -1,0 +1,164 @@
+// cross_entropy.cpp: vocab-parallel softmax cross-entropy in pieces (backend.h, DESIGN.md §5).
+//
+// Layouts: logits (N, Vp_local), targets (N) int32 global ids, row_max/sum_exp/target_logit/dloss (N) fp32.
+// Column j of this shard is global id vocab_start + j; columns j >= vocab_valid_local are the padded tail of the
+// vocabulary: they take no part in the max or the sum and get exactly 0 gradient.
+//   kMax:    row_max[n] = max_{j < valid} logits[n, j]
+//   kSumExp: sum_exp[n] = sum_{j < valid} exp(logits[n, j] - row_max[n]);  target_logit[n] = the target's logit
+//            when this shard holds it, else 0
+//   backward (in place over logits): dlogits[n, j] = dloss[n] * (exp(logits - row_max) / sum_exp - [j == target])
+// The fast path runs rows in parallel; each row's exp-sum is taken in float blocks of kBlock columns (vectorised)
+// whose sums are added in double, so the rounding error does not grow with Vp ~ 50k.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/vec_math.h"
+
+namespace ms::cpu {
+namespace {
+
+constexpr int64_t kBlock = 512;
+
+struct CrossEntropyShape {
+    int64_t N, Vp, valid;
+};
+
+CrossEntropyShape check_shapes(const Tensor& logits, int64_t vocab_valid_local) {
+    const int64_t Vp = logits.dim(-1);
+    const CrossEntropyShape s{logits.numel() / Vp, Vp, vocab_valid_local};
+    MS_CHECK(s.valid >= 0 && s.valid <= Vp, "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]",
+             s.valid, Vp);
+    return s;
+}
+
+void check_row_stat(const Tensor& t, int64_t N, const char* what) {
+    MS_CHECK(t.numel() == N, "cross_entropy: {} has {} elements, expected N = {}", what, t.numel(), N);
+}
+
+// Column of the target in this shard, or -1 when another shard holds it.
+inline int64_t target_column(int32_t target, int64_t vocab_start, int64_t valid) {
+    const int64_t j = static_cast<int64_t>(target) - vocab_start;
+    return j >= 0 && j < valid ? j : -1;
+}
+
+void forward_reference(const CrossEntropyForwardArgs& a, const CrossEntropyShape& s) {
+    const float* logits = a.logits.f32();
+    float* row_max = a.row_max.f32();
+    for (int64_t n = 0; n < s.N; ++n) {
+        const float* l = logits + n * s.Vp;
+        if (a.phase == CrossEntropyPhase::kMax) {
+            float max = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < s.valid; ++j) max = std::max(max, l[j]);
+            row_max[n] = max;
+        } else {
+            double sum = 0.0;
+            for (int64_t j = 0; j < s.valid; ++j) sum += std::exp(static_cast<double>(l[j]) - row_max[n]);
+            a.sum_exp.f32()[n] = static_cast<float>(sum);
+            const int64_t tj = target_column(a.targets.i32()[n], a.vocab_start, s.valid);
+            a.target_logit.f32()[n] = tj >= 0 ? l[tj] : 0.0f;
+        }
+    }
+}
+
+void forward_fast(const CrossEntropyForwardArgs& a, const CrossEntropyShape& s) {
+    const float* logits = a.logits.f32();
+    float* row_max = a.row_max.f32();
+    if (a.phase == CrossEntropyPhase::kMax) {
+#pragma omp parallel for schedule(static)
+        for (int64_t n = 0; n < s.N; ++n) {
+            const float* l = logits + n * s.Vp;
+            float max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : max)
+            for (int64_t j = 0; j < s.valid; ++j) max = std::max(max, l[j]);
+            row_max[n] = max;
+        }
+        return;
+    }
+    const int32_t* targets = a.targets.i32();
+    float* sum_exp = a.sum_exp.f32();
+    float* target_logit = a.target_logit.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < s.N; ++n) {
+        const float* l = logits + n * s.Vp;
+        const float max = row_max[n];
+        double sum = 0.0;
+        for (int64_t j0 = 0; j0 < s.valid; j0 += kBlock) {
+            const int64_t j1 = std::min(s.valid, j0 + kBlock);
+            float block_sum = 0.0f;
+#pragma omp simd reduction(+ : block_sum)
+            for (int64_t j = j0; j < j1; ++j) block_sum += exp_approx(l[j] - max);
+            sum += block_sum;
+        }
+        sum_exp[n] = static_cast<float>(sum);
+        const int64_t tj = target_column(targets[n], a.vocab_start, s.valid);
+        target_logit[n] = tj >= 0 ? l[tj] : 0.0f;
+    }
+}
+
+void backward_reference(const CrossEntropyBackwardArgs& a, const CrossEntropyShape& s) {
+    float* logits = a.logits.f32();
+    for (int64_t n = 0; n < s.N; ++n) {
+        float* l = logits + n * s.Vp;
+        const int64_t tj = target_column(a.targets.i32()[n], a.vocab_start, s.valid);
+        const double max = a.row_max.f32()[n], sum = a.sum_exp.f32()[n], dloss = a.dloss.f32()[n];
+        for (int64_t j = 0; j < s.Vp; ++j) {
+            const double p = j < s.valid ? std::exp(l[j] - max) / sum : 0.0;
+            const double indicator = j == tj ? 1.0 : 0.0;
+            l[j] = j < s.valid ? static_cast<float>(dloss * (p - indicator)) : 0.0f;
+        }
+    }
+}
+
+void backward_fast(const CrossEntropyBackwardArgs& a, const CrossEntropyShape& s) {
+    float* logits = a.logits.f32();
+    const int32_t* targets = a.targets.i32();
+    const float* row_max = a.row_max.f32();
+    const float* sum_exp = a.sum_exp.f32();
+    const float* dloss = a.dloss.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < s.N; ++n) {
+        float* l = logits + n * s.Vp;
+        const float max = row_max[n];
+        const float scale = dloss[n] / sum_exp[n];
+#pragma omp simd
+        for (int64_t j = 0; j < s.valid; ++j) l[j] = exp_approx(l[j] - max) * scale;
+        std::fill(l + s.valid, l + s.Vp, 0.0f);
+        const int64_t tj = target_column(targets[n], a.vocab_start, s.valid);
+        if (tj >= 0) l[tj] -= dloss[n];
+    }
+}
+
+}  // namespace
+
+void cross_entropy_forward(const CrossEntropyForwardArgs& a, OpMode mode) {
+    const CrossEntropyShape s = check_shapes(a.logits, a.vocab_valid_local);
+    check_row_stat(a.row_max, s.N, "row_max");
+    if (a.phase == CrossEntropyPhase::kSumExp) {
+        check_row_stat(a.targets, s.N, "targets");
+        check_row_stat(a.sum_exp, s.N, "sum_exp");
+        check_row_stat(a.target_logit, s.N, "target_logit");
+    }
+    if (mode == OpMode::kReference) {
+        forward_reference(a, s);
+    } else {
+        forward_fast(a, s);
+    }
+}
+
+void cross_entropy_backward(const CrossEntropyBackwardArgs& a, OpMode mode) {
+    const CrossEntropyShape s = check_shapes(a.logits, a.vocab_valid_local);
+    check_row_stat(a.targets, s.N, "targets");
+    check_row_stat(a.row_max, s.N, "row_max");
+    check_row_stat(a.sum_exp, s.N, "sum_exp");
+    check_row_stat(a.dloss, s.N, "dloss");
+    if (mode == OpMode::kReference) {
+        backward_reference(a, s);
+    } else {
+        backward_fast(a, s);
+    }
+}
+
+}  // namespace ms::cpu

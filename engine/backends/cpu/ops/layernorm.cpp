@@ -1,0 +1,210 @@
+// layernorm.cpp: LayerNorm over the last dim, forward and backward.
+//
+// Layouts: inp/out/dout/dinp (N, C), weight/bias/dweight/dbias (C), mean/rstd (N) fp32.
+// Forward:  norm = (x - mean) * rstd with rstd = 1 / sqrt(var + eps) (biased variance, two passes over the row),
+//           out = norm * weight + bias; mean and rstd are saved for the backward.
+// Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd   (= or += per `accumulate`)
+//           dweight += sum_n dout * norm;  dbias += sum_n dout.
+// The fast backward does the rows in parallel for dinp, then the columns in parallel for dweight/dbias (each
+// thread sums its columns over all rows in order): deterministic, no per-thread partial buffers.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "engine/backends/cpu/ops.h"
+
+namespace ms::cpu {
+namespace {
+
+void check_row_vector(const Tensor& t, int64_t C, const char* what) {
+    MS_CHECK(t.numel() == C, "layernorm: {} has {} elements, expected C = {}", what, t.numel(), C);
+}
+
+void forward_reference(const LayerNormForwardArgs& a, int64_t N, int64_t C) {
+    const float* inp = a.inp.f32();
+    const float* weight = a.weight.f32();
+    const float* bias = a.bias.f32();
+    float* out = a.out.f32();
+    for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C;
+        double mean = 0.0;
+        for (int64_t c = 0; c < C; ++c) mean += x[c];
+        mean /= static_cast<double>(C);
+        double var = 0.0;
+        for (int64_t c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+        var /= static_cast<double>(C);
+        const double rstd = 1.0 / std::sqrt(var + a.eps);
+        for (int64_t c = 0; c < C; ++c) {
+            out[n * C + c] = static_cast<float>((x[c] - mean) * rstd * weight[c] + bias[c]);
+        }
+        a.mean.f32()[n] = static_cast<float>(mean);
+        a.rstd.f32()[n] = static_cast<float>(rstd);
+    }
+}
+
+void forward_fast(const LayerNormForwardArgs& a, int64_t N, int64_t C) {
+    const float* inp = a.inp.f32();
+    const float* weight = a.weight.f32();
+    const float* bias = a.bias.f32();
+    float* out = a.out.f32();
+    float* mean_out = a.mean.f32();
+    float* rstd_out = a.rstd.f32();
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t c = 0; c < C; ++c) sum += x[c];
+        const float mean = sum / static_cast<float>(C);
+        float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+        for (int64_t c = 0; c < C; ++c) sq += (x[c] - mean) * (x[c] - mean);
+        const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(C) + a.eps);
+        float* o = out + n * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - mean) * rstd * weight[c] + bias[c];
+        mean_out[n] = mean;
+        rstd_out[n] = rstd;
+    }
+}
+
+void backward_reference(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
+    const float* dout = a.dout.f32();
+    const float* inp = a.inp.f32();
+    const float* weight = a.weight.f32();
+    const float* mean = a.mean.f32();
+    const float* rstd = a.rstd.f32();
+    float* dinp = a.dinp.f32();
+    float* dweight = a.dweight.f32();
+    float* dbias = a.dbias.f32();
+    for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        double g_mean = 0.0, g_norm_mean = 0.0;
+        for (int64_t c = 0; c < C; ++c) {
+            const double norm = (x[c] - static_cast<double>(mean[n])) * rstd[n];
+            g_mean += static_cast<double>(d[c]) * weight[c];
+            g_norm_mean += static_cast<double>(d[c]) * weight[c] * norm;
+        }
+        g_mean /= static_cast<double>(C);
+        g_norm_mean /= static_cast<double>(C);
+        for (int64_t c = 0; c < C; ++c) {
+            const double norm = (x[c] - static_cast<double>(mean[n])) * rstd[n];
+            const double g = static_cast<double>(d[c]) * weight[c];
+            const float di = static_cast<float>((g - g_mean - norm * g_norm_mean) * rstd[n]);
+            dinp[n * C + c] = a.accumulate == Accumulate::kAdd ? dinp[n * C + c] + di : di;
+        }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+        double dw = 0.0, db = 0.0;
+        for (int64_t n = 0; n < N; ++n) {
+            const double norm = (inp[n * C + c] - static_cast<double>(mean[n])) * rstd[n];
+            dw += dout[n * C + c] * norm;
+            db += dout[n * C + c];
+        }
+        dweight[c] += static_cast<float>(dw);
+        dbias[c] += static_cast<float>(db);
+    }
+}
+
+void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
+    const float* dout = a.dout.f32();
+    const float* inp = a.inp.f32();
+    const float* weight = a.weight.f32();
+    const float* mean = a.mean.f32();
+    const float* rstd = a.rstd.f32();
+    float* dinp = a.dinp.f32();
+    float* dweight = a.dweight.f32();
+    float* dbias = a.dbias.f32();
+    const bool add = a.accumulate == Accumulate::kAdd;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+            const float* x = inp + n * C;
+            const float* d = dout + n * C;
+            const float mu = mean[n], rs = rstd[n];
+            float g_sum = 0.0f, g_norm_sum = 0.0f;
+#pragma omp simd reduction(+ : g_sum, g_norm_sum)
+            for (int64_t c = 0; c < C; ++c) {
+                const float g = d[c] * weight[c];
+                g_sum += g;
+                g_norm_sum += g * (x[c] - mu) * rs;
+            }
+            const float g_mean = g_sum / static_cast<float>(C);
+            const float g_norm_mean = g_norm_sum / static_cast<float>(C);
+            float* di = dinp + n * C;
+            if (add) {
+#pragma omp simd
+                for (int64_t c = 0; c < C; ++c) {
+                    di[c] += (d[c] * weight[c] - g_mean - (x[c] - mu) * rs * g_norm_mean) * rs;
+                }
+            } else {
+#pragma omp simd
+                for (int64_t c = 0; c < C; ++c) {
+                    di[c] = (d[c] * weight[c] - g_mean - (x[c] - mu) * rs * g_norm_mean) * rs;
+                }
+            }
+        }
+        // Columns in blocks of 16 floats (one cache line), each block summed over all rows in order.
+        const int64_t num_blocks = (C + 15) / 16;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < num_blocks; ++blk) {
+            const int64_t c0 = blk * 16, c1 = std::min(C, c0 + 16);
+            float dw[16] = {}, db[16] = {};
+            for (int64_t n = 0; n < N; ++n) {
+                const float* x = inp + n * C;
+                const float* d = dout + n * C;
+                const float mu = mean[n], rs = rstd[n];
+#pragma omp simd
+                for (int64_t c = c0; c < c1; ++c) {
+                    dw[c - c0] += d[c] * (x[c] - mu) * rs;
+                    db[c - c0] += d[c];
+                }
+            }
+            for (int64_t c = c0; c < c1; ++c) {
+                dweight[c] += dw[c - c0];
+                dbias[c] += db[c - c0];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void layernorm_forward(const LayerNormForwardArgs& a, OpMode mode) {
+    const int64_t C = a.inp.dim(-1);
+    const int64_t N = a.inp.numel() / C;
+    MS_CHECK(a.out.numel() == N * C, "layernorm: out has {} elements, expected N({}) * C({})", a.out.numel(), N, C);
+    check_row_vector(a.weight, C, "weight");
+    check_row_vector(a.bias, C, "bias");
+    MS_CHECK(a.mean.numel() == N && a.rstd.numel() == N, "layernorm: mean/rstd have {}/{} elements, expected N = {}",
+             a.mean.numel(), a.rstd.numel(), N);
+    if (mode == OpMode::kReference) {
+        forward_reference(a, N, C);
+    } else {
+        forward_fast(a, N, C);
+    }
+}
+
+void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode) {
+    const int64_t C = a.inp.dim(-1);
+    const int64_t N = a.inp.numel() / C;
+    MS_CHECK(a.dout.numel() == N * C && a.dinp.numel() == N * C,
+             "layernorm: dout/dinp have {}/{} elements, expected N({}) * C({})", a.dout.numel(), a.dinp.numel(), N,
+             C);
+    check_row_vector(a.weight, C, "weight");
+    check_row_vector(a.dweight, C, "dweight");
+    check_row_vector(a.dbias, C, "dbias");
+    MS_CHECK(a.mean.numel() == N && a.rstd.numel() == N, "layernorm: mean/rstd have {}/{} elements, expected N = {}",
+             a.mean.numel(), a.rstd.numel(), N);
+    if (mode == OpMode::kReference) {
+        backward_reference(a, N, C);
+    } else {
+        backward_fast(a, N, C);
+    }
+}
+
+}  // namespace ms::cpu

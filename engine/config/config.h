@@ -1,0 +1,151 @@
+// config.h: the resolved run configuration, one struct per YAML section (DESIGN.md §7).
+//
+// Key names are Megatron's flags in snake_case (reference/ecosystem-reliability.md B1). Defaults live here,
+// next to each field. load_config() fills it from YAML + `--set section.key=value` overrides, strictly:
+// an unknown key, a wrong type or an impossible value throws ms::UserError (exit code 2) naming the key,
+// the value, the constraint and a hint. derive() computes the derived values; validate() checks them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ms {
+
+struct RunConfig {
+    std::string name = "run";
+    std::string output_dir = "runs/${run.name}";  // metrics.jsonl, resolved config, ...
+    uint64_t seed = 1234;
+    std::string backend = "cpu";  // cpu | cuda
+    int num_threads = 0;          // CPU backend threads; 0 = OpenMP default (OMP_NUM_THREADS or all cores)
+};
+
+struct ModelConfig {
+    std::string arch = "gpt";  // GPT-2: LayerNorm, learned positions, GELU-tanh, biases, tied head
+    int num_layers = 12;
+    int hidden_size = 768;
+    int num_attention_heads = 12;
+    int ffn_hidden_size = 0;  // 0 -> 4 * hidden_size
+    int seq_length = 1024;
+    int max_position_embeddings = 0;  // 0 -> seq_length
+    int vocab_size = 0;               // 0 -> from the data source (synthetic / byte tokenizer / GPT-2 BPE)
+    int make_vocab_size_divisible_by = 128;
+    bool untie_embeddings_and_output_weights = false;  // only `false` is supported
+    float layernorm_epsilon = 1e-5f;
+    float init_method_std = 0.02f;
+    float hidden_dropout = 0.0f;     // only 0 is supported on this backend
+    float attention_dropout = 0.0f;  // only 0 is supported on this backend
+};
+
+struct ParallelConfig {
+    int tensor_model_parallel_size = 1;
+    int pipeline_model_parallel_size = 1;
+    int data_parallel_size = 0;  // 0 = auto (world / (tp * pp)); if given it must match
+    int zero_stage = 0;
+    bool sequence_parallel = false;
+    std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
+    int virtual_pipeline_model_parallel_size = 1;
+};
+
+struct TrainingConfig {
+    int micro_batch_size = 4;
+    int global_batch_size = 0;  // 0 -> micro_batch_size * dp
+    int64_t train_iters = 100;
+    float clip_grad = 1.0f;  // 0 disables clipping
+    std::string recompute_granularity = "none";
+};
+
+struct MixedPrecisionConfig {
+    std::string dtype = "fp32";  // fp32 | bf16 | fp16
+};
+
+struct OptimizerConfig {
+    std::string type = "adamw";
+    float lr = 3e-4f;
+    float min_lr = 0.0f;
+    float weight_decay = 0.1f;
+    float adam_beta1 = 0.9f;
+    float adam_beta2 = 0.95f;
+    float adam_eps = 1e-8f;
+};
+
+struct LrScheduleConfig {
+    std::string lr_decay_style = "cosine";  // constant | linear | cosine
+    int64_t lr_warmup_iters = 0;
+    int64_t lr_decay_iters = 0;  // 0 -> train_iters
+};
+
+struct SyntheticConfig {
+    int vocab_size = 32;       // symbols of the Markov chain (tokens 0..vocab_size-1)
+    int branching = 4;         // successors per state
+    uint64_t seed = 7;         // the language itself (independent of run.seed)
+    int64_t num_tokens = 1 << 20;
+};
+
+struct DataConfig {
+    std::string source = "synthetic";  // synthetic | megatron | llmc | nanogpt
+    std::vector<std::string> data_path;  // prefix (megatron) or file(s) (llmc, nanogpt)
+    std::string split = "969,30,1";      // train,valid,test weights
+    SyntheticConfig synthetic;
+};
+
+struct CheckpointConfig {
+    std::string save;
+    std::string load;
+    int64_t save_interval = 0;
+};
+
+struct LoggingConfig {
+    int64_t log_interval = 10;
+    std::string metrics_file = "${run.output_dir}/metrics.jsonl";
+    double peak_flops = 0;  // FLOP/s used for MFU; 0 -> measured by an sgemm probe at start
+};
+
+struct EvalConfig {
+    int64_t eval_interval = 0;  // validation loss every N iterations; 0 disables
+    int64_t eval_iters = 10;    // validation micro-batches (of global_batch_size samples) per evaluation
+    int sample_tokens = 0;      // tokens generated at the end of training; 0 disables
+    float sample_temperature = 1.0f;
+    int sample_top_k = 0;  // 0 = no top-k truncation
+    std::string sample_prompt;
+};
+
+struct Config {
+    int schema_version = 1;
+    RunConfig run;
+    ModelConfig model;
+    ParallelConfig parallel;
+    TrainingConfig training;
+    MixedPrecisionConfig mixed_precision;
+    OptimizerConfig optimizer;
+    LrScheduleConfig lr_schedule;
+    DataConfig data;
+    CheckpointConfig checkpoint;
+    LoggingConfig logging;
+    EvalConfig eval;
+};
+
+// Values computed from a Config and the world size; printed at start.
+struct DerivedConfig {
+    int world_size = 1;
+    int dp = 1;
+    int padded_vocab = 0;       // ceil(V / (make_vocab_size_divisible_by * tp)) * that
+    int ffn_hidden = 0;
+    int num_microbatches = 1;   // global_batch / (micro_batch * dp)
+    int64_t tokens_per_step = 0;
+    int64_t num_parameters = 0;  // with the padded vocabulary
+};
+
+// Load YAML from `path` (may be empty: defaults only), apply `overrides` ("section.key=value" each),
+// resolve ${ENV}, ${ENV:-default} and ${section.key} references. Throws UserError on any problem.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Check every value and combination; fill `vocab_size` before calling if it comes from the data.
+// world_size is the number of ranks. Throws UserError with a sentence and a hint.
+DerivedConfig validate_config(const Config& cfg, int world_size);
+
+// The resolved config as YAML (for --print-config and the run directory).
+std::string config_to_yaml(const Config& cfg);
+
+}  // namespace ms

@@ -1,0 +1,291 @@
+// config_schema.cpp: the key table (paths, types, per-value constraints), value formatting and did-you-mean.
+#include "engine/config/config_schema.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <type_traits>
+
+#include "engine/core/check.h"
+
+namespace ms::config_detail {
+namespace {
+
+Constraint at_least(double lo) { return Constraint{.min = lo}; }
+Constraint positive() { return Constraint{.min = 0, .min_open = true}; }
+Constraint unit_interval_open() { return Constraint{.min = 0, .max = 1, .max_open = true}; }
+Constraint one_of(std::vector<std::string_view> choices) { return Constraint{.choices = std::move(choices)}; }
+
+const char* non_empty(const FieldPtr& ptr) {
+    return std::get<std::string*>(ptr)->empty() ? "must not be empty" : nullptr;
+}
+
+// Megatron's --split: up to three non-negative weights "train,valid,test" with a positive sum.
+const char* split_weights(const FieldPtr& ptr) {
+    static constexpr const char* kPhrase = "must be 1 to 3 comma-separated non-negative weights with a positive sum";
+    const std::string& s = *std::get<std::string*>(ptr);
+    double sum = 0;
+    int parts = 0;
+    size_t begin = 0;
+    while (true) {
+        size_t end = s.find(',', begin);
+        std::string part = s.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+        double w = 0;
+        auto [p, ec] = std::from_chars(part.data(), part.data() + part.size(), w);
+        if (part.empty() || ec != std::errc() || p != part.data() + part.size() || !(w >= 0) || !std::isfinite(w)) {
+            return kPhrase;
+        }
+        sum += w;
+        ++parts;
+        if (end == std::string::npos) break;
+        begin = end + 1;
+    }
+    return (parts <= 3 && sum > 0) ? nullptr : kPhrase;
+}
+
+std::string constraint_phrase(const Constraint& c) {
+    if (c.phrase) return c.phrase;
+    if (!c.choices.empty()) return fmt::format("must be one of: {}", fmt::join(c.choices, ", "));
+    bool has_min = c.min > -1e300, has_max = c.max < 1e300;
+    if (has_min && has_max) {
+        return fmt::format("must be in {}{}, {}{}", c.min_open ? "(" : "[", c.min, c.max, c.max_open ? ")" : "]");
+    }
+    if (has_min) return fmt::format("must be {} {}", c.min_open ? ">" : ">=", c.min);
+    if (has_max) return fmt::format("must be {} {}", c.max_open ? "<" : "<=", c.max);
+    return "is invalid";
+}
+
+// nullptr when the value satisfies c, else the phrase describing the constraint.
+std::string violation(const Field& f) {
+    const Constraint& c = f.constraint;
+    if (c.custom) {
+        const char* p = c.custom(f.ptr);
+        if (p) return p;
+    }
+    return std::visit(
+        [&](auto* p) -> std::string {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::string>) {
+                if (!c.choices.empty() && std::find(c.choices.begin(), c.choices.end(), *p) == c.choices.end()) {
+                    return constraint_phrase(c);
+                }
+            } else if constexpr (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) {
+                double v = static_cast<double>(*p);
+                if (std::is_floating_point_v<T> && !std::isfinite(v)) return "must be a finite number";
+                bool low = c.min_open ? v <= c.min : v < c.min;
+                bool high = c.max_open ? v >= c.max : v > c.max;
+                if (low || high) return constraint_phrase(c);
+            }
+            return "";
+        },
+        f.ptr);
+}
+
+}  // namespace
+
+std::vector<Field> config_fields(Config& c) {
+    // clang-format off
+    return {
+        {"schema_version", &c.schema_version,
+         Constraint{.min = 1, .max = 1, .phrase = "is not supported by this build (only schema_version 1)"}},
+
+        {"run.name", &c.run.name, Constraint{.custom = non_empty}},
+        {"run.output_dir", &c.run.output_dir, Constraint{.custom = non_empty}},
+        {"run.seed", &c.run.seed, {}},
+        {"run.backend", &c.run.backend, one_of({"cpu", "cuda"})},
+        {"run.num_threads", &c.run.num_threads, Constraint{.min = 0, .hint = "0 uses the OpenMP default"}},
+
+        {"model.arch", &c.model.arch, one_of({"gpt"})},
+        {"model.num_layers", &c.model.num_layers, at_least(1)},
+        {"model.hidden_size", &c.model.hidden_size, at_least(1)},
+        {"model.num_attention_heads", &c.model.num_attention_heads, at_least(1)},
+        {"model.ffn_hidden_size", &c.model.ffn_hidden_size,
+         Constraint{.min = 0, .hint = "0 or null means 4 * hidden_size"}, true},
+        {"model.seq_length", &c.model.seq_length, at_least(1)},
+        {"model.max_position_embeddings", &c.model.max_position_embeddings,
+         Constraint{.min = 0, .hint = "0 or null means seq_length"}, true},
+        {"model.vocab_size", &c.model.vocab_size,
+         Constraint{.min = 0, .hint = "0 or null takes it from the data source"}, true},
+        {"model.make_vocab_size_divisible_by", &c.model.make_vocab_size_divisible_by, at_least(1)},
+        {"model.untie_embeddings_and_output_weights", &c.model.untie_embeddings_and_output_weights, {}},
+        {"model.layernorm_epsilon", &c.model.layernorm_epsilon, positive()},
+        {"model.init_method_std", &c.model.init_method_std, positive()},
+        {"model.hidden_dropout", &c.model.hidden_dropout, unit_interval_open()},
+        {"model.attention_dropout", &c.model.attention_dropout, unit_interval_open()},
+
+        {"parallel.tensor_model_parallel_size", &c.parallel.tensor_model_parallel_size, at_least(1)},
+        {"parallel.pipeline_model_parallel_size", &c.parallel.pipeline_model_parallel_size, at_least(1)},
+        {"parallel.data_parallel_size", &c.parallel.data_parallel_size,
+         Constraint{.min = 0, .hint = "0, null or auto derives it as world_size / (tp * pp)"}, true},
+        {"parallel.zero_stage", &c.parallel.zero_stage,
+         Constraint{.min = 0, .max = 1, .phrase = "is not supported (0 or 1)",
+                    .hint = "ZeRO-1 (= use_distributed_optimizer: true) shards the optimizer state; "
+                            "stages 2 and 3 are not implemented"}},
+        {"parallel.sequence_parallel", &c.parallel.sequence_parallel, {}},
+        {"parallel.pipeline_schedule", &c.parallel.pipeline_schedule, one_of({"gpipe", "1f1b", "interleaved_1f1b"})},
+        {"parallel.virtual_pipeline_model_parallel_size", &c.parallel.virtual_pipeline_model_parallel_size,
+         at_least(1)},
+
+        {"training.micro_batch_size", &c.training.micro_batch_size, at_least(1)},
+        {"training.global_batch_size", &c.training.global_batch_size,
+         Constraint{.min = 0, .hint = "0 or null means micro_batch_size * data-parallel size"}, true},
+        {"training.train_iters", &c.training.train_iters, at_least(1)},
+        {"training.clip_grad", &c.training.clip_grad, Constraint{.min = 0, .hint = "0 disables clipping"}},
+        {"training.recompute_granularity", &c.training.recompute_granularity,
+         one_of({"none", "full", "selective"})},
+
+        {"mixed_precision.dtype", &c.mixed_precision.dtype, one_of({"fp32", "bf16", "fp16"})},
+
+        {"optimizer.type", &c.optimizer.type,
+         Constraint{.choices = {"adamw"}, .hint = "Megatron's 'adam' is AdamW: write adamw"}},
+        {"optimizer.lr", &c.optimizer.lr, at_least(0)},
+        {"optimizer.min_lr", &c.optimizer.min_lr, at_least(0)},
+        {"optimizer.weight_decay", &c.optimizer.weight_decay, at_least(0)},
+        {"optimizer.adam_beta1", &c.optimizer.adam_beta1, unit_interval_open()},
+        {"optimizer.adam_beta2", &c.optimizer.adam_beta2, unit_interval_open()},
+        {"optimizer.adam_eps", &c.optimizer.adam_eps, positive()},
+
+        {"lr_schedule.lr_decay_style", &c.lr_schedule.lr_decay_style, one_of({"constant", "linear", "cosine"})},
+        {"lr_schedule.lr_warmup_iters", &c.lr_schedule.lr_warmup_iters, at_least(0)},
+        {"lr_schedule.lr_decay_iters", &c.lr_schedule.lr_decay_iters,
+         Constraint{.min = 0, .hint = "0 or null means train_iters"}, true},
+
+        {"data.source", &c.data.source, one_of({"synthetic", "megatron", "llmc", "nanogpt"})},
+        {"data.data_path", &c.data.data_path, {}},
+        {"data.split", &c.data.split, Constraint{.custom = split_weights, .hint = "e.g. 969,30,1"}},
+        {"data.synthetic.vocab_size", &c.data.synthetic.vocab_size, at_least(2)},
+        {"data.synthetic.branching", &c.data.synthetic.branching, at_least(1)},
+        {"data.synthetic.seed", &c.data.synthetic.seed, {}},
+        {"data.synthetic.num_tokens", &c.data.synthetic.num_tokens, at_least(1)},
+
+        {"checkpoint.save", &c.checkpoint.save, {}},
+        {"checkpoint.load", &c.checkpoint.load, {}},
+        {"checkpoint.save_interval", &c.checkpoint.save_interval, Constraint{.min = 0, .hint = "0 disables saving"}},
+
+        {"logging.log_interval", &c.logging.log_interval, at_least(1)},
+        {"logging.metrics_file", &c.logging.metrics_file, {}},
+        {"logging.peak_flops", &c.logging.peak_flops,
+         Constraint{.min = 0, .hint = "0 measures it with an sgemm probe at start"}, true},
+
+        {"eval.eval_interval", &c.eval.eval_interval, Constraint{.min = 0, .hint = "0 disables validation"}},
+        {"eval.eval_iters", &c.eval.eval_iters, at_least(0)},
+        {"eval.sample_tokens", &c.eval.sample_tokens, Constraint{.min = 0, .hint = "0 disables sampling"}},
+        {"eval.sample_temperature", &c.eval.sample_temperature, positive()},
+        {"eval.sample_top_k", &c.eval.sample_top_k, Constraint{.min = 0, .hint = "0 disables top-k"}},
+        {"eval.sample_prompt", &c.eval.sample_prompt, {}},
+    };
+    // clang-format on
+}
+
+const std::vector<Alias>& config_aliases() {
+    static const std::vector<Alias> kAliases = {
+        {"parallel.use_distributed_optimizer", "parallel.zero_stage"},
+        {"mixed_precision.bf16", "mixed_precision.dtype"},
+        {"mixed_precision.fp16", "mixed_precision.dtype"},
+    };
+    return kAliases;
+}
+
+std::string type_name(const FieldPtr& ptr) {
+    static constexpr const char* kNames[] = {"an integer",
+                                             "an integer",
+                                             "a non-negative integer",
+                                             "a number",
+                                             "a number",
+                                             "a boolean (true or false)",
+                                             "a string",
+                                             "a string or a list of strings"};
+    return kNames[ptr.index()];
+}
+
+std::string float_text(double v, bool single) {
+    const std::string s = single ? fmt::format("{}", static_cast<float>(v)) : fmt::format("{}", v);
+    if (s.find_first_of("na") != std::string::npos) return s;  // inf / nan: never valid, only shown in messages
+    const size_t e = s.find('e');
+    std::string mantissa = s.substr(0, e), exponent = e == std::string::npos ? "" : s.substr(e + 1);
+    if (mantissa.find('.') == std::string::npos) mantissa += ".0";
+    if (exponent.empty()) return mantissa;
+    return mantissa + (exponent[0] == '-' || exponent[0] == '+' ? "e" : "e+") + exponent;
+}
+
+std::string value_text(const FieldPtr& ptr) {
+    return std::visit(
+        [](auto* p) -> std::string {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::string>) {
+                return *p;
+            } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+                return fmt::format("{}", fmt::join(*p, ","));
+            } else if constexpr (std::is_same_v<T, bool>) {
+                return *p ? "true" : "false";
+            } else if constexpr (std::is_floating_point_v<T>) {
+                return float_text(*p, std::is_same_v<T, float>);
+            } else {
+                return std::to_string(*p);
+            }
+        },
+        ptr);
+}
+
+std::string value_for_message(const FieldPtr& ptr) {
+    if (auto* s = std::get_if<std::string*>(&ptr)) return fmt::format("'{}'", **s);
+    if (auto* l = std::get_if<std::vector<std::string>*>(&ptr)) return fmt::format("[{}]", fmt::join(**l, ", "));
+    return value_text(ptr);
+}
+
+void check_fields(const Config& cfg, const std::map<std::string, std::string>* locs) {
+    Config copy = cfg;
+    for (const Field& f : config_fields(copy)) {
+        std::string phrase = violation(f);
+        if (phrase.empty()) continue;
+        std::string loc;
+        if (locs) {
+            auto it = locs->find(std::string(f.path));
+            if (it != locs->end()) loc = it->second;
+        }
+        std::string msg = fmt::format("{} = {} {}", f.path, value_for_message(f.ptr), phrase);
+        if (f.constraint.hint) msg += fmt::format("; hint: {}", f.constraint.hint);
+        config_error(loc, msg);
+    }
+}
+
+void config_error(const std::string& loc, const std::string& msg) {
+    if (loc.empty()) throw UserError("config error: " + msg);
+    throw UserError(fmt::format("config error: {}: {}", loc, msg));
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+std::string closest_match(std::string_view key, const std::vector<std::string>& candidates) {
+    // A typo is within about a third of the key's length; a truncated or partial key ("micro_batch",
+    // "warmup") is a substring of the intended one.
+    double best = 1e9;
+    std::string best_name;
+    for (const std::string& c : candidates) {
+        double d = static_cast<double>(edit_distance(key, c));
+        if (key.size() >= 4 && c.find(key) != std::string::npos) d = std::min(d, 0.5);
+        if (d < best) {
+            best = d;
+            best_name = c;
+        }
+    }
+    double limit = std::max<double>(2.0, static_cast<double>(key.size()) / 3.0);
+    return best <= limit ? best_name : "";
+}
+
+}  // namespace ms::config_detail

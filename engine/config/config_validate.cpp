@@ -1,0 +1,217 @@
+// config_validate.cpp: validate_config() -- the checks that involve more than one value, and the derived values.
+//
+// Order: single values (config_schema.cpp), then what this build can run (backend, precision, unsupported
+// features), then shapes, parallel layout and batch arithmetic, then schedule/data/checkpoint consistency, and
+// last the parallel axes this build cannot run yet -- so `plan` reports a structural mistake before "not
+// supported yet". Every message names the keys, their values and the constraint, Megatron-style, plus a hint.
+#include <fmt/format.h>
+
+#include "engine/config/config.h"
+#include "engine/config/config_schema.h"
+#include "engine/core/check.h"
+
+namespace ms {
+namespace {
+
+using config_detail::config_error;
+
+template <typename... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
+    config_error("", fmt::format(f, std::forward<Args>(args)...));
+}
+
+// Parameters of the GPT-2 architecture with tied embeddings: token + position embeddings, per layer
+// ln1 (2C), qkv (3C*C + 3C), attention projection (C*C + C), ln2 (2C), fc (F*C + F), fc projection (C*F + C),
+// and the final LayerNorm (2C).
+int64_t count_parameters(int64_t padded_vocab, int64_t max_positions, int64_t L, int64_t C, int64_t F) {
+    int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
+    return padded_vocab * C + max_positions * C + L * per_layer + 2 * C;
+}
+
+}  // namespace
+
+DerivedConfig validate_config(const Config& cfg, int world_size) {
+    const ModelConfig& m = cfg.model;
+    const ParallelConfig& p = cfg.parallel;
+    const TrainingConfig& t = cfg.training;
+    if (world_size < 1) fail("the world size must be >= 1, got {}", world_size);
+    config_detail::check_fields(cfg, nullptr);
+
+    // ---- what this build can run ----
+    if (cfg.run.backend == "cuda") {
+        fail(
+            "run.backend = 'cuda': this binary was built without the CUDA backend; hint: use run.backend: cpu, "
+            "or rebuild on a machine with the CUDA toolkit");
+    }
+    if (cfg.mixed_precision.dtype != "fp32") {
+        fail(
+            "mixed_precision.dtype = '{}' is not available with run.backend = 'cpu' (the CPU backend computes in "
+            "fp32); hint: set mixed_precision.dtype: fp32",
+            cfg.mixed_precision.dtype);
+    }
+    if (m.untie_embeddings_and_output_weights) {
+        fail(
+            "model.untie_embeddings_and_output_weights = true is not supported (GPT-2 ties the output layer to "
+            "the token embedding); hint: set it to false");
+    }
+    if (m.hidden_dropout != 0.0f || m.attention_dropout != 0.0f) {
+        fail(
+            "model.hidden_dropout = {} and model.attention_dropout = {}: dropout is not supported on this backend "
+            "yet (both must be 0)",
+            m.hidden_dropout, m.attention_dropout);
+    }
+    if (t.recompute_granularity != "none") {
+        fail("training.recompute_granularity = '{}' is not supported yet (only 'none')", t.recompute_granularity);
+    }
+
+    // ---- model shape ----
+    if (m.vocab_size <= 0) {
+        fail(
+            "model.vocab_size is 0: set it, or let the data source fill it in before validation "
+            "(the trainer does this for data.source = '{}')",
+            cfg.data.source);
+    }
+    if (m.hidden_size % m.num_attention_heads != 0) {
+        fail(
+            "model.hidden_size({}) is not divisible by model.num_attention_heads({}); hint: the head size is "
+            "hidden_size / num_attention_heads, e.g. 768 / 12 = 64",
+            m.hidden_size, m.num_attention_heads);
+    }
+    int max_positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+    if (m.seq_length > max_positions) {
+        fail(
+            "model.seq_length({}) is larger than model.max_position_embeddings({}); hint: raise "
+            "max_position_embeddings or set it to 0 (= seq_length)",
+            m.seq_length, max_positions);
+    }
+
+    // ---- parallel layout ----
+    const int tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
+    const int model_parallel = tp * pp;
+    if (world_size % model_parallel != 0) {
+        fail(
+            "parallel.tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) = {} does not divide the "
+            "world size {}; hint: use a world size that is a multiple of {}, or change tp/pp",
+            tp, pp, model_parallel, world_size, model_parallel);
+    }
+    const int dp = world_size / model_parallel;
+    if (p.data_parallel_size != 0 && p.data_parallel_size != dp) {
+        fail(
+            "parallel.data_parallel_size({}) does not match world size {} / (tensor_model_parallel_size({}) * "
+            "pipeline_model_parallel_size({})) = {}; hint: remove data_parallel_size (it is derived) or set it "
+            "to {}",
+            p.data_parallel_size, world_size, tp, pp, dp, dp);
+    }
+    if (m.num_attention_heads % tp != 0) {
+        fail(
+            "model.num_attention_heads({}) is not divisible by parallel.tensor_model_parallel_size({}); hint: "
+            "each tensor-parallel rank holds num_attention_heads / tp whole heads",
+            m.num_attention_heads, tp);
+    }
+    const int ffn_hidden = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
+    if (ffn_hidden % tp != 0) {
+        fail(
+            "model.ffn_hidden_size({}{}) is not divisible by parallel.tensor_model_parallel_size({}); hint: each "
+            "tensor-parallel rank holds ffn_hidden_size / tp columns of the MLP",
+            ffn_hidden, m.ffn_hidden_size > 0 ? "" : " = 4 * hidden_size", tp);
+    }
+    const int vpp = p.virtual_pipeline_model_parallel_size;
+    if (m.num_layers % (pp * vpp) != 0) {
+        fail(
+            "model.num_layers({}) is not divisible by parallel.pipeline_model_parallel_size({}) * "
+            "virtual_pipeline_model_parallel_size({}) = {}; hint: every model chunk needs the same number of "
+            "layers",
+            m.num_layers, pp, vpp, pp * vpp);
+    }
+    if ((vpp > 1) != (p.pipeline_schedule == "interleaved_1f1b")) {
+        fail(
+            "parallel.pipeline_schedule = '{}' with parallel.virtual_pipeline_model_parallel_size({}): the "
+            "interleaved_1f1b schedule needs virtual_pipeline_model_parallel_size > 1 and the other schedules "
+            "need it to be 1",
+            p.pipeline_schedule, vpp);
+    }
+
+    // ---- batch ----
+    const int micro_times_dp = t.micro_batch_size * dp;
+    const int global_batch = t.global_batch_size > 0 ? t.global_batch_size : micro_times_dp;
+    if (global_batch % micro_times_dp != 0) {
+        int lower = global_batch / micro_times_dp * micro_times_dp;
+        fail(
+            "training.global_batch_size({}) is not divisible by training.micro_batch_size({}) * data-parallel "
+            "size({}) = {}; hint: use a multiple of {}, e.g. {} or {}",
+            global_batch, t.micro_batch_size, dp, micro_times_dp, micro_times_dp, lower > 0 ? lower : micro_times_dp,
+            lower + micro_times_dp);
+    }
+    const int num_microbatches = global_batch / micro_times_dp;
+    if (vpp > 1 && num_microbatches % pp != 0) {
+        fail(
+            "the interleaved schedule needs the number of micro-batches ({} = global_batch_size({}) / "
+            "(micro_batch_size({}) * dp({}))) to be a multiple of pipeline_model_parallel_size({})",
+            num_microbatches, global_batch, t.micro_batch_size, dp, pp);
+    }
+
+    // ---- schedule, data, checkpoints, eval ----
+    const LrScheduleConfig& s = cfg.lr_schedule;
+    if (s.lr_warmup_iters > t.train_iters) {
+        fail(
+            "lr_schedule.lr_warmup_iters({}) is larger than training.train_iters({}); hint: for a short run lower "
+            "the warm-up too, e.g. --set lr_schedule.lr_warmup_iters={}",
+            s.lr_warmup_iters, t.train_iters, t.train_iters / 10);
+    }
+    if (s.lr_decay_iters > 0 && s.lr_warmup_iters > s.lr_decay_iters) {
+        fail("lr_schedule.lr_warmup_iters({}) is larger than lr_schedule.lr_decay_iters({})", s.lr_warmup_iters,
+             s.lr_decay_iters);
+    }
+    if (cfg.optimizer.min_lr > cfg.optimizer.lr) {
+        fail("optimizer.min_lr({}) is larger than optimizer.lr({}); hint: min_lr is the floor the schedule decays to",
+             cfg.optimizer.min_lr, cfg.optimizer.lr);
+    }
+    if (cfg.data.source != "synthetic" && cfg.data.data_path.empty()) {
+        fail("data.source = '{}' needs data.data_path (a {})", cfg.data.source,
+             cfg.data.source == "megatron" ? "prefix of <prefix>.bin/.idx" : "token file or a list of them");
+    }
+    if (cfg.data.source == "synthetic" && cfg.data.synthetic.branching > cfg.data.synthetic.vocab_size) {
+        fail("data.synthetic.branching({}) is larger than data.synthetic.vocab_size({})", cfg.data.synthetic.branching,
+             cfg.data.synthetic.vocab_size);
+    }
+    if (cfg.checkpoint.save_interval > 0 && cfg.checkpoint.save.empty()) {
+        fail("checkpoint.save_interval = {} but checkpoint.save is empty; hint: set checkpoint.save to a directory",
+             cfg.checkpoint.save_interval);
+    }
+    if (cfg.eval.eval_interval > 0 && cfg.eval.eval_iters < 1) {
+        fail("eval.eval_interval = {} needs eval.eval_iters >= 1, got {}", cfg.eval.eval_interval, cfg.eval.eval_iters);
+    }
+
+    // ---- parallel axes this build does not run yet ----
+    if (tp > 1) {
+        fail(
+            "parallel.tensor_model_parallel_size = {}: tensor parallelism is not supported yet in this build "
+            "(only 1)",
+            tp);
+    }
+    if (pp > 1) {
+        fail(
+            "parallel.pipeline_model_parallel_size = {}: pipeline parallelism is not supported yet in this build "
+            "(only 1)",
+            pp);
+    }
+    if (dp > 1) {
+        fail(
+            "world size {} gives data-parallel size {}: data parallelism is not supported yet in this build "
+            "(run with world size 1)",
+            world_size, dp);
+    }
+
+    const int multiple = m.make_vocab_size_divisible_by * tp;
+    DerivedConfig d;
+    d.world_size = world_size;
+    d.dp = dp;
+    d.padded_vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
+    d.ffn_hidden = ffn_hidden;
+    d.num_microbatches = num_microbatches;
+    d.tokens_per_step = static_cast<int64_t>(global_batch) * m.seq_length;
+    d.num_parameters = count_parameters(d.padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    return d;
+}
+
+}  // namespace ms

@@ -1,0 +1,50 @@
+// check.h: the one family of error macros and the two kinds of error.
+//
+// - Programming errors / broken invariants: MS_CHECK(cond, fmt, ...) prints the expression, file:line,
+//   function, rank and host, then ends the whole job through the installed abort hook (MPI_Abort once
+//   comm/ is up; std::abort before). Never a lone exit() that leaves peers hanging.
+// - User errors (bad config, bad data file): throw ms::UserError with a sentence that names what is wrong,
+//   the value, the constraint and a hint. apps/main.cpp prints it and exits with its exit code
+//   (kExitConfigError = 2) before anything is allocated.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace ms {
+
+// Exit codes (README "Exit codes"): one table for the whole program.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitConfigError = 2;  // bad config, bad command line, missing/corrupt input data
+inline constexpr int kExitSignal = 3;
+inline constexpr int kExitNumerical = 17;
+inline constexpr int kExitCollectiveTimeout = 18;
+inline constexpr int kExitCheckpoint = 19;
+
+class UserError : public std::runtime_error {
+public:
+    explicit UserError(const std::string& what, int exit_code = kExitConfigError)
+        : std::runtime_error(what), exit_code_(exit_code) {}
+    int exit_code() const { return exit_code_; }
+
+private:
+    int exit_code_;
+};
+
+// Context printed in front of every fatal message; comm/ fills in rank and coordinates once known.
+void set_error_context(const std::string& context);
+using AbortHook = void (*)(int exit_code);
+void set_abort_hook(AbortHook hook);
+
+[[noreturn]] void fatal(const char* expr, const char* file, int line, const char* func, const std::string& msg);
+
+}  // namespace ms
+
+#define MS_CHECK(cond, ...)                                                                           \
+    do {                                                                                              \
+        if (!(cond)) ::ms::fatal(#cond, __FILE__, __LINE__, __func__, ::fmt::format(__VA_ARGS__));   \
+    } while (0)
+
+#define MS_UNREACHABLE(...) ::ms::fatal("unreachable", __FILE__, __LINE__, __func__, ::fmt::format(__VA_ARGS__))

@@ -1,0 +1,34 @@
+// dtype.h: run-time element types. Precision is a config value, not a compile-time type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace ms {
+
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kU16 };
+
+constexpr size_t dtype_size(DType t) {
+    switch (t) {
+        case DType::kF32: return 4;
+        case DType::kI32: return 4;
+        case DType::kBF16: return 2;
+        case DType::kF16: return 2;
+        case DType::kU16: return 2;
+    }
+    return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+    switch (t) {
+        case DType::kF32: return "fp32";
+        case DType::kBF16: return "bf16";
+        case DType::kF16: return "fp16";
+        case DType::kI32: return "int32";
+        case DType::kU16: return "uint16";
+    }
+    return "?";
+}
+
+}  // namespace ms

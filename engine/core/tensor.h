@@ -1,0 +1,52 @@
+// tensor.h: a non-owning, contiguous, row-major view {data, dtype, shape}. Storage belongs to memory/.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+
+#include "engine/core/check.h"
+#include "engine/core/dtype.h"
+
+namespace ms {
+
+enum class DeviceType : uint8_t { kCPU, kCUDA };
+
+struct Tensor {
+    static constexpr int kMaxDims = 4;
+
+    void* data = nullptr;
+    DType dtype = DType::kF32;
+    int ndim = 0;
+    std::array<int64_t, kMaxDims> shape{};
+    DeviceType device = DeviceType::kCPU;
+
+    Tensor() = default;
+    Tensor(void* d, DType t, std::initializer_list<int64_t> dims, DeviceType dev = DeviceType::kCPU)
+        : data(d), dtype(t), device(dev) {
+        MS_CHECK(dims.size() <= kMaxDims, "tensor rank {} > {}", dims.size(), kMaxDims);
+        for (int64_t d_ : dims) shape[ndim++] = d_;
+    }
+    static Tensor f32(float* d, std::initializer_list<int64_t> dims) { return Tensor(d, DType::kF32, dims); }
+    static Tensor i32(int32_t* d, std::initializer_list<int64_t> dims) { return Tensor(d, DType::kI32, dims); }
+
+    int64_t numel() const {
+        int64_t n = 1;
+        for (int i = 0; i < ndim; ++i) n *= shape[i];
+        return n;
+    }
+    int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
+    size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+    bool defined() const { return data != nullptr; }
+
+    float* f32() const {
+        MS_CHECK(dtype == DType::kF32, "tensor dtype is {}, expected fp32", dtype_name(dtype));
+        return static_cast<float*>(data);
+    }
+    int32_t* i32() const {
+        MS_CHECK(dtype == DType::kI32, "tensor dtype is {}, expected int32", dtype_name(dtype));
+        return static_cast<int32_t*>(data);
+    }
+};
+
+}  // namespace ms

@@ -1,0 +1,304 @@
+// trainer.cpp: the single-rank training loop, validation, metrics and sampling (see trainer.h).
+#include "engine/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "engine/backends/backend.h"
+#include "engine/backends/cpu/probe.h"
+#include "engine/core/log.h"
+#include "engine/core/philox.h"
+#include "engine/core/timer.h"
+#include "engine/data/dataset.h"
+#include "engine/model/gpt.h"
+#include "engine/optim/adamw.h"
+
+namespace ms {
+namespace {
+
+GptShape make_shape(const Config& cfg, const DerivedConfig& d) {
+    GptShape s;
+    s.L = cfg.model.num_layers;
+    s.C = cfg.model.hidden_size;
+    s.NH = cfg.model.num_attention_heads;
+    s.T = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_length;
+    s.V = cfg.model.vocab_size;
+    s.Vp = d.padded_vocab;
+    s.F = d.ffn_hidden;
+    s.eps = cfg.model.layernorm_epsilon;
+    return s;
+}
+
+// The vocabulary comes from the config when set (and must hold every token), else from the data.
+Config resolve_vocab(Config cfg, const TokenSource& source) {
+    if (cfg.model.vocab_size == 0) {
+        cfg.model.vocab_size = source.vocab_size();
+    } else if (source.vocab_size() > cfg.model.vocab_size) {
+        throw UserError(fmt::format(
+            "config error: model.vocab_size({}) is smaller than the data's largest token id + 1 ({}) in {}\n"
+            "---> HINT: set model.vocab_size to at least {} (or 0 to take it from the data)",
+            cfg.model.vocab_size, source.vocab_size(), source.describe(), source.vocab_size()));
+    }
+    return cfg;
+}
+
+std::string timestamp() {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+    return fmt::format("{}.{:06d}", buf, us);
+}
+
+std::string human_bytes(double b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, ++u;
+    return fmt::format("{:.2f} {}", b, units[u]);
+}
+
+void print_derived(const Config& cfg, const DerivedConfig& d) {
+    log_info("derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
+             "ffn hidden {}",
+             d.world_size, cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size, d.dp,
+             d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, d.ffn_hidden);
+    log_info("derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
+             "parameters {} ({:.2f} M)",
+             cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
+                                                : cfg.training.micro_batch_size * d.dp,
+             cfg.training.micro_batch_size, d.num_microbatches, d.dp, d.tokens_per_step, d.num_parameters,
+             static_cast<double>(d.num_parameters) / 1e6);
+}
+
+// Mean loss over `micro_batches` micro-batches of the split, starting at sample 0 (the same set every time).
+double evaluate(Gpt& model, const Sampler& sampler, int micro_batch, int T, int64_t micro_batches,
+                std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    double total = 0;
+    for (int64_t i = 0; i < micro_batches; ++i) {
+        sampler.fill(i * micro_batch, micro_batch, inputs.data(), targets.data());
+        total += model.forward(inputs.data(), targets.data(), micro_batch, T);
+    }
+    return total / static_cast<double>(micro_batches);
+}
+
+std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> context, int num_tokens, float temperature, int top_k,
+                              uint64_t seed) {
+    const GptShape& s = model.shape();
+    const uint64_t stream = name_hash("generate");
+    std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
+    for (int i = 0; i < num_tokens; ++i) {
+        const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.T)));
+        const int32_t* window = context.data() + context.size() - T;
+        model.forward(window, nullptr, 1, T);
+        const float* logits = model.logits() + static_cast<size_t>(T - 1) * s.Vp;
+        for (int v = 0; v < s.V; ++v) probs[v] = {logits[v] / std::max(temperature, 1e-6f), v};
+        size_t keep = probs.size();
+        if (top_k > 0 && static_cast<size_t>(top_k) < keep) {
+            keep = static_cast<size_t>(top_k);
+            std::partial_sort(probs.begin(), probs.begin() + keep, probs.end(),
+                              [](auto& a, auto& b) { return a.first > b.first; });
+        }
+        float mx = -std::numeric_limits<float>::infinity();
+        for (size_t j = 0; j < keep; ++j) mx = std::max(mx, probs[j].first);
+        double sum = 0;
+        for (size_t j = 0; j < keep; ++j) sum += std::exp(static_cast<double>(probs[j].first - mx));
+        double u = philox_uniform_double(seed, stream, static_cast<uint64_t>(i)) * sum;
+        int next = probs[keep - 1].second;
+        for (size_t j = 0; j < keep; ++j) {
+            u -= std::exp(static_cast<double>(probs[j].first - mx));
+            if (u <= 0) {
+                next = probs[j].second;
+                break;
+            }
+        }
+        context.push_back(next);
+    }
+    return context;
+}
+
+}  // namespace
+
+int run_train(const Config& cfg_in) {
+    const double t_start = now_seconds();
+    // Everything that can be wrong with the input is checked before any large allocation.
+    std::unique_ptr<TokenSource> source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
+    const Config cfg = resolve_vocab(cfg_in, *source);
+    const DerivedConfig d = validate_config(cfg, 1);
+    const int T = cfg.model.seq_length;
+    const int mbs = cfg.training.micro_batch_size;
+    const int num_mb = d.num_microbatches;
+    const Sampler train_sampler(*source, cfg.data.split, Split::kTrain, T, cfg.run.seed);
+    std::unique_ptr<Sampler> valid_sampler;
+    if (cfg.eval.eval_interval > 0) {
+        valid_sampler = std::make_unique<Sampler>(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
+    }
+
+    log_info("mindspeed-train {} | backend {} | threads {}", MS_VERSION, cfg.run.backend,
+             cfg.run.num_threads > 0 ? cfg.run.num_threads : 0);
+    log_info("data: {}", source->describe());
+    const double entropy = source->entropy_rate();
+    if (std::isfinite(entropy)) {
+        log_info("data: entropy rate of the source {:.4f} nats/token: the lowest loss any model can reach", entropy);
+    }
+    log_info("data: {} training samples of {} tokens per epoch{}", train_sampler.num_samples(), T,
+             valid_sampler ? fmt::format(", {} validation samples", valid_sampler->num_samples()) : "");
+    print_derived(cfg, d);
+
+    BackendOptions bo;
+    bo.num_threads = cfg.run.num_threads;
+    std::unique_ptr<Backend> backend = make_backend(bo);
+    const GptShape shape = make_shape(cfg, d);
+    Gpt model(shape, *backend, mbs);
+    model.init_weights(cfg.run.seed);
+    const int64_t flat = model.params_info().back().offset + model.params_info().back().numel;
+    AdamW optimizer(model.params_info(), flat, cfg.optimizer, *backend);
+    log_info("memory: parameters {} | gradients {} | optimizer state {}",
+             human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
+             human_bytes(8.0 * static_cast<double>(flat)));
+
+    const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
+    log_info("peak: {:.1f} GFLOP/s fp32 ({}) is the MFU denominator", peak / 1e9,
+             cfg.logging.peak_flops > 0 ? "logging.peak_flops" : "measured by an sgemm probe");
+    const double flops_per_token = gpt_train_flops_per_token(shape, T);
+
+    std::filesystem::create_directories(cfg.run.output_dir);
+    {
+        std::ofstream(std::filesystem::path(cfg.run.output_dir) / "config.resolved.yaml") << config_to_yaml(cfg);
+    }
+    std::ofstream metrics(cfg.logging.metrics_file, std::ios::trunc);
+    if (!metrics) {
+        throw UserError(fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "
+                                    "directory exists and is writable",
+                                    cfg.logging.metrics_file));
+    }
+
+    std::vector<int32_t> inputs(static_cast<size_t>(mbs) * T), targets(static_cast<size_t>(mbs) * T);
+    int64_t consumed = 0;
+    int64_t skipped = 0, nan_iters = 0;
+    double interval_loss = 0, interval_time = 0;
+    int64_t interval_steps = 0;
+    const int64_t global_batch = static_cast<int64_t>(mbs) * num_mb * d.dp;
+    log_info("training: {} iterations, log every {}", cfg.training.train_iters, cfg.logging.log_interval);
+
+    for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
+        const double t0 = now_seconds();
+        model.zero_grads();
+        double step_loss = 0;
+        for (int mb = 0; mb < num_mb; ++mb) {
+            train_sampler.fill(consumed + static_cast<int64_t>(mb) * mbs, mbs, inputs.data(), targets.data());
+            step_loss += model.forward(inputs.data(), targets.data(), mbs, T);
+            model.backward(1.0f / static_cast<float>(num_mb));
+        }
+        step_loss /= num_mb;
+        const double grad_norm = std::sqrt(backend->sum_squares(Tensor::f32(model.grads(), {flat})));
+        const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
+        const bool finite = std::isfinite(step_loss) && std::isfinite(grad_norm);
+        if (finite) {
+            optimizer.step(model.params(), model.grads(), lr, clip_coefficient(grad_norm, cfg.training.clip_grad));
+            interval_loss += step_loss;
+            ++interval_steps;
+        } else {
+            ++skipped;
+            ++nan_iters;
+        }
+        consumed += global_batch;
+        interval_time += now_seconds() - t0;
+
+        if (it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters) {
+            const int64_t n_iter = cfg.logging.log_interval == 0 ? 1 : (it - 1) % cfg.logging.log_interval + 1;
+            const double ms_per_iter = 1e3 * interval_time / static_cast<double>(n_iter);
+            const double tokens_per_s = static_cast<double>(d.tokens_per_step) / (ms_per_iter / 1e3);
+            const double mfu = 100.0 * flops_per_token * tokens_per_s / peak;
+            const double loss = interval_steps > 0 ? interval_loss / static_cast<double>(interval_steps)
+                                                   : std::numeric_limits<double>::quiet_NaN();
+            log_info(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
+                     "| learning rate: {:.6E} | global batch size: {:5d} | lm loss: {:.6E} | grad norm: {:.3f} | "
+                     "number of skipped iterations: {:3d} | number of nan iterations: {:3d} | tokens/s: {:.0f} | "
+                     "MFU: {:.1f}% |",
+                     timestamp(), it, cfg.training.train_iters, consumed, ms_per_iter, lr, global_batch, loss,
+                     grad_norm, skipped, nan_iters, tokens_per_s, mfu);
+            nlohmann::json j = {{"iteration", it},
+                                {"consumed_samples", consumed},
+                                {"time", std::chrono::duration<double>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count()},
+                                {"learning-rate", lr},
+                                {"batch-size", global_batch},
+                                {"grad-norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nullptr},
+                                {"skipped_iterations", skipped},
+                                {"nan_iterations", nan_iters},
+                                {"iteration-time", ms_per_iter / 1e3},
+                                {"tokens_per_sec", tokens_per_s},
+                                {"mfu", mfu / 100.0}};
+            j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
+            metrics << j.dump() << '\n' << std::flush;
+            interval_loss = interval_time = 0;
+            interval_steps = 0;
+        }
+        if (valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
+            const double vloss = evaluate(model, *valid_sampler, mbs, T, cfg.eval.eval_iters * num_mb, inputs, targets);
+            log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
+                     std::exp(vloss));
+            metrics << nlohmann::json{{"iteration", it}, {"consumed_samples", consumed}, {"validation lm loss", vloss}}
+                           .dump()
+                    << '\n'
+                    << std::flush;
+        }
+    }
+
+    if (cfg.eval.sample_tokens > 0) {
+        std::vector<int32_t> context;
+        if (!cfg.eval.sample_prompt.empty() && shape.V >= 256) {
+            context = byte_encode(cfg.eval.sample_prompt);
+        } else {
+            const Sampler& s = valid_sampler ? *valid_sampler : train_sampler;
+            s.fill(0, 1, inputs.data(), targets.data());
+            context.assign(inputs.begin(), inputs.begin() + std::min(T, 8));
+        }
+        const size_t prompt_len = context.size();
+        const std::vector<int32_t> out = generate(model, context, cfg.eval.sample_tokens,
+                                                  cfg.eval.sample_temperature, cfg.eval.sample_top_k, cfg.run.seed);
+        log_info("sample (temperature {}, top-k {}), prompt in [brackets]:\n[{}]{}", cfg.eval.sample_temperature,
+                 cfg.eval.sample_top_k,
+                 source->decode(std::vector<int32_t>(out.begin(), out.begin() + static_cast<long>(prompt_len))),
+                 source->decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), out.end())));
+    }
+    log_info("done: {} iterations in {:.1f} s; metrics in {}", cfg.training.train_iters, now_seconds() - t_start,
+             cfg.logging.metrics_file);
+    return kExitOk;
+}
+
+int run_plan(const Config& cfg_in, int world_size) {
+    Config cfg = cfg_in;
+    if (cfg.model.vocab_size == 0) {
+        std::unique_ptr<TokenSource> source = open_token_source(cfg.data, 0);
+        cfg = resolve_vocab(cfg, *source);
+    }
+    const DerivedConfig d = validate_config(cfg, world_size);
+    print_derived(cfg, d);
+    const GptShape shape = make_shape(cfg, d);
+    const double P = static_cast<double>(d.num_parameters);
+    const int64_t B = cfg.training.micro_batch_size, T = cfg.model.seq_length;
+    const int64_t N = B * T, C = shape.C, F = shape.F;
+    // Mirrors Gpt::Activations: per layer 6 (N,C) + (N,3C) + 2 (N,F) + small; globals incl. (N,Vp) logits.
+    const double acts = 4.0 * static_cast<double>(shape.L * (6 * N * C + 3 * N * C + 2 * N * F + 4 * N + N * shape.NH) +
+                                                  7 * N * C + 3 * N * C + N * F + N * shape.Vp + 10 * N);
+    log_info("{:<28}{:>14}", "per rank (fp32)", "bytes");
+    log_info("{:<28}{:>14}", "parameters", human_bytes(4 * P));
+    log_info("{:<28}{:>14}", "gradients", human_bytes(4 * P));
+    log_info("{:<28}{:>14}", "optimizer (exp_avg, sq)", human_bytes(8 * P));
+    log_info("{:<28}{:>14}", "activations (1 micro-batch)", human_bytes(acts));
+    log_info("{:<28}{:>14}", "total", human_bytes(16 * P + acts));
+    return kExitOk;
+}
+
+}  // namespace ms

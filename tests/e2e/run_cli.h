@@ -1,0 +1,46 @@
+// run_cli.h: run the built mindspeed-train binary from an e2e test and capture its exit code and output.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace ms::test {
+
+struct CliResult {
+    int exit_code = -1;
+    std::string output;  // stdout and stderr, interleaved
+};
+
+inline CliResult run_cli(const std::string& args) {
+    const std::string cmd = std::string("OMP_NUM_THREADS=2 '") + MS_BINARY_PATH + "' " + args + " 2>&1";
+    CliResult r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+    const int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+inline std::string make_temp_dir() {
+    char tmpl[] = "/tmp/ms-e2e-XXXXXX";
+    const char* d = mkdtemp(tmpl);
+    return d ? std::string(d) : std::string();
+}
+
+inline std::string read_file(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+}  // namespace ms::test
