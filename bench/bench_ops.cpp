@@ -1,8 +1,11 @@
 // bench_ops.cpp: times every fast CPU op at GPT-2 124M shapes (B=4, T=64, C=768, NH=12, Vp=50304, 12 layers) and
 // adds them up into one training step (forward, backward, AdamW, grad norm), against an sgemm peak probe.
-//   build/bench_ops [repeats]      (OMP_NUM_THREADS sets the threads; OpenBLAS uses its own pool)
+//   build/bench_ops [repeats]      (OMP_NUM_THREADS sets the threads; matmul runs OpenBLAS single-threaded inside them)
+// OpenBLAS 0.3.21 does not recognise every new CPU and then falls back to an SSE3 kernel ("Prescott"): compare with
+// OPENBLAS_CORETYPE=SkylakeX (or Haswell) on AVX-512 (AVX2) machines. The probe runs first, on OpenBLAS's own threads.
 // Each line is the median of `repeats` runs after one warm-up: ms per call, then GFLOP/s (GEMMs, attention) or
 // GB/s (memory-bound ops, counting each tensor read or written once).
+#include <cblas.h>
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -67,16 +70,26 @@ void bench_matmul(ms::Backend& be, int repeats, const std::string& name, int64_t
     auto inp = filled(N * K), weight = filled(M * K, -0.02f, 0.02f), b = filled(M), out = filled(N * M);
     auto dinp = filled(N * K), dweight = filled(M * K), dbias = filled(M);
     const double flops = 2.0 * N * K * M;
-    report(name + " fwd", time_op(repeats, [&] {
-               be.matmul_forward({.inp = t(inp, {N, K}), .weight = t(weight, {M, K}),
-                                  .bias = bias ? t(b, {M}) : Tensor(), .out = t(out, {N, M})});
-           }),
+    report(name + " fwd",
+           time_op(repeats,
+                   [&] {
+                       be.matmul_forward({.inp = t(inp, {N, K}),
+                                          .weight = t(weight, {M, K}),
+                                          .bias = bias ? t(b, {M}) : Tensor(),
+                                          .out = t(out, {N, M})});
+                   }),
            flops, 0, calls, true);
-    report(name + " bwd", time_op(repeats, [&] {
-               be.matmul_backward({.dout = t(out, {N, M}), .inp = t(inp, {N, K}), .weight = t(weight, {M, K}),
-                                   .dinp = t(dinp, {N, K}), .dweight = t(dweight, {M, K}),
-                                   .dbias = bias ? t(dbias, {M}) : Tensor(), .accumulate = ms::Accumulate::kOverwrite});
-           }),
+    report(name + " bwd",
+           time_op(repeats,
+                   [&] {
+                       be.matmul_backward({.dout = t(out, {N, M}),
+                                           .inp = t(inp, {N, K}),
+                                           .weight = t(weight, {M, K}),
+                                           .dinp = t(dinp, {N, K}),
+                                           .dweight = t(dweight, {M, K}),
+                                           .dbias = bias ? t(dbias, {M}) : Tensor(),
+                                           .accumulate = ms::Accumulate::kOverwrite});
+                   }),
            2 * flops, 0, calls, true);
 }
 
@@ -90,16 +103,17 @@ int main(int argc, char** argv) {
     ms::Backend& be = *backend;
 
     const double peak = ms::cpu::sgemm_peak_flops();
-    fmt::print("bench_ops: {} OpenMP threads, sgemm peak probe (768x1024x768) {:.1f} GFLOP/s\n",
-               omp_get_max_threads(), peak / 1e9);
+    fmt::print("bench_ops: {} OpenMP threads, OpenBLAS core {}, sgemm peak probe (768x1024x768) {:.1f} GFLOP/s\n",
+               omp_get_max_threads(), openblas_get_corename(), peak / 1e9);
     {
         // The model's own largest per-layer GEMM shape: (256, 768) @ (3072, 768)^T.
         auto a = filled(N * C), w = filled(4 * C * C), o = filled(N * 4 * C);
         const Timing tm = time_op(repeats, [&] {
-            be.matmul_forward({.inp = t(a, {N, C}), .weight = t(w, {4 * C, C}), .bias = Tensor(),
-                               .out = t(o, {N, 4 * C})});
+            be.matmul_forward(
+                {.inp = t(a, {N, C}), .weight = t(w, {4 * C, C}), .bias = Tensor(), .out = t(o, {N, 4 * C})});
         });
-        fmt::print("  sgemm at 256x3072x768 (fc fwd shape): {:.1f} GFLOP/s\n\n", 2.0 * N * C * 4 * C / tm.seconds / 1e9);
+        fmt::print("  sgemm at 256x3072x768 (fc fwd shape): {:.1f} GFLOP/s\n\n",
+                   2.0 * N * C * 4 * C / tm.seconds / 1e9);
     }
 
     fmt::print("GEMMs (per layer x{}, lm head once):\n", L);
@@ -113,39 +127,67 @@ int main(int argc, char** argv) {
     {
         auto qkv = filled(N * 3 * C), out = filled(N * C), lse = filled(B * NH * T), dqkv = filled(N * 3 * C);
         const double flops = 4.0 * B * NH * (T * (T + 1) / 2) * (C / NH);  // causal half of QK^T and PV
-        report("attention fwd", time_op(repeats, [&] {
-                   be.attention_forward({.qkv = t(qkv, {B, T, 3 * C}), .out = t(out, {B, T, C}),
-                                         .lse = t(lse, {B, NH, T}), .NH = NH});
-               }),
+        report("attention fwd",
+               time_op(repeats,
+                       [&] {
+                           be.attention_forward({.qkv = t(qkv, {B, T, 3 * C}),
+                                                 .out = t(out, {B, T, C}),
+                                                 .lse = t(lse, {B, NH, T}),
+                                                 .NH = NH});
+                       }),
                flops, 0, L, false);
-        report("attention bwd", time_op(repeats, [&] {
-                   be.attention_backward({.dout = t(out, {B, T, C}), .qkv = t(qkv, {B, T, 3 * C}),
-                                          .out = t(out, {B, T, C}), .lse = t(lse, {B, NH, T}),
-                                          .dqkv = t(dqkv, {B, T, 3 * C}), .NH = NH});
-               }),
+        report("attention bwd",
+               time_op(repeats,
+                       [&] {
+                           be.attention_backward({.dout = t(out, {B, T, C}),
+                                                  .qkv = t(qkv, {B, T, 3 * C}),
+                                                  .out = t(out, {B, T, C}),
+                                                  .lse = t(lse, {B, NH, T}),
+                                                  .dqkv = t(dqkv, {B, T, 3 * C}),
+                                                  .NH = NH});
+                       }),
                2 * flops, 0, L, false);
     }
     {
         auto inp = filled(N * C), w = filled(C), b = filled(C), out = filled(N * C), mean = filled(N), rstd = filled(N);
         auto dinp = filled(N * C), dw = filled(C), db = filled(C);
-        be.layernorm_forward({.inp = t(inp, {N, C}), .weight = t(w, {C}), .bias = t(b, {C}), .out = t(out, {N, C}),
-                              .mean = t(mean, {N}), .rstd = t(rstd, {N}), .eps = 1e-5f});
-        report("layernorm fwd", time_op(repeats, [&] {
-                   be.layernorm_forward({.inp = t(inp, {N, C}), .weight = t(w, {C}), .bias = t(b, {C}),
-                                         .out = t(out, {N, C}), .mean = t(mean, {N}), .rstd = t(rstd, {N}),
-                                         .eps = 1e-5f});
-               }),
+        be.layernorm_forward({.inp = t(inp, {N, C}),
+                              .weight = t(w, {C}),
+                              .bias = t(b, {C}),
+                              .out = t(out, {N, C}),
+                              .mean = t(mean, {N}),
+                              .rstd = t(rstd, {N}),
+                              .eps = 1e-5f});
+        report("layernorm fwd",
+               time_op(repeats,
+                       [&] {
+                           be.layernorm_forward({.inp = t(inp, {N, C}),
+                                                 .weight = t(w, {C}),
+                                                 .bias = t(b, {C}),
+                                                 .out = t(out, {N, C}),
+                                                 .mean = t(mean, {N}),
+                                                 .rstd = t(rstd, {N}),
+                                                 .eps = 1e-5f});
+                       }),
                0, 8.0 * N * C, 2 * L + 1, false);
-        report("layernorm bwd", time_op(repeats, [&] {
-                   be.layernorm_backward({.dout = t(out, {N, C}), .inp = t(inp, {N, C}), .weight = t(w, {C}),
-                                          .mean = t(mean, {N}), .rstd = t(rstd, {N}), .dinp = t(dinp, {N, C}),
-                                          .dweight = t(dw, {C}), .dbias = t(db, {C}),
-                                          .accumulate = ms::Accumulate::kAdd});
-               }),
+        report("layernorm bwd",
+               time_op(repeats,
+                       [&] {
+                           be.layernorm_backward({.dout = t(out, {N, C}),
+                                                  .inp = t(inp, {N, C}),
+                                                  .weight = t(w, {C}),
+                                                  .mean = t(mean, {N}),
+                                                  .rstd = t(rstd, {N}),
+                                                  .dinp = t(dinp, {N, C}),
+                                                  .dweight = t(dw, {C}),
+                                                  .dbias = t(db, {C}),
+                                                  .accumulate = ms::Accumulate::kAdd});
+                       }),
                0, 16.0 * N * C, 2 * L + 1, false);
-        report("residual fwd", time_op(repeats, [&] {
-                   be.residual_forward({.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C})});
-               }),
+        report("residual fwd",
+               time_op(
+                   repeats,
+                   [&] { be.residual_forward({.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C})}); }),
                0, 12.0 * N * C, 2 * L, false);
     }
     {
@@ -153,58 +195,90 @@ int main(int argc, char** argv) {
         auto inp = filled(n, -4.0f, 4.0f), out = filled(n), dinp = filled(n);
         report("gelu fwd", time_op(repeats, [&] { be.gelu_forward({.inp = t(inp, {n}), .out = t(out, {n})}); }), 0,
                8.0 * n, L, false);
-        report("gelu bwd", time_op(repeats, [&] {
-                   be.gelu_backward({.inp = t(inp, {n}), .dout = t(out, {n}), .dinp = t(dinp, {n})});
-               }),
+        report("gelu bwd",
+               time_op(repeats,
+                       [&] { be.gelu_backward({.inp = t(inp, {n}), .dout = t(out, {n}), .dinp = t(dinp, {n})}); }),
                0, 12.0 * n, L, false);
     }
     {
         std::vector<int32_t> tokens(N);
         for (int64_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>((i * 7919) % V);
-        auto wte = filled(Vp * C), wpe = filled(T * C), out = filled(N * C), dwte = filled(Vp * C), dwpe = filled(T * C);
-        report("embedding fwd", time_op(repeats, [&] {
-                   be.embedding_forward({.tokens = t(tokens, {N}), .table = t(wte, {Vp, C}), .pos = t(wpe, {T, C}),
-                                         .out = t(out, {N, C}), .vocab_start = 0, .T = T});
-               }),
+        auto wte = filled(Vp * C), wpe = filled(T * C), out = filled(N * C), dwte = filled(Vp * C),
+             dwpe = filled(T * C);
+        report("embedding fwd",
+               time_op(repeats,
+                       [&] {
+                           be.embedding_forward({.tokens = t(tokens, {N}),
+                                                 .table = t(wte, {Vp, C}),
+                                                 .pos = t(wpe, {T, C}),
+                                                 .out = t(out, {N, C}),
+                                                 .vocab_start = 0,
+                                                 .T = T});
+                       }),
                0, 12.0 * N * C, 1, false);
-        report("embedding bwd", time_op(repeats, [&] {
-                   be.embedding_backward({.tokens = t(tokens, {N}), .dout = t(out, {N, C}),
-                                          .dtable = t(dwte, {Vp, C}), .dpos = t(wpe, {T, C}), .vocab_start = 0,
-                                          .T = T});
-               }),
+        report("embedding bwd",
+               time_op(repeats,
+                       [&] {
+                           be.embedding_backward({.tokens = t(tokens, {N}),
+                                                  .dout = t(out, {N, C}),
+                                                  .dtable = t(dwte, {Vp, C}),
+                                                  .dpos = t(wpe, {T, C}),
+                                                  .vocab_start = 0,
+                                                  .T = T});
+                       }),
                0, 20.0 * N * C, 1, false);
 
         auto logits = filled(N * Vp, -5.0f, 5.0f), scratch = logits;
         auto row_max = filled(N), sum_exp = filled(N), target_logit = filled(N), dloss = filled(N, 1.0f / N, 1.0f / N);
         const auto forward = [&] {
             for (auto phase : {ms::CrossEntropyPhase::kMax, ms::CrossEntropyPhase::kSumExp}) {
-                be.cross_entropy_forward({.logits = t(logits, {N, Vp}), .targets = t(tokens, {N}),
-                                          .row_max = t(row_max, {N}), .sum_exp = t(sum_exp, {N}),
-                                          .target_logit = t(target_logit, {N}), .vocab_start = 0,
-                                          .vocab_valid_local = V, .phase = phase});
+                be.cross_entropy_forward({.logits = t(logits, {N, Vp}),
+                                          .targets = t(tokens, {N}),
+                                          .row_max = t(row_max, {N}),
+                                          .sum_exp = t(sum_exp, {N}),
+                                          .target_logit = t(target_logit, {N}),
+                                          .vocab_start = 0,
+                                          .vocab_valid_local = V,
+                                          .phase = phase});
             }
         };
         report("cross_entropy fwd (2 phases)", time_op(repeats, forward), 0, 8.0 * N * Vp, 1, false);
-        report("cross_entropy bwd", time_op(repeats, [&] {
-                   scratch = logits;  // the backward writes over its input; the copy is timed too
-                   be.cross_entropy_backward({.logits = t(scratch, {N, Vp}), .targets = t(tokens, {N}),
-                                              .row_max = t(row_max, {N}), .sum_exp = t(sum_exp, {N}),
-                                              .dloss = t(dloss, {N}), .vocab_start = 0, .vocab_valid_local = V});
-               }),
+        report("cross_entropy bwd",
+               time_op(repeats,
+                       [&] {
+                           scratch = logits;  // the backward writes over its input; the copy is timed too
+                           be.cross_entropy_backward({.logits = t(scratch, {N, Vp}),
+                                                      .targets = t(tokens, {N}),
+                                                      .row_max = t(row_max, {N}),
+                                                      .sum_exp = t(sum_exp, {N}),
+                                                      .dloss = t(dloss, {N}),
+                                                      .vocab_start = 0,
+                                                      .vocab_valid_local = V});
+                       }),
                0, 8.0 * N * Vp, 1, false);
     }
     {
         auto param = filled(kParams), grad = filled(kParams), m = filled(kParams, 0.0f, 0.0f),
              v = filled(kParams, 0.0f, 0.0f);
         const int reps = std::max(3, repeats / 3);
-        report("adamw (124M params)", time_op(reps, [&] {
-                   be.adamw({.param = t(param, {kParams}), .grad = t(grad, {kParams}), .m = t(m, {kParams}),
-                             .v = t(v, {kParams}), .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                             .weight_decay = 0.1f, .grad_scale = 1.0f, .step = 1});
-               }),
+        report("adamw (124M params)",
+               time_op(reps,
+                       [&] {
+                           be.adamw({.param = t(param, {kParams}),
+                                     .grad = t(grad, {kParams}),
+                                     .m = t(m, {kParams}),
+                                     .v = t(v, {kParams}),
+                                     .lr = 1e-4f,
+                                     .beta1 = 0.9f,
+                                     .beta2 = 0.95f,
+                                     .eps = 1e-8f,
+                                     .weight_decay = 0.1f,
+                                     .grad_scale = 1.0f,
+                                     .step = 1});
+                       }),
                0, 28.0 * kParams, 1, false);
-        report("sum_squares (124M)", time_op(reps, [&] { be.sum_squares(t(grad, {kParams})); }), 0, 4.0 * kParams,
-               1, false);
+        report("sum_squares (124M)", time_op(reps, [&] { be.sum_squares(t(grad, {kParams})); }), 0, 4.0 * kParams, 1,
+               false);
     }
 
     const double model_flops = 6.0 * kParams * N + 12.0 * L * B * NH * (T * (T + 1) / 2) * (C / NH);

@@ -26,7 +26,7 @@ ms_run() {  # $1: env label; prints median ms/step and the measured peak
     --set data.source=synthetic --set data.synthetic.vocab_size=50257 --set data.synthetic.num_tokens=200000 \
     --set model.vocab_size=50257 --set model.seq_length=64 --set model.max_position_embeddings=1024 \
     --set training.micro_batch_size=4 --set training.global_batch_size=4 \
-    --set training.train_iters=$((steps + 2)) --set logging.log_interval=1 --set eval.eval_interval=0 \
+    --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 --set logging.log_interval=1 --set eval.eval_interval=0 \
     --set eval.sample_tokens=0 --set run.output_dir="$out/ms-$1" --set run.num_threads=$threads \
     > "$out/ms-$1.log" 2>&1
   local peak med

@@ -3,7 +3,10 @@
 // Key names are Megatron's flags in snake_case (reference/ecosystem-reliability.md B1). Defaults live here,
 // next to each field. load_config() fills it from YAML + `--set section.key=value` overrides, strictly:
 // an unknown key, a wrong type or an impossible value throws ms::UserError (exit code 2) naming the key,
-// the value, the constraint and a hint. derive() computes the derived values; validate() checks them.
+// the value, the constraint and a hint. validate_config() checks the combinations and computes the derived
+// values. Also accepted: aliases parallel.use_distributed_optimizer (-> zero_stage 1) and mixed_precision.bf16 /
+// fp16 (-> dtype); `null` or `auto` for the keys whose 0 means "derived"; `$${` for a literal `${`.
+// The key table, per-value constraints and emission order live in config_schema.cpp.
 #pragma once
 
 #include <cstdint>

@@ -130,11 +130,14 @@ class Loader {
     Loader& operator=(const Loader&) = delete;
 
     void load_file(const std::string& file) {
+        std::error_code ec;
+        if (std::filesystem::is_directory(file, ec)) {
+            config_error("", fmt::format("cannot read config file '{}': it is a directory", file));
+        }
         YAML::Node root;
         try {
             root = YAML::LoadFile(file);
         } catch (const YAML::BadFile&) {
-            std::error_code ec;
             bool exists = std::filesystem::exists(file, ec);
             config_error("", fmt::format("cannot read config file '{}': {}", file,
                                          exists ? "permission denied or not a file" : "no such file"));
@@ -232,8 +235,15 @@ class Loader {
         }
         if (path == "parallel.use_distributed_optimizer") {
             record(alias->second, YAML::Node(on ? "1" : "0"), loc, source, path);
-        } else if (on) {  // mixed_precision.bf16 / fp16: false says nothing about the dtype
+        } else if (on) {
             record(alias->second, YAML::Node(leaf_of(path)), loc, source, path);
+        } else {
+            // mixed_precision.bf16 / fp16: false undoes only what the same key turned on (the file's `bf16: true`
+            // under `--set mixed_precision.bf16=false`); otherwise it says nothing about the dtype.
+            auto it = settings_.find(alias->second);
+            if (it != settings_.end() && it->second.origin == path) {
+                record(alias->second, YAML::Node("fp32"), loc, source, path);
+            }
         }
     }
 

@@ -29,7 +29,8 @@ std::vector<double> metric_series(const std::string& path, const std::string& ke
 std::string demo_args(const std::string& dir, int iters) {
     return "train --config " MS_SOURCE_DIR "/configs/demo.yaml --set run.output_dir=" + dir +
            " --set training.train_iters=" + std::to_string(iters) +
-           " --set logging.log_interval=5 --set eval.eval_interval=0 --set eval.sample_tokens=20";
+           " --set lr_schedule.lr_warmup_iters=5 --set logging.log_interval=5 --set eval.eval_interval=0"
+           " --set eval.sample_tokens=20";
 }
 
 TEST(TrainE2E, DemoLossFallsFromLnVocabTowardTheFloor) {
@@ -75,13 +76,15 @@ TEST(TrainE2E, PreprocessThenTrainOnMegatronData) {
     ASSERT_EQ(pre.exit_code, 0) << pre.output;
     const auto r = run_cli("train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=megatron --set data.data_path=" +
                            dir + "/corpus_text_document --set model.vocab_size=257 --set run.output_dir=" + dir +
-                           "/run --set training.train_iters=10 --set logging.log_interval=5 --set eval.eval_interval=5"
+                           "/run --set training.train_iters=10 --set lr_schedule.lr_warmup_iters=2 --set logging.log_interval=1 --set eval.eval_interval=5"
                            " --set eval.sample_tokens=16 --set data.split=90,10,0");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto losses = metric_series(dir + "/run/metrics.jsonl", "lm loss");
-    ASSERT_EQ(losses.size(), 2u);
-    // Untrained: ~ln(257) = 5.55 over the real vocabulary (padded columns are masked, not counted).
-    EXPECT_NEAR(losses.front(), std::log(257.0), 0.5);
+    ASSERT_EQ(losses.size(), 10u);
+    // Iteration 1 is untrained: ln(257) = 5.55 over the real vocabulary (padded columns are masked, not counted)
+    // plus C * std^2 / 2 = 0.013 from the random logits; measured 5.56.
+    EXPECT_NEAR(losses.front(), std::log(257.0), 0.05);
+    EXPECT_LT(losses.back(), losses.front() - 0.5);  // this corpus is very repetitive: measured 3.9 at iteration 10
     EXPECT_EQ(metric_series(dir + "/run/metrics.jsonl", "validation lm loss").size(), 2u);
 }
 

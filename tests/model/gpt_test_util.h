@@ -6,12 +6,18 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <vector>
 
 #include "engine/backends/backend.h"
 #include "engine/core/philox.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/adamw.h"
+
+namespace ms {
+// Lets GoogleTest print "kFast" / "kReference" for a parameterised test instead of the enum's bytes.
+inline void PrintTo(OpMode mode, std::ostream* os) { *os << (mode == OpMode::kFast ? "kFast" : "kReference"); }
+}  // namespace ms
 
 namespace ms::test {
 
@@ -53,8 +59,8 @@ struct StepResult {
 };
 
 // One optimizer step the way engine/train does it: zero, forward, backward, global norm, clip, AdamW.
-inline StepResult train_step(Gpt& model, AdamW& opt, Backend& backend, const int32_t* tokens,
-                             const int32_t* targets, int B, int T, float lr, float clip_grad) {
+inline StepResult train_step(Gpt& model, AdamW& opt, Backend& backend, const int32_t* tokens, const int32_t* targets,
+                             int B, int T, float lr, float clip_grad) {
     model.zero_grads();
     const float loss = model.forward(tokens, targets, B, T);
     model.backward(1.0f);

@@ -106,16 +106,23 @@ struct Problem {
 void export_model(const fs::path& dir, Gpt& model, const Problem& pb, const OptimizerConfig& opt) {
     const GptShape& s = model.shape();
     const int64_t flat = test::flat_size(model);
-    const nlohmann::json shape = {
-        {"L", s.L},           {"C", s.C},
-        {"NH", s.NH},         {"T", s.T},
-        {"V", s.V},           {"Vp", s.Vp},
-        {"F", s.F},           {"eps", s.eps},
-        {"B", kB},            {"lr", opt.lr},
-        {"beta1", opt.adam_beta1}, {"beta2", opt.adam_beta2},
-        {"adam_eps", opt.adam_eps}, {"weight_decay", opt.weight_decay},
-        {"clip_grad", kClipGrad}, {"steps", kSteps},
-        {"flat_size", flat}};
+    const nlohmann::json shape = {{"L", s.L},
+                                  {"C", s.C},
+                                  {"NH", s.NH},
+                                  {"T", s.T},
+                                  {"V", s.V},
+                                  {"Vp", s.Vp},
+                                  {"F", s.F},
+                                  {"eps", s.eps},
+                                  {"B", kB},
+                                  {"lr", opt.lr},
+                                  {"beta1", opt.adam_beta1},
+                                  {"beta2", opt.adam_beta2},
+                                  {"adam_eps", opt.adam_eps},
+                                  {"weight_decay", opt.weight_decay},
+                                  {"clip_grad", kClipGrad},
+                                  {"steps", kSteps},
+                                  {"flat_size", flat}};
     nlohmann::json table = nlohmann::json::array();
     for (const ParamInfo& p : model.params_info())
         table.push_back({{"name", p.name},
@@ -140,7 +147,7 @@ struct TorchResult {
 
 // Exports the problem, runs the script once for the whole suite and reads its answers back.
 class GptVsTorch : public ::testing::TestWithParam<OpMode> {
-protected:
+  protected:
     static void SetUpTestSuite() {
         skip_reason_ = new std::string();
         failure_ = new std::string();
@@ -263,14 +270,13 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
         const double e_tx = rel_max_error(t.grads.data() + p.offset, t.grads_x.data() + p.offset, p.numel);
         double gmax = 0;
         for (int64_t i = 0; i < p.numel; ++i) gmax = std::max(gmax, std::abs(t.grads_x[p.offset + i]));
-        std::printf("  %-24s max|g| %.3e  rel err vs torch %.3g | C++ vs f64 %.3g, torch vs f64 %.3g\n",
-                    p.name.c_str(), gmax, e, e_x, e_tx);
+        std::printf("  %-24s max|g| %.3e  rel err vs torch %.3g | C++ vs f64 %.3g, torch vs f64 %.3g\n", p.name.c_str(),
+                    gmax, e, e_x, e_tx);
         EXPECT_GT(gmax, 0.0) << p.name << " has an all-zero gradient: the comparison would be vacuous";
         EXPECT_LE(e, kTolGrad) << "gradient of " << p.name;
         if (e > worst) worst = e, worst_name = p.name;
     }
-    std::printf("[%s] worst gradient rel err %.3g in %s (tol %.3g)\n", be.c_str(), worst, worst_name.c_str(),
-                kTolGrad);
+    std::printf("[%s] worst gradient rel err %.3g in %s (tol %.3g)\n", be.c_str(), worst, worst_name.c_str(), kTolGrad);
 
     // ---- ten AdamW steps on the same batch ----
     ASSERT_EQ(t.losses.size(), size_t(kSteps));
@@ -280,8 +286,8 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
     double e_losses = 0, e_norms = 0;
     int clipped = 0;
     for (int step = 0; step < kSteps; ++step) {
-        const test::StepResult r = test::train_step(model, adamw, *backend, pb.tokens.data(), pb.targets.data(), kB,
-                                                    T, opt.lr, kClipGrad);
+        const test::StepResult r =
+            test::train_step(model, adamw, *backend, pb.tokens.data(), pb.targets.data(), kB, T, opt.lr, kClipGrad);
         const double e = std::abs(r.loss - t.losses[step]);
         e_losses = std::max(e_losses, e);
         e_norms = std::max(e_norms, std::abs(r.grad_norm - t.norms[step]) / t.norms[step]);
@@ -289,8 +295,8 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
         std::printf("  step %2d loss %.7f torch %.7f f64 %.7f err %.2e | norm %.6f torch %.6f\n", step + 1, r.loss,
                     t.losses[step], t.losses_x[step], e, r.grad_norm, t.norms[step]);
     }
-    std::printf("[%s] AdamW losses max err %.3g (tol %.3g), gradient norms max rel err %.3g (tol %.3g)\n",
-                be.c_str(), e_losses, kTolLosses, e_norms, kTolNorm);
+    std::printf("[%s] AdamW losses max err %.3g (tol %.3g), gradient norms max rel err %.3g (tol %.3g)\n", be.c_str(),
+                e_losses, kTolLosses, e_norms, kTolNorm);
     EXPECT_LE(e_losses, kTolLosses);
     EXPECT_LE(e_norms, kTolNorm);
     EXPECT_GT(clipped, 0) << "no step was clipped: retune kClipGrad so that both branches are compared";

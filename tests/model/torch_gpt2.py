@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """torch_gpt2.py: an independent GPT-2 in PyTorch, the reference for tests/model/test_gpt_vs_torch.cpp.
 
-Usage: /usr/bin/python3 tests/model/torch_gpt2.py DIR   (needs torch; exits 77 if it cannot be imported)
+Usage: /usr/bin/python3 tests/model/torch_gpt2.py DIR   (needs torch and numpy; exits 77 if they cannot be imported)
 
 The model is written here from the GPT-2 definition, not from the C++ code: token + learned position embeddings,
 pre-LayerNorm blocks, causal multi-head attention through an explicit (B, NH, T, T) masked softmax, GELU with
@@ -38,13 +38,12 @@ import math
 import os
 import sys
 
-import numpy as np
-
 try:
+    import numpy as np
     import torch
     import torch.nn.functional as F
 except ImportError as e:  # the C++ test turns exit code 77 into GTEST_SKIP
-    print(f"torch_gpt2.py: cannot import torch ({e})", file=sys.stderr)
+    print(f"torch_gpt2.py: cannot import numpy and torch ({e})", file=sys.stderr)
     sys.exit(77)
 
 

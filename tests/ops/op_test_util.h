@@ -51,9 +51,9 @@ inline bool register_op_test(Check check, const char* test, std::initializer_lis
 
 // A GoogleTest TEST that also records, at static-initialisation time, which ops it checks and how. Static
 // registration (not a run-time side effect) keeps the coverage test valid when ctest runs each test alone.
-#define MS_OP_TEST(suite, name, check, ...)                                                               \
-    static const bool suite##_##name##_registered =                                                       \
-        ::ms::test::register_op_test(::ms::test::Check::check, #suite "." #name, {__VA_ARGS__});        \
+#define MS_OP_TEST(suite, name, check, ...)                                                      \
+    static const bool suite##_##name##_registered =                                              \
+        ::ms::test::register_op_test(::ms::test::Check::check, #suite "." #name, {__VA_ARGS__}); \
     TEST(suite, name)
 
 // ---- data ----
@@ -75,13 +75,11 @@ inline std::vector<int32_t> random_ints(size_t n, uint32_t seed, int32_t lo, int
 }
 
 inline Tensor view(std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor::f32(v.data(), dims); }
-inline Tensor view(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
-    return Tensor::i32(v.data(), dims);
-}
+inline Tensor view(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) { return Tensor::i32(v.data(), dims); }
 
 // An output buffer with kGuard sentinel floats on each side, to catch writes outside the tensor.
 class Guarded {
-public:
+  public:
     static constexpr size_t kGuard = 64;
     static constexpr float kSentinel = -12345.678f;
 
@@ -99,7 +97,7 @@ public:
         return true;
     }
 
-private:
+  private:
     std::vector<float> buf_;
     size_t n_;
 };
@@ -132,8 +130,7 @@ inline double dot_loss(const std::vector<float>& out, const std::vector<float>& 
 
 // Central differences of loss() w.r.t. every element of x, which is perturbed in place and restored. The step is
 // the one that float rounding actually produced, (x + eps) - (x - eps) as stored, not 2 * eps.
-inline std::vector<double> numeric_grad(std::vector<float>& x, const std::function<double()>& loss,
-                                        float eps = 1e-3f) {
+inline std::vector<double> numeric_grad(std::vector<float>& x, const std::function<double()>& loss, float eps = 1e-3f) {
     std::vector<double> grad(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
         const float x0 = x[i];

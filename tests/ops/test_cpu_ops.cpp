@@ -26,8 +26,11 @@ MS_OP_TEST(OpGradient, Embedding, kGradient, OpKind::kEmbeddingForward, OpKind::
     auto ref = make_cpu_backend(OpMode::kReference);
     std::vector<float> out(N * C);
     auto loss = [&] {
-        ref->embedding_forward({.tokens = view(tokens, {N}), .table = view(table, {V_local, C}),
-                                .pos = view(pos, {T, C}), .out = view(out, {N, C}), .vocab_start = vocab_start,
+        ref->embedding_forward({.tokens = view(tokens, {N}),
+                                .table = view(table, {V_local, C}),
+                                .pos = view(pos, {T, C}),
+                                .out = view(out, {N, C}),
+                                .vocab_start = vocab_start,
                                 .T = T});
         return dot_loss(out, r);
     };
@@ -35,9 +38,12 @@ MS_OP_TEST(OpGradient, Embedding, kGradient, OpKind::kEmbeddingForward, OpKind::
     const auto num_dpos = numeric_grad(pos, loss);
     for (OpMode mode : kModes) {
         std::vector<float> dtable(V_local * C), dpos(T * C), dout = r;
-        make_cpu_backend(mode)->embedding_backward({.tokens = view(tokens, {N}), .dout = view(dout, {N, C}),
-                                                    .dtable = view(dtable, {V_local, C}), .dpos = view(dpos, {T, C}),
-                                                    .vocab_start = vocab_start, .T = T});
+        make_cpu_backend(mode)->embedding_backward({.tokens = view(tokens, {N}),
+                                                    .dout = view(dout, {N, C}),
+                                                    .dtable = view(dtable, {V_local, C}),
+                                                    .dpos = view(dpos, {T, C}),
+                                                    .vocab_start = vocab_start,
+                                                    .T = T});
         // Measured 1.2e-5 / 7.5e-6 in both modes (linear op: only the outputs' float rounding over the 2e-3 step).
         expect_within("embedding dtable", mode, max_rel_error(dtable, num_dtable), 5e-5);
         expect_within("embedding dpos", mode, max_rel_error(dpos, num_dpos), 5e-5);
@@ -53,8 +59,12 @@ MS_OP_TEST(OpGradient, LayerNorm, kGradient, OpKind::kLayerNormForward, OpKind::
     auto ref = make_cpu_backend(OpMode::kReference);
     std::vector<float> out(N * C), mean(N), rstd(N);
     auto forward = [&](Backend& backend) {
-        backend.layernorm_forward({.inp = view(inp, {N, C}), .weight = view(weight, {C}), .bias = view(bias, {C}),
-                                   .out = view(out, {N, C}), .mean = view(mean, {N}), .rstd = view(rstd, {N}),
+        backend.layernorm_forward({.inp = view(inp, {N, C}),
+                                   .weight = view(weight, {C}),
+                                   .bias = view(bias, {C}),
+                                   .out = view(out, {N, C}),
+                                   .mean = view(mean, {N}),
+                                   .rstd = view(rstd, {N}),
                                    .eps = 1e-5f});
     };
     auto loss = [&] {
@@ -68,11 +78,17 @@ MS_OP_TEST(OpGradient, LayerNorm, kGradient, OpKind::kLayerNormForward, OpKind::
         auto backend = make_cpu_backend(mode);
         forward(*backend);  // mean and rstd from the same mode
         std::vector<float> dinp(N * C), dweight(C), dbias(C), dout = r;
-        backend->layernorm_backward({.dout = view(dout, {N, C}), .inp = view(inp, {N, C}),
-                                     .weight = view(weight, {C}), .mean = view(mean, {N}), .rstd = view(rstd, {N}),
-                                     .dinp = view(dinp, {N, C}), .dweight = view(dweight, {C}),
-                                     .dbias = view(dbias, {C}), .accumulate = Accumulate::kOverwrite});
-        // Measured 6.2e-5 / 3.2e-5 / 2.6e-5 in both modes (the outputs' float rounding over the 2e-3 step dominates); ~3x headroom.
+        backend->layernorm_backward({.dout = view(dout, {N, C}),
+                                     .inp = view(inp, {N, C}),
+                                     .weight = view(weight, {C}),
+                                     .mean = view(mean, {N}),
+                                     .rstd = view(rstd, {N}),
+                                     .dinp = view(dinp, {N, C}),
+                                     .dweight = view(dweight, {C}),
+                                     .dbias = view(dbias, {C}),
+                                     .accumulate = Accumulate::kOverwrite});
+        // Measured 6.2e-5 / 3.2e-5 / 2.6e-5 in both modes (the outputs' float rounding over the 2e-3 step dominates);
+        // ~3x headroom.
         expect_within("layernorm dinp", mode, max_rel_error(dinp, num_dinp), 2e-4);
         expect_within("layernorm dweight", mode, max_rel_error(dweight, num_dweight), 1e-4);
         expect_within("layernorm dbias", mode, max_rel_error(dbias, num_dbias), 1e-4);
@@ -88,7 +104,9 @@ MS_OP_TEST(OpGradient, Matmul, kGradient, OpKind::kMatmulForward, OpKind::kMatmu
     auto ref = make_cpu_backend(OpMode::kReference);
     std::vector<float> out(N * M);
     auto loss = [&] {
-        ref->matmul_forward({.inp = view(inp, {N, K}), .weight = view(weight, {M, K}), .bias = view(bias, {M}),
+        ref->matmul_forward({.inp = view(inp, {N, K}),
+                             .weight = view(weight, {M, K}),
+                             .bias = view(bias, {M}),
                              .out = view(out, {N, M})});
         return dot_loss(out, r);
     };
@@ -97,11 +115,15 @@ MS_OP_TEST(OpGradient, Matmul, kGradient, OpKind::kMatmulForward, OpKind::kMatmu
     const auto num_dbias = numeric_grad(bias, loss);
     for (OpMode mode : kModes) {
         std::vector<float> dinp(N * K), dweight(M * K), dbias(M), dout = r;
-        make_cpu_backend(mode)->matmul_backward({.dout = view(dout, {N, M}), .inp = view(inp, {N, K}),
-                                                 .weight = view(weight, {M, K}), .dinp = view(dinp, {N, K}),
-                                                 .dweight = view(dweight, {M, K}), .dbias = view(dbias, {M}),
+        make_cpu_backend(mode)->matmul_backward({.dout = view(dout, {N, M}),
+                                                 .inp = view(inp, {N, K}),
+                                                 .weight = view(weight, {M, K}),
+                                                 .dinp = view(dinp, {N, K}),
+                                                 .dweight = view(dweight, {M, K}),
+                                                 .dbias = view(dbias, {M}),
                                                  .accumulate = Accumulate::kOverwrite});
-        // Measured 7.4e-5 / 3.5e-5 / 2.7e-6 in both modes (linear in each input: the outputs' float rounding over the 2e-3 step dominates).
+        // Measured 7.4e-5 / 3.5e-5 / 2.7e-6 in both modes (linear in each input: the outputs' float rounding over the
+        // 2e-3 step dominates).
         expect_within("matmul dinp", mode, max_rel_error(dinp, num_dinp), 2e-4);
         expect_within("matmul dweight", mode, max_rel_error(dweight, num_dweight), 1e-4);
         expect_within("matmul dbias", mode, max_rel_error(dbias, num_dbias), 1e-5);
@@ -127,9 +149,12 @@ MS_OP_TEST(OpGradient, Attention, kGradient, OpKind::kAttentionForward, OpKind::
         auto backend = make_cpu_backend(mode);
         forward(*backend);  // out and lse from the same mode
         std::vector<float> dqkv(qkv.size()), dout = r;
-        backend->attention_backward({.dout = view(dout, {B, T, C}), .qkv = view(qkv, {B, T, 3 * C}),
-                                     .out = view(out, {B, T, C}), .lse = view(lse, {B, NH, T}),
-                                     .dqkv = view(dqkv, {B, T, 3 * C}), .NH = NH});
+        backend->attention_backward({.dout = view(dout, {B, T, C}),
+                                     .qkv = view(qkv, {B, T, 3 * C}),
+                                     .out = view(out, {B, T, C}),
+                                     .lse = view(lse, {B, NH, T}),
+                                     .dqkv = view(dqkv, {B, T, 3 * C}),
+                                     .NH = NH});
         // Measured 4.7e-5 in both modes (the outputs' float rounding over the 2e-3 step dominates); ~4x headroom.
         expect_within("attention dqkv", mode, max_rel_error(dqkv, num_dqkv), 2e-4);
     }
@@ -148,7 +173,8 @@ MS_OP_TEST(OpGradient, Gelu, kGradient, OpKind::kGeluForward, OpKind::kGeluBackw
     const auto num_dinp = numeric_grad(inp, loss);
     for (OpMode mode : kModes) {
         std::vector<float> dinp(n), dout = r;
-        make_cpu_backend(mode)->gelu_backward({.inp = view(inp, {n}), .dout = view(dout, {n}), .dinp = view(dinp, {n})});
+        make_cpu_backend(mode)->gelu_backward(
+            {.inp = view(inp, {n}), .dout = view(dout, {n}), .dinp = view(dinp, {n})});
         // Measured 6.2e-5 in both modes (the outputs' float rounding over the 2e-3 step dominates); ~3x headroom.
         expect_within("gelu dinp", mode, max_rel_error(dinp, num_dinp), 2e-4);
     }
@@ -163,16 +189,26 @@ struct CrossEntropyProblem {
     std::vector<float> row_max, sum_exp, target_logit;
 
     CrossEntropyProblem(int64_t n, int64_t vp, int64_t v, uint32_t seed)
-        : N(n), Vp(vp), valid(v), logits(random_floats(n * vp, seed, -3.0f, 3.0f)),
-          targets(random_ints(n, seed + 1, 0, static_cast<int32_t>(v - 1))), dloss(random_floats(n, seed + 2, 0.1f, 1.0f)),
-          row_max(n), sum_exp(n), target_logit(n) {}
+        : N(n),
+          Vp(vp),
+          valid(v),
+          logits(random_floats(n * vp, seed, -3.0f, 3.0f)),
+          targets(random_ints(n, seed + 1, 0, static_cast<int32_t>(v - 1))),
+          dloss(random_floats(n, seed + 2, 0.1f, 1.0f)),
+          row_max(n),
+          sum_exp(n),
+          target_logit(n) {}
 
     void forward(Backend& backend) {
         for (CrossEntropyPhase phase : {CrossEntropyPhase::kMax, CrossEntropyPhase::kSumExp}) {
-            backend.cross_entropy_forward({.logits = view(logits, {N, Vp}), .targets = view(targets, {N}),
-                                           .row_max = view(row_max, {N}), .sum_exp = view(sum_exp, {N}),
-                                           .target_logit = view(target_logit, {N}), .vocab_start = 0,
-                                           .vocab_valid_local = valid, .phase = phase});
+            backend.cross_entropy_forward({.logits = view(logits, {N, Vp}),
+                                           .targets = view(targets, {N}),
+                                           .row_max = view(row_max, {N}),
+                                           .sum_exp = view(sum_exp, {N}),
+                                           .target_logit = view(target_logit, {N}),
+                                           .vocab_start = 0,
+                                           .vocab_valid_local = valid,
+                                           .phase = phase});
         }
     }
     double loss(Backend& backend) {
@@ -186,9 +222,13 @@ struct CrossEntropyProblem {
     std::vector<float> backward(Backend& backend) {
         forward(backend);
         std::vector<float> dlogits = logits;
-        backend.cross_entropy_backward({.logits = view(dlogits, {N, Vp}), .targets = view(targets, {N}),
-                                        .row_max = view(row_max, {N}), .sum_exp = view(sum_exp, {N}),
-                                        .dloss = view(dloss, {N}), .vocab_start = 0, .vocab_valid_local = valid});
+        backend.cross_entropy_backward({.logits = view(dlogits, {N, Vp}),
+                                        .targets = view(targets, {N}),
+                                        .row_max = view(row_max, {N}),
+                                        .sum_exp = view(sum_exp, {N}),
+                                        .dloss = view(dloss, {N}),
+                                        .vocab_start = 0,
+                                        .vocab_valid_local = valid});
         return dlogits;
     }
 };
@@ -237,9 +277,17 @@ MS_OP_TEST(OpExact, AdamW, kExact, OpKind::kAdamW) {
         std::vector<double> p_ref(param0.begin(), param0.end()), m_ref(n), v_ref(n);
         for (int64_t step = 1; step <= 3; ++step) {
             auto grad = random_floats(n, 10 + static_cast<uint32_t>(step));
-            backend->adamw({.param = view(param, {n}), .grad = view(grad, {n}), .m = view(m, {n}), .v = view(v, {n}),
-                            .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay,
-                            .grad_scale = grad_scale, .step = step});
+            backend->adamw({.param = view(param, {n}),
+                            .grad = view(grad, {n}),
+                            .m = view(m, {n}),
+                            .v = view(v, {n}),
+                            .lr = lr,
+                            .beta1 = beta1,
+                            .beta2 = beta2,
+                            .eps = eps,
+                            .weight_decay = weight_decay,
+                            .grad_scale = grad_scale,
+                            .step = step});
             for (int64_t i = 0; i < n; ++i) {
                 const double g = static_cast<double>(grad[i]) * grad_scale;
                 m_ref[i] = beta1 * m_ref[i] + (1.0 - beta1) * g;
@@ -266,7 +314,8 @@ MS_OP_TEST(OpExact, SumSquares, kExact, OpKind::kSumSquares) {
         x[i] = static_cast<float>(ints[i]);
         expected += static_cast<double>(ints[i]) * ints[i];
     }
-    for (OpMode mode : kModes) EXPECT_EQ(make_cpu_backend(mode)->sum_squares(view(x, {n})), expected) << mode_name(mode);
+    for (OpMode mode : kModes)
+        EXPECT_EQ(make_cpu_backend(mode)->sum_squares(view(x, {n})), expected) << mode_name(mode);
 }
 
 // a + b of floats is exactly rounded, so both modes must equal the sum computed here.
@@ -293,9 +342,12 @@ MS_OP_TEST(OpExact, EmbeddingRows, kExact, OpKind::kEmbeddingForward) {
                                          100, 100, 100, 100, 210, 220, 230, 240, 301, 302, 303, 304};
     for (OpMode mode : kModes) {
         std::vector<float> out(N * C);
-        make_cpu_backend(mode)->embedding_forward({.tokens = view(tokens, {N}), .table = view(table, {V_local, C}),
-                                                   .pos = view(pos, {T, C}), .out = view(out, {N, C}),
-                                                   .vocab_start = vocab_start, .T = T});
+        make_cpu_backend(mode)->embedding_forward({.tokens = view(tokens, {N}),
+                                                   .table = view(table, {V_local, C}),
+                                                   .pos = view(pos, {T, C}),
+                                                   .out = view(out, {N, C}),
+                                                   .vocab_start = vocab_start,
+                                                   .T = T});
         EXPECT_EQ(out, expected) << mode_name(mode);
     }
 }

@@ -35,10 +35,13 @@ MS_OP_TEST(Contract, MatmulAccumulation, kContract, OpKind::kMatmulBackward) {
     for (OpMode mode : kModes) {
         auto backend = make_cpu_backend(mode);
         auto run = [&](std::vector<float>* dinp, std::vector<float>& dw, std::vector<float>& db, Accumulate acc) {
-            backend->matmul_backward({.dout = view(dout, {N, M}), .inp = view(inp, {N, K}),
+            backend->matmul_backward({.dout = view(dout, {N, M}),
+                                      .inp = view(inp, {N, K}),
                                       .weight = view(weight, {M, K}),
-                                      .dinp = dinp ? view(*dinp, {N, K}) : Tensor(), .dweight = view(dw, {M, K}),
-                                      .dbias = view(db, {M}), .accumulate = acc});
+                                      .dinp = dinp ? view(*dinp, {N, K}) : Tensor(),
+                                      .dweight = view(dw, {M, K}),
+                                      .dbias = view(db, {M}),
+                                      .accumulate = acc});
         };
         // From zero: the plain gradients.
         std::vector<float> dinp0(N * K), dw0(M * K), db0(M);
@@ -67,17 +70,27 @@ MS_OP_TEST(Contract, LayerNormAccumulation, kContract, OpKind::kLayerNormBackwar
     const int64_t N = 6, C = 19;
     auto inp = random_floats(N * C, 1), weight = random_floats(C, 2), bias = random_floats(C, 3);
     auto dout = random_floats(N * C, 4);
-    const auto prefill_dinp = random_floats(N * C, 5), prefill_dw = random_floats(C, 6), prefill_db = random_floats(C, 7);
+    const auto prefill_dinp = random_floats(N * C, 5), prefill_dw = random_floats(C, 6),
+               prefill_db = random_floats(C, 7);
     for (OpMode mode : kModes) {
         auto backend = make_cpu_backend(mode);
         std::vector<float> out(N * C), mean(N), rstd(N);
-        backend->layernorm_forward({.inp = view(inp, {N, C}), .weight = view(weight, {C}), .bias = view(bias, {C}),
-                                    .out = view(out, {N, C}), .mean = view(mean, {N}), .rstd = view(rstd, {N}),
+        backend->layernorm_forward({.inp = view(inp, {N, C}),
+                                    .weight = view(weight, {C}),
+                                    .bias = view(bias, {C}),
+                                    .out = view(out, {N, C}),
+                                    .mean = view(mean, {N}),
+                                    .rstd = view(rstd, {N}),
                                     .eps = 1e-5f});
         auto run = [&](std::vector<float>& dinp, std::vector<float>& dw, std::vector<float>& db, Accumulate acc) {
-            backend->layernorm_backward({.dout = view(dout, {N, C}), .inp = view(inp, {N, C}),
-                                         .weight = view(weight, {C}), .mean = view(mean, {N}), .rstd = view(rstd, {N}),
-                                         .dinp = view(dinp, {N, C}), .dweight = view(dw, {C}), .dbias = view(db, {C}),
+            backend->layernorm_backward({.dout = view(dout, {N, C}),
+                                         .inp = view(inp, {N, C}),
+                                         .weight = view(weight, {C}),
+                                         .mean = view(mean, {N}),
+                                         .rstd = view(rstd, {N}),
+                                         .dinp = view(dinp, {N, C}),
+                                         .dweight = view(dw, {C}),
+                                         .dbias = view(db, {C}),
                                          .accumulate = acc});
         };
         std::vector<float> dinp0(N * C), dw0(C), db0(C);
@@ -102,9 +115,12 @@ MS_OP_TEST(Contract, EmbeddingAccumulation, kContract, OpKind::kEmbeddingBackwar
     const auto prefill_table = random_floats(V_local * C, 2), prefill_pos = random_floats(T * C, 3);
     for (OpMode mode : kModes) {
         std::vector<float> dtable = prefill_table, dpos = prefill_pos;
-        make_cpu_backend(mode)->embedding_backward({.tokens = view(tokens, {N}), .dout = view(dout, {N, C}),
-                                                    .dtable = view(dtable, {V_local, C}), .dpos = view(dpos, {T, C}),
-                                                    .vocab_start = vocab_start, .T = T});
+        make_cpu_backend(mode)->embedding_backward({.tokens = view(tokens, {N}),
+                                                    .dout = view(dout, {N, C}),
+                                                    .dtable = view(dtable, {V_local, C}),
+                                                    .dpos = view(dpos, {T, C}),
+                                                    .vocab_start = vocab_start,
+                                                    .T = T});
         // Expected, summed here in the same order (so exact): dtable[id - 10] += dout[n], dpos[n % T] += dout[n].
         std::vector<float> want_table = prefill_table, want_pos = prefill_pos;
         for (int64_t n = 0; n < N; ++n) {
@@ -127,8 +143,8 @@ MS_OP_TEST(Contract, AttentionCausalAndOverwrite, kContract, OpKind::kAttentionF
     for (OpMode mode : kModes) {
         auto backend = make_cpu_backend(mode);
         auto forward = [&](std::vector<float>& qkv, std::vector<float>& out, std::vector<float>& lse) {
-            backend->attention_forward({.qkv = view(qkv, {B, T, 3 * C}), .out = view(out, {B, T, C}),
-                                        .lse = view(lse, {B, NH, T}), .NH = NH});
+            backend->attention_forward(
+                {.qkv = view(qkv, {B, T, 3 * C}), .out = view(out, {B, T, C}), .lse = view(lse, {B, NH, T}), .NH = NH});
         };
         std::vector<float> qkv = qkv0, out(B * T * C), lse(B * NH * T);
         forward(qkv, out, lse);
@@ -161,9 +177,12 @@ MS_OP_TEST(Contract, AttentionCausalAndOverwrite, kContract, OpKind::kAttentionF
         auto dout = random_floats(B * T * C, 2);
         std::vector<float> dqkv_clean(qkv.size()), dqkv_nan(qkv.size(), kNaN);
         for (std::vector<float>* dqkv : {&dqkv_clean, &dqkv_nan}) {
-            backend->attention_backward({.dout = view(dout, {B, T, C}), .qkv = view(qkv, {B, T, 3 * C}),
-                                         .out = view(out, {B, T, C}), .lse = view(lse, {B, NH, T}),
-                                         .dqkv = view(*dqkv, {B, T, 3 * C}), .NH = NH});
+            backend->attention_backward({.dout = view(dout, {B, T, C}),
+                                         .qkv = view(qkv, {B, T, 3 * C}),
+                                         .out = view(out, {B, T, C}),
+                                         .lse = view(lse, {B, NH, T}),
+                                         .dqkv = view(*dqkv, {B, T, 3 * C}),
+                                         .NH = NH});
         }
         EXPECT_EQ(dqkv_nan, dqkv_clean) << mode_name(mode);
     }
@@ -216,14 +235,22 @@ MS_OP_TEST(Contract, CrossEntropyMaskedColumns, kContract, OpKind::kCrossEntropy
         auto stats = [&](std::vector<float>& logits) {
             std::vector<float> row_max(N), sum_exp(N), target_logit(N);
             for (CrossEntropyPhase phase : {CrossEntropyPhase::kMax, CrossEntropyPhase::kSumExp}) {
-                backend->cross_entropy_forward({.logits = view(logits, {N, Vp}), .targets = view(targets, {N}),
-                                                .row_max = view(row_max, {N}), .sum_exp = view(sum_exp, {N}),
-                                                .target_logit = view(target_logit, {N}), .vocab_start = 0,
-                                                .vocab_valid_local = valid, .phase = phase});
+                backend->cross_entropy_forward({.logits = view(logits, {N, Vp}),
+                                                .targets = view(targets, {N}),
+                                                .row_max = view(row_max, {N}),
+                                                .sum_exp = view(sum_exp, {N}),
+                                                .target_logit = view(target_logit, {N}),
+                                                .vocab_start = 0,
+                                                .vocab_valid_local = valid,
+                                                .phase = phase});
             }
-            backend->cross_entropy_backward({.logits = view(logits, {N, Vp}), .targets = view(targets, {N}),
-                                             .row_max = view(row_max, {N}), .sum_exp = view(sum_exp, {N}),
-                                             .dloss = view(dloss, {N}), .vocab_start = 0, .vocab_valid_local = valid});
+            backend->cross_entropy_backward({.logits = view(logits, {N, Vp}),
+                                             .targets = view(targets, {N}),
+                                             .row_max = view(row_max, {N}),
+                                             .sum_exp = view(sum_exp, {N}),
+                                             .dloss = view(dloss, {N}),
+                                             .vocab_start = 0,
+                                             .vocab_valid_local = valid});
             std::vector<float> all = row_max;
             all.insert(all.end(), sum_exp.begin(), sum_exp.end());
             all.insert(all.end(), target_logit.begin(), target_logit.end());
@@ -252,17 +279,25 @@ MS_OP_TEST(Contract, CrossEntropyVocabParallel, kContract, OpKind::kCrossEntropy
                                        const std::vector<int64_t>& starts, const std::vector<int64_t>& valids) {
             std::vector<float> row_max(N, -INFINITY), sum_exp(N), target_logit(N), local(N), local2(N);
             for (size_t s = 0; s < shards.size(); ++s) {  // kMax, then all-reduce max
-                backend->cross_entropy_forward({.logits = view(shards[s], {N, width}), .targets = view(targets, {N}),
-                                                .row_max = view(local, {N}), .sum_exp = Tensor(),
-                                                .target_logit = Tensor(), .vocab_start = starts[s],
-                                                .vocab_valid_local = valids[s], .phase = CrossEntropyPhase::kMax});
+                backend->cross_entropy_forward({.logits = view(shards[s], {N, width}),
+                                                .targets = view(targets, {N}),
+                                                .row_max = view(local, {N}),
+                                                .sum_exp = Tensor(),
+                                                .target_logit = Tensor(),
+                                                .vocab_start = starts[s],
+                                                .vocab_valid_local = valids[s],
+                                                .phase = CrossEntropyPhase::kMax});
                 for (int64_t n = 0; n < N; ++n) row_max[n] = std::max(row_max[n], local[n]);
             }
             for (size_t s = 0; s < shards.size(); ++s) {  // kSumExp with the global max, then all-reduce sums
-                backend->cross_entropy_forward({.logits = view(shards[s], {N, width}), .targets = view(targets, {N}),
-                                                .row_max = view(row_max, {N}), .sum_exp = view(local, {N}),
-                                                .target_logit = view(local2, {N}), .vocab_start = starts[s],
-                                                .vocab_valid_local = valids[s], .phase = CrossEntropyPhase::kSumExp});
+                backend->cross_entropy_forward({.logits = view(shards[s], {N, width}),
+                                                .targets = view(targets, {N}),
+                                                .row_max = view(row_max, {N}),
+                                                .sum_exp = view(local, {N}),
+                                                .target_logit = view(local2, {N}),
+                                                .vocab_start = starts[s],
+                                                .vocab_valid_local = valids[s],
+                                                .phase = CrossEntropyPhase::kSumExp});
                 for (int64_t n = 0; n < N; ++n) {
                     sum_exp[n] += local[n];
                     target_logit[n] += local2[n];
@@ -271,9 +306,12 @@ MS_OP_TEST(Contract, CrossEntropyVocabParallel, kContract, OpKind::kCrossEntropy
             std::vector<float> result;  // losses, then the gradient columns of ids 0..V-1
             for (int64_t n = 0; n < N; ++n) result.push_back(std::log(sum_exp[n]) + row_max[n] - target_logit[n]);
             for (size_t s = 0; s < shards.size(); ++s) {
-                backend->cross_entropy_backward({.logits = view(shards[s], {N, width}), .targets = view(targets, {N}),
-                                                 .row_max = view(row_max, {N}), .sum_exp = view(sum_exp, {N}),
-                                                 .dloss = view(dloss, {N}), .vocab_start = starts[s],
+                backend->cross_entropy_backward({.logits = view(shards[s], {N, width}),
+                                                 .targets = view(targets, {N}),
+                                                 .row_max = view(row_max, {N}),
+                                                 .sum_exp = view(sum_exp, {N}),
+                                                 .dloss = view(dloss, {N}),
+                                                 .vocab_start = starts[s],
                                                  .vocab_valid_local = valids[s]});
             }
             for (int64_t n = 0; n < N; ++n) {

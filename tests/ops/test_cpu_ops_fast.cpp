@@ -51,9 +51,12 @@ std::vector<OpCase> embedding_cases() {
              auto table = random_floats(V_local * kC, 2);
              auto pos = random_floats(kT * kC, 3);
              Guarded out(N * kC, kNaN);
-             b.embedding_forward({.tokens = view(tokens, {N}), .table = view(table, {V_local, kC}),
-                                  .pos = view(pos, {kT, kC}), .out = out.tensor({N, kC}),
-                                  .vocab_start = kVocabStart, .T = kT});
+             b.embedding_forward({.tokens = view(tokens, {N}),
+                                  .table = view(table, {V_local, kC}),
+                                  .pos = view(pos, {kT, kC}),
+                                  .out = out.tensor({N, kC}),
+                                  .vocab_start = kVocabStart,
+                                  .T = kT});
              return OpOutputs{collect("out", out, 0.0)};  // the same float adds in both modes
          }},
         {"embedding_backward", OpKind::kEmbeddingBackward,
@@ -61,9 +64,12 @@ std::vector<OpCase> embedding_cases() {
              auto tokens = make_tokens();
              auto dout = random_floats(N * kC, 4);
              Guarded dtable(random_floats(V_local * kC, 5)), dpos(random_floats(kT * kC, 6));
-             b.embedding_backward({.tokens = view(tokens, {N}), .dout = view(dout, {N, kC}),
-                                   .dtable = dtable.tensor({V_local, kC}), .dpos = dpos.tensor({kT, kC}),
-                                   .vocab_start = kVocabStart, .T = kT});
+             b.embedding_backward({.tokens = view(tokens, {N}),
+                                   .dout = view(dout, {N, kC}),
+                                   .dtable = dtable.tensor({V_local, kC}),
+                                   .dpos = dpos.tensor({kT, kC}),
+                                   .vocab_start = kVocabStart,
+                                   .T = kT});
              // Both modes add the rows in token order, column by column: bit-identical.
              return OpOutputs{collect("dtable", dtable, 0.0), collect("dpos", dpos, 0.0)};
          }},
@@ -73,8 +79,12 @@ std::vector<OpCase> embedding_cases() {
 std::vector<OpCase> layernorm_cases() {
     const auto forward = [](Backend& b, std::vector<float>& inp, std::vector<float>& weight, std::vector<float>& bias,
                             Guarded& out, Guarded& mean, Guarded& rstd) {
-        b.layernorm_forward({.inp = view(inp, {kN, kC}), .weight = view(weight, {kC}), .bias = view(bias, {kC}),
-                             .out = out.tensor({kN, kC}), .mean = mean.tensor({kN}), .rstd = rstd.tensor({kN}),
+        b.layernorm_forward({.inp = view(inp, {kN, kC}),
+                             .weight = view(weight, {kC}),
+                             .bias = view(bias, {kC}),
+                             .out = out.tensor({kN, kC}),
+                             .mean = mean.tensor({kN}),
+                             .rstd = rstd.tensor({kN}),
                              .eps = 1e-5f});
     };
     return {
@@ -95,10 +105,15 @@ std::vector<OpCase> layernorm_cases() {
              forward(*make_cpu_backend(OpMode::kReference), inp, weight, bias, out, mean, rstd);
              auto dout = random_floats(kN * kC, 4);
              Guarded dinp(random_floats(kN * kC, 5)), dweight(random_floats(kC, 6)), dbias(random_floats(kC, 7));
-             b.layernorm_backward({.dout = view(dout, {kN, kC}), .inp = view(inp, {kN, kC}),
-                                   .weight = view(weight, {kC}), .mean = mean.tensor({kN}), .rstd = rstd.tensor({kN}),
-                                   .dinp = dinp.tensor({kN, kC}), .dweight = dweight.tensor({kC}),
-                                   .dbias = dbias.tensor({kC}), .accumulate = Accumulate::kAdd});
+             b.layernorm_backward({.dout = view(dout, {kN, kC}),
+                                   .inp = view(inp, {kN, kC}),
+                                   .weight = view(weight, {kC}),
+                                   .mean = mean.tensor({kN}),
+                                   .rstd = rstd.tensor({kN}),
+                                   .dinp = dinp.tensor({kN, kC}),
+                                   .dweight = dweight.tensor({kC}),
+                                   .dbias = dbias.tensor({kC}),
+                                   .accumulate = Accumulate::kAdd});
              // Measured 9.6e-8 (dinp), 1.5e-7 (dweight), 1.1e-7 (dbias).
              return OpOutputs{collect("dinp", dinp, 1e-6), collect("dweight", dweight, 2e-6),
                               collect("dbias", dbias, 2e-6)};
@@ -119,7 +134,8 @@ std::vector<OpCase> matmul_cases() {
                              auto inp = random_floats(s.N * s.K, 1), weight = random_floats(s.M * s.K, 2);
                              auto bias = random_floats(s.M, 3);
                              Guarded out(s.N * s.M, kNaN);
-                             b.matmul_forward({.inp = view(inp, {s.N, s.K}), .weight = view(weight, {s.M, s.K}),
+                             b.matmul_forward({.inp = view(inp, {s.N, s.K}),
+                                               .weight = view(weight, {s.M, s.K}),
                                                .bias = s.bias ? view(bias, {s.M}) : Tensor(),
                                                .out = out.tensor({s.N, s.M})});
                              // Measured 2.7e-7 (K = 53) and 2.5e-7 (K = 515): sgemm's float sums vs double.
@@ -130,8 +146,10 @@ std::vector<OpCase> matmul_cases() {
                              auto dout = random_floats(s.N * s.M, 4);
                              Guarded dinp(random_floats(s.N * s.K, 5)), dweight(random_floats(s.M * s.K, 6));
                              Guarded dbias(random_floats(s.M, 7));
-                             b.matmul_backward({.dout = view(dout, {s.N, s.M}), .inp = view(inp, {s.N, s.K}),
-                                                .weight = view(weight, {s.M, s.K}), .dinp = dinp.tensor({s.N, s.K}),
+                             b.matmul_backward({.dout = view(dout, {s.N, s.M}),
+                                                .inp = view(inp, {s.N, s.K}),
+                                                .weight = view(weight, {s.M, s.K}),
+                                                .dinp = dinp.tensor({s.N, s.K}),
                                                 .dweight = dweight.tensor({s.M, s.K}),
                                                 .dbias = s.bias ? dbias.tensor({s.M}) : Tensor(),
                                                 .accumulate = Accumulate::kAdd});
@@ -146,9 +164,10 @@ std::vector<OpCase> matmul_cases() {
 std::vector<OpCase> attention_cases() {
     constexpr int64_t C = kNH * kHS;
     const auto forward = [](Backend& b, std::vector<float>& qkv, Guarded& out, Guarded& lse) {
-        b.attention_forward(
-            {.qkv = view(qkv, {kB, kT, 3 * C}), .out = out.tensor({kB, kT, C}), .lse = lse.tensor({kB, kNH, kT}),
-             .NH = kNH});
+        b.attention_forward({.qkv = view(qkv, {kB, kT, 3 * C}),
+                             .out = out.tensor({kB, kT, C}),
+                             .lse = lse.tensor({kB, kNH, kT}),
+                             .NH = kNH});
     };
     return {
         {"attention_forward", OpKind::kAttentionForward,
@@ -166,9 +185,12 @@ std::vector<OpCase> attention_cases() {
              forward(*make_cpu_backend(OpMode::kReference), qkv, out, lse);
              auto dout = random_floats(kB * kT * C, 2);
              Guarded dqkv(qkv.size(), kNaN);  // overwritten: NaN must not survive
-             b.attention_backward({.dout = view(dout, {kB, kT, C}), .qkv = view(qkv, {kB, kT, 3 * C}),
-                                   .out = out.tensor({kB, kT, C}), .lse = lse.tensor({kB, kNH, kT}),
-                                   .dqkv = dqkv.tensor({kB, kT, 3 * C}), .NH = kNH});
+             b.attention_backward({.dout = view(dout, {kB, kT, C}),
+                                   .qkv = view(qkv, {kB, kT, 3 * C}),
+                                   .out = out.tensor({kB, kT, C}),
+                                   .lse = lse.tensor({kB, kNH, kT}),
+                                   .dqkv = dqkv.tensor({kB, kT, 3 * C}),
+                                   .NH = kNH});
              // Measured 2.8e-7.
              return OpOutputs{collect("dqkv", dqkv, 3e-6)};
          }},
@@ -204,11 +226,20 @@ std::vector<OpCase> elementwise_cases() {
          }},
         {"adamw", OpKind::kAdamW,
          [=](Backend& b) {
-             Guarded param(random_floats(n, 1)), m(random_floats(n, 2, -0.1f, 0.1f)), v(random_floats(n, 3, 0.0f, 0.01f));
+             Guarded param(random_floats(n, 1)), m(random_floats(n, 2, -0.1f, 0.1f)),
+                 v(random_floats(n, 3, 0.0f, 0.01f));
              auto grad = random_floats(n, 4);
-             b.adamw({.param = param.tensor({n}), .grad = view(grad, {n}), .m = m.tensor({n}), .v = v.tensor({n}),
-                      .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                      .grad_scale = 0.7f, .step = 3});
+             b.adamw({.param = param.tensor({n}),
+                      .grad = view(grad, {n}),
+                      .m = m.tensor({n}),
+                      .v = v.tensor({n}),
+                      .lr = 1e-3f,
+                      .beta1 = 0.9f,
+                      .beta2 = 0.95f,
+                      .eps = 1e-8f,
+                      .weight_decay = 0.1f,
+                      .grad_scale = 0.7f,
+                      .step = 3});
              // Measured 6e-8 / 9.4e-8 / 1.7e-7 (param, m, v): float vs double arithmetic, then float rounding.
              return OpOutputs{collect("param", param, 1e-6), collect("m", m, 1e-6), collect("v", v, 2e-6)};
          }},
@@ -227,10 +258,14 @@ std::vector<OpCase> cross_entropy_cases() {
     const auto forward = [](Backend& b, std::vector<float>& logits, std::vector<int32_t>& targets, Guarded& row_max,
                             Guarded& sum_exp, Guarded& target_logit) {
         for (CrossEntropyPhase phase : {CrossEntropyPhase::kMax, CrossEntropyPhase::kSumExp}) {
-            b.cross_entropy_forward({.logits = view(logits, {kN, kVp}), .targets = view(targets, {kN}),
-                                     .row_max = row_max.tensor({kN}), .sum_exp = sum_exp.tensor({kN}),
-                                     .target_logit = target_logit.tensor({kN}), .vocab_start = kVocabStart,
-                                     .vocab_valid_local = kValid, .phase = phase});
+            b.cross_entropy_forward({.logits = view(logits, {kN, kVp}),
+                                     .targets = view(targets, {kN}),
+                                     .row_max = row_max.tensor({kN}),
+                                     .sum_exp = sum_exp.tensor({kN}),
+                                     .target_logit = target_logit.tensor({kN}),
+                                     .vocab_start = kVocabStart,
+                                     .vocab_valid_local = kValid,
+                                     .phase = phase});
         }
     };
     return {
@@ -238,8 +273,7 @@ std::vector<OpCase> cross_entropy_cases() {
          [=](Backend& b) {
              auto logits = random_floats(kN * kVp, 1, -6.0f, 6.0f);
              auto targets = make_targets();
-             Guarded row_max(kN), sum_exp(kN),
-                 target_logit(kN, kNaN);
+             Guarded row_max(kN), sum_exp(kN), target_logit(kN, kNaN);
              forward(b, logits, targets, row_max, sum_exp, target_logit);
              // max and the picked logit are exact; sum_exp measured 8.7e-8 (exp_approx, float blocks).
              return OpOutputs{collect("row_max", row_max, 0.0), collect("sum_exp", sum_exp, 1e-6),
@@ -249,14 +283,16 @@ std::vector<OpCase> cross_entropy_cases() {
          [=](Backend& b) {
              auto logits = random_floats(kN * kVp, 1, -6.0f, 6.0f);
              auto targets = make_targets();
-             Guarded row_max(kN), sum_exp(kN),
-                 target_logit(kN);
+             Guarded row_max(kN), sum_exp(kN), target_logit(kN);
              forward(*make_cpu_backend(OpMode::kReference), logits, targets, row_max, sum_exp, target_logit);
              auto dloss = random_floats(kN, 3, 0.1f, 1.0f);
              Guarded dlogits(logits);
-             b.cross_entropy_backward({.logits = dlogits.tensor({kN, kVp}), .targets = view(targets, {kN}),
-                                       .row_max = row_max.tensor({kN}), .sum_exp = sum_exp.tensor({kN}),
-                                       .dloss = view(dloss, {kN}), .vocab_start = kVocabStart,
+             b.cross_entropy_backward({.logits = dlogits.tensor({kN, kVp}),
+                                       .targets = view(targets, {kN}),
+                                       .row_max = row_max.tensor({kN}),
+                                       .sum_exp = sum_exp.tensor({kN}),
+                                       .dloss = view(dloss, {kN}),
+                                       .vocab_start = kVocabStart,
                                        .vocab_valid_local = kValid});
              // Measured 6.1e-8 (exp_approx times a float reciprocal vs double).
              return OpOutputs{collect("dlogits", dlogits, 1e-6)};

@@ -28,7 +28,7 @@ std::vector<Check> required_checks(OpKind op) {
             checks.push_back(Check::kGradient);
             checks.push_back(Check::kContract);  // += / Accumulate / overwrite / masking
             break;
-        case OpKind::kAttentionForward:      // causality
+        case OpKind::kAttentionForward:     // causality
         case OpKind::kCrossEntropyForward:  // masked padding
             checks.push_back(Check::kGradient);
             checks.push_back(Check::kContract);
@@ -49,11 +49,16 @@ std::vector<Check> required_checks(OpKind op) {
 
 const char* check_name(Check c) {
     switch (c) {
-        case Check::kGradient: return "gradient";
-        case Check::kExact: return "exact";
-        case Check::kFastVsReference: return "fast-vs-reference";
-        case Check::kContract: return "contract";
-        case Check::kDeterminism: return "determinism";
+        case Check::kGradient:
+            return "gradient";
+        case Check::kExact:
+            return "exact";
+        case Check::kFastVsReference:
+            return "fast-vs-reference";
+        case Check::kContract:
+            return "contract";
+        case Check::kDeterminism:
+            return "determinism";
     }
     return "?";
 }
@@ -64,7 +69,8 @@ TEST(OpCoverage, EveryOpKindHasEveryRequiredTest) {
     for (int op = 0; op < static_cast<int>(OpKind::kCount); ++op) {
         for (Check check : required_checks(static_cast<OpKind>(op))) {
             EXPECT_TRUE(have.count({op, static_cast<int>(check)}))
-                << "OpKind " << op << " (backend.h order) has no " << check_name(check) << " test (see tests/ops/op_test_util.h)";
+                << "OpKind " << op << " (backend.h order) has no " << check_name(check)
+                << " test (see tests/ops/op_test_util.h)";
         }
     }
 }

@@ -163,6 +163,7 @@ TEST(ConfigTest, YamlSyntaxErrorAndMissingFile) {
     file_error("model:\n  num_layers: [1, 2\n", {"YAML syntax error"});
     expect_user_error([] { load_config("/nonexistent/dir/x.yaml", {}); },
                       {"cannot read config file '/nonexistent/dir/x.yaml'", "no such file"});
+    expect_user_error([] { load_config(testing::TempDir(), {}); }, {"it is a directory"});
 }
 
 // ---- strictness: types ----
@@ -273,6 +274,9 @@ TEST(ConfigTest, Aliases) {
               "bf16");
     // --set replaces what the file said, alias or not.
     EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), {"mixed_precision.dtype=fp32"})
+                  .mixed_precision.dtype,
+              "fp32");
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), {"mixed_precision.bf16=false"})
                   .mixed_precision.dtype,
               "fp32");
     file_error("mixed_precision:\n  bf16: true\n  fp16: true\n",

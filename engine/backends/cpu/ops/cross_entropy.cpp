@@ -50,9 +50,9 @@ void forward_reference(const CrossEntropyForwardArgs& a, const CrossEntropyShape
     for (int64_t n = 0; n < s.N; ++n) {
         const float* l = logits + n * s.Vp;
         if (a.phase == CrossEntropyPhase::kMax) {
-            float max = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < s.valid; ++j) max = std::max(max, l[j]);
-            row_max[n] = max;
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < s.valid; ++j) best = std::max(best, l[j]);
+            row_max[n] = best;
         } else {
             double sum = 0.0;
             for (int64_t j = 0; j < s.valid; ++j) sum += std::exp(static_cast<double>(l[j]) - row_max[n]);
@@ -70,10 +70,11 @@ void forward_fast(const CrossEntropyForwardArgs& a, const CrossEntropyShape& s) 
 #pragma omp parallel for schedule(static)
         for (int64_t n = 0; n < s.N; ++n) {
             const float* l = logits + n * s.Vp;
-            float max = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : max)
-            for (int64_t j = 0; j < s.valid; ++j) max = std::max(max, l[j]);
-            row_max[n] = max;
+            float best = -std::numeric_limits<float>::infinity();
+            // The select form, not std::max, is what GCC turns into vmaxps here.
+#pragma omp simd reduction(max : best)
+            for (int64_t j = 0; j < s.valid; ++j) best = l[j] > best ? l[j] : best;
+            row_max[n] = best;
         }
         return;
     }

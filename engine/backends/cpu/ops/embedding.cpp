@@ -23,12 +23,10 @@ EmbeddingShape check_shapes(const Tensor& tokens, const Tensor& table, const Ten
                             int64_t T) {
     const int64_t C = table.dim(-1);
     const EmbeddingShape s{tokens.numel(), C, table.numel() / C};
-    MS_CHECK(out.numel() == s.N * s.C, "embedding: out has {} elements, expected N({}) * C({})", out.numel(), s.N,
-             s.C);
+    MS_CHECK(out.numel() == s.N * s.C, "embedding: out has {} elements, expected N({}) * C({})", out.numel(), s.N, s.C);
     MS_CHECK(T > 0 && s.N % T == 0, "embedding: N({}) is not a multiple of T({})", s.N, T);
     if (pos.defined()) {
-        MS_CHECK(pos.numel() == T * s.C, "embedding: pos has {} elements, expected T({}) * C({})", pos.numel(), T,
-                 s.C);
+        MS_CHECK(pos.numel() == T * s.C, "embedding: pos has {} elements, expected T({}) * C({})", pos.numel(), T, s.C);
     }
     return s;
 }

@@ -65,9 +65,9 @@ void gelu_backward(const GeluBackwardArgs& a, OpMode mode) {
     for (int64_t i = 0; i < n; ++i) {
         const float x = inp[i];
         const float e = exp_approx(-k2 * (x + kc * x * x * x));  // e^(-2u)
-        const float s = 1.0f / (1.0f + e);                         // sigmoid(2u) = 0.5 (1 + tanh u)
-        const float one_minus_s = e * s;                          // not 1 - s, which cancels for large u
-        const float du2 = k2 * (1.0f + 3.0f * kc * x * x);        // 2 u'
+        const float s = 1.0f / (1.0f + e);                       // sigmoid(2u) = 0.5 (1 + tanh u)
+        const float one_minus_s = e * s;                         // not 1 - s, which cancels for large u
+        const float du2 = k2 * (1.0f + 3.0f * kc * x * x);       // 2 u'
         dinp[i] = (s + x * s * one_minus_s * du2) * dout[i];
     }
 }

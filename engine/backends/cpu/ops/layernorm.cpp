@@ -193,8 +193,7 @@ void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode) {
     const int64_t C = a.inp.dim(-1);
     const int64_t N = a.inp.numel() / C;
     MS_CHECK(a.dout.numel() == N * C && a.dinp.numel() == N * C,
-             "layernorm: dout/dinp have {}/{} elements, expected N({}) * C({})", a.dout.numel(), a.dinp.numel(), N,
-             C);
+             "layernorm: dout/dinp have {}/{} elements, expected N({}) * C({})", a.dout.numel(), a.dinp.numel(), N, C);
     check_row_vector(a.weight, C, "weight");
     check_row_vector(a.dweight, C, "dweight");
     check_row_vector(a.dbias, C, "dbias");

@@ -2,7 +2,8 @@
 //
 // Why: without -ffast-math / -fno-math-errno, glibc's expf, tanhf and sqrtf stay scalar calls (errno), and a
 // single call keeps a whole loop scalar. These are used only by the kFast paths; kReference uses <cmath>.
-// Accuracy (measured over their full input ranges): exp_approx <= 2 ulp, sqrt_nonneg <= 1.7e-7 relative.
+// Accuracy, measured against double over every float in range: exp_approx 8.6e-8 relative (1.5 ulp), sqrt_nonneg
+// 1.7e-7 relative.
 // All are pure functions of their input, so results stay deterministic.
 #pragma once
 
