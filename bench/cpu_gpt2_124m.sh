@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # cpu_gpt2_124m.sh: GPT-2 124M (12 layers, 768 hidden, 12 heads, vocab 50257 -> 50304, fp32, micro-batch 4, seq 64)
 # trained for a few steps by mindspeed-train and by the PyTorch peer (bench/torch_gpt2_bench.py), alternating, in
-# one run, on the same threads, under two environments:
-#   default: the machine's environment as it is (OPENBLAS_CORETYPE as set; glibc malloc for PyTorch);
-#   best:    OPENBLAS_CORETYPE unset (OpenBLAS picks its AVX-512 kernel) and PyTorch with jemalloc
-#            (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=retain:true,...); each command changes only itself.
+# one run, on the same threads, under up to three environments (MS_BENCH_ENVS, default "asis haswell best"):
+#   asis:    the machine's environment as it is (OPENBLAS_CORETYPE as set or unset; glibc malloc for PyTorch).
+#            OpenBLAS 0.3.21 does not recognise some newer Xeons and, unset, falls back to SSE3 "Prescott";
+#   haswell: OPENBLAS_CORETYPE=Haswell (AVX2), the setting our CI machines are documented to have;
+#   best:    OPENBLAS_CORETYPE=SkylakeX (AVX-512) when the CPU has it, and PyTorch with jemalloc
+#            (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=retain:true,...). Each command changes only itself.
 # Prints ms/step, tokens/s, MFU against the sgemm peak measured in the same environment, and the ratio.
 #   bench/cpu_gpt2_124m.sh [build-dir] [rounds]
 set -euo pipefail
@@ -31,6 +33,7 @@ ms_run() {  # $1: env label; prints median ms/step and the measured peak
     > "$out/ms-$1.log" 2>&1
   local peak med
   peak=$(grep -o 'peak: [0-9.]* GFLOP/s' "$out/ms-$1.log" | awk '{print $2}')
+  [ -n "$peak" ] || { echo "bench: mindspeed-train failed, see $out/ms-$1.log" >&2; tail -5 "$out/ms-$1.log" >&2; exit 1; }
   med=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/ms-$1.log" | awk '{print $NF}' | tail -n +3 |
         sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
   echo "$med $peak"
@@ -38,20 +41,27 @@ ms_run() {  # $1: env label; prints median ms/step and the measured peak
 
 torch_run() {  # $1: env label
   local envcmd=("${@:2}")
-  "${envcmd[@]}" "$py" bench/torch_gpt2_bench.py --threads $threads --steps $steps --warmup 2 > "$out/torch-$1.log" 2>&1
+  "${envcmd[@]}" "$py" bench/torch_gpt2_bench.py --threads $threads --steps ${MS_BENCH_TORCH_STEPS:-4} --warmup 1 > "$out/torch-$1.log" 2>&1
   tail -n1 "$out/torch-$1.log" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["median_ms_per_step"])'
 }
 
 # FLOPs per step by Megatron's formula (the same one the trainer's MFU uses), 124M at seq 64, micro-batch 4.
 flops=$("$py" -c "L,C,T,V,B=12,768,64,50304,4; print(72*B*T*L*C*C*(1+T/(6*C)+V/(12*L*C)))")
 
+envs=${MS_BENCH_ENVS:-asis haswell best}
+fast_core=Haswell
+grep -q avx512f /proc/cpuinfo && fast_core=SkylakeX
 declare -A ms_ms torch_ms peak
 for r in $(seq 1 "$rounds"); do
-  for e in default best; do
-    if [ $e = default ]; then ms_env=(env); torch_env=(env)
-    else ms_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
-         torch_env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE LD_PRELOAD=$jemalloc
-                    MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1); fi
+  for e in $envs; do
+    case $e in
+      asis) ms_env=(env); torch_env=(env) ;;
+      haswell) ms_env=(env OPENBLAS_CORETYPE=Haswell); torch_env=(env OPENBLAS_CORETYPE=Haswell) ;;
+      best) ms_env=(env OPENBLAS_CORETYPE=$fast_core)
+            torch_env=(env OPENBLAS_CORETYPE=$fast_core LD_PRELOAD=$jemalloc
+                       MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1) ;;
+      *) echo "bench: unknown environment '$e' (asis | haswell | best)" >&2; exit 2 ;;
+    esac
     read -r m p < <(ms_run "$e-$r" "${ms_env[@]}")
     t=$(torch_run "$e-$r" "${torch_env[@]}")
     echo "round $r $e: mindspeed-train ${m} ms/step (peak ${p} GFLOP/s), pytorch ${t} ms/step"
@@ -61,14 +71,14 @@ done
 
 best() { tr ' ' '\n' | grep -v '^$' | sort -g | head -n1; }
 printf '\n%-9s %-16s %10s %10s %8s\n' env system ms/step tokens/s MFU
-for e in default best; do
+for e in $envs; do
   m=$(echo "${ms_ms[$e]}" | best); t=$(echo "${torch_ms[$e]}" | best); p=$(echo "${peak[$e]}" | tr ' ' '\n' | sort -g | tail -n1)
   "$py" - "$e" "$m" "$t" "$p" "$flops" "$tokens" <<'PY'
 import sys
 e, m, t, p, flops, tokens = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
 for name, ms in (("mindspeed", m), ("pytorch", t)):
     print(f"{e:<9} {name:<16} {ms:10.1f} {tokens / (ms / 1e3):10.1f} {100 * flops / (ms / 1e3) / (p * 1e9):7.1f}%")
-print(f"{e:<9} speedup mindspeed/pytorch (tokens/s): {t / m:.2f}x | sgemm peak {p:.1f} GFLOP/s")
+print(f"{e:<9} speedup mindspeed/pytorch (tokens/s): {t / m:.2f}x | sgemm peak {p:.1f} GFLOP/s (probe in the same env)")
 PY
 done
 echo "logs: $out"

@@ -166,8 +166,9 @@ int run_train(const Config& cfg_in) {
              human_bytes(8.0 * static_cast<double>(flat)));
 
     const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
-    log_info("peak: {:.1f} GFLOP/s fp32 ({}) is the MFU denominator", peak / 1e9,
-             cfg.logging.peak_flops > 0 ? "logging.peak_flops" : "measured by an sgemm probe");
+    log_info("peak: {:.1f} GFLOP/s fp32 ({}; OpenBLAS kernel {}) is the MFU denominator", peak / 1e9,
+             cfg.logging.peak_flops > 0 ? "logging.peak_flops" : "measured by an sgemm probe", cpu::blas_kernel_name());
+    if (const std::string w = cpu::blas_kernel_warning(); !w.empty()) log_warn("{}", w);
     const double flops_per_token = gpt_train_flops_per_token(shape, T);
 
     std::filesystem::create_directories(cfg.run.output_dir);

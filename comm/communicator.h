@@ -1,0 +1,148 @@
+// communicator.h: the typed collective interface every parallel axis talks to (DESIGN.md §4).
+//
+// One Communicator is one process group (world, tp, pp, dp, mp, embd). Implementations: MPI on host buffers
+// (comm/mpi/), NCCL later (comm/nccl/). A group of size 1 is a real object whose collectives are no-ops, so one
+// code path serves every layout. Calls are typed: element count and datatype come from the span, never from a
+// separate argument (llm.c once passed sizeof(float) as a count). Every call returns a Handle; wait() completes
+// it. Calls on one communicator must be issued in the same order on every member rank (as in MPI and NCCL).
+// Buffers must stay alive and untouched until the handle completes.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "engine/core/dtype.h"
+
+namespace ms {
+
+enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
+// Scheduling hint for a later priority scheduler (critical TP/PP traffic ahead of background DP buckets).
+enum class Priority : uint8_t { kLow, kNormal, kHigh };
+enum class CommOp : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kAllToAll, kBarrier, kCount };
+
+// Per-communicator counters, by op kind: calls issued and payload bytes this rank contributed (sent).
+struct CommStats {
+    std::array<int64_t, static_cast<size_t>(CommOp::kCount)> ops{};
+    std::array<int64_t, static_cast<size_t>(CommOp::kCount)> bytes{};
+    int64_t total_bytes() const {
+        int64_t s = 0;
+        for (int64_t b : bytes) s += b;
+        return s;
+    }
+};
+
+// Completion of one asynchronous call. Default-constructed handles are already complete.
+class Handle {
+public:
+    struct State {
+        virtual ~State() = default;
+        virtual void wait() = 0;
+        virtual bool test() = 0;
+    };
+    Handle() = default;
+    explicit Handle(std::unique_ptr<State> s) : state_(std::move(s)) {}
+    Handle(Handle&&) noexcept = default;
+    Handle& operator=(Handle&&) noexcept = default;
+    ~Handle() { wait(); }  // never leave an operation in flight on a buffer about to die
+    void wait() {
+        if (state_) state_->wait();
+        state_.reset();
+    }
+    bool test() {
+        if (state_ && state_->test()) state_.reset();
+        return !state_;
+    }
+
+private:
+    std::unique_ptr<State> state_;
+};
+
+template <typename T>
+constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, float>) return DType::kF32;
+    else if constexpr (std::is_same_v<T, int32_t>) return DType::kI32;
+    else static_assert(sizeof(T) == 0, "unsupported element type for a collective");
+}
+
+// One side of a point-to-point exchange for batch_send_recv().
+struct P2POp {
+    enum class Kind : uint8_t { kSend, kRecv } kind;
+    int peer;           // rank within this communicator
+    void* data;         // buffer
+    size_t count;       // elements
+    DType dtype;
+    int tag = 0;
+
+    template <typename T>
+    static P2POp send(std::span<const T> buf, int peer, int tag = 0) {
+        return {Kind::kSend, peer, const_cast<T*>(buf.data()), buf.size(), dtype_of<T>(), tag};
+    }
+    template <typename T>
+    static P2POp recv(std::span<T> buf, int peer, int tag = 0) {
+        return {Kind::kRecv, peer, buf.data(), buf.size(), dtype_of<T>(), tag};
+    }
+};
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string_view name() const = 0;  // "world", "tp", "dp", ...
+    const CommStats& stats() const { return stats_; }
+    void reset_stats() { stats_ = {}; }
+
+    // in place: buf = op over ranks of buf
+    template <typename T>
+    Handle all_reduce(std::span<T> buf, ReduceOp op, Priority p = Priority::kNormal) {
+        return all_reduce_impl(buf.data(), buf.size(), dtype_of<T>(), op, p);
+    }
+    // out (n) = op over ranks of in[rank * n, (rank + 1) * n); in has size() * n elements
+    template <typename T>
+    Handle reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op, Priority p = Priority::kNormal) {
+        return reduce_scatter_impl(in.data(), out.data(), out.size(), in.size(), dtype_of<T>(), op, p);
+    }
+    // out[r * n, (r + 1) * n) = in of rank r; in has n elements, out size() * n
+    template <typename T>
+    Handle all_gather(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
+        return all_gather_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p);
+    }
+    template <typename T>
+    Handle broadcast(std::span<T> buf, int root, Priority p = Priority::kNormal) {
+        return broadcast_impl(buf.data(), buf.size(), dtype_of<T>(), root, p);
+    }
+    // out[r * n, (r + 1) * n) = block `rank` of rank r's in; in and out both have size() * n elements
+    template <typename T>
+    Handle all_to_all(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
+        return all_to_all_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p);
+    }
+    // all sends and receives posted together (no ordering deadlock), completed by one handle
+    virtual Handle batch_send_recv(std::span<const P2POp> ops, Priority p = Priority::kNormal) = 0;
+    virtual void barrier() = 0;
+    // A sub-group of the ranks passing the same color, ordered by key (MPI_Comm_split). Collective over this group.
+    virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
+
+protected:
+    virtual Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) = 0;
+    virtual Handle reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
+                                       ReduceOp op, Priority p) = 0;
+    virtual Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                   Priority p) = 0;
+    virtual Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) = 0;
+    virtual Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                   Priority p) = 0;
+    void count(CommOp op, size_t bytes) {
+        stats_.ops[static_cast<size_t>(op)] += 1;
+        stats_.bytes[static_cast<size_t>(op)] += static_cast<int64_t>(bytes);
+    }
+
+private:
+    CommStats stats_;
+};
+
+}  // namespace ms
