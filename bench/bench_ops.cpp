@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
         report("residual fwd",
                time_op(
                    repeats,
-                   [&] { be.residual_forward({.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C})}); }),
+                   [&] { be.residual_forward({.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C}), .bias = {}}); }),
                0, 12.0 * N * C, 2 * L, false);
     }
     {

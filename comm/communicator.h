@@ -47,7 +47,14 @@ public:
     Handle() = default;
     explicit Handle(std::unique_ptr<State> s) : state_(std::move(s)) {}
     Handle(Handle&&) noexcept = default;
-    Handle& operator=(Handle&&) noexcept = default;
+    // Completes the operation this handle held before taking the other's (a defaulted move would drop it in flight).
+    Handle& operator=(Handle&& o) noexcept {
+        if (this != &o) {
+            wait();
+            state_ = std::move(o.state_);
+        }
+        return *this;
+    }
     ~Handle() { wait(); }  // never leave an operation in flight on a buffer about to die
     void wait() {
         if (state_) state_->wait();

@@ -120,7 +120,7 @@ struct AttentionBackwardArgs {
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluForwardArgs {
     Tensor inp;  // (n)
-    Tensor out;  // (n) may alias inp? no: the backward needs inp
+    Tensor out;  // (n) must not alias inp: the backward needs inp
 };
 struct GeluBackwardArgs {
     Tensor inp;   // (n) forward input
@@ -128,11 +128,14 @@ struct GeluBackwardArgs {
     Tensor dinp;  // (n) overwritten (may alias dout)
 };
 
-// out = a + b (the residual stream). Its backward is the identity on both inputs.
+// out = a + (b + bias) (the residual stream). Its backward is the identity on both inputs (and a column sum for
+// the bias, which the row-parallel matmul_backward computes). The bias is the row-parallel linear's, added here,
+// after the tensor-parallel all-reduce of b, as Megatron does (so every TP layout adds it exactly once).
 struct ResidualForwardArgs {
-    Tensor a;    // (n)
-    Tensor b;    // (n)
-    Tensor out;  // (n) may alias a
+    Tensor a;     // (n)
+    Tensor b;     // (n)
+    Tensor out;   // (n) may alias a
+    Tensor bias;  // (M) with M dividing n: added to b[i] as bias[i % M] (optional)
 };
 
 // Vocab-parallel softmax cross-entropy in pieces, so TP can all-reduce between them (DESIGN.md §5).

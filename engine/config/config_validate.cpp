@@ -183,23 +183,14 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel axes this build does not run yet ----
-    if (tp > 1) {
-        fail(
-            "parallel.tensor_model_parallel_size = {}: tensor parallelism is not supported yet in this build "
-            "(only 1)",
-            tp);
-    }
     if (pp > 1) {
         fail(
             "parallel.pipeline_model_parallel_size = {}: pipeline parallelism is not supported yet in this build "
             "(only 1)",
             pp);
     }
-    if (dp > 1) {
-        fail(
-            "world size {} gives data-parallel size {}: data parallelism is not supported yet in this build "
-            "(run with world size 1)",
-            world_size, dp);
+    if (p.sequence_parallel) {
+        fail("parallel.sequence_parallel = true is not supported yet in this build (only false)");
     }
 
     const int multiple = m.make_vocab_size_divisible_by * tp;

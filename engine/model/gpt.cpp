@@ -1,7 +1,10 @@
 // gpt.cpp: GPT-2 forward and backward over the Backend interface (layouts and contracts in gpt.h, backend.h).
 #include "engine/model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <span>
 #include <limits>
 
 #include "engine/core/philox.h"
@@ -24,16 +27,22 @@ constexpr int kParamsPerLayer = 12;
 
 }  // namespace
 
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std) {
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp) {
+    MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0,
+             "tensor-parallel size {} must divide heads {}, ffn {} and padded vocab {}", tp, s.NH, s.F, s.Vp);
     std::vector<ParamInfo> t;
     int64_t offset = 0;
     const float proj_std = init_std / std::sqrt(2.0f * static_cast<float>(s.L));
-    auto add = [&](std::string name, std::vector<int64_t> shape, float std_, float value) {
+    auto add = [&](std::string name, std::vector<int64_t> global, ShardKind shard, float std_, float value) {
         ParamInfo p;
         p.name = std::move(name);
+        p.global_shape = global;
+        p.shard = shard;
+        p.shape = std::move(global);
+        if (shard == ShardKind::kRows || shard == ShardKind::kQkvRows) p.shape[0] /= tp;
+        if (shard == ShardKind::kCols) p.shape[1] /= tp;
         p.numel = 1;
-        for (int64_t d : shape) p.numel *= d;
-        p.shape = std::move(shape);
+        for (int64_t d : p.shape) p.numel *= d;
         p.offset = offset;
         p.weight_decay = p.shape.size() >= 2;
         p.init_std = std_;
@@ -42,31 +51,52 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std) {
         t.push_back(std::move(p));
     };
     const int64_t C = s.C, F = s.F;
-    add("wte.weight", {s.Vp, C}, init_std, 0);
-    add("wpe.weight", {s.T, C}, init_std, 0);
+    using K = ShardKind;
+    add("wte.weight", {s.Vp, C}, K::kRows, init_std, 0);
+    add("wpe.weight", {s.T, C}, K::kReplicated, init_std, 0);
     for (int l = 0; l < s.L; ++l) {
         const std::string h = "h." + std::to_string(l) + ".";
-        add(h + "ln_1.weight", {C}, 0, 1);
-        add(h + "ln_1.bias", {C}, 0, 0);
-        add(h + "attn.c_attn.weight", {3 * C, C}, init_std, 0);
-        add(h + "attn.c_attn.bias", {3 * C}, 0, 0);
-        add(h + "attn.c_proj.weight", {C, C}, proj_std, 0);
-        add(h + "attn.c_proj.bias", {C}, 0, 0);
-        add(h + "ln_2.weight", {C}, 0, 1);
-        add(h + "ln_2.bias", {C}, 0, 0);
-        add(h + "mlp.c_fc.weight", {F, C}, init_std, 0);
-        add(h + "mlp.c_fc.bias", {F}, 0, 0);
-        add(h + "mlp.c_proj.weight", {C, F}, proj_std, 0);
-        add(h + "mlp.c_proj.bias", {C}, 0, 0);
+        add(h + "ln_1.weight", {C}, K::kReplicated, 0, 1);
+        add(h + "ln_1.bias", {C}, K::kReplicated, 0, 0);
+        add(h + "attn.c_attn.weight", {3 * C, C}, K::kQkvRows, init_std, 0);
+        add(h + "attn.c_attn.bias", {3 * C}, K::kQkvRows, 0, 0);
+        add(h + "attn.c_proj.weight", {C, C}, K::kCols, proj_std, 0);
+        add(h + "attn.c_proj.bias", {C}, K::kReplicated, 0, 0);
+        add(h + "ln_2.weight", {C}, K::kReplicated, 0, 1);
+        add(h + "ln_2.bias", {C}, K::kReplicated, 0, 0);
+        add(h + "mlp.c_fc.weight", {F, C}, K::kRows, init_std, 0);
+        add(h + "mlp.c_fc.bias", {F}, K::kRows, 0, 0);
+        add(h + "mlp.c_proj.weight", {C, F}, K::kCols, proj_std, 0);
+        add(h + "mlp.c_proj.bias", {C}, K::kReplicated, 0, 0);
     }
-    add("ln_f.weight", {C}, 0, 1);
-    add("ln_f.bias", {C}, 0, 0);
+    add("ln_f.weight", {C}, K::kReplicated, 0, 1);
+    add("ln_f.bias", {C}, K::kReplicated, 0, 0);
     return t;
+}
+
+int64_t ParamInfo::global_index(int64_t i, int tp_rank, int tp_size) const {
+    const int64_t cols = shape.size() >= 2 ? shape[1] : 1;  // local row length
+    const int64_t row = i / cols, col = i % cols;
+    switch (shard) {
+        case ShardKind::kReplicated:
+            return i;
+        case ShardKind::kRows:
+            return (tp_rank * shape[0] + row) * cols + col;
+        case ShardKind::kCols:
+            return row * global_shape[1] + tp_rank * cols + col;
+        case ShardKind::kQkvRows: {
+            // local rows [Q_r | K_r | V_r], each global_shape[0] / 3 / tp rows; global rows [Q | K | V]
+            const int64_t block_rows = global_shape[0] / 3, local_block = block_rows / tp_size;
+            const int64_t block = row / local_block, within = row % local_block;
+            return (block * block_rows + tp_rank * local_block + within) * cols + col;
+        }
+    }
+    return i;
 }
 
 int64_t gpt_num_params(const GptShape& s) {
     int64_t n = 0;
-    for (const ParamInfo& p : gpt_param_table(s, 0.02f)) n += p.numel;
+    for (const ParamInfo& p : gpt_param_table(s, 0.02f, 1)) n += p.numel;
     return n;
 }
 
@@ -84,15 +114,15 @@ struct Gpt::Activations {
         float* ln1;       // (N, C)
         float* ln1_mean;  // (N)
         float* ln1_rstd;  // (N)
-        float* qkv;       // (N, 3C)
-        float* atty;      // (N, C)
-        float* lse;       // (B, NH, T)
+        float* qkv;       // (N, 3C/tp)
+        float* atty;      // (N, C/tp)
+        float* lse;       // (B, NH/tp, T)
         float* res2;      // (N, C) residual after attention
         float* ln2;       // (N, C)
         float* ln2_mean;  // (N)
         float* ln2_rstd;  // (N)
-        float* fch;       // (N, F) pre-GELU
-        float* fch_gelu;  // (N, F)
+        float* fch;       // (N, F/tp) pre-GELU
+        float* fch_gelu;  // (N, F/tp)
         float* res3;      // (N, C) residual after the MLP = the layer's output
     };
     HostBuffer storage;
@@ -101,10 +131,10 @@ struct Gpt::Activations {
     float* lnf;           // (N, C)
     float* lnf_mean;      // (N)
     float* lnf_rstd;      // (N)
-    float* logits;        // (N, Vp), dlogits after backward
+    float* logits;        // (N, Vp/tp), dlogits after backward
     float* losses;        // (N)
     float* row_max;       // (N)
-    float* sum_exp;       // (N)
+    float* sum_exp;       // (N) followed by target_logit: one all-reduce for both
     float* target_logit;  // (N)
     float* dloss;         // (N)
     int32_t* tokens;      // (N) inputs of the last forward (the embedding backward needs them)
@@ -113,29 +143,34 @@ struct Gpt::Activations {
     float* proj_out;  // (N, C) c_proj outputs before the residual add (forward scratch)
     float* dres;      // (N, C) gradient of the residual stream
     float* dln;       // (N, C)
-    float* datty;     // (N, C)
-    float* dqkv;      // (N, 3C)
-    float* dfch;      // (N, F)
+    float* datty;     // (N, C/tp)
+    float* dqkv;      // (N, 3C/tp)
+    float* dfch;      // (N, F/tp)
 };
 
-Gpt::Gpt(const GptShape& shape, Backend& backend, int max_batch)
-    : shape_(shape), backend_(backend), max_batch_(max_batch) {
+Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity)
+    : shape_(shape), backend_(backend), tp_(tp), max_batch_(max_batch) {
     MS_CHECK(shape.C % shape.NH == 0, "hidden {} not divisible by heads {}", shape.C, shape.NH);
     MS_CHECK(shape.Vp >= shape.V, "padded vocab {} < vocab {}", shape.Vp, shape.V);
-    table_ = gpt_param_table(shape_, 0.02f);
+    table_ = gpt_param_table(shape_, 0.02f, tp.size());
+    NH_local_ = shape.NH / tp.size();
+    C_local_ = NH_local_ * (shape.C / shape.NH);
+    F_local_ = shape.F / tp.size();
+    Vp_local_ = shape.Vp / tp.size();
     num_params_ = 0;
     for (const ParamInfo& p : table_) num_params_ += p.numel;
-    const int64_t flat = table_.back().offset + table_.back().numel;
+    const int64_t flat = std::max(flat_size(), flat_capacity);
     params_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
     grads_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
 
-    const int64_t N = static_cast<int64_t>(max_batch) * shape.T, C = shape.C, F = shape.F;
-    const int64_t per_layer = align_up(N * C, kParamAlign) * 6 + align_up(N * 3 * C, kParamAlign) +
-                              align_up(N * F, kParamAlign) * 2 + align_up(N, kParamAlign) * 4 +
-                              align_up(N * shape.NH, kParamAlign);
-    const int64_t global = align_up(N * C, kParamAlign) * 7 + align_up(N * 3 * C, kParamAlign) +
-                           align_up(N * F, kParamAlign) + align_up(N * shape.Vp, kParamAlign) +
-                           align_up(N, kParamAlign) * 10;
+    const int64_t N = static_cast<int64_t>(max_batch) * shape.T, C = shape.C, Cl = C_local_, F = F_local_;
+    const int64_t per_layer = align_up(N * C, kParamAlign) * 5 + align_up(N * Cl, kParamAlign) +
+                              align_up(N * 3 * Cl, kParamAlign) + align_up(N * F, kParamAlign) * 2 +
+                              align_up(N, kParamAlign) * 4 + align_up(N * NH_local_, kParamAlign);
+    const int64_t global = align_up(N * C, kParamAlign) * 5 + align_up(N * Cl, kParamAlign) +
+                           align_up(N * 3 * Cl, kParamAlign) + align_up(N * F, kParamAlign) +
+                           align_up(N * Vp_local_, kParamAlign) + align_up(N, kParamAlign) * 9 +
+                           align_up(2 * N, kParamAlign);
     acts_ = std::make_unique<Activations>();
     Activations& a = *acts_;
     a.storage = HostBuffer(static_cast<size_t>(per_layer * shape.L + global) * sizeof(float));
@@ -150,9 +185,9 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, int max_batch)
         l.ln1 = take(N * C);
         l.ln1_mean = take(N);
         l.ln1_rstd = take(N);
-        l.qkv = take(N * 3 * C);
-        l.atty = take(N * C);
-        l.lse = take(N * shape.NH);
+        l.qkv = take(N * 3 * Cl);
+        l.atty = take(N * Cl);
+        l.lse = take(N * NH_local_);
         l.res2 = take(N * C);
         l.ln2 = take(N * C);
         l.ln2_mean = take(N);
@@ -165,19 +200,19 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, int max_batch)
     a.lnf = take(N * C);
     a.lnf_mean = take(N);
     a.lnf_rstd = take(N);
-    a.logits = take(N * shape.Vp);
+    a.logits = take(N * Vp_local_);
     a.losses = take(N);
     a.row_max = take(N);
-    a.sum_exp = take(N);
-    a.target_logit = take(N);
+    a.sum_exp = take(2 * N);
+    a.target_logit = a.sum_exp + N;
     a.dloss = take(N);
     a.tokens = reinterpret_cast<int32_t*>(take(N));
     a.targets = reinterpret_cast<int32_t*>(take(N));
     a.proj_out = take(N * C);
     a.dres = take(N * C);
     a.dln = take(N * C);
-    a.datty = take(N * C);
-    a.dqkv = take(N * 3 * C);
+    a.datty = take(N * Cl);
+    a.dqkv = take(N * 3 * Cl);
     a.dfch = take(N * F);
     MS_CHECK(cursor <= a.storage.as<float>() + a.storage.size() / sizeof(float), "activation plan overflow");
 }
@@ -200,9 +235,13 @@ void Gpt::init_weights(uint64_t seed) {
         }
         const uint64_t stream = name_hash(p.name);
         // Rows of wte past the real vocabulary are never looked up and their logits are masked: keep them 0.
-        const int64_t live = p.name == "wte.weight" ? static_cast<int64_t>(shape_.V) * shape_.C : p.numel;
+        const int64_t live = p.name == "wte.weight" ? static_cast<int64_t>(shape_.V) * shape_.C : INT64_MAX;
+        const int tp_rank = tp_.rank(), tp_size = tp_.size();
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < p.numel; ++i) dst[i] = i < live ? p.init_std * philox_normal(seed, stream, i) : 0.0f;
+        for (int64_t i = 0; i < p.numel; ++i) {
+            const int64_t g = p.global_index(i, tp_rank, tp_size);
+            dst[i] = g < live ? p.init_std * philox_normal(seed, stream, static_cast<uint64_t>(g)) : 0.0f;
+        }
     }
 }
 
@@ -211,13 +250,21 @@ void Gpt::zero_grads() { backend_.zero(Tensor::f32(grads(), {table_.back().offse
 const float* Gpt::logits() const { return acts_->logits; }
 const float* Gpt::losses() const { return acts_->losses; }
 
+namespace {
+// all-reduce (sum) of an fp32 activation over the tensor-parallel group
+void tp_all_reduce(Communicator& tp, float* data, int64_t n, ReduceOp op = ReduceOp::kSum) {
+    tp.all_reduce(std::span<float>(data, static_cast<size_t>(n)), op, Priority::kHigh).wait();
+}
+}  // namespace
+
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
     MS_CHECK(B >= 1 && B <= max_batch_, "batch {} outside [1, {}]", B, max_batch_);
     MS_CHECK(T >= 1 && T <= shape_.T, "sequence length {} outside [1, {}]", T, shape_.T);
     B_ = B;
     T_ = T;
     Activations& a = *acts_;
-    const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, F = shape_.F, Vp = shape_.Vp;
+    const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
+    const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
     float* w = params();
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
         return Tensor::f32(w + table_[index].offset, dims);
@@ -231,34 +278,37 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
                  n, shape_.V);
         a.tokens[n] = tokens[n];
     }
+    // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
     Tensor tok(a.tokens, DType::kI32, {N});
-    be.embedding_forward({tok, P(kWte, {Vp, C}), P(kWpe, {T, C}), A(a.encoded, {N, C}), 0, T});
+    be.embedding_forward({tok, P(kWte, {Vl, C}), tp_.rank() == 0 ? P(kWpe, {T, C}) : Tensor(), A(a.encoded, {N, C}),
+                          vocab_start, T});
+    tp_all_reduce(tp_, a.encoded, N * C);
 
     const float* res = a.encoded;
     for (int l = 0; l < shape_.L; ++l) {
         auto& x = a.layers[l];
         const int lp = kFirstLayerParam + l * kParamsPerLayer;
-        be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(lp + 0, {C}), P(lp + 1, {C}),
-                              A(x.ln1, {N, C}), A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), shape_.eps});
-        be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * C, C}), P(lp + 3, {3 * C}),
-                           A(x.qkv, {N, 3 * C})});
-        be.attention_forward({A(x.qkv, {B, T, 3 * C}), A(x.atty, {B, T, C}), A(x.lse, {B, shape_.NH, T}), shape_.NH});
-        be.matmul_forward({A(x.atty, {N, C}), P(lp + 4, {C, C}), P(lp + 5, {C}),
-                           A(a.proj_out, {N, C})});
-        be.residual_forward({A(const_cast<float*>(res), {N * C}), A(a.proj_out, {N * C}), A(x.res2, {N * C})});
-        be.layernorm_forward({A(x.res2, {N, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(x.ln2, {N, C}),
-                              A(x.ln2_mean, {N}), A(x.ln2_rstd, {N}), shape_.eps});
-        be.matmul_forward({A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}),
-                           A(x.fch, {N, F})});
+        be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(x.ln1, {N, C}),
+                              A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), shape_.eps});
+        be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), P(lp + 3, {3 * Cl}), A(x.qkv, {N, 3 * Cl})});
+        be.attention_forward({A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}), A(x.lse, {B, NH, T}), NH});
+        // row-parallel projection: partial sums, all-reduced, then the bias inside the residual add
+        be.matmul_forward({A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), Tensor(), A(a.proj_out, {N, C})});
+        tp_all_reduce(tp_, a.proj_out, N * C);
+        be.residual_forward(
+            {A(const_cast<float*>(res), {N * C}), A(a.proj_out, {N * C}), A(x.res2, {N * C}), P(lp + 5, {C})});
+        be.layernorm_forward({A(x.res2, {N, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(x.ln2, {N, C}), A(x.ln2_mean, {N}),
+                              A(x.ln2_rstd, {N}), shape_.eps});
+        be.matmul_forward({A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F})});
         be.gelu_forward({A(x.fch, {N * F}), A(x.fch_gelu, {N * F})});
-        be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), P(lp + 11, {C}),
-                           A(a.proj_out, {N, C})});
-        be.residual_forward({A(x.res2, {N * C}), A(a.proj_out, {N * C}), A(x.res3, {N * C})});
+        be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), Tensor(), A(a.proj_out, {N, C})});
+        tp_all_reduce(tp_, a.proj_out, N * C);
+        be.residual_forward({A(x.res2, {N * C}), A(a.proj_out, {N * C}), A(x.res3, {N * C}), P(lp + 11, {C})});
         res = x.res3;
     }
-    be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(ln_f, {C}), P(ln_f + 1, {C}),
-                          A(a.lnf, {N, C}), A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), shape_.eps});
-    be.matmul_forward({A(a.lnf, {N, C}), P(kWte, {Vp, C}), Tensor(), A(a.logits, {N, Vp})});
+    be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(a.lnf, {N, C}),
+                          A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), shape_.eps});
+    be.matmul_forward({A(a.lnf, {N, C}), P(kWte, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
     for (int64_t n = 0; n < N; ++n) {
@@ -266,12 +316,16 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
                  targets[n], n, shape_.V);
         a.targets[n] = targets[n];
     }
+    // vocab-parallel cross-entropy: global row max, then global sum-exp and target logit (one all-reduce for both)
+    const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
     Tensor tgt(a.targets, DType::kI32, {N});
-    CrossEntropyForwardArgs ce{A(a.logits, {N, Vp}),    tgt, A(a.row_max, {N}), A(a.sum_exp, {N}),
-                               A(a.target_logit, {N}), 0,   shape_.V,          CrossEntropyPhase::kMax};
+    CrossEntropyForwardArgs ce{A(a.logits, {N, Vl}),   tgt,         A(a.row_max, {N}), A(a.sum_exp, {N}),
+                               A(a.target_logit, {N}), vocab_start, valid,             CrossEntropyPhase::kMax};
     be.cross_entropy_forward(ce);
+    tp_all_reduce(tp_, a.row_max, N, ReduceOp::kMax);
     ce.phase = CrossEntropyPhase::kSumExp;
     be.cross_entropy_forward(ce);
+    tp_all_reduce(tp_, a.sum_exp, 2 * N);  // sum_exp and target_logit are adjacent
     double total = 0;
     for (int64_t n = 0; n < N; ++n) {
         a.losses[n] = std::log(a.sum_exp[n]) + a.row_max[n] - a.target_logit[n];
@@ -284,7 +338,8 @@ void Gpt::backward(float loss_scale) {
     MS_CHECK(B_ > 0, "backward() without a forward() with targets");
     Activations& a = *acts_;
     const int B = B_, T = T_;
-    const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, F = shape_.F, Vp = shape_.Vp;
+    const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
+    const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
     float* w = params();
     float* g = grads();
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
@@ -299,45 +354,47 @@ void Gpt::backward(float loss_scale) {
 
     const float dl = loss_scale / static_cast<float>(N);
     for (int64_t n = 0; n < N; ++n) a.dloss[n] = dl;
+    const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
     Tensor tgt(a.targets, DType::kI32, {N});
-    be.cross_entropy_backward({A(a.logits, {N, Vp}), tgt, A(a.row_max, {N}), A(a.sum_exp, {N}), A(a.dloss, {N}), 0,
-                               shape_.V});
+    be.cross_entropy_backward(
+        {A(a.logits, {N, Vl}), tgt, A(a.row_max, {N}), A(a.sum_exp, {N}), A(a.dloss, {N}), vocab_start, valid});
     const float* res_last = shape_.L > 0 ? a.layers.back().res3 : a.encoded;
-    be.matmul_backward({A(a.logits, {N, Vp}), A(a.lnf, {N, C}), P(kWte, {Vp, C}), A(a.dln, {N, C}),
-                        G(kWte, {Vp, C}), Tensor(), Accumulate::kOverwrite});
+    // the head is column-parallel over the vocabulary: its input gradient is a partial sum
+    be.matmul_backward({A(a.logits, {N, Vl}), A(a.lnf, {N, C}), P(kWte, {Vl, C}), A(a.dln, {N, C}),
+                        G(kWte, {Vl, C}), Tensor(), Accumulate::kOverwrite});
+    tp_all_reduce(tp_, a.dln, N * C);
     be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_last), {N, C}), P(ln_f, {C}),
-                           A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), A(a.dres, {N, C}), G(ln_f, {C}),
-                           G(ln_f + 1, {C}), Accumulate::kOverwrite});
+                           A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), A(a.dres, {N, C}), G(ln_f, {C}), G(ln_f + 1, {C}),
+                           Accumulate::kOverwrite});
 
     for (int l = shape_.L - 1; l >= 0; --l) {
         auto& x = a.layers[l];
         const float* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
         const int lp = kFirstLayerParam + l * kParamsPerLayer;
-        // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-        be.matmul_backward({A(a.dres, {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}),
-                            A(a.dfch, {N, F}), G(lp + 10, {C, F}), G(lp + 11, {C}),
-                            Accumulate::kOverwrite});
+        // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
+        be.matmul_backward({A(a.dres, {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), A(a.dfch, {N, F}),
+                            G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
         be.gelu_backward({A(x.fch, {N * F}), A(a.dfch, {N * F}), A(a.dfch, {N * F})});
         be.matmul_backward({A(a.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}),
                             G(lp + 8, {F, C}), G(lp + 9, {F}), Accumulate::kOverwrite});
+        tp_all_reduce(tp_, a.dln, N * C);
         be.layernorm_backward({A(a.dln, {N, C}), A(x.res2, {N, C}), P(lp + 6, {C}), A(x.ln2_mean, {N}),
-                               A(x.ln2_rstd, {N}), A(a.dres, {N, C}), G(lp + 6, {C}),
-                               G(lp + 7, {C}), Accumulate::kAdd});
-        // attention: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in))))
-        be.matmul_backward({A(a.dres, {N, C}), A(x.atty, {N, C}), P(lp + 4, {C, C}),
-                            A(a.datty, {N, C}), G(lp + 4, {C, C}), G(lp + 5, {C}),
-                            Accumulate::kOverwrite});
-        be.attention_backward({A(a.datty, {B, T, C}), A(x.qkv, {B, T, 3 * C}), A(x.atty, {B, T, C}),
-                               A(x.lse, {B, shape_.NH, T}), A(a.dqkv, {B, T, 3 * C}), shape_.NH});
-        be.matmul_backward({A(a.dqkv, {N, 3 * C}), A(x.ln1, {N, C}), P(lp + 2, {3 * C, C}),
-                            A(a.dln, {N, C}), G(lp + 2, {3 * C, C}),
-                            G(lp + 3, {3 * C}), Accumulate::kOverwrite});
+                               A(x.ln2_rstd, {N}), A(a.dres, {N, C}), G(lp + 6, {C}), G(lp + 7, {C}),
+                               Accumulate::kAdd});
+        // attention: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in)))) + bias
+        be.matmul_backward({A(a.dres, {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(a.datty, {N, Cl}),
+                            G(lp + 4, {C, Cl}), G(lp + 5, {C}), Accumulate::kOverwrite});
+        be.attention_backward({A(a.datty, {B, T, Cl}), A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}),
+                               A(x.lse, {B, NH, T}), A(a.dqkv, {B, T, 3 * Cl}), NH});
+        be.matmul_backward({A(a.dqkv, {N, 3 * Cl}), A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), A(a.dln, {N, C}),
+                            G(lp + 2, {3 * Cl, C}), G(lp + 3, {3 * Cl}), Accumulate::kOverwrite});
+        tp_all_reduce(tp_, a.dln, N * C);
         be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_in), {N, C}), P(lp + 0, {C}),
                                A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), A(a.dres, {N, C}), G(lp + 0, {C}),
                                G(lp + 1, {C}), Accumulate::kAdd});
     }
-    be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(a.dres, {N, C}), G(kWte, {Vp, C}),
-                           G(kWpe, {T, C}), 0, T});
+    be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(a.dres, {N, C}), G(kWte, {Vl, C}), G(kWpe, {T, C}),
+                           vocab_start, T});
 }
 
 }  // namespace ms

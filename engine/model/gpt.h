@@ -6,6 +6,16 @@
 // Hugging Face GPT-2's (`wte.weight`, `h.3.attn.c_attn.weight`, ...) but weights are stored in Linear
 // orientation (out_features, in_features); HF's Conv1D stores the transpose. c_attn's rows are [Q | K | V],
 // each block head-major. Activations for up to `max_batch` sequences are allocated once at construction.
+//
+// Tensor parallelism (Megatron, DESIGN.md §5) over the `tp` communicator (size 1: every collective is a no-op):
+//   wte                      vocab-parallel rows (Vp/tp each); embedding and cross-entropy reduce over tp
+//   c_attn (weight, bias)    column-parallel, split per head: rank r holds [Q_heads(r) | K_heads(r) | V_heads(r)]
+//   mlp.c_fc (weight, bias)  column-parallel rows (F/tp each)
+//   attn.c_proj, mlp.c_proj  row-parallel: weight columns split (in_features/tp); the bias is replicated and added
+//                            after the all-reduce
+//   wpe, LayerNorms          replicated (identical on every TP rank)
+// The gradients of column-parallel inputs are all-reduced over tp before the LayerNorm backward (the "copy"
+// primitive's backward); row-parallel outputs are all-reduced in the forward (the "reduce" primitive).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/communicator.h"
 #include "engine/backends/backend.h"
 #include "memory/host_buffer.h"
 
@@ -29,35 +40,57 @@ struct GptShape {
     float eps = 1e-5f;
 };
 
+// How a parameter is cut across tensor-parallel ranks.
+enum class ShardKind : uint8_t {
+    kReplicated,  // every TP rank holds the whole tensor
+    kRows,        // dim 0 split in tp equal blocks (vocab-parallel wte, column-parallel c_fc)
+    kCols,        // dim 1 split (row-parallel c_proj weights)
+    kQkvRows,     // dim 0 = [Q | K | V] blocks, each split per head (column-parallel c_attn)
+};
+
 struct ParamInfo {
-    std::string name;            // canonical, e.g. "h.3.mlp.c_fc.weight"
-    std::vector<int64_t> shape;  // e.g. (4C, C)
-    int64_t offset = 0;          // element offset in the flat parameter buffer
-    int64_t numel = 0;
+    std::string name;                   // canonical, e.g. "h.3.mlp.c_fc.weight"
+    std::vector<int64_t> shape;         // this rank's shard, e.g. (4C/tp, C)
+    std::vector<int64_t> global_shape;  // the whole tensor, e.g. (4C, C)
+    ShardKind shard = ShardKind::kReplicated;
+    int64_t offset = 0;  // element offset in the flat parameter buffer
+    int64_t numel = 0;   // elements of the shard
     bool weight_decay = false;   // true for >= 2-D weights; false for biases, LayerNorm and other 1-D params
     float init_std = 0.0f;       // N(0, init_std); 0 -> constant init_value
     float init_value = 0.0f;
+
+    // Row-major index in the global tensor of element `i` of tensor-parallel rank `tp_rank`'s shard.
+    int64_t global_index(int64_t i, int tp_rank, int tp_size) const;
+    // Replicated on every TP rank: counted only once (tp rank 0) in the global gradient norm.
+    bool tp_duplicate() const { return shard == ShardKind::kReplicated; }
 };
 
-// The parameter table of a GPT-2 of this shape (pure function; used by the model, the optimizer and tests).
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std);
+// The parameter table of a GPT-2 of this shape as held by one of tp_size tensor-parallel ranks (pure function;
+// used by the model, the optimizer, checkpoints and tests). Requires NH, F and Vp divisible by tp_size.
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp_size = 1);
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);
 
 class Gpt {
 public:
-    Gpt(const GptShape& shape, Backend& backend, int max_batch);
+    // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
+    // flat_capacity: the flat parameter/gradient buffers hold at least this many elements (zeros past the last
+    // parameter), e.g. padded_flat_size() for data parallelism.
+    Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0);
     ~Gpt();
 
     const GptShape& shape() const { return shape_; }
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t num_params() const { return num_params_; }
+    // elements from the first parameter to the end of the last (alignment gaps included)
+    int64_t flat_size() const { return table_.back().offset + table_.back().numel; }
     float* params() { return params_.as<float>(); }
     float* grads() { return grads_.as<float>(); }
     const ParamInfo& param(const std::string& name) const;
 
-    // Layout-invariant init: element i of parameter p is N(0, std_p) drawn from Philox(seed, name_hash(p), i);
+    // Layout-invariant init: global element i of parameter p is N(0, std_p) drawn from Philox(seed, name_hash(p), i)
+    // (each TP rank draws exactly its shard's elements);
     // residual output projections (attn.c_proj, mlp.c_proj) use std / sqrt(2 L); biases 0; LayerNorm weights 1;
     // padded vocabulary rows of wte 0.
     void init_weights(uint64_t seed);
@@ -68,7 +101,8 @@ public:
     // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=). Must follow forward() with targets.
     void backward(float loss_scale);
     void zero_grads();
-    // (B, T, Vp) logits of the last forward() (valid until backward(), which overwrites them with dlogits).
+    // (B, T, Vp/tp) this rank's vocabulary shard of the logits of the last forward() (valid until backward(),
+    // which overwrites them with dlogits). Columns from tp_rank * Vp/tp.
     const float* logits() const;
     // per-position losses (B*T) of the last forward()
     const float* losses() const;
@@ -77,6 +111,8 @@ private:
     struct Activations;
     GptShape shape_;
     Backend& backend_;
+    Communicator& tp_;
+    int64_t C_local_, F_local_, NH_local_, Vp_local_;  // this TP rank's share of C (attention), F, NH, Vp
     int max_batch_;
     std::vector<ParamInfo> table_;
     int64_t num_params_ = 0;

@@ -3,13 +3,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <span>
 
+#include "comm/bootstrap.h"
+#include "comm/process_groups.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
 #include "engine/core/log.h"
@@ -18,6 +22,7 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/adamw.h"
+#include "engine/optim/distributed_optimizer.h"
 
 namespace ms {
 namespace {
@@ -79,27 +84,67 @@ void print_derived(const Config& cfg, const DerivedConfig& d) {
              static_cast<double>(d.num_parameters) / 1e6);
 }
 
-// Mean loss over `micro_batches` micro-batches of the split, starting at sample 0 (the same set every time).
+// Mean loss over `micro_batches` micro-batches of the split, starting at sample 0 (the same set every time and
+// under every layout: data-parallel ranks take turns, as in training).
 double evaluate(Gpt& model, const Sampler& sampler, int micro_batch, int T, int64_t micro_batches,
-                std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-    double total = 0;
+                const ProcessGroups& groups, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+    float total = 0;
     for (int64_t i = 0; i < micro_batches; ++i) {
-        sampler.fill(i * micro_batch, micro_batch, inputs.data(), targets.data());
+        sampler.fill((i * groups.dp_size + groups.dp_rank) * micro_batch, micro_batch, inputs.data(), targets.data());
         total += model.forward(inputs.data(), targets.data(), micro_batch, T);
     }
-    return total / static_cast<double>(micro_batches);
+    total /= static_cast<float>(micro_batches);
+    groups.dp->all_reduce(std::span<float>(&total, 1), ReduceOp::kAvg).wait();
+    return total;
 }
 
-std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> context, int num_tokens, float temperature, int top_k,
-                              uint64_t seed) {
+// MS_DUMP_GRADS=PATH: after the first backward, write every parameter's full gradient (averaged over dp, gathered
+// over tp) to PATH (float32, parameters in table order, each as its global row-major tensor) and PATH.json (names,
+// shapes, offsets). For the parallel-equivalence tests; costs an extra all-reduce and all-gather.
+void dump_gradients(Gpt& model, const ProcessGroups& groups, int dp) {
+    const char* path = std::getenv("MS_DUMP_GRADS");
+    if (!path || !*path) return;
+    const int64_t padded = padded_flat_size(model.flat_size(), dp);
+    std::vector<float> avg(model.grads(), model.grads() + padded);
+    groups.dp->all_reduce(std::span<float>(avg), ReduceOp::kAvg).wait();
+    std::vector<float> all(static_cast<size_t>(padded) * groups.tp_size);
+    groups.tp->all_gather(std::span<const float>(avg), std::span<float>(all)).wait();
+    if (groups.world->rank() != 0) return;
+    std::ofstream bin(path, std::ios::binary | std::ios::trunc);
+    nlohmann::json index = nlohmann::json::array();
+    int64_t out_offset = 0;
+    for (const ParamInfo& p : model.params_info()) {
+        int64_t global_numel = 1;
+        for (int64_t dim : p.global_shape) global_numel *= dim;
+        std::vector<float> full(static_cast<size_t>(global_numel));
+        for (int r = 0; r < groups.tp_size; ++r) {
+            const float* src = all.data() + static_cast<size_t>(r) * padded + p.offset;
+            for (int64_t i = 0; i < p.numel; ++i) full[p.global_index(i, r, groups.tp_size)] = src[i];
+        }
+        bin.write(reinterpret_cast<const char*>(full.data()), static_cast<std::streamsize>(full.size() * 4));
+        index.push_back({{"name", p.name}, {"shape", p.global_shape}, {"offset", out_offset}});
+        out_offset += global_numel;
+    }
+    std::ofstream(std::string(path) + ".json") << index.dump(1);
+}
+
+// Samples num_tokens tokens after context. Every TP rank gathers the full last-position logits and draws the same
+// token from the same Philox stream, so all ranks stay in step.
+std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
+                              float temperature, int top_k, uint64_t seed) {
     const GptShape& s = model.shape();
     const uint64_t stream = name_hash("generate");
     std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
+    const int64_t Vl = s.Vp / tp.size();
+    std::vector<float> full(static_cast<size_t>(s.Vp));
     for (int i = 0; i < num_tokens; ++i) {
         const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.T)));
         const int32_t* window = context.data() + context.size() - T;
         model.forward(window, nullptr, 1, T);
-        const float* logits = model.logits() + static_cast<size_t>(T - 1) * s.Vp;
+        tp.all_gather(std::span<const float>(model.logits() + static_cast<size_t>(T - 1) * Vl, static_cast<size_t>(Vl)),
+                      std::span<float>(full))
+            .wait();
+        const float* logits = full.data();
         for (int v = 0; v < s.V; ++v) probs[v] = {logits[v] / std::max(temperature, 1e-6f), v};
         size_t keep = probs.size();
         if (top_k > 0 && static_cast<size_t>(top_k) < keep) {
@@ -129,10 +174,15 @@ std::vector<int32_t> generate(Gpt& model, std::vector<int32_t> context, int num_
 
 int run_train(const Config& cfg_in) {
     const double t_start = now_seconds();
-    // Everything that can be wrong with the input is checked before any large allocation.
+    MpiRuntime mpi;
+    Communicator& world = mpi.world();
+    // Everything that can be wrong with the input is checked before any large allocation, on every rank alike.
     std::unique_ptr<TokenSource> source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
     const Config cfg = resolve_vocab(cfg_in, *source);
-    const DerivedConfig d = validate_config(cfg, 1);
+    const DerivedConfig d = validate_config(cfg, world.size());
+    check_same_config(world, name_hash(config_to_yaml(cfg)));
+    ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
+                                               cfg.parallel.pipeline_model_parallel_size, d.dp);
     const int T = cfg.model.seq_length;
     const int mbs = cfg.training.micro_batch_size;
     const int num_mb = d.num_microbatches;
@@ -142,8 +192,8 @@ int run_train(const Config& cfg_in) {
         valid_sampler = std::make_unique<Sampler>(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
     }
 
-    log_info("mindspeed-train {} | backend {} | threads {}", MS_VERSION, cfg.run.backend,
-             cfg.run.num_threads > 0 ? cfg.run.num_threads : 0);
+    log_info("mindspeed-train {} | backend {} | threads {} | {}", MS_VERSION, cfg.run.backend,
+             cfg.run.num_threads > 0 ? cfg.run.num_threads : 0, mpi.describe());
     log_info("data: {}", source->describe());
     const double entropy = source->entropy_rate();
     if (std::isfinite(entropy)) {
@@ -157,13 +207,15 @@ int run_train(const Config& cfg_in) {
     bo.num_threads = cfg.run.num_threads;
     std::unique_ptr<Backend> backend = make_backend(bo);
     const GptShape shape = make_shape(cfg, d);
-    Gpt model(shape, *backend, mbs);
+    const std::vector<ParamInfo> table = gpt_param_table(shape, 0.02f, groups.tp_size);
+    const int64_t flat = table.back().offset + table.back().numel;
+    Gpt model(shape, *backend, *groups.tp, mbs, padded_flat_size(flat, groups.dp_size));
     model.init_weights(cfg.run.seed);
-    const int64_t flat = model.params_info().back().offset + model.params_info().back().numel;
-    AdamW optimizer(model.params_info(), flat, cfg.optimizer, *backend);
-    log_info("memory: parameters {} | gradients {} | optimizer state {}",
+    DistributedOptimizer optimizer(model.params_info(), flat, model.params(), model.grads(), cfg.optimizer,
+                                   cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank);
+    log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
              human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
-             human_bytes(8.0 * static_cast<double>(flat)));
+             human_bytes(static_cast<double>(optimizer.state_bytes())), cfg.parallel.zero_stage);
 
     const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
     log_info("peak: {:.1f} GFLOP/s fp32 ({}; OpenBLAS kernel {}) is the MFU denominator", peak / 1e9,
@@ -171,12 +223,14 @@ int run_train(const Config& cfg_in) {
     if (const std::string w = cpu::blas_kernel_warning(); !w.empty()) log_warn("{}", w);
     const double flops_per_token = gpt_train_flops_per_token(shape, T);
 
-    std::filesystem::create_directories(cfg.run.output_dir);
-    {
+    const bool writer = world.rank() == 0;  // the one rank that writes run files
+    std::ofstream metrics;
+    if (writer) {
+        std::filesystem::create_directories(cfg.run.output_dir);
         std::ofstream(std::filesystem::path(cfg.run.output_dir) / "config.resolved.yaml") << config_to_yaml(cfg);
+        metrics.open(cfg.logging.metrics_file, std::ios::trunc);
     }
-    std::ofstream metrics(cfg.logging.metrics_file, std::ios::trunc);
-    if (!metrics) {
+    if (writer && !metrics) {
         throw UserError(fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "
                                     "directory exists and is writable",
                                     cfg.logging.metrics_file));
@@ -193,18 +247,22 @@ int run_train(const Config& cfg_in) {
     for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
         const double t0 = now_seconds();
         model.zero_grads();
-        double step_loss = 0;
+        float step_loss = 0;
         for (int mb = 0; mb < num_mb; ++mb) {
-            train_sampler.fill(consumed + static_cast<int64_t>(mb) * mbs, mbs, inputs.data(), targets.data());
+            // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the
+            // step covers the same global samples under every data-parallel size.
+            const int64_t first = consumed + (static_cast<int64_t>(mb) * d.dp + groups.dp_rank) * mbs;
+            train_sampler.fill(first, mbs, inputs.data(), targets.data());
             step_loss += model.forward(inputs.data(), targets.data(), mbs, T);
             model.backward(1.0f / static_cast<float>(num_mb));
         }
-        step_loss /= num_mb;
-        const double grad_norm = std::sqrt(backend->sum_squares(Tensor::f32(model.grads(), {flat})));
+        step_loss /= static_cast<float>(num_mb);
+        groups.dp->all_reduce(std::span<float>(&step_loss, 1), ReduceOp::kAvg).wait();
+        if (it == 1) dump_gradients(model, groups, d.dp);
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
-        const bool finite = std::isfinite(step_loss) && std::isfinite(grad_norm);
-        if (finite) {
-            optimizer.step(model.params(), model.grads(), lr, clip_coefficient(grad_norm, cfg.training.clip_grad));
+        const OptimizerStepResult step = optimizer.step(lr, cfg.training.clip_grad);
+        const double grad_norm = step.grad_norm;
+        if (step.stepped && std::isfinite(step_loss)) {
             interval_loss += step_loss;
             ++interval_steps;
         } else {
@@ -241,18 +299,21 @@ int run_train(const Config& cfg_in) {
                                 {"tokens_per_sec", tokens_per_s},
                                 {"mfu", mfu / 100.0}};
             j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
-            metrics << j.dump() << '\n' << std::flush;
+            if (writer) metrics << j.dump() << '\n' << std::flush;
             interval_loss = interval_time = 0;
             interval_steps = 0;
         }
         if (valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
-            const double vloss = evaluate(model, *valid_sampler, mbs, T, cfg.eval.eval_iters * num_mb, inputs, targets);
+            const double vloss = evaluate(model, *valid_sampler, mbs, T, cfg.eval.eval_iters * num_mb, groups, inputs,
+                                          targets);
             log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
                      std::exp(vloss));
-            metrics << nlohmann::json{{"iteration", it}, {"consumed_samples", consumed}, {"validation lm loss", vloss}}
-                           .dump()
-                    << '\n'
-                    << std::flush;
+            if (writer) {
+                metrics << nlohmann::json{{"iteration", it}, {"consumed_samples", consumed}, {"validation lm loss", vloss}}
+                               .dump()
+                        << '\n'
+                        << std::flush;
+            }
         }
     }
 
@@ -266,7 +327,7 @@ int run_train(const Config& cfg_in) {
             context.assign(inputs.begin(), inputs.begin() + std::min(T, 8));
         }
         const size_t prompt_len = context.size();
-        const std::vector<int32_t> out = generate(model, context, cfg.eval.sample_tokens,
+        const std::vector<int32_t> out = generate(model, *groups.tp, context, cfg.eval.sample_tokens,
                                                   cfg.eval.sample_temperature, cfg.eval.sample_top_k, cfg.run.seed);
         log_info("sample (temperature {}, top-k {}), prompt in [brackets]:\n[{}]{}", cfg.eval.sample_temperature,
                  cfg.eval.sample_top_k,

@@ -9,6 +9,7 @@
 #include <ostream>
 #include <vector>
 
+#include "comm/self_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/core/philox.h"
 #include "engine/model/gpt.h"
@@ -20,6 +21,12 @@ inline void PrintTo(OpMode mode, std::ostream* os) { *os << (mode == OpMode::kFa
 }  // namespace ms
 
 namespace ms::test {
+
+// The tensor-parallel group of a single-rank model.
+inline Communicator& tp_self() {
+    static SelfCommunicator self("tp");
+    return self;
+}
 
 // Small, and deliberately not a multiple of any block size: HS = 12, V = 61 real columns out of Vp = 128.
 inline GptShape tiny_shape() {

@@ -29,7 +29,7 @@ TEST(Gpt, LossAtInitIsLogVocab) {
     constexpr int B = 32;
     const int64_t N = int64_t(B) * s.T;
     auto backend = test::make_cpu_backend(OpMode::kFast);
-    Gpt model(s, *backend, B);
+    Gpt model(s, *backend, test::tp_self(), B);
     const double sigma2 = s.C * 0.02 * 0.02;
     const double expected = std::log(double(s.V)) + sigma2 / 2;
     double worst = 0;
@@ -55,7 +55,7 @@ TEST(Gpt, OverfitsOneBatch) {
     constexpr int kSteps = 100;
     const int64_t N = int64_t(B) * s.T;
     auto backend = test::make_cpu_backend(OpMode::kFast);
-    Gpt model(s, *backend, B);
+    Gpt model(s, *backend, test::tp_self(), B);
     model.init_weights(42);
     const auto tokens = test::random_tokens(N, s.V, 42, 1);
     const auto targets = test::random_tokens(N, s.V, 42, 2);
@@ -89,7 +89,7 @@ TEST(Gpt, RerunIsBitIdentical) {
     };
     auto run = [&]() {
         auto backend = test::make_cpu_backend(OpMode::kFast);
-        Gpt model(s, *backend, B);
+        Gpt model(s, *backend, test::tp_self(), B);
         model.init_weights(7);
         OptimizerConfig oc;
         AdamW opt(model.params_info(), test::flat_size(model), oc, *backend);
@@ -118,7 +118,7 @@ TEST(Gpt, InitIsLayoutInvariant) {
     GptShape s2 = test::tiny_shape();
     GptShape s3 = s2;
     s3.L = 3;
-    Gpt m2(s2, *backend, 1), m3(s3, *backend, 1);
+    Gpt m2(s2, *backend, test::tp_self(), 1), m3(s3, *backend, test::tp_self(), 1);
     m2.init_weights(5);
     m3.init_weights(5);
     for (const ParamInfo& p : m2.params_info()) {
@@ -148,7 +148,7 @@ TEST(Gpt, InitIsLayoutInvariant) {
     sT.T = 2 * s2.T;  // more position embeddings: the first T rows are the same
     GptShape sV = s2;
     sV.V = 100;  // more real vocabulary rows (same Vp): the first 61 rows are the same
-    Gpt mT(sT, *backend, 1), mV(sV, *backend, 1);
+    Gpt mT(sT, *backend, test::tp_self(), 1), mV(sV, *backend, test::tp_self(), 1);
     mT.init_weights(5);
     mV.init_weights(5);
     for (const ParamInfo& p : m2.params_info()) {
@@ -157,7 +157,7 @@ TEST(Gpt, InitIsLayoutInvariant) {
         EXPECT_TRUE(bit_equal(param_ptr(m2, p.name), param_ptr(mV, p.name), n)) << p.name << " (V)";
     }
     // and the seed matters
-    Gpt m2b(s2, *backend, 1);
+    Gpt m2b(s2, *backend, test::tp_self(), 1);
     m2b.init_weights(6);
     EXPECT_FALSE(bit_equal(param_ptr(m2, "wte.weight"), param_ptr(m2b, "wte.weight"), int64_t(s2.V) * s2.C));
 }
@@ -169,7 +169,7 @@ TEST(Gpt, PaddedVocabRowsStayZero) {
     const int64_t N = int64_t(B) * s.T;
     for (OpMode mode : {OpMode::kFast, OpMode::kReference}) {
         auto backend = test::make_cpu_backend(mode);
-        Gpt model(s, *backend, B);
+        Gpt model(s, *backend, test::tp_self(), B);
         model.init_weights(3);
         const ParamInfo& wte = model.param("wte.weight");
         const int64_t pad_begin = int64_t(s.V) * s.C, pad_end = int64_t(s.Vp) * s.C;
@@ -197,7 +197,7 @@ TEST(Gpt, FastAndReferenceBackendsAgree) {
     const int64_t N = int64_t(B) * s.T;
     auto fast = test::make_cpu_backend(OpMode::kFast);
     auto ref = test::make_cpu_backend(OpMode::kReference);
-    Gpt mf(s, *fast, B), mr(s, *ref, B);
+    Gpt mf(s, *fast, test::tp_self(), B), mr(s, *ref, test::tp_self(), B);
     double worst_grad = 0, worst_logits = 0, worst_loss = 0;
     std::string worst_name;
     for (uint64_t seed : {11u, 12u, 13u}) {
@@ -237,7 +237,7 @@ TEST(Gpt, GradientsAccumulateOverMicroBatches) {
     const auto targets = test::random_tokens(2 * T, s.V, 9, 2);
     for (OpMode mode : {OpMode::kFast, OpMode::kReference}) {
         auto backend = test::make_cpu_backend(mode);
-        Gpt model(s, *backend, 2);
+        Gpt model(s, *backend, test::tp_self(), 2);
         model.init_weights(9);
         const int64_t n = test::flat_size(model);
 

@@ -162,7 +162,7 @@ class GptVsTorch : public ::testing::TestWithParam<OpMode> {
         pb.tokens = test::random_tokens(N, pb.shape.V, kSeed, 1);
         pb.targets = test::random_tokens(N, pb.shape.V, kSeed, 2);
         auto backend = test::make_cpu_backend(OpMode::kFast);
-        Gpt model(pb.shape, *backend, kB);
+        Gpt model(pb.shape, *backend, test::tp_self(), kB);
         pb.init(model);
 
         std::string tmpl = (fs::temp_directory_path() / "ms_gpt_vs_torch_XXXXXX").string();
@@ -228,7 +228,7 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
     const OptimizerConfig opt = adamw_config();
     auto backend = test::make_cpu_backend(GetParam());
     const std::string be = std::string(backend->name());
-    Gpt model(s, *backend, kB);
+    Gpt model(s, *backend, test::tp_self(), kB);
     pb.init(model);
     const int64_t flat = test::flat_size(model);
 

@@ -327,8 +327,29 @@ MS_OP_TEST(OpExact, Residual, kExact, OpKind::kResidualForward) {
     for (int64_t i = 0; i < n; ++i) expected[i] = a[i] + b[i];
     for (OpMode mode : kModes) {
         std::vector<float> out(n);
-        make_cpu_backend(mode)->residual_forward({.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n})});
+        make_cpu_backend(mode)->residual_forward({.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n}), .bias = {}});
         EXPECT_TRUE(bit_identical(out, expected)) << mode_name(mode);
+    }
+}
+
+// With a bias (the row-parallel linear's, added after the TP reduce): out = a + (b + bias[i % M]), exactly, and
+// out may alias a.
+MS_OP_TEST(OpExact, ResidualWithBias, kExact, OpKind::kResidualForward) {
+    const int64_t rows = 37, M = 53, n = rows * M;
+    auto a = random_floats(n, 3);
+    auto b = random_floats(n, 4);
+    auto bias = random_floats(M, 5);
+    std::vector<float> expected(n);
+    for (int64_t i = 0; i < n; ++i) expected[i] = a[i] + (b[i] + bias[i % M]);
+    for (OpMode mode : kModes) {
+        std::vector<float> out(n);
+        make_cpu_backend(mode)->residual_forward(
+            {.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n}), .bias = view(bias, {M})});
+        EXPECT_TRUE(bit_identical(out, expected)) << mode_name(mode);
+        std::vector<float> inplace = a;
+        make_cpu_backend(mode)->residual_forward(
+            {.a = view(inplace, {n}), .b = view(b, {n}), .out = view(inplace, {n}), .bias = view(bias, {M})});
+        EXPECT_TRUE(bit_identical(inplace, expected)) << mode_name(mode);
     }
 }
 

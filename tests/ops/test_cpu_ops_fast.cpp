@@ -221,7 +221,7 @@ std::vector<OpCase> elementwise_cases() {
          [=](Backend& b) {
              auto a = random_floats(n, 1), c = random_floats(n, 2);
              Guarded out(n, kNaN);
-             b.residual_forward({.a = view(a, {n}), .b = view(c, {n}), .out = out.tensor({n})});
+             b.residual_forward({.a = view(a, {n}), .b = view(c, {n}), .out = out.tensor({n}), .bias = {}});
              return OpOutputs{collect("out", out, 0.0)};  // one exactly rounded add in both modes
          }},
         {"adamw", OpKind::kAdamW,

@@ -1,0 +1,60 @@
+// bootstrap.h: bringing MPI up and down, and what every rank learns about where it runs.
+//
+// MpiRuntime is the one owner of MPI in a process (RAII): it calls MPI_Init_thread(MPI_THREAD_FUNNELED) unless MPI
+// is already initialized, and MPI_Finalize in its destructor if it initialized. On construction it
+//   - sets MPI_ERRORS_RETURN on MPI_COMM_WORLD (inherited by every split) so MS_MPI_CHECK sees error codes,
+//   - installs the abort hook (ms::fatal -> MPI_Abort(MPI_COMM_WORLD, code)) and the error context
+//     "[rank r/W host]", and makes world rank 0 the logging rank,
+//   - finds the node layout: local rank/size among the ranks sharing memory (MPI_COMM_TYPE_SHARED), and the node
+//     id, which is the rank of this node's leader (local rank 0) among all leaders.
+// Destroy every communicator split from world() (ProcessGroups) before the MpiRuntime.
+// This header does not include mpi.h: apps and engine code see only the Communicator interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace ms {
+
+class MpiCommunicator;
+
+class MpiRuntime {
+public:
+    MpiRuntime(int* argc = nullptr, char*** argv = nullptr);
+    ~MpiRuntime();
+    MpiRuntime(const MpiRuntime&) = delete;
+    MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    int local_rank() const { return local_rank_; }  // among the ranks on this node
+    int local_size() const { return local_size_; }
+    int node_id() const { return node_id_; }  // 0 .. num_nodes - 1, ordered by the nodes' lowest world rank
+    int num_nodes() const { return num_nodes_; }
+    const std::string& hostname() const { return hostname_; }
+    // One line for the start-up log: "rank 0/8 on host-a (node 0/2, local 0/4); launcher: <launch_environment()>"
+    std::string describe() const;
+
+    Communicator& world();  // MPI_COMM_WORLD, name "world"
+
+private:
+    bool initialized_here_ = false;
+    int rank_ = 0, size_ = 1;
+    int local_rank_ = 0, local_size_ = 1;
+    int node_id_ = 0, num_nodes_ = 1;
+    std::string hostname_;
+    std::unique_ptr<MpiCommunicator> world_;
+};
+
+// The launcher as the environment tells it, for logs: Open MPI's OMPI_COMM_WORLD_* and Slurm's SLURM_JOB_ID,
+// SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST; "none (singleton)" when neither is set.
+std::string launch_environment();
+
+// Every rank of `world` must pass the same hash (e.g. of the resolved config). Collective. Throws ms::UserError on
+// every rank, naming the ranks whose hash differs from rank 0's.
+void check_same_config(Communicator& world, uint64_t hash);
+
+}  // namespace ms

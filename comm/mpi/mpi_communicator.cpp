@@ -1,0 +1,345 @@
+#include "comm/mpi/mpi_communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "comm/mpi/mpi_check.h"
+#include "comm/mpi/staging_pool.h"
+#include "engine/core/check.h"
+
+namespace ms {
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+    switch (t) {
+        case DType::kF32: return MPI_FLOAT;
+        case DType::kI32: return MPI_INT32_T;
+        // Moved as bits only; check_reducible keeps them out of reductions.
+        case DType::kBF16:
+        case DType::kF16:
+        case DType::kU16: return MPI_UINT16_T;
+    }
+    MS_UNREACHABLE("dtype {}", static_cast<int>(t));
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+    switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides on completion
+        case ReduceOp::kMax: return MPI_MAX;
+    }
+    MS_UNREACHABLE("reduce op {}", static_cast<int>(op));
+}
+
+void check_reducible(std::string_view comm, DType t) {
+    MS_CHECK(t == DType::kF32 || t == DType::kI32, "{}: the MPI communicator reduces fp32 and int32 only, not {}",
+             comm, dtype_name(t));
+}
+
+// Calls fn(off, len) for the pieces [off, off + len) that cover [0, n) in steps of `chunk`.
+template <typename Fn>
+void for_each_chunk(size_t n, size_t chunk, Fn&& fn) {
+    for (size_t off = 0; off < n; off += chunk) fn(off, std::min(chunk, n - off));
+}
+
+std::byte* at(void* p, size_t elems, size_t elem_size) { return static_cast<std::byte*>(p) + elems * elem_size; }
+const std::byte* at(const void* p, size_t elems, size_t elem_size) {
+    return static_cast<const std::byte*>(p) + elems * elem_size;
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+    const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+    return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+int as_int(size_t n) { return static_cast<int>(n); }  // callers keep n <= chunk_elems <= INT_MAX
+
+template <typename T>
+void divide(void* buf, size_t count, int divisor) {
+    T* x = static_cast<T*>(buf);
+    const T d = static_cast<T>(divisor);
+    for (size_t i = 0; i < count; ++i) x[i] /= d;
+}
+
+// The MPI requests of one call, plus what has to happen when they complete.
+class MpiOpState final : public Handle::State {
+public:
+    std::vector<MPI_Request> requests;
+    std::vector<std::pair<size_t, MPI_Datatype>> block_types;  // by chunk length; freed on completion
+    StagingPool::Lease staging;
+    // kAvg: divide avg_count elements at avg_buf by avg_divisor on completion
+    void* avg_buf = nullptr;
+    size_t avg_count = 0;
+    DType avg_dtype = DType::kF32;
+    int avg_divisor = 1;
+
+    ~MpiOpState() override { wait(); }
+    void wait() override {
+        if (done_) return;
+        MS_MPI_CHECK(MPI_Waitall(as_int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+        finish();
+    }
+    bool test() override {
+        if (done_) return true;
+        int flag = 0;
+        MS_MPI_CHECK(MPI_Testall(as_int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
+        if (flag) finish();
+        return flag != 0;
+    }
+
+    // `len` elements of `base` with the extent of `stride` elements: one piece of every rank block at once.
+    MPI_Datatype block_type(MPI_Datatype base, size_t len, size_t stride, size_t elem_size) {
+        for (const auto& [l, type] : block_types)
+            if (l == len) return type;
+        MPI_Datatype contiguous = MPI_DATATYPE_NULL, resized = MPI_DATATYPE_NULL;
+        MS_MPI_CHECK(MPI_Type_contiguous(as_int(len), base, &contiguous));
+        MS_MPI_CHECK(MPI_Type_create_resized(contiguous, 0, static_cast<MPI_Aint>(stride * elem_size), &resized));
+        MS_MPI_CHECK(MPI_Type_free(&contiguous));
+        MS_MPI_CHECK(MPI_Type_commit(&resized));
+        block_types.emplace_back(len, resized);
+        return resized;
+    }
+
+private:
+    void finish() {
+        done_ = true;
+        // Freed only now: some MPI libraries keep a raw reference in pending non-blocking collectives.
+        for (auto& [len, type] : block_types) MS_MPI_CHECK(MPI_Type_free(&type));
+        block_types.clear();
+        staging.release();
+        if (avg_buf == nullptr || avg_divisor == 1) return;
+        if (avg_dtype == DType::kF32) divide<float>(avg_buf, avg_count, avg_divisor);
+        else divide<int32_t>(avg_buf, avg_count, avg_divisor);  // C++ integer division: truncates toward zero
+    }
+    bool done_ = false;
+};
+
+Handle to_handle(std::unique_ptr<MpiOpState> s) {
+    if (s->requests.empty()) {
+        s->wait();  // nothing in flight: finish now
+        return {};
+    }
+    return Handle(std::move(s));
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems)
+    : comm_(comm), name_(std::move(name)), chunk_elems_(0), staging_(std::make_shared<StagingPool>()) {
+    MS_CHECK(comm_ != MPI_COMM_NULL, "{}: MpiCommunicator over MPI_COMM_NULL", name_);
+    MS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MS_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    set_chunk_elems(chunk_elems);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+    if (comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF || comm_ == MPI_COMM_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MS_MPI_CHECK(MPI_Comm_free(&comm_));  // after MPI_Finalize there is nothing left to free
+}
+
+void MpiCommunicator::set_chunk_elems(size_t n) {
+    MS_CHECK(n >= 1 && n <= static_cast<size_t>(INT_MAX), "{}: chunk size {} elements is outside [1, {}]", name_, n,
+             INT_MAX);
+    chunk_elems_ = n;
+}
+
+size_t MpiCommunicator::staging_allocations() const { return staging_->allocations(); }
+
+size_t MpiCommunicator::block_chunk() const { return std::max<size_t>(1, chunk_elems_ / static_cast<size_t>(size_)); }
+
+Handle MpiCommunicator::all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority) {
+    check_reducible(name_, t);
+    const size_t es = dtype_size(t);
+    this->count(CommOp::kAllReduce, size_ == 1 ? 0 : count * es);
+    if (size_ == 1 || count == 0) return {};
+    auto s = std::make_unique<MpiOpState>();
+    for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        MS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at(buf, off, es), as_int(len), mpi_type(t), mpi_op(op), comm_, &r));
+        ++mpi_calls_;
+    });
+    if (op == ReduceOp::kAvg) {
+        s->avg_buf = buf;
+        s->avg_count = count;
+        s->avg_dtype = t;
+        s->avg_divisor = size_;
+    }
+    return to_handle(std::move(s));
+}
+
+Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
+                                            ReduceOp op, Priority) {
+    check_reducible(name_, t);
+    MS_CHECK(in_count == out_count * static_cast<size_t>(size_),
+             "{}: reduce_scatter input has {} elements, but {} ranks x {} output elements = {}", name_, in_count, size_,
+             out_count, out_count * static_cast<size_t>(size_));
+    const size_t es = dtype_size(t);
+    count(CommOp::kReduceScatter, size_ == 1 ? 0 : in_count * es);
+    if (size_ == 1) {
+        if (in != out) std::memmove(out, in, out_count * es);
+        return {};
+    }
+    if (out_count == 0) return {};
+    auto s = std::make_unique<MpiOpState>();
+    const size_t chunk = block_chunk();
+    const MPI_Datatype type = mpi_type(t);
+    if (out_count <= chunk && !overlaps(in, in_count * es, out, out_count * es)) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        MS_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, as_int(out_count), type, mpi_op(op), comm_, &r));
+        ++mpi_calls_;
+    } else {
+        // Staged: piece c (block offset off, length len) sits at stage[size * off, size * (off + len)) as `size`
+        // contiguous blocks of len. Everything is packed before anything is posted, because MPI may write `out`
+        // (which may overlap `in`) as soon as the first piece is posted.
+        s->staging = staging_->acquire(in_count * es);
+        std::byte* stage = s->staging.data();
+        for_each_chunk(out_count, chunk, [&](size_t off, size_t len) {
+            for (int r = 0; r < size_; ++r)
+                std::memcpy(at(stage, static_cast<size_t>(size_) * off + r * len, es),
+                            at(in, r * out_count + off, es), len * es);
+        });
+        for_each_chunk(out_count, chunk, [&](size_t off, size_t len) {
+            MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+            MS_MPI_CHECK(MPI_Ireduce_scatter_block(at(stage, static_cast<size_t>(size_) * off, es), at(out, off, es),
+                                                   as_int(len), type, mpi_op(op), comm_, &r));
+            ++mpi_calls_;
+        });
+    }
+    if (op == ReduceOp::kAvg) {
+        s->avg_buf = out;
+        s->avg_count = out_count;
+        s->avg_dtype = t;
+        s->avg_divisor = size_;
+    }
+    return to_handle(std::move(s));
+}
+
+Handle MpiCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                        Priority) {
+    MS_CHECK(out_count == in_count * static_cast<size_t>(size_),
+             "{}: all_gather output has {} elements, but {} ranks x {} input elements = {}", name_, out_count, size_,
+             in_count, in_count * static_cast<size_t>(size_));
+    const size_t es = dtype_size(t);
+    count(CommOp::kAllGather, size_ == 1 ? 0 : in_count * es);
+    if (size_ == 1) {
+        if (in != out) std::memmove(out, in, in_count * es);
+        return {};
+    }
+    if (in_count == 0) return {};
+    const bool in_place = in == at(out, static_cast<size_t>(rank_) * in_count, es);
+    MS_CHECK(in_place || !overlaps(in, in_count * es, out, out_count * es),
+             "{}: all_gather input overlaps the output but is not this rank's block", name_);
+    auto s = std::make_unique<MpiOpState>();
+    const size_t chunk = block_chunk();
+    const MPI_Datatype type = mpi_type(t);
+    if (in_count <= chunk) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        MS_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, as_int(in_count), type, out, as_int(in_count), type,
+                                    comm_, &r));
+        ++mpi_calls_;
+    } else {
+        // Piece [off, off + len) of every rank block: the receive side is one strided element per rank.
+        for_each_chunk(in_count, chunk, [&](size_t off, size_t len) {
+            const MPI_Datatype block = s->block_type(type, len, in_count, es);
+            MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+            MS_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : at(in, off, es), as_int(len), type, at(out, off, es),
+                                        1, block, comm_, &r));
+            ++mpi_calls_;
+        });
+    }
+    return to_handle(std::move(s));
+}
+
+Handle MpiCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority) {
+    MS_CHECK(root >= 0 && root < size_, "{}: broadcast root {} is outside [0, {})", name_, root, size_);
+    const size_t es = dtype_size(t);
+    this->count(CommOp::kBroadcast, size_ > 1 && rank_ == root ? count * es : 0);
+    if (size_ == 1 || count == 0) return {};
+    auto s = std::make_unique<MpiOpState>();
+    for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        MS_MPI_CHECK(MPI_Ibcast(at(buf, off, es), as_int(len), mpi_type(t), root, comm_, &r));
+        ++mpi_calls_;
+    });
+    return to_handle(std::move(s));
+}
+
+Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                        Priority) {
+    MS_CHECK(in_count == out_count && in_count % static_cast<size_t>(size_) == 0,
+             "{}: all_to_all needs equal input and output sizes divisible by {} ranks, got {} and {}", name_, size_,
+             in_count, out_count);
+    const size_t es = dtype_size(t);
+    count(CommOp::kAllToAll, size_ == 1 ? 0 : in_count * es);
+    if (size_ == 1) {
+        if (in != out) std::memmove(out, in, in_count * es);
+        return {};
+    }
+    const size_t n = in_count / static_cast<size_t>(size_);  // block per rank
+    if (n == 0) return {};
+    const bool in_place = in == out;
+    MS_CHECK(in_place || !overlaps(in, in_count * es, out, out_count * es),
+             "{}: all_to_all input and output overlap without being the same buffer", name_);
+    auto s = std::make_unique<MpiOpState>();
+    const size_t chunk = block_chunk();
+    const MPI_Datatype type = mpi_type(t);
+    if (n <= chunk) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        MS_MPI_CHECK(MPI_Ialltoall(in_place ? MPI_IN_PLACE : in, as_int(n), type, out, as_int(n), type, comm_, &r));
+        ++mpi_calls_;
+    } else {
+        for_each_chunk(n, chunk, [&](size_t off, size_t len) {
+            const MPI_Datatype block = s->block_type(type, len, n, es);
+            MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+            MS_MPI_CHECK(MPI_Ialltoall(in_place ? MPI_IN_PLACE : at(in, off, es), 1, block, at(out, off, es), 1, block,
+                                       comm_, &r));
+            ++mpi_calls_;
+        });
+    }
+    return to_handle(std::move(s));
+}
+
+Handle MpiCommunicator::batch_send_recv(std::span<const P2POp> ops, Priority) {
+    auto s = std::make_unique<MpiOpState>();
+    for (const P2POp& op : ops) {
+        MS_CHECK(op.peer >= 0 && op.peer < size_, "{}: point-to-point peer {} is outside [0, {})", name_, op.peer,
+                 size_);
+        MS_CHECK(op.tag >= 0, "{}: point-to-point tag {} is negative", name_, op.tag);
+        const size_t es = dtype_size(op.dtype);
+        const bool send = op.kind == P2POp::Kind::kSend;
+        count(send ? CommOp::kSend : CommOp::kRecv, send && size_ > 1 ? op.count * es : 0);
+        // Pieces of one message share (peer, tag); MPI's non-overtaking rule matches them in order.
+        const MPI_Datatype type = mpi_type(op.dtype);
+        for_each_chunk(op.count, chunk_elems_, [&](size_t off, size_t len) {
+            MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+            if (send)
+                MS_MPI_CHECK(MPI_Isend(at(op.data, off, es), as_int(len), type, op.peer, op.tag, comm_, &r));
+            else
+                MS_MPI_CHECK(MPI_Irecv(at(op.data, off, es), as_int(len), type, op.peer, op.tag, comm_, &r));
+            ++mpi_calls_;
+        });
+    }
+    return to_handle(std::move(s));
+}
+
+void MpiCommunicator::barrier() {
+    count(CommOp::kBarrier, 0);
+    if (size_ == 1) return;
+    MS_MPI_CHECK(MPI_Barrier(comm_));
+    ++mpi_calls_;
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
+    MPI_Comm child = MPI_COMM_NULL;
+    MS_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child));
+    if (child == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiCommunicator>(child, std::move(name), chunk_elems_);
+}
+
+}  // namespace ms

@@ -1,0 +1,92 @@
+#include "engine/optim/distributed_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+
+#include "engine/optim/adamw.h"
+
+namespace ms {
+namespace {
+constexpr int64_t kShardAlign = 16;  // shards start on 64-byte boundaries
+}  // namespace
+
+int64_t padded_flat_size(int64_t flat, int dp) {
+    const int64_t unit = kShardAlign * dp;
+    return (flat + unit - 1) / unit * unit;
+}
+
+DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params,
+                                           float* grads, const OptimizerConfig& cfg, int zero_stage,
+                                           Backend& backend, Communicator& dp, Communicator& mp, int tp_rank)
+    : padded_(padded_flat_size(flat, dp.size())),
+      params_(params),
+      grads_(grads),
+      cfg_(cfg),
+      zero_stage_(zero_stage),
+      backend_(backend),
+      dp_(dp),
+      mp_(mp) {
+    MS_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage {} (0 or 1)", zero_stage);
+    shard_size_ = padded_ / dp.size();
+    shard_begin_ = dp.rank() * shard_size_;
+    const int64_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
+    for (const ParamInfo& p : table) {
+        const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+        if (b < e) norm_segments_.push_back({b, e, p.weight_decay, tp_rank == 0 || !p.tp_duplicate()});
+        if (zero_stage == 0) update_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
+    }
+    if (zero_stage == 1) update_segments_ = norm_segments_;
+    state_base_ = zero_stage == 1 ? shard_begin_ : 0;
+    state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
+    if (zero_stage == 1) shard_tmp_ = HostBuffer(static_cast<size_t>(shard_size_) * sizeof(float));
+    m_ = HostBuffer(state_len_ * sizeof(float));
+    v_ = HostBuffer(state_len_ * sizeof(float));
+}
+
+OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {
+    OptimizerStepResult r;
+    const std::span<float> all(grads_, static_cast<size_t>(padded_));
+    const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
+    if (zero_stage_ == 0) {
+        dp_.all_reduce(all, ReduceOp::kAvg, Priority::kLow).wait();
+    } else {
+        // MPI's reduce-scatter cannot write into its own input, so the shard lands in a buffer of its own first
+        float* tmp = shard_tmp_.as<float>();
+        dp_.reduce_scatter(std::span<const float>(all), std::span<float>(tmp, shard.size()), ReduceOp::kAvg,
+                           Priority::kLow)
+            .wait();
+        std::memcpy(shard.data(), tmp, shard.size_bytes());
+    }
+
+    double sq = 0;
+    for (const Segment& s : norm_segments_) {
+        if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+    }
+    float partial = static_cast<float>(sq);
+    dp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    mp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    r.grad_norm = std::sqrt(static_cast<double>(partial));
+    if (!std::isfinite(r.grad_norm)) return r;
+
+    ++step_;
+    const float scale = clip_coefficient(r.grad_norm, clip_grad);
+    float* m = m_.as<float>();
+    float* v = v_.as<float>();
+    for (const Segment& s : update_segments_) {
+        const int64_t n = s.end - s.begin, k = s.begin - state_base_;
+        backend_.adamw({Tensor::f32(params_ + s.begin, {n}), Tensor::f32(grads_ + s.begin, {n}),
+                        Tensor::f32(m + k, {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1, cfg_.adam_beta2,
+                        cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_});
+    }
+    if (zero_stage_ == 1) {
+        dp_.all_gather(std::span<const float>(params_ + shard_begin_, static_cast<size_t>(shard_size_)),
+                       std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
+            .wait();
+    }
+    r.stepped = true;
+    return r;
+}
+
+}  // namespace ms

@@ -1,0 +1,78 @@
+// distributed_optimizer.h: the data-parallel gradient reduction, global gradient norm, clipping and AdamW step
+// over the flat parameter/gradient buffers, for zero_stage 0 and 1 (DESIGN.md §5).
+//
+// Range map (the same on every rank of a dp group, since every DP replica has the same parameter table):
+//   flat buffer      [0, padded)      padded = ceil(flat / (dp * 16)) * dp * 16; the tail is zeros
+//   dp shard of d    [d * S, (d+1) * S)  with S = padded / dp
+//   param p          [p.offset, p.offset + p.numel) -- a shard holds the parts of params intersecting its range
+// zero_stage 0: all-reduce (avg) of the whole flat gradient buffer; AdamW on every element, on every DP rank.
+// zero_stage 1: reduce-scatter (avg) into this rank's shard; AdamW with exp_avg / exp_avg_sq (fp32, the master
+//               weights are the fp32 parameters themselves on the CPU) for the shard only; all-gather the params.
+// Both compute the gradient norm the same way, so they give bit-identical results for dp = 2: each DP rank sums
+// the squares of its shard (parameters replicated across TP ranks only on tp rank 0), then the partial sums are
+// all-reduced over dp and over the model-parallel group.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/backends/backend.h"
+#include "engine/config/config.h"
+#include "engine/model/gpt.h"
+#include "memory/host_buffer.h"
+
+namespace ms {
+
+// The flat buffer length for `flat` elements on `dp` data-parallel ranks.
+int64_t padded_flat_size(int64_t flat, int dp);
+
+struct OptimizerStepResult {
+    double grad_norm = 0;  // global, before clipping
+    bool stepped = false;  // false when the norm was not finite (the step is skipped)
+};
+
+class DistributedOptimizer {
+public:
+    // params/grads: flat buffers of at least padded_flat_size(flat, dp.size()) elements.
+    // mp: the model-parallel group (tp x pp ranks with the same dp rank) over which the norm's partial sums are
+    // reduced; tp_rank decides who counts TP-replicated parameters.
+    DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params, float* grads,
+                         const OptimizerConfig& cfg, int zero_stage, Backend& backend, Communicator& dp,
+                         Communicator& mp, int tp_rank);
+
+    // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
+    OptimizerStepResult step(float lr, float clip_grad);
+
+    int64_t shard_begin() const { return shard_begin_; }
+    int64_t shard_size() const { return shard_size_; }
+    int64_t steps_taken() const { return step_; }
+    // Optimizer state bytes held by this rank (exp_avg + exp_avg_sq).
+    int64_t state_bytes() const { return 2 * static_cast<int64_t>(state_len_) * 4; }
+
+private:
+    struct Segment {  // a parameter's part of the range this rank updates
+        int64_t begin, end;
+        bool weight_decay, count_in_norm;
+    };
+    void gather_segments(int64_t lo, int64_t hi, int tp_rank);
+
+    int64_t padded_;
+    float* params_;
+    float* grads_;
+    OptimizerConfig cfg_;
+    int zero_stage_;
+    Backend& backend_;
+    Communicator& dp_;
+    Communicator& mp_;
+    int64_t shard_begin_ = 0, shard_size_ = 0;
+    std::vector<Segment> norm_segments_;    // this rank's shard (both stages)
+    std::vector<Segment> update_segments_;  // shard (zero 1) or the whole buffer (zero 0)
+    size_t state_len_ = 0;
+    int64_t state_base_ = 0;  // flat index of exp_avg[0]
+    HostBuffer m_, v_;   // (state_len) exp_avg, exp_avg_sq
+    HostBuffer shard_tmp_;  // (shard_size) zero 1: the reduce-scatter's output
+    int64_t step_ = 0;
+};
+
+}  // namespace ms
