@@ -183,12 +183,6 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel axes this build does not run yet ----
-    if (pp > 1) {
-        fail(
-            "parallel.pipeline_model_parallel_size = {}: pipeline parallelism is not supported yet in this build "
-            "(only 1)",
-            pp);
-    }
     if (p.sequence_parallel) {
         fail("parallel.sequence_parallel = true is not supported yet in this build (only false)");
     }

@@ -17,19 +17,23 @@ constexpr int64_t kParamAlign = 16;
 
 int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-// Positions in gpt_param_table(): wte, wpe, then kParamsPerLayer entries per layer in the order the table adds
-// them (ln_1.{weight,bias}, attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias}, ln_2.{weight,bias},
-// mlp.c_fc.{weight,bias}, mlp.c_proj.{weight,bias}), then ln_f.{weight,bias}.
-constexpr int kWte = 0;
-constexpr int kWpe = 1;
-constexpr int kFirstLayerParam = 2;
+// gpt_param_table() order: wte (embedding or head), wpe (embedding), then kParamsPerLayer entries per layer in the
+// order the table adds them (ln_1.{weight,bias}, attn.c_attn.{weight,bias}, attn.c_proj.{weight,bias},
+// ln_2.{weight,bias}, mlp.c_fc.{weight,bias}, mlp.c_proj.{weight,bias}), then ln_f.{weight,bias} (head).
 constexpr int kParamsPerLayer = 12;
+
+int part_layers(const GptShape& s, const GptPart& part) {
+    return part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
+}
 
 }  // namespace
 
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp) {
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp, const GptPart& part) {
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0,
              "tensor-parallel size {} must divide heads {}, ffn {} and padded vocab {}", tp, s.NH, s.F, s.Vp);
+    const int num_layers = part_layers(s, part);
+    MS_CHECK(part.first_layer >= 0 && num_layers >= 0 && part.first_layer + num_layers <= s.L,
+             "model part: layers [{}, {}) outside [0, {})", part.first_layer, part.first_layer + num_layers, s.L);
     std::vector<ParamInfo> t;
     int64_t offset = 0;
     const float proj_std = init_std / std::sqrt(2.0f * static_cast<float>(s.L));
@@ -52,9 +56,12 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp
     };
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
-    add("wte.weight", {s.Vp, C}, K::kRows, init_std, 0);
-    add("wpe.weight", {s.T, C}, K::kReplicated, init_std, 0);
-    for (int l = 0; l < s.L; ++l) {
+    if (part.embedding || part.head) {
+        add("wte.weight", {s.Vp, C}, K::kRows, init_std, 0);
+        t.back().pp_duplicate = !part.embedding;
+    }
+    if (part.embedding) add("wpe.weight", {s.T, C}, K::kReplicated, init_std, 0);
+    for (int l = part.first_layer; l < part.first_layer + num_layers; ++l) {
         const std::string h = "h." + std::to_string(l) + ".";
         add(h + "ln_1.weight", {C}, K::kReplicated, 0, 1);
         add(h + "ln_1.bias", {C}, K::kReplicated, 0, 0);
@@ -69,8 +76,10 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp
         add(h + "mlp.c_proj.weight", {C, F}, K::kCols, proj_std, 0);
         add(h + "mlp.c_proj.bias", {C}, K::kReplicated, 0, 0);
     }
-    add("ln_f.weight", {C}, K::kReplicated, 0, 1);
-    add("ln_f.bias", {C}, K::kReplicated, 0, 0);
+    if (part.head) {
+        add("ln_f.weight", {C}, K::kReplicated, 0, 1);
+        add("ln_f.bias", {C}, K::kReplicated, 0, 0);
+    }
     return t;
 }
 
@@ -146,75 +155,97 @@ struct Gpt::Activations {
     float* datty;     // (N, C/tp)
     float* dqkv;      // (N, 3C/tp)
     float* dfch;      // (N, F/tp)
+    float* dout;      // (N, C) gradient of the output (parts without the head)
+    float* dinp;      // (N, C) gradient of the input (parts without the embedding)
 };
 
-Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity)
-    : shape_(shape), backend_(backend), tp_(tp), max_batch_(max_batch) {
+Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
+    : shape_(shape), backend_(backend), tp_(tp), max_batch_(o.max_batch), part_(o.part) {
     MS_CHECK(shape.C % shape.NH == 0, "hidden {} not divisible by heads {}", shape.C, shape.NH);
     MS_CHECK(shape.Vp >= shape.V, "padded vocab {} < vocab {}", shape.Vp, shape.V);
-    table_ = gpt_param_table(shape_, 0.02f, tp.size());
+    MS_CHECK(o.num_slots >= 1, "num_slots {} < 1", o.num_slots);
+    table_ = gpt_param_table(shape_, 0.02f, tp.size(), part_);
+    const int num_layers = part_layers(shape_, part_);
+    int index = 0;
+    if (part_.embedding || part_.head) wte_ = index++;
+    if (part_.embedding) wpe_ = index++;
+    first_layer_param_ = index;
+    if (part_.head) ln_f_ = index + num_layers * kParamsPerLayer;
     NH_local_ = shape.NH / tp.size();
     C_local_ = NH_local_ * (shape.C / shape.NH);
     F_local_ = shape.F / tp.size();
     Vp_local_ = shape.Vp / tp.size();
     num_params_ = 0;
     for (const ParamInfo& p : table_) num_params_ += p.numel;
-    const int64_t flat = std::max(flat_size(), flat_capacity);
-    params_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
-    grads_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
-
-    const int64_t N = static_cast<int64_t>(max_batch) * shape.T, C = shape.C, Cl = C_local_, F = F_local_;
-    const int64_t per_layer = align_up(N * C, kParamAlign) * 5 + align_up(N * Cl, kParamAlign) +
-                              align_up(N * 3 * Cl, kParamAlign) + align_up(N * F, kParamAlign) * 2 +
-                              align_up(N, kParamAlign) * 4 + align_up(N * NH_local_, kParamAlign);
-    const int64_t global = align_up(N * C, kParamAlign) * 5 + align_up(N * Cl, kParamAlign) +
-                           align_up(N * 3 * Cl, kParamAlign) + align_up(N * F, kParamAlign) +
-                           align_up(N * Vp_local_, kParamAlign) + align_up(N, kParamAlign) * 9 +
-                           align_up(2 * N, kParamAlign);
-    acts_ = std::make_unique<Activations>();
-    Activations& a = *acts_;
-    a.storage = HostBuffer(static_cast<size_t>(per_layer * shape.L + global) * sizeof(float));
-    float* cursor = a.storage.as<float>();
-    auto take = [&](int64_t n) {
-        float* p = cursor;
-        cursor += align_up(n, kParamAlign);
-        return p;
-    };
-    a.layers.resize(shape.L);
-    for (auto& l : a.layers) {
-        l.ln1 = take(N * C);
-        l.ln1_mean = take(N);
-        l.ln1_rstd = take(N);
-        l.qkv = take(N * 3 * Cl);
-        l.atty = take(N * Cl);
-        l.lse = take(N * NH_local_);
-        l.res2 = take(N * C);
-        l.ln2 = take(N * C);
-        l.ln2_mean = take(N);
-        l.ln2_rstd = take(N);
-        l.fch = take(N * F);
-        l.fch_gelu = take(N * F);
-        l.res3 = take(N * C);
+    MS_CHECK((o.params == nullptr) == (o.grads == nullptr), "external params and grads: both or neither");
+    if (o.params) {
+        params_ptr_ = o.params;
+        grads_ptr_ = o.grads;
+    } else {
+        const int64_t flat = std::max(flat_size(), o.flat_capacity);
+        params_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
+        grads_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
+        params_ptr_ = params_.as<float>();
+        grads_ptr_ = grads_.as<float>();
     }
-    a.encoded = take(N * C);
-    a.lnf = take(N * C);
-    a.lnf_mean = take(N);
-    a.lnf_rstd = take(N);
-    a.logits = take(N * Vp_local_);
-    a.losses = take(N);
-    a.row_max = take(N);
-    a.sum_exp = take(2 * N);
-    a.target_logit = a.sum_exp + N;
-    a.dloss = take(N);
-    a.tokens = reinterpret_cast<int32_t*>(take(N));
-    a.targets = reinterpret_cast<int32_t*>(take(N));
-    a.proj_out = take(N * C);
-    a.dres = take(N * C);
-    a.dln = take(N * C);
-    a.datty = take(N * Cl);
-    a.dqkv = take(N * 3 * Cl);
-    a.dfch = take(N * F);
-    MS_CHECK(cursor <= a.storage.as<float>() + a.storage.size() / sizeof(float), "activation plan overflow");
+
+    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.T, C = shape.C, Cl = C_local_, F = F_local_;
+    const int64_t Vl = part_.head ? Vp_local_ : 0;
+    // Lays out one slot's buffers from `base` (nullptr: only measures); returns the elements used.
+    auto layout = [&](Activations& a, float* base) {
+        float* cursor = base;
+        int64_t used = 0;
+        auto take = [&](int64_t n) {
+            float* p = cursor;
+            used += align_up(n, kParamAlign);
+            if (cursor) cursor += align_up(n, kParamAlign);
+            return p;
+        };
+        a.layers.resize(static_cast<size_t>(num_layers));
+        for (auto& l : a.layers) {
+            l.ln1 = take(N * C);
+            l.ln1_mean = take(N);
+            l.ln1_rstd = take(N);
+            l.qkv = take(N * 3 * Cl);
+            l.atty = take(N * Cl);
+            l.lse = take(N * NH_local_);
+            l.res2 = take(N * C);
+            l.ln2 = take(N * C);
+            l.ln2_mean = take(N);
+            l.ln2_rstd = take(N);
+            l.fch = take(N * F);
+            l.fch_gelu = take(N * F);
+            l.res3 = take(N * C);
+        }
+        a.encoded = take(N * C);
+        a.lnf = take(N * C);
+        a.lnf_mean = take(N);
+        a.lnf_rstd = take(N);
+        a.logits = take(N * Vl);
+        a.losses = take(N);
+        a.row_max = take(N);
+        a.sum_exp = take(2 * N);
+        a.target_logit = a.sum_exp ? a.sum_exp + N : nullptr;
+        a.dloss = take(N);
+        a.tokens = reinterpret_cast<int32_t*>(take(N));
+        a.targets = reinterpret_cast<int32_t*>(take(N));
+        a.proj_out = take(N * C);
+        a.dres = take(N * C);
+        a.dln = take(N * C);
+        a.datty = take(N * Cl);
+        a.dqkv = take(N * 3 * Cl);
+        a.dfch = take(N * F);
+        a.dout = take(N * C);
+        a.dinp = take(N * C);
+        return used;
+    };
+    for (int i = 0; i < o.num_slots; ++i) {
+        auto a = std::make_unique<Activations>();
+        const int64_t n = layout(*a, nullptr);
+        a->storage = HostBuffer(static_cast<size_t>(n) * sizeof(float));
+        layout(*a, a->storage.as<float>());
+        slots_.push_back(std::move(a));
+    }
 }
 
 Gpt::~Gpt() = default;
@@ -247,8 +278,15 @@ void Gpt::init_weights(uint64_t seed) {
 
 void Gpt::zero_grads() { backend_.zero(Tensor::f32(grads(), {table_.back().offset + table_.back().numel})); }
 
-const float* Gpt::logits() const { return acts_->logits; }
-const float* Gpt::losses() const { return acts_->losses; }
+const float* Gpt::logits() const { return slots_[0]->logits; }
+const float* Gpt::losses() const { return slots_[0]->losses; }
+float* Gpt::input(int slot) { return slots_.at(static_cast<size_t>(slot))->encoded; }
+const float* Gpt::output(int slot) const {
+    const Activations& a = *slots_.at(static_cast<size_t>(slot));
+    return a.layers.empty() ? a.encoded : a.layers.back().res3;
+}
+float* Gpt::grad_output(int slot) { return slots_.at(static_cast<size_t>(slot))->dout; }
+const float* Gpt::grad_input(int slot) const { return slots_.at(static_cast<size_t>(slot))->dinp; }
 
 namespace {
 // all-reduce (sum) of an fp32 activation over the tensor-parallel group
@@ -257,12 +295,13 @@ void tp_all_reduce(Communicator& tp, float* data, int64_t n, ReduceOp op = Reduc
 }
 }  // namespace
 
-float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) {
+float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot) {
     MS_CHECK(B >= 1 && B <= max_batch_, "batch {} outside [1, {}]", B, max_batch_);
     MS_CHECK(T >= 1 && T <= shape_.T, "sequence length {} outside [1, {}]", T, shape_.T);
     B_ = B;
     T_ = T;
-    Activations& a = *acts_;
+    Activations& a = *slots_.at(static_cast<size_t>(slot));
+    const int num_layers = static_cast<int>(a.layers.size());
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
     float* w = params();
@@ -271,23 +310,24 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     };
     auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
-    const int ln_f = kFirstLayerParam + shape_.L * kParamsPerLayer;
 
-    for (int64_t n = 0; n < N; ++n) {
-        MS_CHECK(tokens[n] >= 0 && tokens[n] < shape_.V, "token {} at {} outside the vocabulary [0, {})", tokens[n],
-                 n, shape_.V);
-        a.tokens[n] = tokens[n];
+    if (part_.embedding) {
+        for (int64_t n = 0; n < N; ++n) {
+            MS_CHECK(tokens[n] >= 0 && tokens[n] < shape_.V, "token {} at {} outside the vocabulary [0, {})",
+                     tokens[n], n, shape_.V);
+            a.tokens[n] = tokens[n];
+        }
+        // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
+        Tensor tok(a.tokens, DType::kI32, {N});
+        be.embedding_forward({tok, P(wte_, {Vl, C}), tp_.rank() == 0 ? P(wpe_, {T, C}) : Tensor(),
+                              A(a.encoded, {N, C}), vocab_start, T});
+        tp_all_reduce(tp_, a.encoded, N * C);
     }
-    // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
-    Tensor tok(a.tokens, DType::kI32, {N});
-    be.embedding_forward({tok, P(kWte, {Vl, C}), tp_.rank() == 0 ? P(kWpe, {T, C}) : Tensor(), A(a.encoded, {N, C}),
-                          vocab_start, T});
-    tp_all_reduce(tp_, a.encoded, N * C);
 
     const float* res = a.encoded;
-    for (int l = 0; l < shape_.L; ++l) {
+    for (int l = 0; l < num_layers; ++l) {
         auto& x = a.layers[l];
-        const int lp = kFirstLayerParam + l * kParamsPerLayer;
+        const int lp = first_layer_param_ + l * kParamsPerLayer;
         be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(x.ln1, {N, C}),
                               A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), shape_.eps});
         be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), P(lp + 3, {3 * Cl}), A(x.qkv, {N, 3 * Cl})});
@@ -306,9 +346,11 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
         be.residual_forward({A(x.res2, {N * C}), A(a.proj_out, {N * C}), A(x.res3, {N * C}), P(lp + 11, {C})});
         res = x.res3;
     }
+    if (!part_.head) return std::numeric_limits<float>::quiet_NaN();
+    const int ln_f = ln_f_;
     be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(a.lnf, {N, C}),
                           A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), shape_.eps});
-    be.matmul_forward({A(a.lnf, {N, C}), P(kWte, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
+    be.matmul_forward({A(a.lnf, {N, C}), P(wte_, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
     for (int64_t n = 0; n < N; ++n) {
@@ -334,9 +376,10 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T) 
     return static_cast<float>(total / static_cast<double>(N));
 }
 
-void Gpt::backward(float loss_scale) {
+void Gpt::backward(float loss_scale, int slot) {
     MS_CHECK(B_ > 0, "backward() without a forward() with targets");
-    Activations& a = *acts_;
+    Activations& a = *slots_.at(static_cast<size_t>(slot));
+    const int num_layers = static_cast<int>(a.layers.size());
     const int B = B_, T = T_;
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
@@ -350,27 +393,31 @@ void Gpt::backward(float loss_scale) {
     };
     auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
-    const int ln_f = kFirstLayerParam + shape_.L * kParamsPerLayer;
 
-    const float dl = loss_scale / static_cast<float>(N);
-    for (int64_t n = 0; n < N; ++n) a.dloss[n] = dl;
-    const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
-    Tensor tgt(a.targets, DType::kI32, {N});
-    be.cross_entropy_backward(
-        {A(a.logits, {N, Vl}), tgt, A(a.row_max, {N}), A(a.sum_exp, {N}), A(a.dloss, {N}), vocab_start, valid});
-    const float* res_last = shape_.L > 0 ? a.layers.back().res3 : a.encoded;
-    // the head is column-parallel over the vocabulary: its input gradient is a partial sum
-    be.matmul_backward({A(a.logits, {N, Vl}), A(a.lnf, {N, C}), P(kWte, {Vl, C}), A(a.dln, {N, C}),
-                        G(kWte, {Vl, C}), Tensor(), Accumulate::kOverwrite});
-    tp_all_reduce(tp_, a.dln, N * C);
-    be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_last), {N, C}), P(ln_f, {C}),
-                           A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), A(a.dres, {N, C}), G(ln_f, {C}), G(ln_f + 1, {C}),
-                           Accumulate::kOverwrite});
+    if (part_.head) {
+        const int ln_f = ln_f_;
+        const float dl = loss_scale / static_cast<float>(N);
+        for (int64_t n = 0; n < N; ++n) a.dloss[n] = dl;
+        const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
+        Tensor tgt(a.targets, DType::kI32, {N});
+        be.cross_entropy_backward(
+            {A(a.logits, {N, Vl}), tgt, A(a.row_max, {N}), A(a.sum_exp, {N}), A(a.dloss, {N}), vocab_start, valid});
+        const float* res_last = num_layers > 0 ? a.layers.back().res3 : a.encoded;
+        // the head is column-parallel over the vocabulary: its input gradient is a partial sum
+        be.matmul_backward({A(a.logits, {N, Vl}), A(a.lnf, {N, C}), P(wte_, {Vl, C}), A(a.dln, {N, C}),
+                            G(wte_, {Vl, C}), Tensor(), Accumulate::kOverwrite});
+        tp_all_reduce(tp_, a.dln, N * C);
+        be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_last), {N, C}), P(ln_f, {C}),
+                               A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), A(a.dres, {N, C}), G(ln_f, {C}),
+                               G(ln_f + 1, {C}), Accumulate::kOverwrite});
+    } else {
+        std::copy(a.dout, a.dout + N * C, a.dres);
+    }
 
-    for (int l = shape_.L - 1; l >= 0; --l) {
+    for (int l = num_layers - 1; l >= 0; --l) {
         auto& x = a.layers[l];
         const float* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
-        const int lp = kFirstLayerParam + l * kParamsPerLayer;
+        const int lp = first_layer_param_ + l * kParamsPerLayer;
         // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
         be.matmul_backward({A(a.dres, {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), A(a.dfch, {N, F}),
                             G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
@@ -393,8 +440,12 @@ void Gpt::backward(float loss_scale) {
                                A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), A(a.dres, {N, C}), G(lp + 0, {C}),
                                G(lp + 1, {C}), Accumulate::kAdd});
     }
-    be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(a.dres, {N, C}), G(kWte, {Vl, C}), G(kWpe, {T, C}),
-                           vocab_start, T});
+    if (part_.embedding) {
+        be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(a.dres, {N, C}), G(wte_, {Vl, C}),
+                               G(wpe_, {T, C}), vocab_start, T});
+    } else {
+        std::copy(a.dres, a.dres + N * C, a.dinp);
+    }
 }
 
 }  // namespace ms

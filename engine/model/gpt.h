@@ -48,6 +48,14 @@ enum class ShardKind : uint8_t {
     kQkvRows,     // dim 0 = [Q | K | V] blocks, each split per head (column-parallel c_attn)
 };
 
+// The part of the model one Gpt object holds: a pipeline model chunk (DESIGN.md §5). The default is the whole model.
+struct GptPart {
+    int first_layer = 0;
+    int num_layers = -1;    // -1: every layer from first_layer on
+    bool embedding = true;  // token + position embeddings (the first chunk)
+    bool head = true;       // final LayerNorm, the output head tied to wte, and the loss (the last chunk)
+};
+
 struct ParamInfo {
     std::string name;                   // canonical, e.g. "h.3.mlp.c_fc.weight"
     std::vector<int64_t> shape;         // this rank's shard, e.g. (4C/tp, C)
@@ -63,21 +71,33 @@ struct ParamInfo {
     int64_t global_index(int64_t i, int tp_rank, int tp_size) const;
     // Replicated on every TP rank: counted only once (tp rank 0) in the global gradient norm.
     bool tp_duplicate() const { return shard == ShardKind::kReplicated; }
+    // The last pipeline stage's copy of the tied wte (the first stage holds the counted one): never counted in the
+    // norm; its gradient is summed with the first stage's over the embd group before the optimizer step.
+    bool pp_duplicate = false;
 };
 
-// The parameter table of a GPT-2 of this shape as held by one of tp_size tensor-parallel ranks (pure function;
-// used by the model, the optimizer, checkpoints and tests). Requires NH, F and Vp divisible by tp_size.
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp_size = 1);
+// The parameter table of `part` of a GPT-2 of this shape as held by one of tp_size tensor-parallel ranks (pure
+// function; used by the model, the optimizer, checkpoints and tests). Requires NH, F and Vp divisible by tp_size.
+// Offsets start at 0 and are 16-element aligned.
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp_size = 1, const GptPart& part = {});
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);
 
 class Gpt {
 public:
+    struct Options {
+        int max_batch = 1;
+        int64_t flat_capacity = 0;  // own flat buffers of at least this many elements (e.g. padded_flat_size())
+        GptPart part;
+        int num_slots = 1;         // micro-batches whose activations are kept at once (pipeline schedules)
+        float* params = nullptr;   // external flat storage of >= flat_size() elements (both or neither);
+        float* grads = nullptr;    //   several pipeline chunks of one rank share one flat buffer this way
+    };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
-    // flat_capacity: the flat parameter/gradient buffers hold at least this many elements (zeros past the last
-    // parameter), e.g. padded_flat_size() for data parallelism.
-    Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0);
+    Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
+    Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0)
+        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr}) {}
     ~Gpt();
 
     const GptShape& shape() const { return shape_; }
@@ -85,8 +105,9 @@ public:
     int64_t num_params() const { return num_params_; }
     // elements from the first parameter to the end of the last (alignment gaps included)
     int64_t flat_size() const { return table_.back().offset + table_.back().numel; }
-    float* params() { return params_.as<float>(); }
-    float* grads() { return grads_.as<float>(); }
+    float* params() { return params_ptr_; }
+    float* grads() { return grads_ptr_; }
+    const GptPart& part() const { return part_; }
     const ParamInfo& param(const std::string& name) const;
 
     // Layout-invariant init: global element i of parameter p is N(0, std_p) drawn from Philox(seed, name_hash(p), i)
@@ -96,10 +117,18 @@ public:
     void init_weights(uint64_t seed);
 
     // tokens, targets: (B, T) int32 with B <= max_batch, T <= shape.T. Returns the mean loss over B*T.
-    // With targets == nullptr only the logits are computed (returns NaN). Keeps activations for backward().
-    float forward(const int32_t* tokens, const int32_t* targets, int B, int T);
-    // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=). Must follow forward() with targets.
-    void backward(float loss_scale);
+    // With targets == nullptr only the logits are computed (returns NaN). Keeps activations in `slot` for backward().
+    // A part without the embedding reads its input from input(slot) instead of tokens (which may be null); a part
+    // without the head leaves its output in output(slot) and returns NaN (targets may be null).
+    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot = 0);
+    // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=). Must follow forward() on the slot (with
+    // targets for the head). A part without the head starts from grad_output(slot); a part without the embedding
+    // leaves the gradient of its input in grad_input(slot).
+    void backward(float loss_scale, int slot = 0);
+    float* input(int slot);              // (B, T, C) the activation entering the first layer
+    const float* output(int slot) const;  // (B, T, C) the last layer's output
+    float* grad_output(int slot);        // (B, T, C)
+    const float* grad_input(int slot) const;  // (B, T, C)
     void zero_grads();
     // (B, T, Vp/tp) this rank's vocabulary shard of the logits of the last forward() (valid until backward(),
     // which overwrites them with dlogits). Columns from tp_rank * Vp/tp.
@@ -114,11 +143,15 @@ private:
     Communicator& tp_;
     int64_t C_local_, F_local_, NH_local_, Vp_local_;  // this TP rank's share of C (attention), F, NH, Vp
     int max_batch_;
+    GptPart part_;
     std::vector<ParamInfo> table_;
+    int wte_ = -1, wpe_ = -1, first_layer_param_ = 0, ln_f_ = -1;  // table indices (-1: not held)
     int64_t num_params_ = 0;
-    HostBuffer params_;  // (num_params)
-    HostBuffer grads_;   // (num_params)
-    std::unique_ptr<Activations> acts_;
+    HostBuffer params_;  // (flat) when owned
+    HostBuffer grads_;   // (flat) when owned
+    float* params_ptr_ = nullptr;
+    float* grads_ptr_ = nullptr;
+    std::vector<std::unique_ptr<Activations>> slots_;
     int B_ = 0, T_ = 0;  // shape of the last forward
 };
 

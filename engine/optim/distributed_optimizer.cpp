@@ -34,7 +34,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     const int64_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
     for (const ParamInfo& p : table) {
         const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
-        if (b < e) norm_segments_.push_back({b, e, p.weight_decay, tp_rank == 0 || !p.tp_duplicate()});
+        const bool counted = (tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate;
+        if (b < e) norm_segments_.push_back({b, e, p.weight_decay, counted});
         if (zero_stage == 0) update_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
     }
     if (zero_stage == 1) update_segments_ = norm_segments_;

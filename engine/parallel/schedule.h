@@ -24,8 +24,12 @@
 //   kInterleaved1F1B  Megatron's interleaved 1F1B over v chunks per stage. Requires m % pp == 0 (Megatron's
 //                     original constraint, also enforced by config validation); warm-up
 //                     min(2 (pp - s - 1) + (v - 1) pp, v m) chunk-forwards, or all v m when m == pp.
-// Bubble share of the step (t_backward = 2 t_forward, no communication cost), as simulate() reproduces exactly:
+//                     In-flight peak: that warm-up + 1 chunk-activations (each 1/v of a stage's), v m when m == pp.
+// Bubble share of the step with no communication cost, which simulate() reproduces exactly (tested for
+// t_backward = 2 t_forward over pp 1..8, m 1..32, v 1..4; also exact for ratios 1, 1.5 and 3):
 //   GPipe, 1F1B: (pp - 1) / (m + pp - 1)        interleaved: (pp - 1) / (v m + pp - 1)
+// With t_comm > 0 the receives of the steady state sit on the critical path and the bubble grows (see
+// bench/pipeline_bubble.cpp).
 #pragma once
 
 #include <cstdint>

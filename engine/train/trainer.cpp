@@ -23,6 +23,8 @@
 #include "engine/model/gpt.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/distributed_optimizer.h"
+#include "engine/parallel/schedule.h"
+#include "engine/train/pipeline.h"
 
 namespace ms {
 namespace {
@@ -84,24 +86,11 @@ void print_derived(const Config& cfg, const DerivedConfig& d) {
              static_cast<double>(d.num_parameters) / 1e6);
 }
 
-// Mean loss over `micro_batches` micro-batches of the split, starting at sample 0 (the same set every time and
-// under every layout: data-parallel ranks take turns, as in training).
-double evaluate(Gpt& model, const Sampler& sampler, int micro_batch, int T, int64_t micro_batches,
-                const ProcessGroups& groups, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-    float total = 0;
-    for (int64_t i = 0; i < micro_batches; ++i) {
-        sampler.fill((i * groups.dp_size + groups.dp_rank) * micro_batch, micro_batch, inputs.data(), targets.data());
-        total += model.forward(inputs.data(), targets.data(), micro_batch, T);
-    }
-    total /= static_cast<float>(micro_batches);
-    groups.dp->all_reduce(std::span<float>(&total, 1), ReduceOp::kAvg).wait();
-    return total;
-}
-
-// MS_DUMP_GRADS=PATH: after the first backward, write every parameter's full gradient (averaged over dp, gathered
-// over tp) to PATH (float32, parameters in table order, each as its global row-major tensor) and PATH.json (names,
-// shapes, offsets). For the parallel-equivalence tests; costs an extra all-reduce and all-gather.
-void dump_gradients(Gpt& model, const ProcessGroups& groups, int dp) {
+// MS_DUMP_GRADS=PATH: after the first backward, each pipeline stage writes every parameter's full gradient
+// (averaged over dp, gathered over tp) to PATH.stage<s> (float32, parameters in table order, each as its global
+// row-major tensor) and PATH.stage<s>.json (names, shapes, offsets). For the parallel-equivalence tests; costs an
+// extra all-reduce and all-gather.
+void dump_gradients(PipelineModel& model, const ProcessGroups& groups, int dp) {
     const char* path = std::getenv("MS_DUMP_GRADS");
     if (!path || !*path) return;
     const int64_t padded = padded_flat_size(model.flat_size(), dp);
@@ -109,8 +98,9 @@ void dump_gradients(Gpt& model, const ProcessGroups& groups, int dp) {
     groups.dp->all_reduce(std::span<float>(avg), ReduceOp::kAvg).wait();
     std::vector<float> all(static_cast<size_t>(padded) * groups.tp_size);
     groups.tp->all_gather(std::span<const float>(avg), std::span<float>(all)).wait();
-    if (groups.world->rank() != 0) return;
-    std::ofstream bin(path, std::ios::binary | std::ios::trunc);
+    if (groups.tp_rank != 0 || groups.dp_rank != 0) return;
+    const std::string file = fmt::format("{}.stage{}", path, groups.pp_rank);
+    std::ofstream bin(file, std::ios::binary | std::ios::trunc);
     nlohmann::json index = nlohmann::json::array();
     int64_t out_offset = 0;
     for (const ParamInfo& p : model.params_info()) {
@@ -125,7 +115,7 @@ void dump_gradients(Gpt& model, const ProcessGroups& groups, int dp) {
         index.push_back({{"name", p.name}, {"shape", p.global_shape}, {"offset", out_offset}});
         out_offset += global_numel;
     }
-    std::ofstream(std::string(path) + ".json") << index.dump(1);
+    std::ofstream(file + ".json") << index.dump(1);
 }
 
 // Samples num_tokens tokens after context. Every TP rank gathers the full last-position logits and draws the same
@@ -207,10 +197,10 @@ int run_train(const Config& cfg_in) {
     bo.num_threads = cfg.run.num_threads;
     std::unique_ptr<Backend> backend = make_backend(bo);
     const GptShape shape = make_shape(cfg, d);
-    const std::vector<ParamInfo> table = gpt_param_table(shape, 0.02f, groups.tp_size);
-    const int64_t flat = table.back().offset + table.back().numel;
-    Gpt model(shape, *backend, *groups.tp, mbs, padded_flat_size(flat, groups.dp_size));
+    PipelineModel model(shape, *backend, groups, mbs, parse_schedule_kind(cfg.parallel.pipeline_schedule), num_mb,
+                        cfg.parallel.virtual_pipeline_model_parallel_size);
     model.init_weights(cfg.run.seed);
+    const int64_t flat = model.flat_size();
     DistributedOptimizer optimizer(model.params_info(), flat, model.params(), model.grads(), cfg.optimizer,
                                    cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank);
     log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
@@ -246,17 +236,9 @@ int run_train(const Config& cfg_in) {
 
     for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
         const double t0 = now_seconds();
-        model.zero_grads();
-        float step_loss = 0;
-        for (int mb = 0; mb < num_mb; ++mb) {
-            // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the
-            // step covers the same global samples under every data-parallel size.
-            const int64_t first = consumed + (static_cast<int64_t>(mb) * d.dp + groups.dp_rank) * mbs;
-            train_sampler.fill(first, mbs, inputs.data(), targets.data());
-            step_loss += model.forward(inputs.data(), targets.data(), mbs, T);
-            model.backward(1.0f / static_cast<float>(num_mb));
-        }
-        step_loss /= static_cast<float>(num_mb);
+        // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
+        // covers the same global samples under every data-parallel size.
+        float step_loss = model.train_step(train_sampler, consumed, T);
         groups.dp->all_reduce(std::span<float>(&step_loss, 1), ReduceOp::kAvg).wait();
         if (it == 1) dump_gradients(model, groups, d.dp);
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
@@ -304,8 +286,8 @@ int run_train(const Config& cfg_in) {
             interval_steps = 0;
         }
         if (valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
-            const double vloss = evaluate(model, *valid_sampler, mbs, T, cfg.eval.eval_iters * num_mb, groups, inputs,
-                                          targets);
+            float vloss = model.evaluate(*valid_sampler, cfg.eval.eval_iters * num_mb, T);
+            groups.dp->all_reduce(std::span<float>(&vloss, 1), ReduceOp::kAvg).wait();
             log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
                      std::exp(vloss));
             if (writer) {
@@ -317,7 +299,10 @@ int run_train(const Config& cfg_in) {
         }
     }
 
-    if (cfg.eval.sample_tokens > 0) {
+    if (cfg.eval.sample_tokens > 0 && !model.whole_model()) {
+        log_info("sample: skipped (sampling runs the whole model on one pipeline stage; this run has pp = {})",
+                 groups.pp_size);
+    } else if (cfg.eval.sample_tokens > 0) {
         std::vector<int32_t> context;
         if (!cfg.eval.sample_prompt.empty() && shape.V >= 256) {
             context = byte_encode(cfg.eval.sample_prompt);
@@ -327,7 +312,7 @@ int run_train(const Config& cfg_in) {
             context.assign(inputs.begin(), inputs.begin() + std::min(T, 8));
         }
         const size_t prompt_len = context.size();
-        const std::vector<int32_t> out = generate(model, *groups.tp, context, cfg.eval.sample_tokens,
+        const std::vector<int32_t> out = generate(*model.whole_model(), *groups.tp, context, cfg.eval.sample_tokens,
                                                   cfg.eval.sample_temperature, cfg.eval.sample_top_k, cfg.run.seed);
         log_info("sample (temperature {}, top-k {}), prompt in [brackets]:\n[{}]{}", cfg.eval.sample_temperature,
                  cfg.eval.sample_top_k,

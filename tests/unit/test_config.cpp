@@ -328,16 +328,15 @@ TEST(ConfigTest, ValidationSentences) {
 }
 
 TEST(ConfigTest, ParallelAxesNotYetInThisBuildSaySo) {
-    validate_error(small({"parallel.pipeline_model_parallel_size=2"}), 2,
-                   {"pipeline parallelism is not supported yet in this build"});
     validate_error(small({"parallel.sequence_parallel=true"}), 1,
                    {"parallel.sequence_parallel = true is not supported yet in this build"});
 }
 
-TEST(ConfigTest, TensorAndDataParallelLayoutsValidate) {
+TEST(ConfigTest, TensorPipelineAndDataParallelLayoutsValidate) {
     const Config cfg = load_config("", small({"parallel.tensor_model_parallel_size=2"}));
     EXPECT_EQ(validate_config(cfg, 2).dp, 1);
     EXPECT_EQ(validate_config(load_config("", small()), 2).dp, 2);
+    EXPECT_EQ(validate_config(load_config("", small({"parallel.pipeline_model_parallel_size=2"})), 4).dp, 2);
 }
 
 TEST(ConfigTest, ValidateChecksSingleValuesOfAProgrammaticConfig) {

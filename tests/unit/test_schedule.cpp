@@ -61,8 +61,12 @@ std::string computes(const std::vector<Action>& actions, bool with_chunk) {
     for (const Action& a : actions) {
         if (!is_compute(a)) continue;
         if (!out.empty()) out += ' ';
-        out += (a.kind == Kind::kForward ? "F" : "B") + std::to_string(a.microbatch);
-        if (with_chunk) out += "." + std::to_string(a.chunk);
+        out += a.kind == Kind::kForward ? 'F' : 'B';
+        out += std::to_string(a.microbatch);
+        if (with_chunk) {
+            out += '.';
+            out += std::to_string(a.chunk);
+        }
     }
     return out;
 }

@@ -1,0 +1,208 @@
+#include "engine/train/pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <span>
+
+#include "engine/optim/distributed_optimizer.h"
+
+namespace ms {
+namespace {
+
+constexpr int64_t kChunkAlign = 16;
+
+// The most micro-batches of one local chunk whose forward is done and backward is not, in a stage's list.
+std::vector<int> peak_in_flight(const std::vector<Action>& actions, int chunks) {
+    std::vector<int> live(static_cast<size_t>(chunks), 0), peak(static_cast<size_t>(chunks), 1);
+    for (const Action& a : actions) {
+        if (a.kind == Action::Kind::kForward) peak[a.chunk] = std::max(peak[a.chunk], ++live[a.chunk]);
+        if (a.kind == Action::Kind::kBackward) --live[a.chunk];
+    }
+    return peak;
+}
+
+}  // namespace
+
+PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
+                             ScheduleKind kind, int num_microbatches, int virtual_stages)
+    : shape_(shape),
+      groups_(groups),
+      micro_batch_(micro_batch),
+      num_microbatches_(num_microbatches),
+      virtual_stages_(virtual_stages) {
+    const int pp = groups.pp_size, v = virtual_stages, K = pp * v;
+    MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
+    schedule_ = make_schedule(kind, pp, num_microbatches, v);
+    slots_ = peak_in_flight(schedule_[static_cast<size_t>(groups.pp_rank)], v);
+
+    // one flat layout over the local chunks
+    const int Lc = shape.L / K;
+    std::vector<GptPart> parts;
+    std::vector<int64_t> bases;
+    for (int c = 0; c < v; ++c) {
+        const int k = model_chunk(c);
+        GptPart part{k * Lc, Lc, k == 0, k == K - 1};
+        bases.push_back(flat_);
+        for (ParamInfo p : gpt_param_table(shape, 0.02f, groups.tp_size, part)) {
+            p.offset += flat_;
+            table_.push_back(std::move(p));
+        }
+        flat_ = (table_.back().offset + table_.back().numel + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+        parts.push_back(part);
+    }
+    const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
+    params_ = HostBuffer(static_cast<size_t>(capacity) * sizeof(float));
+    grads_ = HostBuffer(static_cast<size_t>(capacity) * sizeof(float));
+    for (int c = 0; c < v; ++c) {
+        Gpt::Options o;
+        o.max_batch = micro_batch;
+        o.part = parts[static_cast<size_t>(c)];
+        o.num_slots = slots_[static_cast<size_t>(c)];
+        o.params = params() + bases[static_cast<size_t>(c)];
+        o.grads = grads() + bases[static_cast<size_t>(c)];
+        chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
+    }
+    if (pp > 1) {
+        for (size_t i = 0; i < table_.size(); ++i)
+            if (table_[i].name == "wte.weight") wte_index_ = static_cast<int>(i);
+    }
+    tokens_.resize(static_cast<size_t>(micro_batch) * shape.T);
+    targets_.resize(static_cast<size_t>(micro_batch) * shape.T);
+}
+
+void PipelineModel::init_weights(uint64_t seed) {
+    for (auto& c : chunks_) c->init_weights(seed);
+}
+
+int PipelineModel::tag(int microbatch, int edge, int direction) const {
+    return ((microbatch * groups_.pp_size * virtual_stages_) + edge) * 2 + direction;
+}
+
+void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T) {
+    const int64_t first =
+        first_sample + (static_cast<int64_t>(microbatch) * groups_.dp_size + groups_.dp_rank) * micro_batch_;
+    sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
+    (void)T;
+}
+
+float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T) {
+    std::memset(grads(), 0, static_cast<size_t>(flat_) * sizeof(float));
+    const int v = virtual_stages_;
+    const size_t act = static_cast<size_t>(micro_batch_) * T * shape_.C;
+    Communicator& pp = *groups_.pp;
+    // slot of (chunk, micro-batch); free slots per chunk; sends in flight per (chunk, slot)
+    std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(num_microbatches_, -1));
+    std::vector<std::vector<int>> free_slots(static_cast<size_t>(v));
+    std::vector<std::vector<Handle>> in_flight(static_cast<size_t>(v));
+    for (int c = 0; c < v; ++c) {
+        for (int s = slots_[c] - 1; s >= 0; --s) free_slots[c].push_back(s);
+        in_flight[c].resize(static_cast<size_t>(slots_[c]));
+    }
+    auto acquire = [&](int c, int mb) {
+        MS_CHECK(!free_slots[c].empty(), "pipeline: no free activation slot for chunk {} micro-batch {}", c, mb);
+        const int s = free_slots[c].back();
+        free_slots[c].pop_back();
+        in_flight[c][s].wait();  // the slot's last send must be done before its buffers are rewritten
+        slot_of[c][mb] = s;
+        return s;
+    };
+    float loss = 0;
+    const float loss_scale = 1.0f / static_cast<float>(num_microbatches_);
+    for (const Action& a : schedule_[static_cast<size_t>(groups_.pp_rank)]) {
+        const int c = a.chunk, mb = a.microbatch, k = model_chunk(c);
+        Gpt& chunk = *chunks_[static_cast<size_t>(c)];
+        switch (a.kind) {
+            case Action::Kind::kRecvActivation: {
+                const int s = acquire(c, mb);
+                const P2POp op = P2POp::recv(std::span<float>(chunk.input(s), act), a.peer_stage, tag(mb, k - 1, 0));
+                pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+                break;
+            }
+            case Action::Kind::kForward: {
+                const int s = slot_of[c][mb] >= 0 ? slot_of[c][mb] : acquire(c, mb);
+                const bool needs_data = chunk.part().embedding || chunk.part().head;
+                if (needs_data) fill(sampler, first_sample, mb, T);
+                const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, s);
+                if (chunk.part().head) loss += l;
+                break;
+            }
+            case Action::Kind::kSendActivation: {
+                const int s = slot_of[c][mb];
+                const P2POp op = P2POp::send(std::span<const float>(chunk.output(s), act), a.peer_stage,
+                                             tag(mb, k, 0));
+                in_flight[c][s] = pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
+                break;
+            }
+            case Action::Kind::kRecvGrad: {
+                const int s = slot_of[c][mb];
+                const P2POp op =
+                    P2POp::recv(std::span<float>(chunk.grad_output(s), act), a.peer_stage, tag(mb, k, 1));
+                pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+                break;
+            }
+            case Action::Kind::kBackward: {
+                const int s = slot_of[c][mb];
+                chunk.backward(loss_scale, s);
+                if (chunk.part().embedding) {  // nothing to send: the slot is free now
+                    free_slots[c].push_back(s);
+                    slot_of[c][mb] = -1;
+                }
+                break;
+            }
+            case Action::Kind::kSendGrad: {
+                const int s = slot_of[c][mb];
+                const P2POp op = P2POp::send(std::span<const float>(chunk.grad_input(s), act), a.peer_stage,
+                                             tag(mb, k - 1, 1));
+                in_flight[c][s] = pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
+                free_slots[c].push_back(s);  // reusable once this send completes (acquire() waits for it)
+                slot_of[c][mb] = -1;
+                break;
+            }
+        }
+    }
+    for (auto& handles : in_flight)
+        for (Handle& h : handles) h.wait();
+    // the tied embedding: first and last stage each hold wte; their gradients are summed
+    if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
+        const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
+        groups_.embd->all_reduce(std::span<float>(grads() + p.offset, static_cast<size_t>(p.numel)), ReduceOp::kSum)
+            .wait();
+    }
+    float mean = loss / static_cast<float>(num_microbatches_);
+    pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();  // only the last stage contributes
+    return mean;
+}
+
+float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T) {
+    const int pp_size = groups_.pp_size, K = pp_size * virtual_stages_;
+    const size_t act = static_cast<size_t>(micro_batch_) * T * shape_.C;
+    Communicator& pp = *groups_.pp;
+    float total = 0;
+    for (int64_t i = 0; i < micro_batches; ++i) {
+        const int64_t first = (i * groups_.dp_size + groups_.dp_rank) * micro_batch_;
+        sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
+        Handle pending;
+        for (int k = 0; k < K; ++k) {  // model chunks in order; each rank runs the ones it holds
+            if (k % pp_size != groups_.pp_rank) continue;
+            Gpt& chunk = *chunks_[static_cast<size_t>(k / pp_size)];
+            if (k > 0) {
+                const P2POp op = P2POp::recv(std::span<float>(chunk.input(0), act), (k - 1) % pp_size, tag(0, k - 1, 0));
+                pp.batch_send_recv(std::span<const P2POp>(&op, 1)).wait();
+            }
+            const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0);
+            if (chunk.part().head) total += l;
+            if (k < K - 1) {
+                pending.wait();
+                const P2POp op = P2POp::send(std::span<const float>(chunk.output(0), act), (k + 1) % pp_size, tag(0, k, 0));
+                pending = pp.batch_send_recv(std::span<const P2POp>(&op, 1));
+            }
+        }
+        pending.wait();
+    }
+    total /= static_cast<float>(micro_batches);
+    pp.all_reduce(std::span<float>(&total, 1), ReduceOp::kSum).wait();
+    return total;
+}
+
+}  // namespace ms

@@ -1,0 +1,68 @@
+// pipeline.h: one rank's part of the model under pipeline parallelism, and the executor of its schedule.
+//
+// With pp stages and v virtual stages the L layers form pp * v model chunks of L / (pp v) layers; this rank (stage
+// s) holds local chunks c = 0..v-1, i.e. model chunks k = c * pp + s (engine/parallel/schedule.h). Chunk 0 of
+// stage 0 holds the embeddings, the last chunk of stage pp-1 the final LayerNorm and the head with its own copy
+// of the tied wte, whose gradient is summed over the embd group before the optimizer step. All local chunks share
+// one flat parameter buffer and one flat gradient buffer (the optimizer's range map spans them).
+//
+// Point-to-point messages carry (micro_batch, T, C) fp32 activations or gradients. Each is tagged with its
+// micro-batch, the model-chunk edge it crosses and its direction, so matching never depends on arrival order.
+// Receives block right before the compute that needs them; sends are non-blocking and complete before the slot
+// holding their buffer is reused (the schedule's simulator proves these semantics cannot deadlock).
+// pp = 1 runs the same code: a 1F1B schedule on one stage is forward, backward per micro-batch.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/process_groups.h"
+#include "engine/data/dataset.h"
+#include "engine/model/gpt.h"
+#include "engine/parallel/schedule.h"
+#include "memory/host_buffer.h"
+
+namespace ms {
+
+class PipelineModel {
+public:
+    // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size).
+    PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
+                  ScheduleKind kind, int num_microbatches, int virtual_stages);
+
+    const std::vector<ParamInfo>& params_info() const { return table_; }
+    int64_t flat_size() const { return flat_; }
+    float* params() { return params_.as<float>(); }
+    float* grads() { return grads_.as<float>(); }
+    void init_weights(uint64_t seed);
+
+    // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
+    // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the
+    // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
+    float train_step(const Sampler& sampler, int64_t first_sample, int T);
+    // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
+    float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
+    // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
+    Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
+    // Activation slots per local chunk (micro-batches in flight): the schedule's peak.
+    const std::vector<int>& slots_per_chunk() const { return slots_; }
+
+private:
+    int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
+    int tag(int microbatch, int edge, int direction) const;
+    void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
+
+    GptShape shape_;
+    const ProcessGroups& groups_;
+    int micro_batch_, num_microbatches_, virtual_stages_;
+    std::vector<std::vector<Action>> schedule_;  // every stage's list (this rank runs schedule_[pp_rank])
+    std::vector<std::unique_ptr<Gpt>> chunks_;  // local chunks 0..v-1
+    std::vector<int> slots_;                    // activation slots per local chunk
+    std::vector<ParamInfo> table_;              // every local chunk's parameters, offsets in the shared buffers
+    int64_t flat_ = 0;
+    int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
+    HostBuffer params_, grads_;
+    std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace ms
