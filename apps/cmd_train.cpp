@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "engine/train/plan.h"
 #include "engine/train/trainer.h"
 
 namespace ms::app {
@@ -50,18 +51,24 @@ Command add_plan_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "plan", "Validate a config for a world size and print the layout, derived values and memory per rank");
     auto args = std::make_shared<ConfigArgs>();
-    auto world_size = std::make_shared<int>(1);
+    auto plan = std::make_shared<PlanOptions>();
     add_config_args(cmd, *args);
-    cmd->add_option("--world-size", *world_size, "Number of ranks to plan for")
+    cmd->add_option("--world-size", plan->world_size, "Number of ranks to plan for")
         ->default_val(1)
         ->check(CLI::Range(1, 1 << 20));
-    return {cmd, [args, world_size]() {
+    cmd->add_option("--ranks-per-node", plan->ranks_per_node, "Ranks on one node (the node column, the default budget)")
+        ->default_val(8)
+        ->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--memory-gb", plan->memory_gib,
+                    "Memory budget per rank in GiB (default: this machine's memory / ranks on a node)")
+        ->check(CLI::PositiveNumber);
+    return {cmd, [args, plan]() {
                 const Config cfg = load_config(args->config_path, args->overrides);
                 if (args->print_config) {
                     std::cout << config_to_yaml(cfg) << std::flush;
                     return kExitOk;
                 }
-                return run_plan(cfg, *world_size);
+                return run_plan(cfg, *plan);
             }};
 }
 

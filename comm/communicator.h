@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "engine/core/dtype.h"
+#include "engine/core/timer.h"
 
 namespace ms {
 
@@ -29,6 +30,7 @@ enum class CommOp : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast
 struct CommStats {
     std::array<int64_t, static_cast<size_t>(CommOp::kCount)> ops{};
     std::array<int64_t, static_cast<size_t>(CommOp::kCount)> bytes{};
+    double wait_seconds = 0;  // time spent issuing calls and waiting on their handles: communication not hidden
     int64_t total_bytes() const {
         int64_t s = 0;
         for (int64_t b : bytes) s += b;
@@ -46,19 +48,28 @@ public:
     };
     Handle() = default;
     explicit Handle(std::unique_ptr<State> s) : state_(std::move(s)) {}
-    Handle(Handle&&) noexcept = default;
+    Handle(Handle&& o) noexcept : state_(std::move(o.state_)), waited_(o.waited_) {}
     // Completes the operation this handle held before taking the other's (a defaulted move would drop it in flight).
     Handle& operator=(Handle&& o) noexcept {
         if (this != &o) {
             wait();
             state_ = std::move(o.state_);
+            waited_ = o.waited_;
         }
         return *this;
     }
     ~Handle() { wait(); }  // never leave an operation in flight on a buffer about to die
     void wait() {
-        if (state_) state_->wait();
+        if (!state_) return;
+        const double t0 = now_seconds();
+        state_->wait();
+        if (waited_) *waited_ += now_seconds() - t0;
         state_.reset();
+    }
+    // Adds the time spent in wait() to *seconds (the communicator's CommStats::wait_seconds).
+    Handle&& track(double* seconds) && {
+        waited_ = seconds;
+        return std::move(*this);
     }
     bool test() {
         if (state_ && state_->test()) state_.reset();
@@ -67,6 +78,7 @@ public:
 
 private:
     std::unique_ptr<State> state_;
+    double* waited_ = nullptr;
 };
 
 template <typename T>
@@ -107,34 +119,43 @@ public:
     // in place: buf = op over ranks of buf
     template <typename T>
     Handle all_reduce(std::span<T> buf, ReduceOp op, Priority p = Priority::kNormal) {
-        return all_reduce_impl(buf.data(), buf.size(), dtype_of<T>(), op, p);
+        const double t0 = now_seconds();
+        return timed(all_reduce_impl(buf.data(), buf.size(), dtype_of<T>(), op, p), t0);
     }
     // out (n) = op over ranks of in[rank * n, (rank + 1) * n); in has size() * n elements
     template <typename T>
     Handle reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op, Priority p = Priority::kNormal) {
-        return reduce_scatter_impl(in.data(), out.data(), out.size(), in.size(), dtype_of<T>(), op, p);
+        const double t0 = now_seconds();
+        return timed(reduce_scatter_impl(in.data(), out.data(), out.size(), in.size(), dtype_of<T>(), op, p), t0);
     }
     // out[r * n, (r + 1) * n) = in of rank r; in has n elements, out size() * n
     template <typename T>
     Handle all_gather(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
-        return all_gather_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p);
+        const double t0 = now_seconds();
+        return timed(all_gather_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p), t0);
     }
     template <typename T>
     Handle broadcast(std::span<T> buf, int root, Priority p = Priority::kNormal) {
-        return broadcast_impl(buf.data(), buf.size(), dtype_of<T>(), root, p);
+        const double t0 = now_seconds();
+        return timed(broadcast_impl(buf.data(), buf.size(), dtype_of<T>(), root, p), t0);
     }
     // out[r * n, (r + 1) * n) = block `rank` of rank r's in; in and out both have size() * n elements
     template <typename T>
     Handle all_to_all(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
-        return all_to_all_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p);
+        const double t0 = now_seconds();
+        return timed(all_to_all_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p), t0);
     }
     // all sends and receives posted together (no ordering deadlock), completed by one handle
-    virtual Handle batch_send_recv(std::span<const P2POp> ops, Priority p = Priority::kNormal) = 0;
+    Handle batch_send_recv(std::span<const P2POp> ops, Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(batch_send_recv_impl(ops, p), t0);
+    }
     virtual void barrier() = 0;
     // A sub-group of the ranks passing the same color, ordered by key (MPI_Comm_split). Collective over this group.
     virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
 
 protected:
+    virtual Handle batch_send_recv_impl(std::span<const P2POp> ops, Priority p) = 0;
     virtual Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) = 0;
     virtual Handle reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
                                        ReduceOp op, Priority p) = 0;
@@ -143,6 +164,10 @@ protected:
     virtual Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) = 0;
     virtual Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                    Priority p) = 0;
+    Handle timed(Handle h, double t0) {
+        stats_.wait_seconds += now_seconds() - t0;
+        return std::move(h).track(&stats_.wait_seconds);
+    }
     void count(CommOp op, size_t bytes) {
         stats_.ops[static_cast<size_t>(op)] += 1;
         stats_.bytes[static_cast<size_t>(op)] += static_cast<int64_t>(bytes);

@@ -19,7 +19,7 @@ public:
     int size() const override { return 1; }
     std::string_view name() const override { return name_; }
 
-    Handle batch_send_recv(std::span<const P2POp> ops, Priority) override {
+    Handle batch_send_recv_impl(std::span<const P2POp> ops, Priority) override {
         MS_CHECK(ops.empty(), "{}: point-to-point with a group of one rank", name_);
         return {};
     }

@@ -305,7 +305,7 @@ Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_cou
     return to_handle(std::move(s));
 }
 
-Handle MpiCommunicator::batch_send_recv(std::span<const P2POp> ops, Priority) {
+Handle MpiCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priority) {
     auto s = std::make_unique<MpiOpState>();
     for (const P2POp& op : ops) {
         MS_CHECK(op.peer >= 0 && op.peer < size_, "{}: point-to-point peer {} is outside [0, {})", name_, op.peer,

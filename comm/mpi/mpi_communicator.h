@@ -55,7 +55,7 @@ public:
     int size() const override { return size_; }
     std::string_view name() const override { return name_; }
 
-    Handle batch_send_recv(std::span<const P2POp> ops, Priority p = Priority::kNormal) override;
+    Handle batch_send_recv_impl(std::span<const P2POp> ops, Priority p) override;
     void barrier() override;
     std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 

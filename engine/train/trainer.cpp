@@ -2,6 +2,7 @@
 #include "engine/train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
@@ -234,8 +235,23 @@ int run_train(const Config& cfg_in) {
     const int64_t global_batch = static_cast<int64_t>(mbs) * num_mb * d.dp;
     log_info("training: {} iterations, log every {}", cfg.training.train_iters, cfg.logging.log_interval);
 
+    // Communication accounting per step: time in pipeline receives (the measured bubble), time in every other
+    // collective (exposed communication: all of ours is synchronous today), and bytes sent per group.
+    std::vector<Communicator*> others = {groups.tp.get(), groups.dp.get(), groups.mp.get()};
+    if (groups.embd) others.push_back(groups.embd.get());
+    auto other_wait = [&] {
+        double w = 0;
+        for (Communicator* c : others) w += c->stats().wait_seconds;
+        return w;
+    };
+    double interval_bubble = 0, interval_comm = 0;
+    int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
+
     for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
         const double t0 = now_seconds();
+        const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait();
+        const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
+                      dp_bytes0 = groups.dp->stats().total_bytes();
         // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
         // covers the same global samples under every data-parallel size.
         float step_loss = model.train_step(train_sampler, consumed, T);
@@ -253,20 +269,36 @@ int run_train(const Config& cfg_in) {
         }
         consumed += global_batch;
         interval_time += now_seconds() - t0;
+        interval_bubble += groups.pp->stats().wait_seconds - pp_wait0;
+        interval_comm += other_wait() - other_wait0;
+        step_bytes_tp = groups.tp->stats().total_bytes() - tp_bytes0;
+        step_bytes_pp = groups.pp->stats().total_bytes() - pp_bytes0;
+        step_bytes_dp = groups.dp->stats().total_bytes() - dp_bytes0;
 
         if (it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters) {
             const int64_t n_iter = cfg.logging.log_interval == 0 ? 1 : (it - 1) % cfg.logging.log_interval + 1;
             const double ms_per_iter = 1e3 * interval_time / static_cast<double>(n_iter);
             const double tokens_per_s = static_cast<double>(d.tokens_per_step) / (ms_per_iter / 1e3);
-            const double mfu = 100.0 * flops_per_token * tokens_per_s / peak;
+            // per-rank MFU (Megatron's "per GPU"): the whole job's model FLOP/s over the ranks' summed peak
+            const double mfu = 100.0 * flops_per_token * tokens_per_s / (peak * world.size());
             const double loss = interval_steps > 0 ? interval_loss / static_cast<double>(interval_steps)
                                                    : std::numeric_limits<double>::quiet_NaN();
+            // fractions of the step, averaged over all ranks
+            std::array<float, 2> shares = {static_cast<float>(interval_bubble / interval_time),
+                                           static_cast<float>(interval_comm / interval_time)};
+            world.all_reduce(std::span<float>(shares), ReduceOp::kSum).wait();
+            const double bubble_pct = 100.0 * shares[0] / world.size(), comm_pct = 100.0 * shares[1] / world.size();
             log_info(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
                      "| learning rate: {:.6E} | global batch size: {:5d} | lm loss: {:.6E} | grad norm: {:.3f} | "
                      "number of skipped iterations: {:3d} | number of nan iterations: {:3d} | tokens/s: {:.0f} | "
-                     "MFU: {:.1f}% |",
+                     "MFU: {:.1f}% |{}",
                      timestamp(), it, cfg.training.train_iters, consumed, ms_per_iter, lr, global_batch, loss,
-                     grad_norm, skipped, nan_iters, tokens_per_s, mfu);
+                     grad_norm, skipped, nan_iters, tokens_per_s, mfu,
+                     world.size() == 1 ? std::string()
+                                       : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | bytes sent "
+                                                     "per step (rank 0): tp {} pp {} dp {} |",
+                                                     bubble_pct, comm_pct, step_bytes_tp, step_bytes_pp,
+                                                     step_bytes_dp));
             nlohmann::json j = {{"iteration", it},
                                 {"consumed_samples", consumed},
                                 {"time", std::chrono::duration<double>(
@@ -279,10 +311,13 @@ int run_train(const Config& cfg_in) {
                                 {"nan_iterations", nan_iters},
                                 {"iteration-time", ms_per_iter / 1e3},
                                 {"tokens_per_sec", tokens_per_s},
-                                {"mfu", mfu / 100.0}};
+                                {"mfu", mfu / 100.0},
+                                {"pipeline_bubble", bubble_pct / 100.0},
+                                {"exposed_comm", comm_pct / 100.0},
+                                {"bytes_per_step", {{"tp", step_bytes_tp}, {"pp", step_bytes_pp}, {"dp", step_bytes_dp}}}};
             j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
             if (writer) metrics << j.dump() << '\n' << std::flush;
-            interval_loss = interval_time = 0;
+            interval_loss = interval_time = interval_bubble = interval_comm = 0;
             interval_steps = 0;
         }
         if (valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
@@ -321,30 +356,6 @@ int run_train(const Config& cfg_in) {
     }
     log_info("done: {} iterations in {:.1f} s; metrics in {}", cfg.training.train_iters, now_seconds() - t_start,
              cfg.logging.metrics_file);
-    return kExitOk;
-}
-
-int run_plan(const Config& cfg_in, int world_size) {
-    Config cfg = cfg_in;
-    if (cfg.model.vocab_size == 0) {
-        std::unique_ptr<TokenSource> source = open_token_source(cfg.data, 0);
-        cfg = resolve_vocab(cfg, *source);
-    }
-    const DerivedConfig d = validate_config(cfg, world_size);
-    print_derived(cfg, d);
-    const GptShape shape = make_shape(cfg, d);
-    const double P = static_cast<double>(d.num_parameters);
-    const int64_t B = cfg.training.micro_batch_size, T = cfg.model.seq_length;
-    const int64_t N = B * T, C = shape.C, F = shape.F;
-    // Mirrors Gpt::Activations: per layer 6 (N,C) + (N,3C) + 2 (N,F) + small; globals incl. (N,Vp) logits.
-    const double acts = 4.0 * static_cast<double>(shape.L * (6 * N * C + 3 * N * C + 2 * N * F + 4 * N + N * shape.NH) +
-                                                  7 * N * C + 3 * N * C + N * F + N * shape.Vp + 10 * N);
-    log_info("{:<28}{:>14}", "per rank (fp32)", "bytes");
-    log_info("{:<28}{:>14}", "parameters", human_bytes(4 * P));
-    log_info("{:<28}{:>14}", "gradients", human_bytes(4 * P));
-    log_info("{:<28}{:>14}", "optimizer (exp_avg, sq)", human_bytes(8 * P));
-    log_info("{:<28}{:>14}", "activations (1 micro-batch)", human_bytes(acts));
-    log_info("{:<28}{:>14}", "total", human_bytes(16 * P + acts));
     return kExitOk;
 }
 
