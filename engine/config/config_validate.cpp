@@ -183,8 +183,11 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel axes this build does not run yet ----
-    if (p.sequence_parallel) {
-        fail("parallel.sequence_parallel = true is not supported yet in this build (only false)");
+    if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {
+        fail("parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}) = {} rows of a micro-batch "
+             "over tensor_model_parallel_size({}), which does not divide them; hint: pick a micro batch size or "
+             "sequence length that makes the product a multiple of {}",
+             t.micro_batch_size, m.seq_length, static_cast<int64_t>(t.micro_batch_size) * m.seq_length, tp, tp);
     }
 
     const int multiple = m.make_vocab_size_divisible_by * tp;

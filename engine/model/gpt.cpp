@@ -157,6 +157,9 @@ struct Gpt::Activations {
     float* dfch;      // (N, F/tp)
     float* dout;      // (N, C) gradient of the output (parts without the head)
     float* dinp;      // (N, C) gradient of the input (parts without the embedding)
+    // sequence parallelism only: (N_local, C) or (N, C) staging around the all-gathers and reduce-scatters
+    float* sp_local;  // (N, C) a LayerNorm's local output, a reduce-scatter's result
+    float* sp_full;   // (N, C) a gathered gradient, the embedding's partial sums
 };
 
 Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
@@ -175,6 +178,13 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     C_local_ = NH_local_ * (shape.C / shape.NH);
     F_local_ = shape.F / tp.size();
     Vp_local_ = shape.Vp / tp.size();
+    sp_ = o.sequence_parallel && tp.size() > 1;
+    MS_CHECK(!sp_ || (static_cast<int64_t>(o.max_batch) * shape.T) % tp.size() == 0,
+             "sequence parallelism: B*T = {} rows do not split over tp = {}", o.max_batch * shape.T, tp.size());
+    for (size_t i = 0; i < table_.size(); ++i) {
+        const std::string& n = table_[i].name;
+        if (n.find("ln_") != std::string::npos) layernorm_params_.push_back(static_cast<int>(i));
+    }
     num_params_ = 0;
     for (const ParamInfo& p : table_) num_params_ += p.numel;
     MS_CHECK((o.params == nullptr) == (o.grads == nullptr), "external params and grads: both or neither");
@@ -237,6 +247,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
         a.dfch = take(N * F);
         a.dout = take(N * C);
         a.dinp = take(N * C);
+        a.sp_local = o.sequence_parallel ? take(N * C) : nullptr;
+        a.sp_full = o.sequence_parallel ? take(N * C) : nullptr;
         return used;
     };
     for (int i = 0; i < o.num_slots; ++i) {
@@ -285,6 +297,9 @@ const float* Gpt::output(int slot) const {
     const Activations& a = *slots_.at(static_cast<size_t>(slot));
     return a.layers.empty() ? a.encoded : a.layers.back().res3;
 }
+int64_t Gpt::activation_elems(int B, int T) const {
+    return static_cast<int64_t>(B) * T * shape_.C / (sp_ ? tp_.size() : 1);
+}
 float* Gpt::grad_output(int slot) { return slots_.at(static_cast<size_t>(slot))->dout; }
 const float* Gpt::grad_input(int slot) const { return slots_.at(static_cast<size_t>(slot))->dinp; }
 
@@ -292,6 +307,18 @@ namespace {
 // all-reduce (sum) of an fp32 activation over the tensor-parallel group
 void tp_all_reduce(Communicator& tp, float* data, int64_t n, ReduceOp op = ReduceOp::kSum) {
     tp.all_reduce(std::span<float>(data, static_cast<size_t>(n)), op, Priority::kHigh).wait();
+}
+// sequence parallelism: local rows (n_local) of every TP rank -> all rows, in rank order
+void tp_all_gather(Communicator& tp, const float* local, float* full, int64_t n_local) {
+    tp.all_gather(std::span<const float>(local, static_cast<size_t>(n_local)),
+                  std::span<float>(full, static_cast<size_t>(n_local * tp.size())), Priority::kHigh)
+        .wait();
+}
+// partial sums of all rows -> this rank's rows of the sum
+void tp_reduce_scatter(Communicator& tp, const float* partial, float* local, int64_t n_local) {
+    tp.reduce_scatter(std::span<const float>(partial, static_cast<size_t>(n_local * tp.size())),
+                      std::span<float>(local, static_cast<size_t>(n_local)), ReduceOp::kSum, Priority::kHigh)
+        .wait();
 }
 }  // namespace
 
@@ -304,12 +331,22 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     const int num_layers = static_cast<int>(a.layers.size());
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
+    const int64_t Nl = sp_ ? N / tp_.size() : N;  // rows of the residual stream held here
     float* w = params();
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
         return Tensor::f32(w + table_[index].offset, dims);
     };
     auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
+    // a row-parallel output's partial sums -> this rank's rows of the sum (all rows without sequence parallelism)
+    auto reduce_rows = [&](float* partial) {
+        if (!sp_) {
+            tp_all_reduce(tp_, partial, N * C);
+            return partial;
+        }
+        tp_reduce_scatter(tp_, partial, a.sp_local, Nl * C);
+        return a.sp_local;
+    };
 
     if (part_.embedding) {
         for (int64_t n = 0; n < N; ++n) {
@@ -319,37 +356,49 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
         }
         // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
         Tensor tok(a.tokens, DType::kI32, {N});
+        float* partial = sp_ ? a.sp_full : a.encoded;
         be.embedding_forward({tok, P(wte_, {Vl, C}), tp_.rank() == 0 ? P(wpe_, {T, C}) : Tensor(),
-                              A(a.encoded, {N, C}), vocab_start, T});
-        tp_all_reduce(tp_, a.encoded, N * C);
+                              A(partial, {N, C}), vocab_start, T});
+        if (sp_) {
+            tp_reduce_scatter(tp_, partial, a.encoded, Nl * C);
+        } else {
+            tp_all_reduce(tp_, a.encoded, N * C);
+        }
     }
 
     const float* res = a.encoded;
     for (int l = 0; l < num_layers; ++l) {
         auto& x = a.layers[l];
         const int lp = first_layer_param_ + l * kParamsPerLayer;
-        be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(x.ln1, {N, C}),
-                              A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), shape_.eps});
+        float* ln_out = sp_ ? a.sp_local : x.ln1;
+        be.layernorm_forward({A(const_cast<float*>(res), {Nl, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(ln_out, {Nl, C}),
+                              A(x.ln1_mean, {Nl}), A(x.ln1_rstd, {Nl}), shape_.eps});
+        if (sp_) tp_all_gather(tp_, ln_out, x.ln1, Nl * C);
         be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), P(lp + 3, {3 * Cl}), A(x.qkv, {N, 3 * Cl})});
         be.attention_forward({A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}), A(x.lse, {B, NH, T}), NH});
         // row-parallel projection: partial sums, all-reduced, then the bias inside the residual add
         be.matmul_forward({A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), Tensor(), A(a.proj_out, {N, C})});
-        tp_all_reduce(tp_, a.proj_out, N * C);
-        be.residual_forward(
-            {A(const_cast<float*>(res), {N * C}), A(a.proj_out, {N * C}), A(x.res2, {N * C}), P(lp + 5, {C})});
-        be.layernorm_forward({A(x.res2, {N, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(x.ln2, {N, C}), A(x.ln2_mean, {N}),
-                              A(x.ln2_rstd, {N}), shape_.eps});
+        const float* attn_out = reduce_rows(a.proj_out);
+        be.residual_forward({A(const_cast<float*>(res), {Nl * C}), A(const_cast<float*>(attn_out), {Nl * C}),
+                             A(x.res2, {Nl * C}), P(lp + 5, {C})});
+        ln_out = sp_ ? a.sp_local : x.ln2;
+        be.layernorm_forward({A(x.res2, {Nl, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(ln_out, {Nl, C}),
+                              A(x.ln2_mean, {Nl}), A(x.ln2_rstd, {Nl}), shape_.eps});
+        if (sp_) tp_all_gather(tp_, ln_out, x.ln2, Nl * C);
         be.matmul_forward({A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F})});
         be.gelu_forward({A(x.fch, {N * F}), A(x.fch_gelu, {N * F})});
         be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), Tensor(), A(a.proj_out, {N, C})});
-        tp_all_reduce(tp_, a.proj_out, N * C);
-        be.residual_forward({A(x.res2, {N * C}), A(a.proj_out, {N * C}), A(x.res3, {N * C}), P(lp + 11, {C})});
+        const float* mlp_out = reduce_rows(a.proj_out);
+        be.residual_forward({A(x.res2, {Nl * C}), A(const_cast<float*>(mlp_out), {Nl * C}), A(x.res3, {Nl * C}),
+                             P(lp + 11, {C})});
         res = x.res3;
     }
     if (!part_.head) return std::numeric_limits<float>::quiet_NaN();
     const int ln_f = ln_f_;
-    be.layernorm_forward({A(const_cast<float*>(res), {N, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(a.lnf, {N, C}),
-                          A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), shape_.eps});
+    float* lnf_out = sp_ ? a.sp_local : a.lnf;
+    be.layernorm_forward({A(const_cast<float*>(res), {Nl, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(lnf_out, {Nl, C}),
+                          A(a.lnf_mean, {Nl}), A(a.lnf_rstd, {Nl}), shape_.eps});
+    if (sp_) tp_all_gather(tp_, lnf_out, a.lnf, Nl * C);
     be.matmul_forward({A(a.lnf, {N, C}), P(wte_, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
@@ -383,6 +432,7 @@ void Gpt::backward(float loss_scale, int slot) {
     const int B = B_, T = T_;
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
+    const int64_t Nl = sp_ ? N / tp_.size() : N;
     float* w = params();
     float* g = grads();
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
@@ -393,6 +443,20 @@ void Gpt::backward(float loss_scale, int slot) {
     };
     auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
+    // see forward(): partial sums of all rows -> this rank's rows; and this rank's rows -> all rows
+    auto reduce_rows = [&](float* partial) {
+        if (!sp_) {
+            tp_all_reduce(tp_, partial, N * C);
+            return partial;
+        }
+        tp_reduce_scatter(tp_, partial, a.sp_local, Nl * C);
+        return a.sp_local;
+    };
+    auto gather_rows = [&](float* local) {
+        if (!sp_) return local;
+        tp_all_gather(tp_, local, a.sp_full, Nl * C);
+        return a.sp_full;
+    };
 
     if (part_.head) {
         const int ln_f = ln_f_;
@@ -406,12 +470,12 @@ void Gpt::backward(float loss_scale, int slot) {
         // the head is column-parallel over the vocabulary: its input gradient is a partial sum
         be.matmul_backward({A(a.logits, {N, Vl}), A(a.lnf, {N, C}), P(wte_, {Vl, C}), A(a.dln, {N, C}),
                             G(wte_, {Vl, C}), Tensor(), Accumulate::kOverwrite});
-        tp_all_reduce(tp_, a.dln, N * C);
-        be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_last), {N, C}), P(ln_f, {C}),
-                               A(a.lnf_mean, {N}), A(a.lnf_rstd, {N}), A(a.dres, {N, C}), G(ln_f, {C}),
+        float* dln = reduce_rows(a.dln);
+        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<float*>(res_last), {Nl, C}), P(ln_f, {C}),
+                               A(a.lnf_mean, {Nl}), A(a.lnf_rstd, {Nl}), A(a.dres, {Nl, C}), G(ln_f, {C}),
                                G(ln_f + 1, {C}), Accumulate::kOverwrite});
     } else {
-        std::copy(a.dout, a.dout + N * C, a.dres);
+        std::copy(a.dout, a.dout + Nl * C, a.dres);
     }
 
     for (int l = num_layers - 1; l >= 0; --l) {
@@ -419,33 +483,39 @@ void Gpt::backward(float loss_scale, int slot) {
         const float* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
         const int lp = first_layer_param_ + l * kParamsPerLayer;
         // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
-        be.matmul_backward({A(a.dres, {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), A(a.dfch, {N, F}),
+        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), A(a.dfch, {N, F}),
                             G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
         be.gelu_backward({A(x.fch, {N * F}), A(a.dfch, {N * F}), A(a.dfch, {N * F})});
         be.matmul_backward({A(a.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}),
                             G(lp + 8, {F, C}), G(lp + 9, {F}), Accumulate::kOverwrite});
-        tp_all_reduce(tp_, a.dln, N * C);
-        be.layernorm_backward({A(a.dln, {N, C}), A(x.res2, {N, C}), P(lp + 6, {C}), A(x.ln2_mean, {N}),
-                               A(x.ln2_rstd, {N}), A(a.dres, {N, C}), G(lp + 6, {C}), G(lp + 7, {C}),
+        float* dln = reduce_rows(a.dln);
+        be.layernorm_backward({A(dln, {Nl, C}), A(x.res2, {Nl, C}), P(lp + 6, {C}), A(x.ln2_mean, {Nl}),
+                               A(x.ln2_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 6, {C}), G(lp + 7, {C}),
                                Accumulate::kAdd});
         // attention: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in)))) + bias
-        be.matmul_backward({A(a.dres, {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(a.datty, {N, Cl}),
+        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(a.datty, {N, Cl}),
                             G(lp + 4, {C, Cl}), G(lp + 5, {C}), Accumulate::kOverwrite});
         be.attention_backward({A(a.datty, {B, T, Cl}), A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}),
                                A(x.lse, {B, NH, T}), A(a.dqkv, {B, T, 3 * Cl}), NH});
         be.matmul_backward({A(a.dqkv, {N, 3 * Cl}), A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), A(a.dln, {N, C}),
                             G(lp + 2, {3 * Cl, C}), G(lp + 3, {3 * Cl}), Accumulate::kOverwrite});
-        tp_all_reduce(tp_, a.dln, N * C);
-        be.layernorm_backward({A(a.dln, {N, C}), A(const_cast<float*>(res_in), {N, C}), P(lp + 0, {C}),
-                               A(x.ln1_mean, {N}), A(x.ln1_rstd, {N}), A(a.dres, {N, C}), G(lp + 0, {C}),
+        dln = reduce_rows(a.dln);
+        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<float*>(res_in), {Nl, C}), P(lp + 0, {C}),
+                               A(x.ln1_mean, {Nl}), A(x.ln1_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 0, {C}),
                                G(lp + 1, {C}), Accumulate::kAdd});
     }
     if (part_.embedding) {
-        be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(a.dres, {N, C}), G(wte_, {Vl, C}),
+        be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(gather_rows(a.dres), {N, C}), G(wte_, {Vl, C}),
                                G(wpe_, {T, C}), vocab_start, T});
     } else {
-        std::copy(a.dres, a.dres + N * C, a.dinp);
+        std::copy(a.dres, a.dres + Nl * C, a.dinp);
     }
+}
+
+void Gpt::finish_gradients() {
+    if (!sp_) return;
+    // Each TP rank's LayerNorm gradients cover only its rows: sum them (Megatron's sequence-parallel all-reduce).
+    for (int i : layernorm_params_) tp_all_reduce(tp_, grads() + table_[i].offset, table_[i].numel);
 }
 
 }  // namespace ms

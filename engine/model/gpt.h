@@ -93,11 +93,15 @@ public:
         int num_slots = 1;         // micro-batches whose activations are kept at once (pipeline schedules)
         float* params = nullptr;   // external flat storage of >= flat_size() elements (both or neither);
         float* grads = nullptr;    //   several pipeline chunks of one rank share one flat buffer this way
+        // Megatron's sequence parallelism: outside the tensor-parallel regions (LayerNorms, residual stream)
+        // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
+        // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
+        bool sequence_parallel = false;
     };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0)
-        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr}) {}
+        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr, false}) {}
     ~Gpt();
 
     const GptShape& shape() const { return shape_; }
@@ -125,6 +129,11 @@ public:
     // targets for the head). A part without the head starts from grad_output(slot); a part without the embedding
     // leaves the gradient of its input in grad_input(slot).
     void backward(float loss_scale, int slot = 0);
+    // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
+    // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
+    void finish_gradients();
+    // Pipeline hand-offs: activation_elems() elements each, B*T*C, or B*T*C/tp rows with sequence parallelism.
+    int64_t activation_elems(int B, int T) const;
     float* input(int slot);              // (B, T, C) the activation entering the first layer
     const float* output(int slot) const;  // (B, T, C) the last layer's output
     float* grad_output(int slot);        // (B, T, C)
@@ -146,6 +155,8 @@ private:
     GptPart part_;
     std::vector<ParamInfo> table_;
     int wte_ = -1, wpe_ = -1, first_layer_param_ = 0, ln_f_ = -1;  // table indices (-1: not held)
+    bool sp_ = false;                       // sequence parallelism (with tp > 1)
+    std::vector<int> layernorm_params_;     // table indices summed over tp after the backward when sp_
     int64_t num_params_ = 0;
     HostBuffer params_;  // (flat) when owned
     HostBuffer grads_;   // (flat) when owned

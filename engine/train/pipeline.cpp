@@ -25,7 +25,7 @@ std::vector<int> peak_in_flight(const std::vector<Action>& actions, int chunks) 
 }  // namespace
 
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                             ScheduleKind kind, int num_microbatches, int virtual_stages)
+                             ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel)
     : shape_(shape),
       groups_(groups),
       micro_batch_(micro_batch),
@@ -61,6 +61,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.num_slots = slots_[static_cast<size_t>(c)];
         o.params = params() + bases[static_cast<size_t>(c)];
         o.grads = grads() + bases[static_cast<size_t>(c)];
+        o.sequence_parallel = sequence_parallel;
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
     if (pp > 1) {
@@ -89,7 +90,7 @@ void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int micro
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T) {
     std::memset(grads(), 0, static_cast<size_t>(flat_) * sizeof(float));
     const int v = virtual_stages_;
-    const size_t act = static_cast<size_t>(micro_batch_) * T * shape_.C;
+    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
     // slot of (chunk, micro-batch); free slots per chunk; sends in flight per (chunk, slot)
     std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(num_microbatches_, -1));
@@ -163,6 +164,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     }
     for (auto& handles : in_flight)
         for (Handle& h : handles) h.wait();
+    for (auto& c : chunks_) c->finish_gradients();
     // the tied embedding: first and last stage each hold wte; their gradients are summed
     if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
@@ -176,7 +178,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
 
 float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T) {
     const int pp_size = groups_.pp_size, K = pp_size * virtual_stages_;
-    const size_t act = static_cast<size_t>(micro_batch_) * T * shape_.C;
+    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
     float total = 0;
     for (int64_t i = 0; i < micro_batches; ++i) {

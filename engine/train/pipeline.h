@@ -28,7 +28,7 @@ class PipelineModel {
 public:
     // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size).
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                  ScheduleKind kind, int num_microbatches, int virtual_stages);
+                  ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false);
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }

@@ -72,7 +72,8 @@ void print_table(const std::vector<std::string>& header, const std::vector<std::
 
 }  // namespace
 
-int64_t gpt_activation_slot_bytes(const GptShape& s, const GptPart& part, int tp, int micro_batch) {
+int64_t gpt_activation_slot_bytes(const GptShape& s, const GptPart& part, int tp, int micro_batch,
+                                  bool sequence_parallel) {
     const int64_t N = static_cast<int64_t>(micro_batch) * s.T, C = s.C;
     const int64_t NHl = s.NH / tp, Cl = NHl * (s.C / s.NH), Fl = s.F / tp, Vl = part.head ? s.Vp / tp : 0;
     const int layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
@@ -87,6 +88,7 @@ int64_t gpt_activation_slot_bytes(const GptShape& s, const GptPart& part, int tp
         take(n);                                                          //   row_max sum_exp dloss tokens targets
     for (int64_t n : {N * C, N * C, N * C, N * Cl, N * 3 * Cl, N * Fl, N * C, N * C})  // proj_out dres dln datty
         take(n);                                                                       //   dqkv dfch dout dinp
+    if (sequence_parallel) take(N * C), take(N * C);                                   // sp_local sp_full
     return used * static_cast<int64_t>(sizeof(float));
 }
 
@@ -106,7 +108,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             const auto table = gpt_param_table(shape, 0.02f, p.tp, part);
             for (const ParamInfo& info : table) st.params += info.numel;
             flat = align_up(flat + table.back().offset + table.back().numel, kAlign);
-            st.slot_bytes.push_back(gpt_activation_slot_bytes(shape, part, p.tp, p.micro_batch));
+            st.slot_bytes.push_back(gpt_activation_slot_bytes(shape, part, p.tp, p.micro_batch, p.sequence_parallel));
             st.activation_bytes += st.slot_bytes.back() * st.slots[static_cast<size_t>(c)];
         }
         st.padded = padded_flat_size(flat, p.dp);
@@ -154,7 +156,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     const int v = par.virtual_pipeline_model_parallel_size, m = d.num_microbatches;
     const GptShape shape = make_shape(cfg, d);
     const auto stages = plan_stages(shape, PlanShape{tp, pp, d.dp, v, kind, m, cfg.training.micro_batch_size,
-                                                     par.zero_stage});
+                                                     par.zero_stage, par.sequence_parallel});
     log_info("\nmemory per rank by pipeline stage (fp32; parameters are one tp rank's shard; zero_stage {}, dp {})",
              par.zero_stage, d.dp);
     rows.clear();
@@ -176,7 +178,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
                  "total"},
                 rows);
     const SimResult sim = simulate(make_schedule(kind, pp, m, v), 1, 2);
-    log_info("\nbubble: {} with pp {}, {} micro-batches, {} virtual stage(s): {:.2f}% of the step (theoretical: "
+    log_info("\nbubble: {}, pp {}, micro-batches {}, virtual stages {}: {:.2f}% of the step (theoretical: "
              "t_backward = 2 t_forward, free communication)",
              to_string(kind), pp, m, v, 100.0 * sim.bubble_fraction);
 

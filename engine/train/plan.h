@@ -25,8 +25,10 @@ struct PlanOptions {
 };
 
 // Bytes of one activation slot of a Gpt holding `part` on one of tp_size ranks, for micro_batch sequences of
-// shape.T tokens. Mirrors the `layout` lambda of Gpt's constructor (engine/model/gpt.cpp) buffer for buffer.
-int64_t gpt_activation_slot_bytes(const GptShape& shape, const GptPart& part, int tp_size, int micro_batch);
+// shape.T tokens. Mirrors the `layout` lambda of Gpt's constructor (engine/model/gpt.cpp) buffer for buffer;
+// sequence_parallel is Gpt::Options::sequence_parallel (two more (N, C) staging buffers).
+int64_t gpt_activation_slot_bytes(const GptShape& shape, const GptPart& part, int tp_size, int micro_batch,
+                                  bool sequence_parallel = false);
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
 struct StagePlan {
@@ -44,6 +46,7 @@ struct PlanShape {
     int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
     ScheduleKind kind = ScheduleKind::k1F1B;
     int num_microbatches = 1, micro_batch = 1, zero_stage = 0;
+    bool sequence_parallel = false;
 };
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).

@@ -199,7 +199,7 @@ int run_train(const Config& cfg_in) {
     std::unique_ptr<Backend> backend = make_backend(bo);
     const GptShape shape = make_shape(cfg, d);
     PipelineModel model(shape, *backend, groups, mbs, parse_schedule_kind(cfg.parallel.pipeline_schedule), num_mb,
-                        cfg.parallel.virtual_pipeline_model_parallel_size);
+                        cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel);
     model.init_weights(cfg.run.seed);
     const int64_t flat = model.flat_size();
     DistributedOptimizer optimizer(model.params_info(), flat, model.params(), model.grads(), cfg.optimizer,

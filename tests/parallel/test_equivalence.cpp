@@ -137,6 +137,10 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, Equivalence,
     ::testing::Values(Layout{"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
                       Layout{"tp4", 4, "--set parallel.tensor_model_parallel_size=4"},
+                      Layout{"tp2_sp", 2, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
+                      Layout{"tp2_sp_pp2_dp2", 8,
+                             "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
+                             " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"},
                       Layout{"dp2_zero0", 2, "--set parallel.zero_stage=0"},
                       Layout{"dp2_zero1", 2, "--set parallel.zero_stage=1"},
                       Layout{"dp4_zero1", 4, "--set parallel.zero_stage=1"},

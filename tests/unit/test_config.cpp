@@ -327,9 +327,10 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small(), 0, {"the world size must be >= 1"});
 }
 
-TEST(ConfigTest, ParallelAxesNotYetInThisBuildSaySo) {
-    validate_error(small({"parallel.sequence_parallel=true"}), 1,
-                   {"parallel.sequence_parallel = true is not supported yet in this build"});
+TEST(ConfigTest, SequenceParallelNeedsRowsDivisibleByTp) {
+    validate_error(small({"parallel.sequence_parallel=true", "parallel.tensor_model_parallel_size=4",
+                          "training.micro_batch_size=1", "model.seq_length=30"}),
+                   4, {"micro_batch_size(1) * seq_length(30) = 30 rows", "does not divide them"});
 }
 
 TEST(ConfigTest, TensorPipelineAndDataParallelLayoutsValidate) {

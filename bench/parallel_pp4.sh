@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# parallel_pp4.sh: issue #3's parallel measurements on the CPU backend with MPI, from the trainer's own log.
+#   1. pipeline bubble measured (time ranks wait in pipeline receives / step time, averaged over ranks) vs the
+#      schedule's theory, pp = 4, m = 4, 8, 16, 32, for gpipe, 1f1b and interleaved_1f1b (v = 2);
+#   2. ZeRO-1 optimizer bytes per rank vs 12 * params / dp (Adam's m, v and an fp32 master copy; on the CPU the
+#      fp32 parameters are the master weights, so this build keeps 8 bytes per parameter);
+#   3. bytes sent per step per group vs the analytic volume for TP, PP and DP.
+# Each rank runs one thread. On a machine with fewer cores than ranks the ranks share cores, and a rank waiting
+# in MPI still spins, so the measured bubble there also contains time-slicing: read it with that in mind.
+#   bench/parallel_pp4.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+bin=$build/mindspeed-train
+out=$(mktemp -d)
+mpi=(mpiexec --oversubscribe --allow-run-as-root)
+common=(--config tests/parallel/tiny.yaml --set model.hidden_size=256 --set model.num_layers=8
+        --set model.seq_length=64 --set training.micro_batch_size=1 --set training.train_iters=6
+        --set logging.log_interval=3 --set lr_schedule.lr_warmup_iters=1)
+
+echo "== 1. pipeline bubble, pp = 4 (measured over iterations 4-6; theory from the schedule's simulator)"
+printf '%-18s %4s %10s %10s\n' schedule m measured theory
+for sched in gpipe 1f1b interleaved_1f1b; do
+  for m in 4 8 16 32; do
+    v=1; [ $sched = interleaved_1f1b ] && v=2
+    OMP_NUM_THREADS=1 "${mpi[@]}" -n 4 "$bin" train "${common[@]}" --set run.output_dir="$out/$sched-$m" \
+      --set parallel.pipeline_model_parallel_size=4 --set parallel.pipeline_schedule=$sched \
+      --set parallel.virtual_pipeline_model_parallel_size=$v --set training.global_batch_size=$m > "$out/$sched-$m.log" 2>&1
+    measured=$(tail -n1 "$out/$sched-$m/metrics.jsonl" | /usr/bin/python3 -c "import json,sys; print('%.1f%%' % (100 * json.load(sys.stdin)['pipeline_bubble']))")
+    theory=$(/usr/bin/python3 -c "p,m,v=4,$m,$v; print(f'{100*(p-1)/(v*m+p-1):.1f}%')")
+    printf '%-18s %4d %10s %10s\n' $sched $m "$measured" "$theory"
+  done
+done
+
+echo
+echo "== 2. optimizer state per rank, dp = 1, 2, 4 (zero_stage 1)"
+for dp in 1 2 4; do
+  OMP_NUM_THREADS=1 "${mpi[@]}" -n $dp "$bin" train "${common[@]}" --set run.output_dir="$out/zero-$dp" \
+    --set parallel.zero_stage=1 --set training.global_batch_size=4 --set training.train_iters=1 > "$out/zero-$dp.log" 2>&1
+  grep -o 'memory per rank:.*' "$out/zero-$dp.log" | head -n1 | sed "s/^/dp $dp: /"
+done
+grep -o 'parameters [0-9]* ([0-9.]* M)' "$out/zero-1.log" | head -n1 | sed 's/^/model: /'
+
+echo
+echo "== 3. bytes sent per step by rank 0, tp2 x pp2 x dp2 zero_stage 1 (8 ranks), vs analytic"
+OMP_NUM_THREADS=1 "${mpi[@]}" -n 8 "$bin" train "${common[@]}" --set run.output_dir="$out/3d" \
+  --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 \
+  --set parallel.zero_stage=1 --set training.global_batch_size=8 > "$out/3d.log" 2>&1
+tail -n1 "$out/3d/metrics.jsonl" | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)["bytes_per_step"]
+# model: L=8 (4 per stage), C=256, T=64, micro-batch 1, 2 micro-batches per dp rank, tp 2, pp 2, dp 2
+L_stage, C, T, mb, m, tp = 4, 256, 64, 1, 2, 2
+act = mb * T * C * 4
+# TP, stage 0 (embedding + 4 layers): per micro-batch forward: embedding + 2 per layer all-reduces of (T, C);
+# backward: 2 per layer (the column-parallel input gradients). Each all-reduce counts its buffer once.
+tp_bytes = m * act * (1 + 2 * L_stage + 2 * L_stage)
+pp_bytes = m * act + 4        # activations to stage 1, plus the loss all-reduce (one float)
+print("tp: measured", j["tp"], " analytic", tp_bytes)
+print("pp: measured", j["pp"], " analytic", pp_bytes)
+print("dp: measured", j["dp"], " (reduce-scatter of the padded flat gradient + all-gather of the shard + the loss and norm all-reduces)")
+'
+echo "logs: $out"
