@@ -103,8 +103,9 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         for (int c = 0; c < v; ++c) {
             const int k = c * p.pp + s;  // model chunk of local chunk c
             const GptPart part{k * Lc, Lc, k == 0, k == K - 1};
-            st.layers += fmt::format("{}{}", c ? "," : "", Lc == 1 ? fmt::format("{}", k * Lc)
-                                                                   : fmt::format("{}-{}", k * Lc, (k + 1) * Lc - 1));
+            st.layers +=
+                fmt::format("{}{}", c ? "," : "",
+                            Lc == 1 ? fmt::format("{}", k * Lc) : fmt::format("{}-{}", k * Lc, (k + 1) * Lc - 1));
             const auto table = gpt_param_table(shape, 0.02f, p.tp, part);
             for (const ParamInfo& info : table) st.params += info.numel;
             flat = align_up(flat + table.back().offset + table.back().numel, kAlign);
@@ -130,15 +131,16 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     const ParallelConfig& par = cfg.parallel;
     const int tp = par.tensor_model_parallel_size, pp = par.pipeline_model_parallel_size;
     const int rpn = std::max(1, o.ranks_per_node);
-    log_info("derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
-             "ffn hidden {}",
-             d.world_size, tp, pp, d.dp, d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
-             d.ffn_hidden);
-    log_info("derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
-             "parameters {} ({:.2f} M)",
-             cfg.training.micro_batch_size * d.num_microbatches * d.dp, cfg.training.micro_batch_size,
-             d.num_microbatches, d.dp, d.tokens_per_step, d.num_parameters,
-             static_cast<double>(d.num_parameters) / 1e6);
+    log_info(
+        "derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
+        "ffn hidden {}",
+        d.world_size, tp, pp, d.dp, d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
+        d.ffn_hidden);
+    log_info(
+        "derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
+        "parameters {} ({:.2f} M)",
+        cfg.training.micro_batch_size * d.num_microbatches * d.dp, cfg.training.micro_batch_size, d.num_microbatches,
+        d.dp, d.tokens_per_step, d.num_parameters, static_cast<double>(d.num_parameters) / 1e6);
 
     log_info("\nranks (order tp-dp-pp: rank = tp + {} * (dp + {} * pp); node = rank / {} ranks per node)", tp, d.dp,
              rpn);
@@ -146,8 +148,8 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     std::vector<std::vector<std::string>> rows;
     for (int r = 0; r < std::min(o.world_size, kMaxRankRows); ++r) {
         const Coord c = topo.coord_of(r);
-        rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", c.pp),
-                        fmt::format("{}", c.dp), fmt::format("{}", r / rpn)});
+        rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", c.pp), fmt::format("{}", c.dp),
+                        fmt::format("{}", r / rpn)});
     }
     print_table({"rank", "tp", "pp", "dp", "node"}, rows);
     if (o.world_size > kMaxRankRows) log_info("... {} more", o.world_size - kMaxRankRows);
@@ -174,19 +176,20 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
                         human_bytes(static_cast<double>(st.total_bytes()))});
         if (st.total_bytes() > stages[largest].total_bytes()) largest = s;
     }
-    print_table({"stage", "layers", "parameters", "param bytes", "grad bytes", "optimizer", "activations (slot x n)",
-                 "total"},
-                rows);
+    print_table(
+        {"stage", "layers", "parameters", "param bytes", "grad bytes", "optimizer", "activations (slot x n)", "total"},
+        rows);
     const SimResult sim = simulate(make_schedule(kind, pp, m, v), 1, 2);
-    log_info("\nbubble: {}, pp {}, micro-batches {}, virtual stages {}: {:.2f}% of the step (theoretical: "
-             "t_backward = 2 t_forward, free communication)",
-             to_string(kind), pp, m, v, 100.0 * sim.bubble_fraction);
+    log_info(
+        "\nbubble: {}, pp {}, micro-batches {}, virtual stages {}: {:.2f}% of the step (theoretical: "
+        "t_backward = 2 t_forward, free communication)",
+        to_string(kind), pp, m, v, 100.0 * sim.bubble_fraction);
 
     const double gib = 1024.0 * 1024.0 * 1024.0;
     const double on_node = std::min(rpn, o.world_size);
     const double budget = o.memory_gib > 0 ? o.memory_gib * gib
-                                            : static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                                                  static_cast<double>(sysconf(_SC_PAGESIZE)) / on_node;
+                                           : static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                                                 static_cast<double>(sysconf(_SC_PAGESIZE)) / on_node;
     const double peak = static_cast<double>(stages[largest].total_bytes());
     log_info("largest per-rank total: {} (stage {}) against {} per rank ({}): {}", human_bytes(peak), largest,
              human_bytes(budget),

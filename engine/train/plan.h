@@ -32,12 +32,12 @@ int64_t gpt_activation_slot_bytes(const GptShape& shape, const GptPart& part, in
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
 struct StagePlan {
-    std::string layers;                // e.g. "0-5", or "0-2,12-14" with virtual stages
-    int64_t params = 0;                // elements of the tp rank's shard, summed over the local chunks
-    int64_t padded = 0;                // flat buffer elements: padded_flat_size of the chunks' aligned layout
+    std::string layers;  // e.g. "0-5", or "0-2,12-14" with virtual stages
+    int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
+    int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-    std::vector<int64_t> slot_bytes;   // (v) one activation slot of each local chunk
-    std::vector<int> slots;            // (v) activation slots of each local chunk
+    std::vector<int64_t> slot_bytes;  // (v) one activation slot of each local chunk
+    std::vector<int> slots;           // (v) activation slots of each local chunk
     int64_t activation_bytes = 0;
     int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
 };

@@ -84,8 +84,8 @@ TEST(PlanE2E, BubbleIsTheClosedFormOf1F1B) {
         const auto r = run_cli(demo_plan(8, "--set training.global_batch_size=" + std::to_string(global_batch)));
         ASSERT_EQ(r.exit_code, 0) << r.output;
         char expected[128];
-        std::snprintf(expected, sizeof(expected), "bubble: 1f1b, pp %d, micro-batches %d, virtual stages 1: %.2f%%",
-                      pp, m, 100.0 * (pp - 1) / (m + pp - 1));
+        std::snprintf(expected, sizeof(expected), "bubble: 1f1b, pp %d, micro-batches %d, virtual stages 1: %.2f%%", pp,
+                      m, 100.0 * (pp - 1) / (m + pp - 1));
         EXPECT_NE(r.output.find(expected), std::string::npos) << expected << "\n" << r.output;
     }
 }
@@ -153,6 +153,8 @@ TEST(PlanArithmetic, ActivationSlotBytesByHand) {
     const int64_t layer2 = 32 + 16 + 16 + 48 + 16 + 16 + 32 + 32 + 16 + 16 + 64 + 64 + 32;
     const int64_t rest2 = 32 + 32 + 16 + 16 + 32 + 16 + 16 + 16 + 16 + 16 + 16 + 32 + 32 + 32 + 16 + 48 + 64 + 32 + 32;
     EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 2, 1), 4 * (layer2 + rest2));
+    // sequence parallelism adds two (N, C) staging buffers: 2 x 32
+    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 2, 1, true), 4 * (layer2 + rest2 + 64));
     // micro batch 4: N = 16, every buffer a multiple of 16 already
     EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 1, 4),
               4 * (16 * (8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) +
