@@ -87,24 +87,42 @@ void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int micro
     (void)T;
 }
 
+void PipelineModel::post_send(const float* data, size_t n, int peer, int tag) {
+    PendingSend* slot = nullptr;
+    for (PendingSend& p : send_pool_) {
+        if (p.buffer.size() >= n && p.handle.test()) {
+            slot = &p;
+            break;
+        }
+    }
+    if (!slot) {
+        send_pool_.push_back({std::vector<float>(n), Handle()});
+        slot = &send_pool_.back();
+    }
+    std::copy(data, data + n, slot->buffer.begin());
+    const P2POp op = P2POp::send(std::span<const float>(slot->buffer.data(), n), peer, tag);
+    slot->handle = groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
+}
+
+void PipelineModel::wait_sends() {
+    for (PendingSend& p : send_pool_) p.handle.wait();
+}
+
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T) {
     std::memset(grads(), 0, static_cast<size_t>(flat_) * sizeof(float));
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
-    // slot of (chunk, micro-batch); free slots per chunk; sends in flight per (chunk, slot)
+    // slot of (chunk, micro-batch); free slots per chunk
     std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(num_microbatches_, -1));
     std::vector<std::vector<int>> free_slots(static_cast<size_t>(v));
-    std::vector<std::vector<Handle>> in_flight(static_cast<size_t>(v));
     for (int c = 0; c < v; ++c) {
         for (int s = slots_[c] - 1; s >= 0; --s) free_slots[c].push_back(s);
-        in_flight[c].resize(static_cast<size_t>(slots_[c]));
     }
     auto acquire = [&](int c, int mb) {
         MS_CHECK(!free_slots[c].empty(), "pipeline: no free activation slot for chunk {} micro-batch {}", c, mb);
         const int s = free_slots[c].back();
         free_slots[c].pop_back();
-        in_flight[c][s].wait();  // the slot's last send must be done before its buffers are rewritten
         slot_of[c][mb] = s;
         return s;
     };
@@ -129,10 +147,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 break;
             }
             case Action::Kind::kSendActivation: {
-                const int s = slot_of[c][mb];
-                const P2POp op = P2POp::send(std::span<const float>(chunk.output(s), act), a.peer_stage,
-                                             tag(mb, k, 0));
-                in_flight[c][s] = pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
+                post_send(chunk.output(slot_of[c][mb]), act, a.peer_stage, tag(mb, k, 0));
                 break;
             }
             case Action::Kind::kRecvGrad: {
@@ -153,17 +168,14 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kSendGrad: {
                 const int s = slot_of[c][mb];
-                const P2POp op = P2POp::send(std::span<const float>(chunk.grad_input(s), act), a.peer_stage,
-                                             tag(mb, k - 1, 1));
-                in_flight[c][s] = pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
-                free_slots[c].push_back(s);  // reusable once this send completes (acquire() waits for it)
+                post_send(chunk.grad_input(s), act, a.peer_stage, tag(mb, k - 1, 1));
+                free_slots[c].push_back(s);  // the data is in the send pool now
                 slot_of[c][mb] = -1;
                 break;
             }
         }
     }
-    for (auto& handles : in_flight)
-        for (Handle& h : handles) h.wait();
+    wait_sends();
     for (auto& c : chunks_) c->finish_gradients();
     // the tied embedding: first and last stage each hold wte; their gradients are summed
     if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
@@ -184,7 +196,6 @@ float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int
     for (int64_t i = 0; i < micro_batches; ++i) {
         const int64_t first = (i * groups_.dp_size + groups_.dp_rank) * micro_batch_;
         sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
-        Handle pending;
         for (int k = 0; k < K; ++k) {  // model chunks in order; each rank runs the ones it holds
             if (k % pp_size != groups_.pp_rank) continue;
             Gpt& chunk = *chunks_[static_cast<size_t>(k / pp_size)];
@@ -194,13 +205,9 @@ float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int
             }
             const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0);
             if (chunk.part().head) total += l;
-            if (k < K - 1) {
-                pending.wait();
-                const P2POp op = P2POp::send(std::span<const float>(chunk.output(0), act), (k + 1) % pp_size, tag(0, k, 0));
-                pending = pp.batch_send_recv(std::span<const P2POp>(&op, 1));
-            }
+            if (k < K - 1) post_send(chunk.output(0), act, (k + 1) % pp_size, tag(0, k, 0));
         }
-        pending.wait();
+        wait_sends();
     }
     total /= static_cast<float>(micro_batches);
     pp.all_reduce(std::span<float>(&total, 1), ReduceOp::kSum).wait();

@@ -8,8 +8,11 @@
 //
 // Point-to-point messages carry (micro_batch, T, C) fp32 activations or gradients. Each is tagged with its
 // micro-batch, the model-chunk edge it crosses and its direction, so matching never depends on arrival order.
-// Receives block right before the compute that needs them; sends are non-blocking and complete before the slot
-// holding their buffer is reused (the schedule's simulator proves these semantics cannot deadlock).
+// Receives block right before the compute that needs them; sends are non-blocking and never waited on inside the
+// schedule (the simulator proves exactly these semantics cannot deadlock): each outgoing tensor is copied into a
+// send buffer of its own from a pool, so a slot can be reused while its last send is still in flight. (Waiting
+// for a send before reusing its slot deadlocks once messages are large enough for MPI's rendezvous protocol: the
+// send completes only when the peer posts its receive, which may come after work that waits on us.)
 // pp = 1 runs the same code: a 1F1B schedule on one stage is forward, backward per micro-batch.
 #pragma once
 
@@ -51,6 +54,10 @@ private:
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
     void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
+    // Copies n floats into a free pool buffer and starts sending it; the pool grows to the schedule's peak of
+    // sends in flight during the first step and is reused after that.
+    void post_send(const float* data, size_t n, int peer, int tag);
+    void wait_sends();
 
     GptShape shape_;
     const ProcessGroups& groups_;
@@ -63,6 +70,11 @@ private:
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
     HostBuffer params_, grads_;
     std::vector<int32_t> tokens_, targets_;
+    struct PendingSend {
+        std::vector<float> buffer;
+        Handle handle;
+    };
+    std::vector<PendingSend> send_pool_;
 };
 
 }  // namespace ms
