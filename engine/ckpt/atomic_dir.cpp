@@ -143,6 +143,10 @@ std::string checkpoint_dir_name(int64_t iteration) {
     return fmt::format("iter_{:07d}", iteration);
 }
 
+std::string checkpoint_tmp_dir(const std::string& save, int64_t iteration) {
+    return strip_trailing_slashes(save) + "/" + checkpoint_dir_name(iteration) + ".tmp";
+}
+
 void fsync_dir(const std::string& dir) {
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) throw_errno("cannot open directory", dir, errno);
@@ -214,7 +218,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
 
 CheckpointWriter::CheckpointWriter(std::string save_dir, int64_t iteration)
     : save_dir_(strip_trailing_slashes(std::move(save_dir))), iteration_(iteration) {
-    tmp_dir_ = save_dir_ + "/" + checkpoint_dir_name(iteration_) + ".tmp";
+    tmp_dir_ = checkpoint_tmp_dir(save_dir_, iteration_);
     std::error_code ec;
     fs::create_directories(save_dir_, ec);
     if (ec) throw_ec("cannot create the checkpoint directory", save_dir_, ec);
@@ -255,8 +259,7 @@ std::string CheckpointWriter::commit(const json& manifest) {
             throw_ckpt(fmt::format("'{}' in '{}' is not a regular file; a checkpoint holds only files and directories",
                                    rel, tmp_dir_));
         } else if (rel.ends_with(".tmp")) {
-            throw_ckpt(fmt::format("'{}' in '{}' is an unfinished write (a .tmp file); not committing", rel,
-                                   tmp_dir_));
+            throw_ckpt(fmt::format("'{}' in '{}' is an unfinished write (a .tmp file); not committing", rel, tmp_dir_));
         } else if (rel == kManifestFile) {
             throw_ckpt(fmt::format("'{}' already holds a {}; only commit() writes it", tmp_dir_, kManifestFile));
         } else {
@@ -329,13 +332,12 @@ void verify_checkpoint(const std::string& dir_in, bool verify_checksums) {
         const auto hash = entry.is_object() ? entry.find("xxh64") : entry.end();
         if (!entry.is_object() || size == entry.end() || !size->is_number_unsigned() || hash == entry.end() ||
             !hash->is_string())
-            throw_ckpt(fmt::format("'{}': the entry for '{}' needs \"size\" and \"xxh64\", got {}", manifest_path,
-                                   rel, entry.dump()));
+            throw_ckpt(fmt::format("'{}': the entry for '{}' needs \"size\" and \"xxh64\", got {}", manifest_path, rel,
+                                   entry.dump()));
         const std::string path = dir + "/" + rel;
         std::error_code ec;
         const auto st = fs::status(path, ec);
-        if (ec || !fs::is_regular_file(st))
-            throw_ckpt(fmt::format("'{}' is listed in the manifest but missing", path));
+        if (ec || !fs::is_regular_file(st)) throw_ckpt(fmt::format("'{}' is listed in the manifest but missing", path));
         const uint64_t actual = fs::file_size(path, ec);
         if (ec) throw_ec("cannot stat", path, ec);
         if (actual != size->get<uint64_t>())
@@ -360,8 +362,7 @@ std::optional<int64_t> find_latest_committed(const std::string& save_in, bool ve
             verify_checkpoint(save + "/" + checkpoint_dir_name(*tracked), verify_checksums);
             return tracked;
         } catch (const UserError& e) {
-            log_warn("{} (named by {}/{}); falling back to the newest valid checkpoint", e.what(), save,
-                     kTrackerFile);
+            log_warn("{} (named by {}/{}); falling back to the newest valid checkpoint", e.what(), save, kTrackerFile);
         }
     } else if (!problem.empty()) {
         log_warn("checkpoint: {}; falling back to the newest valid checkpoint", problem);
@@ -387,9 +388,10 @@ std::optional<int64_t> find_latest_committed(const std::string& save_in, bool ve
 
 void keep_latest(const std::string& save_in, int k) {
     if (k < 2)
-        throw UserError(fmt::format("config error: keeping the latest {} checkpoint(s) leaves nothing to fall back "
-                                    "to when the newest is corrupted; keep at least 2",
-                                    k));
+        throw UserError(
+            fmt::format("config error: keeping the latest {} checkpoint(s) leaves nothing to fall back "
+                        "to when the newest is corrupted; keep at least 2",
+                        k));
     const std::string save = strip_trailing_slashes(save_in);
     const std::vector<int64_t> committed = list_committed(save);
     if (committed.empty()) return;

@@ -19,10 +19,9 @@
 // and the errno text.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +34,8 @@ inline constexpr int kManifestFormatVersion = 1;
 
 // "iter_0001000" (Megatron: at least 7 digits).
 std::string checkpoint_dir_name(int64_t iteration);
+// <save>/iter_XXXXXXX.tmp, where a save in progress writes (for ranks other than the CheckpointWriter's).
+std::string checkpoint_tmp_dir(const std::string& save, int64_t iteration);
 
 // fsync a directory, making the creation/rename/removal of its entries durable.
 void fsync_dir(const std::string& dir);
@@ -42,7 +43,7 @@ void fsync_dir(const std::string& dir);
 // A file written under `path + ".tmp"` and renamed over `path` by commit(). Until then readers of `path` see
 // the old file (or none); if the writer is destroyed without commit() (an exception), the .tmp is removed.
 class AtomicFile {
-public:
+  public:
     explicit AtomicFile(std::string path);
     ~AtomicFile();
     AtomicFile(const AtomicFile&) = delete;
@@ -53,7 +54,7 @@ public:
     // fsync(file), close, rename(path.tmp, path), fsync(parent dir).
     void commit();
 
-private:
+  private:
     [[noreturn]] void fail(const char* what, int err);
     std::string path_;
     std::string tmp_path_;
@@ -64,10 +65,11 @@ private:
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
 // One checkpoint being written: creates <save>/iter_XXXXXXX.tmp/ (removing a stale one left by a crashed save of
-// the same iteration); the caller (every rank, on a shared filesystem) writes its files under tmp_dir(); after a
-// global barrier one rank calls commit().
+// the same iteration). Construct it on ONE rank (the constructor clears the directory), barrier, let every rank
+// write its files under checkpoint_tmp_dir(save, iteration) on the shared filesystem, barrier, then that rank
+// calls commit().
 class CheckpointWriter {
-public:
+  public:
     CheckpointWriter(std::string save_dir, int64_t iteration);
 
     const std::string& tmp_dir() const { return tmp_dir_; }
@@ -83,7 +85,7 @@ public:
     // A leftover "*.tmp" file inside (an unfinished write) or an existing manifest.json is an error.
     std::string commit(const nlohmann::json& manifest);
 
-private:
+  private:
     std::string save_dir_;
     int64_t iteration_;
     std::string tmp_dir_;

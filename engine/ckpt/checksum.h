@@ -16,17 +16,17 @@ namespace ms {
 
 // Streaming XXH64: update() any number of times with any split of the input; digest() does not consume.
 class Xxh64 {
-public:
+  public:
     explicit Xxh64(uint64_t seed = 0);
     void update(const void* data, size_t n);
     uint64_t digest() const;
 
-private:
+  private:
     uint64_t seed_;
-    uint64_t acc_[4];    // the four stripe accumulators
-    uint64_t total_ = 0; // bytes seen
+    uint64_t acc_[4];     // the four stripe accumulators
+    uint64_t total_ = 0;  // bytes seen
     unsigned char buf_[32];
-    size_t buf_len_ = 0; // bytes of an incomplete stripe held in buf_
+    size_t buf_len_ = 0;  // bytes of an incomplete stripe held in buf_
 };
 
 uint64_t xxh64(const void* data, size_t n, uint64_t seed = 0);

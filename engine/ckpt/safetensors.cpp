@@ -34,13 +34,11 @@ struct DTypeSpec {
 
 // Every dtype of the reference (tensor.rs:811-863); the engine computes in five of them.
 constexpr std::array<DTypeSpec, 20> kDTypes = {{
-    {"BOOL", 8, std::nullopt},    {"U8", 8, std::nullopt},      {"I8", 8, std::nullopt},
-    {"F8_E5M2", 8, std::nullopt}, {"F8_E4M3", 8, std::nullopt}, {"F8_E8M0", 8, std::nullopt},
-    {"F4", 4, std::nullopt},      {"F6_E2M3", 6, std::nullopt}, {"F6_E3M2", 6, std::nullopt},
-    {"I16", 16, std::nullopt},    {"U16", 16, DType::kU16},     {"F16", 16, DType::kF16},
-    {"BF16", 16, DType::kBF16},   {"I32", 32, DType::kI32},     {"U32", 32, std::nullopt},
-    {"F32", 32, DType::kF32},     {"C64", 64, std::nullopt},    {"F64", 64, std::nullopt},
-    {"I64", 64, std::nullopt},    {"U64", 64, std::nullopt},
+    {"BOOL", 8, std::nullopt},    {"U8", 8, std::nullopt},      {"I8", 8, std::nullopt},   {"F8_E5M2", 8, std::nullopt},
+    {"F8_E4M3", 8, std::nullopt}, {"F8_E8M0", 8, std::nullopt}, {"F4", 4, std::nullopt},   {"F6_E2M3", 6, std::nullopt},
+    {"F6_E3M2", 6, std::nullopt}, {"I16", 16, std::nullopt},    {"U16", 16, DType::kU16},  {"F16", 16, DType::kF16},
+    {"BF16", 16, DType::kBF16},   {"I32", 32, DType::kI32},     {"U32", 32, std::nullopt}, {"F32", 32, DType::kF32},
+    {"C64", 64, std::nullopt},    {"F64", 64, std::nullopt},    {"I64", 64, std::nullopt}, {"U64", 64, std::nullopt},
 }};
 
 const DTypeSpec* find_dtype(std::string_view name) {
@@ -102,9 +100,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorEntry>& 
         const uint64_t n = checked_numel(t->shape, &overflow) * dtype_size(t->dtype);
         MS_CHECK(!overflow, "tensor '{}' has more elements than fit in 64 bits", t->name);
         MS_CHECK(n == 0 || t->data != nullptr, "tensor '{}' of {} bytes has no data", t->name, n);
-        header[t->name] = {{"dtype", safetensors_dtype(t->dtype)},
-                           {"shape", t->shape},
-                           {"data_offsets", {offset, offset + n}}};
+        header[t->name] = {
+            {"dtype", safetensors_dtype(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + n}}};
         nbytes.push_back(n);
         offset += n;
     }
@@ -192,8 +189,8 @@ void SafetensorsFile::release() {
 
 void SafetensorsFile::parse() {
     const std::string& label = path_;
-    if (size_ < 8) fail(label, fmt::format("the file is {} bytes, too short for the 8-byte header length (truncated?)",
-                                           size_));
+    if (size_ < 8)
+        fail(label, fmt::format("the file is {} bytes, too short for the 8-byte header length (truncated?)", size_));
     uint64_t n = 0;
     std::memcpy(&n, bytes_, 8);
     if (n > kSafetensorsMaxHeader)
@@ -222,7 +219,9 @@ void SafetensorsFile::parse() {
         fail(label, fmt::format("the header is not valid JSON: {}", e.what()));
     }
 
-    for (const auto& [name, value] : root.items()) {
+    for (const auto& item : root.items()) {
+        const std::string& name = item.key();  // not a structured binding: clang 14 cannot capture one
+        const json& value = item.value();
         if (name == "__metadata__") {
             if (value.is_null()) continue;
             if (!value.is_object()) fail(label, fmt::format("__metadata__ is {}, not an object", value.type_name()));
@@ -235,7 +234,9 @@ void SafetensorsFile::parse() {
             }
             continue;
         }
-        const auto bad = [&](const std::string& problem) { fail(label, fmt::format("tensor '{}': {}", name, problem)); };
+        const auto bad = [&](const std::string& problem) {
+            fail(label, fmt::format("tensor '{}': {}", name, problem));
+        };
         if (!value.is_object()) bad(fmt::format("the entry is {}, not an object", value.type_name()));
         TensorInfo info;
 
@@ -243,7 +244,8 @@ void SafetensorsFile::parse() {
         if (dtype == value.end() || !dtype->is_string()) bad("no \"dtype\" string");
         const DTypeSpec* spec = find_dtype(dtype->get<std::string>());
         if (!spec)
-            bad(fmt::format("unknown dtype {} (known: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F4, F6_E2M3, F6_E3M2, "
+            bad(
+                fmt::format("unknown dtype {} (known: BOOL, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F4, F6_E2M3, F6_E3M2, "
                             "I16, U16, F16, BF16, I32, U32, F32, C64, F64, I64, U64)",
                             dtype->dump()));
         info.dtype_name = spec->name;
@@ -263,7 +265,8 @@ void SafetensorsFile::parse() {
             bad("\"data_offsets\" must be [BEGIN, END] with non-negative integers");
         info.begin = (*offsets)[0].get<uint64_t>();
         info.end = (*offsets)[1].get<uint64_t>();
-        if (info.end < info.begin) bad(fmt::format("data_offsets [{}, {}] end before they begin", info.begin, info.end));
+        if (info.end < info.begin)
+            bad(fmt::format("data_offsets [{}, {}] end before they begin", info.begin, info.end));
 
         bool overflow = false;
         const uint64_t numel = checked_numel(info.shape, &overflow);
@@ -293,8 +296,8 @@ void SafetensorsFile::parse() {
             fail(label, fmt::format("tensor '{}': bytes [{}, {}) overlap tensor '{}', which ends at byte {}", *name,
                                     info->begin, info->end, *prev, at));
         if (info->begin > at)
-            fail(label, fmt::format("tensor '{}': starts at byte {}, but {} ends at byte {}: a hole of {} bytes",
-                                    *name, info->begin, prev ? "tensor '" + *prev + "'" : std::string("nothing"), at,
+            fail(label, fmt::format("tensor '{}': starts at byte {}, but {} ends at byte {}: a hole of {} bytes", *name,
+                                    info->begin, prev ? "tensor '" + *prev + "'" : std::string("nothing"), at,
                                     info->begin - at));
         at = info->end;
         prev = name;
@@ -315,9 +318,9 @@ void SafetensorsFile::parse() {
 const TensorInfo& SafetensorsFile::info(const std::string& name) const {
     const auto it = infos_.find(name);
     if (it == infos_.end())
-        throw UserError(fmt::format("safetensors error: '{}' has no tensor '{}' (it holds {} tensors)", path_, name,
-                                    names_.size()),
-                        kExitCheckpoint);
+        throw UserError(
+            fmt::format("safetensors error: '{}' has no tensor '{}' (it holds {} tensors)", path_, name, names_.size()),
+            kExitCheckpoint);
     return it->second;
 }
 

@@ -62,7 +62,7 @@ struct TensorInfo {
 // A validated, read-only view of a safetensors file: the file is mmapped (open) or copied (open_from_memory); the
 // data() pointers live as long as the object.
 class SafetensorsFile {
-public:
+  public:
     static SafetensorsFile open(const std::string& path);
     // `label` names the source in error messages.
     static SafetensorsFile open_from_memory(std::string_view bytes, const std::string& label = "<memory>");
@@ -78,7 +78,7 @@ public:
     const std::byte* data(const std::string& name) const;   // info(name).nbytes() bytes
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
-private:
+  private:
     SafetensorsFile() = default;
     void parse();
     void release();
@@ -86,7 +86,7 @@ private:
     std::string path_;
     const std::byte* bytes_ = nullptr;  // the whole file
     size_t size_ = 0;
-    void* mapping_ = nullptr;  // mmap region (open), or null
+    void* mapping_ = nullptr;             // mmap region (open), or null
     std::unique_ptr<std::byte[]> owned_;  // copy (open_from_memory), or null
     const std::byte* buffer_ = nullptr;   // the byte buffer after the header
     std::vector<std::string> names_;

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 class TempDir {
-public:
+  public:
     TempDir() {
         const char* base = std::getenv("TMPDIR");
         std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ms_ckpt_test_XXXXXX";
@@ -39,7 +39,7 @@ public:
     const std::string& path() const { return path_; }
     std::string operator/(const std::string& name) const { return path_ + "/" + name; }
 
-private:
+  private:
     std::string path_;
 };
 
@@ -99,6 +99,7 @@ TEST(AtomicDirTest, CommitCreatesFinalDirManifestAndTracker) {
     const std::string save_dir = dir / "save";  // created by the writer
     ms::CheckpointWriter w(save_dir, 1000);
     EXPECT_EQ(w.tmp_dir(), save_dir + "/iter_0001000.tmp");
+    EXPECT_EQ(ms::checkpoint_tmp_dir(save_dir + "/", 1000), w.tmp_dir());
     EXPECT_TRUE(fs::is_directory(w.tmp_dir()));
     w.write_file("model/tp00_pp000.safetensors", "weights");
     std::ofstream(w.path("rng/rank00000.json")) << "{}";  // a file written by other means, without fsync
@@ -218,14 +219,14 @@ TEST(AtomicDirTest, CommitRefusesAnUnfinishedWrite) {
 TEST(AtomicDirTest, KeepLatestDeletesTheOlderCommittedAndStaleTmpDirs) {
     TempDir dir;
     for (int64_t it = 1000; it <= 5000; it += 1000) save(dir.path(), it);
-    fs::create_directory(dir / "iter_0000500.tmp");      // crashed long ago
-    fs::create_directory(dir / "iter_0006000.tmp");      // newer than every committed one: maybe in flight
-    fs::create_directory(dir / "iter_0000100");          // no manifest: not ours to delete
+    fs::create_directory(dir / "iter_0000500.tmp");  // crashed long ago
+    fs::create_directory(dir / "iter_0006000.tmp");  // newer than every committed one: maybe in flight
+    fs::create_directory(dir / "iter_0000100");      // no manifest: not ours to delete
     fs::create_directory(dir / "unrelated");
     ms::keep_latest(dir.path(), 2);
-    EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"iter_0000100", "iter_0004000", "iter_0005000",
-                                                             "iter_0006000.tmp", "latest_checkpointed_iteration.txt",
-                                                             "unrelated"}));
+    EXPECT_EQ(listing(dir.path()),
+              (std::vector<std::string>{"iter_0000100", "iter_0004000", "iter_0005000", "iter_0006000.tmp",
+                                        "latest_checkpointed_iteration.txt", "unrelated"}));
     EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 5000);
 
     // The checkpoint the tracker names survives even when it is not among the newest k.

@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 class TempDir {
-public:
+  public:
     TempDir() {
         const char* base = std::getenv("TMPDIR");
         std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ms_safetensors_test_XXXXXX";
@@ -39,7 +39,7 @@ public:
     }
     std::string operator/(const std::string& name) const { return path_ + "/" + name; }
 
-private:
+  private:
     std::string path_;
 };
 
@@ -69,7 +69,8 @@ void expect_rejected(const std::string& bytes, std::initializer_list<std::string
     } catch (const ms::UserError& e) {
         const std::string msg = e.what();
         EXPECT_NE(msg.find("crafted.safetensors"), std::string::npos) << msg;
-        for (const std::string& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+        for (const std::string& f : fragments)
+            EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
         EXPECT_EQ(e.exit_code(), ms::kExitCheckpoint);
     }
 }
@@ -140,16 +141,15 @@ TEST(SafetensorsTest, NoTensorsIsAValidFile) {
 // The whole file of two tiny tensors, written out by hand from the format description.
 TEST(SafetensorsTest, ExactByteLayoutOfATinyFile) {
     TempDir dir;
-    const std::vector<float> b = {1.0f, -2.0f};                   // 00 00 80 3f | 00 00 00 c0
-    const std::vector<uint16_t> a = {0x3F80, 0x4000, 0xC040};     // bf16 1, 2, -3
+    const std::vector<float> b = {1.0f, -2.0f};                // 00 00 80 3f | 00 00 00 c0
+    const std::vector<uint16_t> a = {0x3F80, 0x4000, 0xC040};  // bf16 1, 2, -3
     ms::write_safetensors(dir / "t.safetensors",
                           {{"a", ms::DType::kBF16, {3}, a.data()}, {"b", ms::DType::kF32, {2}, b.data()}},
                           {{"k", "v"}});
     // The F32 tensor comes first although "a" < "b": descending element size, then name (tensor.rs:227-232).
-    const std::string json =
-        R"({"__metadata__":{"k":"v"},)"
-        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-        R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}})";
+    const std::string json = R"({"__metadata__":{"k":"v"},)"
+                             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("a":{"dtype":"BF16","shape":[3],"data_offsets":[8,14]}})";
     ASSERT_EQ(json.size(), 134u);  // 134 = 16*8 + 6: two spaces pad the header to 136
     const std::string expected = std::string("\x88\0\0\0\0\0\0\0", 8) + json + "  " +
                                  std::string("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8) +
@@ -183,9 +183,10 @@ TEST(SafetensorsTest, PythonSafetensorsPackageReadsAndWritesTheSameFormat) {
                              "with safe_open(sys.argv[1], 'np') as f: assert f.metadata() == {'format': 'pt'}\n"
                              "save_file({'x': np.array([[1, 2], [3, 4]], dtype=np.uint16),\n"
                              "           'y': np.array([0.5], dtype=np.float32)}, sys.argv[2], metadata={'m': 'n'})\n";
-    ASSERT_EQ(std::system((python + " " + script + " " + (dir / "ours.safetensors") + " " + (dir / "theirs.safetensors"))
-                              .c_str()),
-              0);
+    ASSERT_EQ(
+        std::system(
+            (python + " " + script + " " + (dir / "ours.safetensors") + " " + (dir / "theirs.safetensors")).c_str()),
+        0);
     const ms::SafetensorsFile f = ms::SafetensorsFile::open(dir / "theirs.safetensors");
     EXPECT_EQ(f.metadata(), (std::map<std::string, std::string>{{"m", "n"}}));
     EXPECT_EQ(f.info("x").dtype, ms::DType::kU16);
@@ -300,11 +301,11 @@ TEST(SafetensorsTest, OffsetsOverlapLeaveAHoleOrDoNotCover) {
                           std::string(8, '\0')),
                     {"overlap"});
     // Empty tensors may sit anywhere inside the buffer, at an offset another tensor starts at.
-    EXPECT_NO_THROW(ms::SafetensorsFile::open_from_memory(
-        image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-              R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[8,8]},)"
-              R"("f":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
-              std::string(8, '\0'))));
+    EXPECT_NO_THROW(
+        ms::SafetensorsFile::open_from_memory(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                                    R"("e":{"dtype":"F32","shape":[0,3],"data_offsets":[8,8]},)"
+                                                    R"("f":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})",
+                                                    std::string(8, '\0'))));
 }
 
 TEST(SafetensorsTest, SizeMismatchWithShape) {
