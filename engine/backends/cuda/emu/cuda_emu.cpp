@@ -1,0 +1,213 @@
+// cuda_emu.cpp: the block scheduler behind cuda_emu.h: fibers, barriers and the warp exchange.
+//
+// One Runner per OS thread holds the fiber stacks and the state of the block being run. A block runs in passes:
+// each pass resumes every unfinished fiber in thread order, and each fiber runs until it waits at a barrier or
+// returns. A barrier counts arrivals against the threads (or warp lanes) that have not returned; the last arrival
+// bumps its generation, and the waiting fibers, which re-yield while the generation is unchanged, pass on the
+// next pass. A pass in which no fiber arrived, released or returned can never end: that is a deadlock.
+#include "engine/backends/cuda/emu/cuda_emu.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "engine/core/check.h"
+
+thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace ms::cuda_emu {
+namespace {
+
+constexpr int kMaxThreads = 1024;
+constexpr int kMaxWarps = kMaxThreads / 32;
+constexpr size_t kStackBytes = 64 << 10;
+
+struct Barrier {
+    int arrived = 0;
+    uint64_t generation = 0;
+};
+
+struct Warp {
+    Barrier barrier;
+    int live = 0;  // lanes that have not returned
+    uint32_t live_mask = 0;
+    uint64_t slots[32];  // the shuffle exchange, one value per lane
+};
+
+struct Fiber {
+    ucontext_t context;
+    dim3 thread_idx;
+    bool done;
+};
+
+struct Runner {
+    ucontext_t scheduler;
+    char* stacks = nullptr;  // kMaxThreads stacks, each above a PROT_NONE guard page
+    size_t stride = 0;
+    std::vector<Fiber> fibers = std::vector<Fiber>(kMaxThreads);
+    Warp warps[kMaxWarps];
+    Barrier block_barrier;
+    int num_threads = 0;  // 0: no block is running
+    int live = 0;         // threads of the block that have not returned
+    int current = 0;      // linear id of the running fiber
+    uint64_t progress = 0;
+    std::vector<unsigned char> dynamic_shared;
+    void (*body)(const void*) = nullptr;
+    const void* ctx = nullptr;
+
+    Runner() {
+        const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        stride = kStackBytes + page;
+        void* p = mmap(nullptr, stride * kMaxThreads, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        MS_CHECK(p != MAP_FAILED, "cuda_emu: cannot map {} bytes of fiber stacks", stride * kMaxThreads);
+        stacks = static_cast<char*>(p);
+        for (int t = 0; t < kMaxThreads; ++t) mprotect(stacks + t * stride, page, PROT_NONE);
+    }
+    ~Runner() { munmap(stacks, stride * kMaxThreads); }
+    Runner(const Runner&) = delete;
+    Runner& operator=(const Runner&) = delete;
+};
+
+Runner& runner() {
+    thread_local std::unique_ptr<Runner> r = std::make_unique<Runner>();
+    return *r;
+}
+
+void yield(Runner& r) { swapcontext(&r.fibers[r.current].context, &r.scheduler); }
+
+void release(Runner& r, Barrier& b) {
+    b.arrived = 0;
+    ++b.generation;
+    ++r.progress;
+}
+
+void wait(Runner& r, Barrier& b, int expected) {
+    const uint64_t generation = b.generation;
+    ++r.progress;
+    if (++b.arrived == expected) {
+        release(r, b);
+        return;
+    }
+    while (b.generation == generation) yield(r);
+}
+
+Warp& current_warp(Runner& r, unsigned mask) {
+    MS_CHECK(r.num_threads > 0, "cuda_emu: a barrier or warp collective outside a kernel");
+    Warp& w = r.warps[r.current / 32];
+    MS_CHECK((mask & w.live_mask) == w.live_mask,
+             "cuda_emu: warp collective with mask {:#x} in warp {} whose live lanes are {:#x}: only full-warp "
+             "collectives are emulated",
+             mask, r.current / 32, w.live_mask);
+    return w;
+}
+
+// A returned thread no longer counts at barriers; it may be the one the others were waiting for.
+void finish_thread(Runner& r) {
+    Warp& w = r.warps[r.current / 32];
+    r.fibers[r.current].done = true;
+    --r.live;
+    --w.live;
+    w.live_mask &= ~(1u << (r.current % 32));
+    ++r.progress;
+    if (r.block_barrier.arrived > 0 && r.block_barrier.arrived == r.live) release(r, r.block_barrier);
+    if (w.barrier.arrived > 0 && w.barrier.arrived == w.live) release(r, w.barrier);
+}
+
+void fiber_entry() {
+    Runner& r = runner();
+    r.body(r.ctx);
+    finish_thread(r);
+}  // returns to uc_link, the scheduler
+
+void run_block(Runner& r) {
+    const int n = r.num_threads;
+    for (int t = 0; t < n; ++t) {
+        Fiber& f = r.fibers[t];
+        f.thread_idx = dim3(t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y));
+        f.done = false;
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = r.stacks + t * r.stride + (r.stride - kStackBytes);
+        f.context.uc_stack.ss_size = kStackBytes;
+        f.context.uc_link = &r.scheduler;
+        makecontext(&f.context, fiber_entry, 0);
+    }
+    for (int w = 0; w < (n + 31) / 32; ++w) {
+        const int lanes = n - 32 * w < 32 ? n - 32 * w : 32;
+        r.warps[w] = Warp{};
+        r.warps[w].live = lanes;
+        r.warps[w].live_mask = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+    }
+    r.block_barrier = Barrier{};
+    std::memset(r.dynamic_shared.data(), 0xff, r.dynamic_shared.size());
+    r.live = n;
+    while (r.live > 0) {
+        const uint64_t before = r.progress;
+        for (int t = 0; t < n; ++t) {
+            if (r.fibers[t].done) continue;
+            r.current = t;
+            threadIdx = r.fibers[t].thread_idx;
+            swapcontext(&r.scheduler, &r.fibers[t].context);
+        }
+        MS_CHECK(r.progress != before,
+                 "cuda_emu: deadlock in block ({}, {}, {}): {} of {} threads wait at barriers no thread can reach",
+                 blockIdx.x, blockIdx.y, blockIdx.z, r.live, n);
+    }
+}
+
+}  // namespace
+
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, void (*body)(const void*), const void* ctx) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads == 0, "cuda_emu: a launch from inside a kernel");
+    const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+    MS_CHECK(threads >= 1 && threads <= kMaxThreads, "cuda_emu: a block of {} x {} x {} threads (1 to {})", block.x,
+             block.y, block.z, kMaxThreads);
+    r.body = body;
+    r.ctx = ctx;
+    r.dynamic_shared.assign(shared_bytes, 0);
+    gridDim = grid;
+    blockDim = block;
+    r.num_threads = static_cast<int>(threads);
+    for (unsigned z = 0; z < grid.z; ++z) {
+        for (unsigned y = 0; y < grid.y; ++y) {
+            for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = dim3(x, y, z);
+                run_block(r);
+            }
+        }
+    }
+    r.num_threads = 0;
+}
+
+void* dynamic_shared() { return runner().dynamic_shared.data(); }
+
+void syncthreads() {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: __syncthreads outside a kernel");
+    wait(r, r.block_barrier, r.live);
+}
+
+void syncwarp(unsigned mask) {
+    Runner& r = runner();
+    Warp& w = current_warp(r, mask);
+    wait(r, w.barrier, w.live);
+}
+
+uint64_t shuffle(unsigned mask, uint64_t bits, int src) {
+    Runner& r = runner();
+    Warp& w = current_warp(r, mask);
+    w.slots[r.current % 32] = bits;
+    wait(r, w.barrier, w.live);  // every live lane has written its slot
+    const uint64_t result = src >= 0 && src < 32 && (w.live_mask >> src & 1u) ? w.slots[src] : bits;
+    wait(r, w.barrier, w.live);  // every live lane has read before the next exchange overwrites the slots
+    return result;
+}
+
+int lane_id() { return runner().current % 32; }
+
+}  // namespace ms::cuda_emu

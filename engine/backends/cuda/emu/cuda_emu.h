@@ -1,0 +1,166 @@
+// cuda_emu.h: CUDA-on-CPU, so that the kernel sources under cuda/kernels/ run in CI without a GPU.
+//
+// A .cu file compiled by the host compiler (no __CUDACC__) gets this header from cuda/common.cuh instead of
+// <cuda_runtime.h>. ms_launch (common.cuh) then runs the grid's blocks one after another on the calling OS thread,
+// and each block's threads as cooperative fibers (ucontext; 64 KiB stacks with a guard page, mapped once per OS
+// thread and reused). A fiber runs until it reaches a barrier (__syncthreads, __syncwarp, a shuffle) or returns;
+// the scheduler resumes the fibers in thread order, so every run interleaves the same way and is bit-reproducible.
+//
+// The subset kernels must stay inside (anything else fails to compile here, or aborts with a message):
+//   - threadIdx, blockIdx, blockDim, gridDim (dim3) and warpSize = 32; blocks of up to 1024 threads, any grid.
+//   - __global__, __device__, __host__, __forceinline__, __launch_bounds__(...), __restrict__.
+//   - `__shared__ T x[n];` inside a kernel or device function. It becomes `static thread_local`: one instance per
+//     OS thread, which is one per block because blocks run one at a time. As on a GPU its content is undefined at
+//     block start (here: what the previous block left), so no initialisers. Dynamic shared memory (the launch's
+//     shared_bytes, 16-byte aligned, filled with 0xff = NaN at each block start): MS_DYNAMIC_SHARED(T, x).
+//   - __syncthreads(): waits for every thread of the block that has not returned (early return is fine, as on
+//     sm_70+). A barrier no thread can pass (a deadlock) aborts.
+//   - __syncwarp(mask) and __shfl_sync / __shfl_xor_sync / __shfl_down_sync / __shfl_up_sync (any width) on 4- or
+//     8-byte values, over warps of 32 consecutive linear thread ids. Only full-warp collectives: mask must name
+//     every lane of the warp that has not returned. A source lane outside the segment or already returned gives
+//     the caller its own value (CUDA leaves the latter undefined).
+//   - atomicAdd (float, double, int, unsigned, unsigned long long), atomicMax (int), atomicCAS (int, unsigned):
+//     a plain read-modify-write, since fibers never interleave inside one. Their order is the fixed fiber order,
+//     so a kernel whose result depends on atomic order passes here and is still nondeterministic on a GPU.
+//   - math: __expf, __logf, __fdividef, rsqrtf (exact here, approximate on a GPU) and <cmath>'s float functions.
+//   - cudaStream_t is opaque and launches are synchronous; cudaGetLastError() always returns cudaSuccess.
+// Not emulated: cooperative groups, __ballot/__any/match, half/bf16 and vector types, textures, clusters,
+// launches from inside a kernel, host-device memory separation (kernels dereference host pointers).
+#pragma once
+
+#if defined(__CUDACC__)
+#error "cuda_emu.h is for kernel sources compiled by the host compiler; nvcc uses <cuda_runtime.h>"
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+#define MS_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::ms::cuda_emu::dynamic_shared())
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+// The CUDA builtins. The scheduler sets threadIdx before it resumes a fiber (fibers share their OS thread).
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+inline constexpr int warpSize = 32;
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaError_t { cudaSuccess = 0 };
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+
+namespace ms::cuda_emu {
+
+// Runs body(ctx) once per thread of every block of the grid.
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, void (*body)(const void*), const void* ctx);
+void* dynamic_shared();
+void syncthreads();
+void syncwarp(unsigned mask);
+// Exchanges `bits` across the calling warp; returns lane src's value, or the caller's own when src < 0 or src has
+// returned.
+uint64_t shuffle(unsigned mask, uint64_t bits, int src);
+int lane_id();
+
+// The launch: arguments are converted to the kernel's parameter types and stored once, as a launch copies them
+// to the device; every thread then gets its own by-value copy.
+template <class... KArgs, class... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shared_bytes, Args&&... args) {
+    static_assert(sizeof...(KArgs) == sizeof...(Args), "ms_launch: argument count differs from the kernel's");
+    struct Call {
+        void (*kernel)(KArgs...);
+        std::tuple<std::decay_t<KArgs>...> params;
+    };
+    const Call call{kernel, {std::forward<Args>(args)...}};
+    auto body = [](const void* ctx) {
+        const Call* c = static_cast<const Call*>(ctx);
+        std::apply(c->kernel, c->params);
+    };
+    run_grid(grid, block, shared_bytes, body, &call);
+}
+
+template <class T>
+T shuffle_value(unsigned mask, T v, int src) {
+    static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
+                  "cuda_emu: shuffles move 4- or 8-byte values");
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    bits = shuffle(mask, bits, src);
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+
+}  // namespace ms::cuda_emu
+
+inline void __syncthreads() { ms::cuda_emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ms::cuda_emu::syncwarp(mask); }
+
+// Segment-relative source lanes, as CUDA defines them for width < 32; -1 means "keep your own value".
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src_lane, int width = warpSize) {
+    const int lane = ms::cuda_emu::lane_id();
+    return ms::cuda_emu::shuffle_value(mask, v, (lane & ~(width - 1)) + (src_lane & (width - 1)));
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = warpSize) {
+    const int lane = ms::cuda_emu::lane_id();
+    const int src = lane ^ lane_mask;
+    return ms::cuda_emu::shuffle_value(mask, v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : -1);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+    const int lane = ms::cuda_emu::lane_id();
+    const int in_segment = (lane & (width - 1)) + static_cast<int>(delta);
+    return ms::cuda_emu::shuffle_value(mask, v, in_segment < width ? lane + static_cast<int>(delta) : -1);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = warpSize) {
+    const int lane = ms::cuda_emu::lane_id();
+    const int in_segment = (lane & (width - 1)) - static_cast<int>(delta);
+    return ms::cuda_emu::shuffle_value(mask, v, in_segment >= 0 ? lane - static_cast<int>(delta) : -1);
+}
+
+template <class T>
+T ms_emu_atomic_add(T* address, T value) {
+    const T old = *address;
+    *address = old + value;
+    return old;
+}
+inline float atomicAdd(float* p, float v) { return ms_emu_atomic_add(p, v); }
+inline double atomicAdd(double* p, double v) { return ms_emu_atomic_add(p, v); }
+inline int atomicAdd(int* p, int v) { return ms_emu_atomic_add(p, v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return ms_emu_atomic_add(p, v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return ms_emu_atomic_add(p, v); }
+inline int atomicMax(int* p, int v) {
+    const int old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+template <class T>
+T ms_emu_atomic_cas(T* address, T compare, T value) {
+    const T old = *address;
+    if (old == compare) *address = value;
+    return old;
+}
+inline int atomicCAS(int* p, int compare, int v) { return ms_emu_atomic_cas(p, compare, v); }
+inline unsigned atomicCAS(unsigned* p, unsigned compare, unsigned v) { return ms_emu_atomic_cas(p, compare, v); }
+
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

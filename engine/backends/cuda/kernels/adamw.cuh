@@ -1,0 +1,19 @@
+// adamw.cuh: launcher of the fused AdamW pass (kernels live in adamw.cu).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/backends/cuda/common.cuh"
+
+namespace ms::cuda {
+
+struct AdamWHyper {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale;  // clipping factor folded into the pass
+    int64_t step;      // t >= 1, for the bias corrections
+};
+
+// param, m, v (n) fp32 updated in place; grad (n) only read.
+void adamw(float* param, float* m, float* v, const float* grad, int64_t n, const AdamWHyper& h, cudaStream_t stream);
+
+}  // namespace ms::cuda

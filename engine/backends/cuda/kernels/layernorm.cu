@@ -1,0 +1,163 @@
+/*
+LayerNorm over the last dim (GPT-2 style), forward and backward.
+Layout: inp/out/dout/dinp (N, C) row-major fp32, weight/bias/dweight/dbias (C), mean/rstd (N) fp32.
+Forward:  one warp per row: mean, then the biased variance of (x - mean) (two passes, as cpu/ops/layernorm.cpp),
+          rstd = 1 / sqrt(var + eps), out = (x - mean) * rstd * weight + bias; mean and rstd are saved.
+Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd, one warp per row;
+          dweight += sum_n dout * norm, dbias += sum_n dout in two deterministic passes: blocks of (32 columns x 8
+          row lanes) sum a chunk of kRowsPerChunk rows each into a scratch (2, chunks, C), then one thread per
+          column adds the chunks in order. Atomics would be one pass, but their order, and so the bits, would vary.
+Accumulation contract: dinp per DinpWrite (kAdd: it feeds the residual stream); dweight and dbias +=.
+*/
+#include "engine/backends/cuda/kernels/layernorm.cuh"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kBlockSize = 256;  // 8 warps, one row each
+constexpr int kWarpsPerBlock = kBlockSize / 32;
+constexpr int kRowLanes = 8;  // threadIdx.y of the partial-sum kernel
+constexpr int kRowsPerChunk = 64;
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                         const float* __restrict__ inp, const float* __restrict__ weight,
+                                         const float* __restrict__ bias, int N, int C, float eps) {
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
+    const float* x = inp + static_cast<int64_t>(row) * C;
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += x[c];
+    const float m = warp_reduce_sum(sum) / C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += 32) sq += (x[c] - m) * (x[c] - m);
+    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
+    float* o = out + static_cast<int64_t>(row) * C;
+    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+template <DinpWrite kWrite>
+__global__ void layernorm_backward_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
+                                          const float* __restrict__ inp, const float* __restrict__ weight,
+                                          const float* __restrict__ mean, const float* __restrict__ rstd, int N,
+                                          int C) {
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const int64_t base = static_cast<int64_t>(row) * C;
+    const float mu = mean[row], rs = rstd[row];
+    float g_sum = 0.0f, g_norm_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        const float g = dout[base + c] * weight[c];
+        g_sum += g;
+        g_norm_sum += g * (inp[base + c] - mu) * rs;
+    }
+    const float g_mean = warp_reduce_sum(g_sum) / C;
+    const float g_norm_mean = warp_reduce_sum(g_norm_sum) / C;
+    for (int c = lane; c < C; c += 32) {
+        const float d = (dout[base + c] * weight[c] - g_mean - (inp[base + c] - mu) * rs * g_norm_mean) * rs;
+        if constexpr (kWrite == DinpWrite::kAdd) {
+            dinp[base + c] += d;
+        } else {
+            dinp[base + c] = d;
+        }
+    }
+}
+
+// Block (32, kRowLanes) sums rows [blockIdx.y * kRowsPerChunk, +kRowsPerChunk) of 32 columns into partials.
+__global__ void layernorm_backward_partials_kernel(float* __restrict__ partials, const float* __restrict__ dout,
+                                                   const float* __restrict__ inp, const float* __restrict__ mean,
+                                                   const float* __restrict__ rstd, int N, int C) {
+    __shared__ float s_dw[kRowLanes][32];
+    __shared__ float s_db[kRowLanes][32];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    const int row0 = blockIdx.y * kRowsPerChunk;
+    const int row1 = row0 + kRowsPerChunk < N ? row0 + kRowsPerChunk : N;
+    float dw = 0.0f, db = 0.0f;
+    if (c < C) {
+        for (int r = row0 + threadIdx.y; r < row1; r += kRowLanes) {
+            const float d = dout[static_cast<int64_t>(r) * C + c];
+            dw += d * (inp[static_cast<int64_t>(r) * C + c] - mean[r]) * rstd[r];
+            db += d;
+        }
+    }
+    s_dw[threadIdx.y][threadIdx.x] = dw;
+    s_db[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();  // every column's kRowLanes sums are in shared memory
+    if (threadIdx.y == 0 && c < C) {
+        float sum_dw = 0.0f, sum_db = 0.0f;
+        for (int y = 0; y < kRowLanes; ++y) {
+            sum_dw += s_dw[y][threadIdx.x];
+            sum_db += s_db[y][threadIdx.x];
+        }
+        const int chunks = gridDim.y;
+        partials[static_cast<int64_t>(blockIdx.y) * C + c] = sum_dw;
+        partials[static_cast<int64_t>(chunks + blockIdx.y) * C + c] = sum_db;
+    }
+}
+
+__global__ void layernorm_backward_reduce_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+                                                 const float* __restrict__ partials, int chunks, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = 0.0f, db = 0.0f;
+    for (int k = 0; k < chunks; ++k) {
+        dw += partials[static_cast<int64_t>(k) * C + c];
+        db += partials[static_cast<int64_t>(chunks + k) * C + c];
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
+}
+
+int num_chunks(int N) { return static_cast<int>(ceil_div(N, kRowsPerChunk)); }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C, float eps, cudaStream_t stream) {
+    MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
+    if (N == 0) return;
+    ms_launch(layernorm_forward_kernel, static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlockSize, 0, stream, out, mean,
+              rstd, inp, weight, bias, N, C, eps);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+size_t layernorm_backward_scratch_floats(int N, int C) { return 2 * static_cast<size_t>(num_chunks(N)) * C; }
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, float* scratch, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
+                        cudaStream_t stream) {
+    MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
+    if (N == 0) return;
+    const int row_blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
+    if (write == DinpWrite::kAdd) {
+        ms_launch(layernorm_backward_kernel<DinpWrite::kAdd>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
+                  weight, mean, rstd, N, C);
+    } else {
+        ms_launch(layernorm_backward_kernel<DinpWrite::kOverwrite>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
+                  weight, mean, rstd, N, C);
+    }
+    MS_CUDA_LAUNCH_CHECK();
+    const int chunks = num_chunks(N);
+    MS_ASSERT(chunks <= 65535, "layernorm: N = %d rows make %d chunks of %d, over the grid's y limit of 65535", N,
+              chunks, kRowsPerChunk);
+    const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, 32)), static_cast<unsigned>(chunks));
+    ms_launch(layernorm_backward_partials_kernel, partial_grid, dim3(32, kRowLanes), 0, stream, scratch, dout, inp,
+              mean, rstd, N, C);
+    MS_CUDA_LAUNCH_CHECK();
+    ms_launch(layernorm_backward_reduce_kernel, static_cast<int>(ceil_div(C, kBlockSize)), kBlockSize, 0, stream,
+              dweight, dbias, scratch, chunks, C);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace ms::cuda
