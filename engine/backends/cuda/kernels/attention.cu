@@ -1,0 +1,256 @@
+/*
+Causal multi-head self-attention, forward and backward, as tiled flash attention: online softmax, no (T, T)
+matrix in memory, lse saved, the backward recomputes the probabilities from lse. Twin: cpu/ops/attention.cpp.
+Layout: qkv/dqkv (B, T, 3*C) with C = NH*HS, rows [Q | K | V], each block head-major (head h owns columns
+h*HS .. (h+1)*HS of its block); out/dout (B, T, C) head-major; lse (B, NH, T) fp32. HS <= kAttentionMaxHS.
+Per (b, h), with scale = 1/sqrt(HS), query row t, key row u <= t:
+  forward:  S = Q K^T * scale;  running max m and sum l per row over key tiles (l *= exp(m_old - m_new) when the
+            max grows, the output accumulator likewise);  O = acc / l;  lse = m + log l
+  backward: P = exp(S - lse);  D_t = dO_t . O_t;  dS = P * (dO V^T - D);  dQ = dS K * scale;  dK = dS^T Q * scale;
+            dV = P^T dO.
+Tiles: kTile queries x kTile keys per block of (kTile, kTile) threads, (q, k, v) tiles of kTile rows in shared
+memory. The forward and the dQ kernel own a query tile and walk the key tiles up to the diagonal; the dK/dV kernel
+owns a key tile and walks the query tiles from the diagonal on. dQ and dK/dV are separate kernels that both
+recompute P, so nothing is accumulated across blocks: no atomics, and every run gives the same bits.
+Rows past T (the last tile's tail) read row T-1 (keeping every softmax row non-empty, so no 0/0) and write nothing.
+Status: correct on the CPU emulation; NOT tuned. 16 x 16 tiles, fp32 scalar dot products from shared memory and
+two backward kernels that each recompute P are far from what an H100/H200 needs (bf16 tensor-core MMA, 64-128 row
+tiles, async copies, one fused backward): that is for a later session, against this file as the spec.
+Accumulation contract: out and lse are overwritten; dqkv is overwritten (every element of it, Q, K and V columns).
+*/
+#include "engine/backends/cuda/kernels/attention.cuh"
+
+namespace ms::cuda {
+namespace {
+
+constexpr int kTile = 16;
+constexpr int kMaxHS = kAttentionMaxHS;
+constexpr int kDPerThread = kMaxHS / kTile;  // head-dim columns d = tx + i * kTile a thread accumulates
+
+// The kTile threads of a tile row are consecutive lanes of one warp (threadIdx.x fastest), so the xor butterfly
+// over offsets < kTile stays in the row; every one of them ends with the same result.
+__device__ __forceinline__ float row_reduce_sum(float v) {
+    for (int offset = kTile / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset, kTile);
+    return v;
+}
+__device__ __forceinline__ float row_reduce_max(float v) {
+    for (int offset = kTile / 2; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset, kTile));
+    }
+    return v;
+}
+
+__device__ __forceinline__ float dot_hs(const float* a, const float* b, int HS) {
+    float acc = 0.0f;
+    for (int d = 0; d < HS; ++d) acc += a[d] * b[d];
+    return acc;
+}
+
+// Copies row `row` of the (T, *) matrix at src (row stride `stride`) into dst; the calling tile row's threads split
+// the HS columns.
+__device__ __forceinline__ void load_row(float* dst, const float* src, int64_t row, int64_t stride, int HS) {
+    for (int d = threadIdx.x; d < HS; d += kTile) dst[d] = src[row * stride + d];
+}
+
+// D = dO . O for one query row, over the calling tile row's threads.
+__device__ __forceinline__ float row_dot(const float* dout_row, const float* out_row, int HS) {
+    float acc = 0.0f;
+    for (int d = threadIdx.x; d < HS; d += kTile) acc += dout_row[d] * out_row[d];
+    return row_reduce_sum(acc);
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels
+
+// grid (query tiles, NH, B), block (kTile, kTile): threadIdx.y is the query row of the tile, threadIdx.x the key.
+__global__ void attention_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
+                                         const float* __restrict__ qkv, int T, int NH, int HS, float scale) {
+    __shared__ float s_q[kTile][kMaxHS];
+    __shared__ float s_k[kTile][kMaxHS];
+    __shared__ float s_v[kTile][kMaxHS];
+    __shared__ float s_p[kTile][kTile];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
+    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const int q0 = blockIdx.x * kTile;
+    const int query = q0 + ty < T ? q0 + ty : T - 1;
+    load_row(s_q[ty], q_base, query, stride, HS);
+
+    float m = -INFINITY, l = 0.0f, acc[kDPerThread] = {};
+    for (int k0 = 0; k0 <= q0; k0 += kTile) {
+        load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        __syncthreads();  // the q, k, v tiles are in
+        const int key = k0 + tx;
+        const bool visible = key <= query;  // key 0 of tile 0 is visible to every row, so m is finite from here on
+        const float s = visible ? dot_hs(s_q[ty], s_k[tx], HS) * scale : -INFINITY;
+        const float m_new = fmaxf(m, row_reduce_max(s));
+        const float p = visible ? expf(s - m_new) : 0.0f;
+        const float correction = expf(m - m_new);  // 0 on the first tile, where m = -inf and l = acc = 0
+        l = l * correction + row_reduce_sum(p);
+        s_p[ty][tx] = p;
+        __syncthreads();  // the tile row's probabilities are in
+        for (int i = 0; i < kDPerThread; ++i) {
+            const int d = tx + i * kTile;
+            if (d >= HS) break;
+            float pv = 0.0f;
+            for (int u = 0; u < kTile; ++u) pv += s_p[ty][u] * s_v[u][d];
+            acc[i] = acc[i] * correction + pv;
+        }
+        m = m_new;
+        __syncthreads();  // every read of s_k, s_v, s_p is done before the next tile overwrites them
+    }
+    if (q0 + ty >= T) return;
+    float* o = out + (static_cast<int64_t>(b) * T + query) * C + static_cast<int64_t>(h) * HS;
+    for (int i = 0; i < kDPerThread; ++i) {
+        const int d = tx + i * kTile;
+        if (d < HS) o[d] = acc[i] / l;
+    }
+    if (tx == 0) lse[(static_cast<int64_t>(b) * NH + h) * T + query] = m + logf(l);
+}
+
+// dQ for one query tile: grid (query tiles, NH, B), block (kTile, kTile), threadIdx.y the query row.
+__global__ void attention_backward_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
+                                             const float* __restrict__ qkv, const float* __restrict__ out,
+                                             const float* __restrict__ lse, int T, int NH, int HS, float scale) {
+    __shared__ float s_q[kTile][kMaxHS];
+    __shared__ float s_do[kTile][kMaxHS];
+    __shared__ float s_k[kTile][kMaxHS];
+    __shared__ float s_v[kTile][kMaxHS];
+    __shared__ float s_ds[kTile][kTile];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
+    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const float* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const float* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const int q0 = blockIdx.x * kTile;
+    const int query = q0 + ty < T ? q0 + ty : T - 1;
+    load_row(s_q[ty], q_base, query, stride, HS);
+    load_row(s_do[ty], do_base, query, C, HS);
+    const float D = row_dot(do_base + query * C, o_base + query * C, HS);
+    const float row_lse = lse[(static_cast<int64_t>(b) * NH + h) * T + query];
+
+    float acc[kDPerThread] = {};
+    for (int k0 = 0; k0 <= q0; k0 += kTile) {
+        load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        __syncthreads();
+        const int key = k0 + tx;
+        float ds = 0.0f;
+        if (key <= query) {
+            const float p = expf(dot_hs(s_q[ty], s_k[tx], HS) * scale - row_lse);
+            ds = p * (dot_hs(s_do[ty], s_v[tx], HS) - D);
+        }
+        s_ds[ty][tx] = ds;
+        __syncthreads();
+        for (int i = 0; i < kDPerThread; ++i) {
+            const int d = tx + i * kTile;
+            if (d >= HS) break;
+            for (int u = 0; u < kTile; ++u) acc[i] += s_ds[ty][u] * s_k[u][d];
+        }
+        __syncthreads();
+    }
+    if (q0 + ty >= T) return;
+    float* dq = dqkv + (static_cast<int64_t>(b) * T + query) * stride + static_cast<int64_t>(h) * HS;
+    for (int i = 0; i < kDPerThread; ++i) {
+        const int d = tx + i * kTile;
+        if (d < HS) dq[d] = acc[i] * scale;
+    }
+}
+
+// dK and dV for one key tile: grid (key tiles, NH, B), block (kTile, kTile). While P and dS are formed
+// threadIdx.y is the query row and threadIdx.x the key; while they are accumulated threadIdx.y is the key.
+__global__ void attention_backward_dkv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
+                                              const float* __restrict__ qkv, const float* __restrict__ out,
+                                              const float* __restrict__ lse, int T, int NH, int HS, float scale) {
+    __shared__ float s_k[kTile][kMaxHS];
+    __shared__ float s_v[kTile][kMaxHS];
+    __shared__ float s_q[kTile][kMaxHS];
+    __shared__ float s_do[kTile][kMaxHS];
+    __shared__ float s_p[kTile][kTile];
+    __shared__ float s_ds[kTile][kTile];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
+    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const float* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const float* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    const int k0 = blockIdx.x * kTile;
+    load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+    load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+
+    float acc_k[kDPerThread] = {}, acc_v[kDPerThread] = {};
+    for (int q0 = k0; q0 < T; q0 += kTile) {
+        const int query = q0 + ty < T ? q0 + ty : T - 1;
+        load_row(s_q[ty], q_base, query, stride, HS);
+        load_row(s_do[ty], do_base, query, C, HS);
+        const float D = row_dot(do_base + query * C, o_base + query * C, HS);
+        __syncthreads();
+        const int key = k0 + tx;
+        float p = 0.0f, ds = 0.0f;
+        if (q0 + ty < T && key <= q0 + ty) {
+            p = expf(dot_hs(s_q[ty], s_k[tx], HS) * scale - lse_row[query]);
+            ds = p * (dot_hs(s_do[ty], s_v[tx], HS) - D);
+        }
+        s_p[ty][tx] = p;
+        s_ds[ty][tx] = ds;
+        __syncthreads();
+        for (int i = 0; i < kDPerThread; ++i) {
+            const int d = tx + i * kTile;
+            if (d >= HS) break;
+            for (int t = 0; t < kTile; ++t) {
+                acc_v[i] += s_p[t][ty] * s_do[t][d];
+                acc_k[i] += s_ds[t][ty] * s_q[t][d];
+            }
+        }
+        __syncthreads();
+    }
+    if (k0 + ty >= T) return;
+    float* dk = dqkv + (static_cast<int64_t>(b) * T + k0 + ty) * stride + C + static_cast<int64_t>(h) * HS;
+    for (int i = 0; i < kDPerThread; ++i) {
+        const int d = tx + i * kTile;
+        if (d >= HS) break;
+        dk[d] = acc_k[i] * scale;
+        dk[C + d] = acc_v[i];
+    }
+}
+
+void check_shape(int B, int T, int NH, int HS) {
+    MS_ASSERT(B >= 0 && T >= 0 && NH > 0, "attention: B = %d, T = %d, NH = %d (NH must be positive)", B, T, NH);
+    MS_ASSERT(HS > 0 && HS <= kMaxHS, "attention: head size HS = %d is outside [1, %d], the kernels' tile width", HS,
+              kMaxHS);
+    MS_ASSERT(B <= 65535 && NH <= 65535, "attention: B = %d or NH = %d is over the grid's y/z limit of 65535", B, NH);
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------
+// kernel launchers
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    check_shape(B, T, NH, HS);
+    if (B == 0 || T == 0) return;
+    const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
+    ms_launch(attention_forward_kernel, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
+              1.0f / sqrtf(static_cast<float>(HS)));
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
+                        int T, int NH, int HS, cudaStream_t stream) {
+    check_shape(B, T, NH, HS);
+    if (B == 0 || T == 0) return;
+    const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    ms_launch(attention_backward_dq_kernel, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, HS,
+              scale);
+    MS_CUDA_LAUNCH_CHECK();
+    ms_launch(attention_backward_dkv_kernel, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, HS,
+              scale);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace ms::cuda
