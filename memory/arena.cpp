@@ -44,10 +44,33 @@ std::string format_bytes(size_t bytes) {
     return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", b, units[u]);
 }
 
-Arena::Arena(size_t capacity, size_t min_block, size_t trim_threshold)
+size_t arena_capacity_for(const std::vector<size_t>& sizes, size_t min_block, size_t trim_threshold,
+                          BlockFit large_fit) {
+    size_t sum = 0;
+    for (size_t b : sizes) sum += round_up(std::max<size_t>(b, 1), min_block);
+    sum = std::max(sum, min_block);
+    for (size_t unit = min_block; unit / 4 <= sum; unit *= 2) {
+        const size_t capacity = round_up(sum, unit);
+        BuddyAllocator dry(capacity, min_block);
+        bool fits = true;
+        for (size_t b : sizes) {
+            const BlockFit fit = b >= trim_threshold ? large_fit : BlockFit::kPowerOfTwo;
+            if (!dry.allocate(b, 1, fit)) {
+                fits = false;
+                break;
+            }
+        }
+        if (fits) return capacity;
+    }
+    throw UserError(fmt::format("arena: no capacity up to 4 x {} serves these {} allocations in their order",
+                                format_bytes(sum), sizes.size()));
+}
+
+Arena::Arena(size_t capacity, size_t min_block, size_t trim_threshold, BlockFit large_fit)
     : buffer_(round_up(std::max<size_t>(capacity, 1), min_block)),
       buddy_(round_up(std::max<size_t>(capacity, 1), min_block), min_block),
-      trim_threshold_(trim_threshold) {}
+      trim_threshold_(trim_threshold),
+      large_fit_(large_fit) {}
 
 Arena::~Arena() {
     if (live_.empty()) return;
@@ -62,7 +85,7 @@ void* Arena::allocate(size_t bytes, MemCategory category, std::string name) {
              "allocation inside a training step: '{}' ({}, {}); allocate every buffer before the first "
              "step",
              name, category_name(category), format_bytes(bytes));
-    const BlockFit fit = bytes >= trim_threshold_ ? BlockFit::kTrimmed : BlockFit::kPowerOfTwo;
+    const BlockFit fit = bytes >= trim_threshold_ ? large_fit_ : BlockFit::kPowerOfTwo;
     const std::optional<size_t> offset = buddy_.allocate(bytes, 1, fit);
     if (!offset) {
         const BuddyStats s = buddy_.stats();

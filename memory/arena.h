@@ -5,9 +5,11 @@
 // same BuddyAllocator. Every allocation carries a name and a MemCategory so that an out-of-memory error, a leak
 // or a report says what holds the memory, by category and by tensor.
 //
-// Placement: allocations of at least trim_threshold bytes use BlockFit::kTrimmed (they hold
-// round_up(bytes, min_block), not the next power of two); smaller ones use whole power-of-two blocks. Every pointer
-// is aligned to min(min_block, page size) at least.
+// Placement: allocations of at least trim_threshold bytes use `large_fit`, BlockFit::kTrimmed by default (they hold
+// round_up(bytes, min_block), not the next power of two); smaller ones use whole power-of-two blocks. The trainer,
+// which allocates everything once at setup, uses trim_threshold 0 and BlockFit::kPacked: every allocation holds
+// round_up(bytes, min_block), packed without gaps, so a capacity of the planned bytes suffices. Every pointer is
+// aligned to min(min_block, page size) at least.
 //
 // Guards: set_frozen(true) makes any allocate() a fatal MS_CHECK ("allocation inside a training step: ...") --
 // the trainer freezes the arena for the duration of each step, where an allocation is a bug (and a first-touch
@@ -35,10 +37,20 @@ const char* category_name(MemCategory category);  // "parameter", "gradient", ..
 // "1.50 MiB": binary units, two decimals.
 std::string format_bytes(size_t bytes);
 
+// The smallest capacity at which Arena(capacity, min_block, trim_threshold, large_fit) serves allocations of
+// `sizes`, made in this order and never freed: a dry run of the buddy allocator over offsets (nothing is allocated
+// or touched). With kPacked (and trim_threshold 0) that is the sum of the sizes rounded up to min_block. A trimmed
+// block is still carved from a free power-of-two block, so with kTrimmed the answer may exceed that sum: four
+// 498 MiB blocks need 2048 MiB, not 1992. The candidates tried are the sum rounded up to min_block << k for
+// k = 0, 1, ...; throws UserError if none up to four times the sum serves.
+size_t arena_capacity_for(const std::vector<size_t>& sizes, size_t min_block = 256,
+                          size_t trim_threshold = size_t{1} << 20, BlockFit large_fit = BlockFit::kTrimmed);
+
 class Arena {
   public:
     // capacity: rounded up to a multiple of min_block (a power of two).
-    explicit Arena(size_t capacity, size_t min_block = 256, size_t trim_threshold = size_t{1} << 20);
+    explicit Arena(size_t capacity, size_t min_block = 256, size_t trim_threshold = size_t{1} << 20,
+                   BlockFit large_fit = BlockFit::kTrimmed);
     ~Arena();
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
@@ -80,6 +92,7 @@ class Arena {
     HostBuffer buffer_;
     BuddyAllocator buddy_;
     size_t trim_threshold_;
+    BlockFit large_fit_;
     bool frozen_ = false;
     std::unordered_map<size_t, Allocation> live_;  // key: offset in buffer_
     std::array<CategoryStats, kNumMemCategories> by_category_{};

@@ -107,6 +107,7 @@ size_t BuddyAllocator::block_size_for(size_t bytes, size_t alignment) const {
 
 std::optional<size_t> BuddyAllocator::allocate(size_t bytes, size_t alignment, BlockFit fit) {
     MS_CHECK(std::has_single_bit(alignment), "buddy allocator: alignment {} is not a power of two", alignment);
+    if (fit == BlockFit::kPacked) return allocate_packed(bytes, alignment);
     const size_t block = block_size_for(bytes, alignment);
     const int order = block == 0 ? num_orders() : std::countr_zero(block >> min_shift_);
     const uint64_t candidates = order < 64 ? nonempty_ & (~uint64_t{0} << order) : 0;
@@ -154,9 +155,66 @@ std::optional<size_t> BuddyAllocator::allocate(size_t bytes, size_t alignment, B
 }
 
 template <typename F>
+void BuddyAllocator::for_each_aligned_block(size_t begin, size_t end, F&& f) {
+    for (size_t unit = begin; unit < end;) {
+        int k = std::bit_width(end - unit) - 1;
+        if (unit != 0) k = std::min(k, std::countr_zero(unit));
+        f(unit, k);
+        unit += size_t{1} << k;
+    }
+}
+
+std::optional<size_t> BuddyAllocator::allocate_packed(size_t bytes, size_t alignment) {
+    const size_t want = std::max<size_t>(1, (bytes + min_block_ - 1) >> min_shift_);
+    const size_t align_units = std::max<size_t>(1, alignment >> min_shift_);
+    // The lowest aligned start of `want` contiguous free units: free blocks in offset order, merged into runs.
+    const std::vector<std::pair<size_t, size_t>> blocks = free_blocks();
+    std::optional<size_t> start;
+    size_t run_begin = 0, run_end = 0;
+    for (const auto& [offset, size] : blocks) {
+        const size_t unit = offset >> min_shift_;
+        if (unit != run_end) run_begin = unit;  // a gap: a new run starts here
+        run_end = unit + (size >> min_shift_);
+        const size_t s = (run_begin + align_units - 1) / align_units * align_units;
+        if (s + want <= run_end) {
+            start = s;
+            break;
+        }
+    }
+    if (!start) {
+        ++stats_.failed_allocations;
+        return std::nullopt;
+    }
+    // Take [start, end) out of the free blocks it overlaps; what of them lies outside goes back, coalesced.
+    const size_t end = *start + want;
+    for (const auto& [offset, size] : blocks) {
+        const size_t unit = offset >> min_shift_, units = size >> min_shift_;
+        if (unit + units <= *start) continue;
+        if (unit >= end) break;
+        const int k = std::countr_zero(units);
+        remove_free(k, unit >> k);
+        for_each_aligned_block(unit, std::max(unit, *start), [&](size_t u, int j) { release(u, j); });
+        for_each_aligned_block(std::min(unit + units, end), unit + units, [&](size_t u, int j) { release(u, j); });
+    }
+    const size_t offset = *start << min_shift_;
+    live_.emplace(offset, Allocation{bytes, want, 0, BlockFit::kPacked});
+    stats_.live_allocations += 1;
+    stats_.live_bytes += bytes;
+    stats_.live_block_bytes += want << min_shift_;
+    stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+    stats_.peak_block_bytes = std::max(stats_.peak_block_bytes, stats_.live_block_bytes);
+    stats_.high_water_bytes = std::max(stats_.high_water_bytes, offset + (want << min_shift_));
+    return offset;
+}
+
+template <typename F>
 void BuddyAllocator::for_each_part(size_t unit, const Allocation& a, F&& f) {
     if (a.fit == BlockFit::kPowerOfTwo) {
         f(unit, static_cast<int>(a.order));
+        return;
+    }
+    if (a.fit == BlockFit::kPacked) {
+        for_each_aligned_block(unit, unit + a.units, f);
         return;
     }
     for (int k = a.order; k >= 0; --k) {

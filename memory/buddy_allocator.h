@@ -7,11 +7,17 @@
 // fits (size and alignment) and splits it; free() coalesces a block with its buddy (offset ^ size) as long as the
 // buddy is free, so freeing everything always restores the initial decomposition.
 //
-// Two fits, chosen per call:
+// Three fits, chosen per call:
 //   kPowerOfTwo  the classic buddy: the request gets the whole 2^k block (internal fragmentation up to ~50%).
 //   kTrimmed     the request gets the 2^k block's offset and alignment, but only round_up(bytes, min_block) of
 //                it: the tail is split off and returned to the free lists at once (Linux's alloc_pages_exact).
 //                The allocation is then the binary decomposition of its size; free() releases each part.
+//   kPacked      round_up(bytes, min_block) at the lowest offset (aligned as asked) where that much contiguous
+//                memory is free, across free blocks of any orders: no free 2^k block is needed, so allocations
+//                made once and never freed pack from offset 0 without gaps, and a capacity of the sum of their
+//                rounded sizes holds them (a trimmed 5.5 MiB block needs a free 8 MiB block; a packed one does
+//                not). The allocation is the aligned decomposition of its range; free() releases each part.
+//                Costs O(capacity / min_block / 64) per call (a scan of the free bitmaps): for setup-time use.
 //
 // Costs: every operation is O(orders) = O(log(capacity / min_block)) bit operations. The free lists are one
 // bitmap per order with a 64-ary summary tree, so "lowest free block of order k" is a few count-trailing-zeros;
@@ -36,6 +42,7 @@ namespace ms {
 enum class BlockFit : uint8_t {
     kPowerOfTwo,  // the whole power-of-two block
     kTrimmed,     // the block's start, trimmed to round_up(bytes, min_block); the tail is freed at once
+    kPacked,      // round_up(bytes, min_block) at the lowest offset with that much contiguous free memory
 };
 
 struct BuddyStats {
@@ -107,7 +114,7 @@ class BuddyAllocator {
     struct Allocation {
         size_t requested;  // bytes asked for
         size_t units;      // min_blocks held
-        uint8_t order;     // order of the block it was carved from (its alignment)
+        uint8_t order;     // order of the block it was carved from (its alignment); 0 for kPacked
         BlockFit fit;
     };
 
@@ -115,6 +122,10 @@ class BuddyAllocator {
     void remove_free(int order, size_t index);
     // Frees the block of `order` at unit offset `unit`, coalescing with free buddies.
     void release(size_t unit, int order);
+    std::optional<size_t> allocate_packed(size_t bytes, size_t alignment);
+    // Calls f(unit, order) for the maximal aligned blocks that tile the units [begin, end), left to right.
+    template <typename F>
+    static void for_each_aligned_block(size_t begin, size_t end, F&& f);
     // The parts (unit offset, order) of an allocation: one block, or the binary decomposition of a trimmed size.
     template <typename F>
     static void for_each_part(size_t unit, const Allocation& a, F&& f);

@@ -22,6 +22,7 @@ struct RunConfig {
     uint64_t seed = 1234;
     std::string backend = "cpu";  // cpu | cuda
     int num_threads = 0;          // CPU backend threads; 0 = OpenMP default (OMP_NUM_THREADS or all cores)
+    double memory_limit_gb = 0;   // GiB per rank train checks its plan against; 0 = physical memory / ranks on node
 };
 
 struct ModelConfig {

@@ -96,6 +96,8 @@ std::vector<Field> config_fields(Config& c) {
         {"run.seed", &c.run.seed, {}},
         {"run.backend", &c.run.backend, one_of({"cpu", "cuda"})},
         {"run.num_threads", &c.run.num_threads, Constraint{.min = 0, .hint = "0 uses the OpenMP default"}},
+        {"run.memory_limit_gb", &c.run.memory_limit_gb,
+         Constraint{.min = 0, .hint = "0 means physical memory / ranks on the node"}},
 
         {"model.arch", &c.model.arch, one_of({"gpt"})},
         {"model.num_layers", &c.model.num_layers, at_least(1)},

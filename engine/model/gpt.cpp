@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <span>
 #include <limits>
+#include <span>
+#include <utility>
 
 #include "engine/core/philox.h"
+#include "engine/model/gpt_activations.h"
 
 namespace ms {
 namespace {
@@ -117,50 +119,101 @@ double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
     return 3.0 * (L * per_layer + 2.0 * C * Vp);
 }
 
-// Everything one forward/backward needs besides parameters and gradients; sized for max_batch * T rows.
+// Everything one forward/backward needs besides parameters and gradients; sized for max_batch * T rows (N). Under
+// sequence parallelism the residual stream and LayerNorm statistics hold this rank's N / tp rows. Pointers into a
+// slot block or the shared scratch block, as engine/model/gpt_activations.h plans them; nullptr when not held.
 struct Gpt::Activations {
     struct Layer {
-        float* ln1;       // (N, C)
-        float* ln1_mean;  // (N)
-        float* ln1_rstd;  // (N)
-        float* qkv;       // (N, 3C/tp)
-        float* atty;      // (N, C/tp)
-        float* lse;       // (B, NH/tp, T)
-        float* res2;      // (N, C) residual after attention
-        float* ln2;       // (N, C)
-        float* ln2_mean;  // (N)
-        float* ln2_rstd;  // (N)
-        float* fch;       // (N, F/tp) pre-GELU
-        float* fch_gelu;  // (N, F/tp)
-        float* res3;      // (N, C) residual after the MLP = the layer's output
+        float* ln1 = nullptr;       // (N, C)
+        float* ln1_mean = nullptr;  // (N)
+        float* ln1_rstd = nullptr;  // (N)
+        float* qkv = nullptr;       // (N, 3C/tp)
+        float* atty = nullptr;      // (N, C/tp)
+        float* lse = nullptr;       // (B, NH/tp, T)
+        float* res2 = nullptr;      // (N, C) residual after attention
+        float* ln2 = nullptr;       // (N, C)
+        float* ln2_mean = nullptr;  // (N)
+        float* ln2_rstd = nullptr;  // (N)
+        float* fch = nullptr;       // (N, F/tp) pre-GELU
+        float* fch_gelu = nullptr;  // (N, F/tp)
+        float* res3 = nullptr;      // (N, C) residual after the MLP = the layer's output
+        // backward scratch of this layer (the plan lets dfch share memory with datty and dqkv)
+        float* dfch = nullptr;   // (N, F/tp)
+        float* datty = nullptr;  // (N, C/tp)
+        float* dqkv = nullptr;   // (N, 3C/tp)
     };
-    HostBuffer storage;
     std::vector<Layer> layers;
-    float* encoded;       // (N, C)
-    float* lnf;           // (N, C)
-    float* lnf_mean;      // (N)
-    float* lnf_rstd;      // (N)
-    float* logits;        // (N, Vp/tp), dlogits after backward
-    float* losses;        // (N)
-    float* row_max;       // (N)
-    float* sum_exp;       // (N) followed by target_logit: one all-reduce for both
-    float* target_logit;  // (N)
-    float* dloss;         // (N)
-    int32_t* tokens;      // (N) inputs of the last forward (the embedding backward needs them)
-    int32_t* targets;     // (N)
-    // backward scratch, shared by all layers
-    float* proj_out;  // (N, C) c_proj outputs before the residual add (forward scratch)
-    float* dres;      // (N, C) gradient of the residual stream
-    float* dln;       // (N, C)
-    float* datty;     // (N, C/tp)
-    float* dqkv;      // (N, 3C/tp)
-    float* dfch;      // (N, F/tp)
-    float* dout;      // (N, C) gradient of the output (parts without the head)
-    float* dinp;      // (N, C) gradient of the input (parts without the embedding)
-    // sequence parallelism only: (N_local, C) or (N, C) staging around the all-gathers and reduce-scatters
-    float* sp_local;  // (N, C) a LayerNorm's local output, a reduce-scatter's result
-    float* sp_full;   // (N, C) a gathered gradient, the embedding's partial sums
+    float* encoded = nullptr;       // (N, C)
+    float* lnf = nullptr;           // (N, C)               head only
+    float* lnf_mean = nullptr;      // (N)                  head only
+    float* lnf_rstd = nullptr;      // (N)                  head only
+    float* logits = nullptr;        // (N, Vp/tp), dlogits after backward; head only
+    float* losses = nullptr;        // (N)                  head only
+    float* row_max = nullptr;       // (N)                  head only
+    float* sum_exp = nullptr;       // (N) followed by target_logit: one all-reduce for both; head only
+    float* target_logit = nullptr;  // (N)
+    int32_t* tokens = nullptr;      // (N) the last forward's inputs (for the embedding backward); embedding only
+    int32_t* targets = nullptr;     // (N)                  head only
+    float* dout = nullptr;          // (N, C) gradient of the output; parts without the head
+    float* dinp = nullptr;          // (N, C) gradient of the input; parts without the embedding
+    // scratch shared by all slots
+    float* proj_out = nullptr;  // (N, C) c_proj outputs before the residual add (forward)
+    float* dres = nullptr;      // (N, C) gradient of the residual stream
+    float* dln = nullptr;       // (N, C)
+    float* dloss = nullptr;     // (N) head only
+    // sequence parallelism only: staging around the all-gathers and reduce-scatters
+    float* sp_local = nullptr;  // (N / tp, C) a LayerNorm's local output, a reduce-scatter's result
+    float* sp_full = nullptr;   // (N, C) a gathered gradient, the embedding's partial sums
 };
+
+// Points the field of `a` that `buf` names at p.
+void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N) {
+    using L = Activations::Layer;
+    static constexpr std::pair<GptBuf, float * L::*> kLayerFields[] = {
+        {GptBuf::kLn1, &L::ln1},          {GptBuf::kLn1Mean, &L::ln1_mean}, {GptBuf::kLn1Rstd, &L::ln1_rstd},
+        {GptBuf::kQkv, &L::qkv},          {GptBuf::kAtty, &L::atty},        {GptBuf::kLse, &L::lse},
+        {GptBuf::kRes2, &L::res2},        {GptBuf::kLn2, &L::ln2},          {GptBuf::kLn2Mean, &L::ln2_mean},
+        {GptBuf::kLn2Rstd, &L::ln2_rstd}, {GptBuf::kFch, &L::fch},          {GptBuf::kFchGelu, &L::fch_gelu},
+        {GptBuf::kRes3, &L::res3},        {GptBuf::kDfch, &L::dfch},        {GptBuf::kDatty, &L::datty},
+        {GptBuf::kDqkv, &L::dqkv}};
+    using A = Activations;
+    static constexpr std::pair<GptBuf, float * A::*> kChunkFields[] = {
+        {GptBuf::kEncoded, &A::encoded},  {GptBuf::kLnf, &A::lnf},          {GptBuf::kLnfMean, &A::lnf_mean},
+        {GptBuf::kLnfRstd, &A::lnf_rstd}, {GptBuf::kLogits, &A::logits},    {GptBuf::kLosses, &A::losses},
+        {GptBuf::kRowMax, &A::row_max},   {GptBuf::kDout, &A::dout},        {GptBuf::kDinp, &A::dinp},
+        {GptBuf::kProjOut, &A::proj_out}, {GptBuf::kDres, &A::dres},        {GptBuf::kDln, &A::dln},
+        {GptBuf::kDloss, &A::dloss},      {GptBuf::kSpLocal, &A::sp_local}, {GptBuf::kSpFull, &A::sp_full}};
+    float* f = reinterpret_cast<float*>(p);
+    if (buf.id == GptBuf::kTokens) {
+        a.tokens = reinterpret_cast<int32_t*>(p);
+        return;
+    }
+    if (buf.id == GptBuf::kTargets) {
+        a.targets = reinterpret_cast<int32_t*>(p);
+        return;
+    }
+    if (buf.id == GptBuf::kSumExp) {
+        a.sum_exp = f;
+        a.target_logit = f + N;
+        return;
+    }
+    if (buf.layer >= 0) {
+        for (const auto& [id, field] : kLayerFields) {
+            if (id == buf.id) {
+                a.layers.at(static_cast<size_t>(buf.layer)).*field = f;
+                return;
+            }
+        }
+    } else {
+        for (const auto& [id, field] : kChunkFields) {
+            if (id == buf.id) {
+                a.*field = f;
+                return;
+            }
+        }
+    }
+    MS_UNREACHABLE("activation buffer '{}' (layer {}) has no field", gpt_buf_name(buf.id), buf.layer);
+}
 
 Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
     : shape_(shape), backend_(backend), tp_(tp), max_batch_(o.max_batch), part_(o.part) {
@@ -187,75 +240,35 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     }
     num_params_ = 0;
     for (const ParamInfo& p : table_) num_params_ += p.numel;
+    // allocation names: "layers 0-5 slot 1", ...
+    const std::string what = fmt::format("layers {}-{}", part_.first_layer, part_.first_layer + num_layers - 1);
     MS_CHECK((o.params == nullptr) == (o.grads == nullptr), "external params and grads: both or neither");
     if (o.params) {
         params_ptr_ = o.params;
         grads_ptr_ = o.grads;
     } else {
-        const int64_t flat = std::max(flat_size(), o.flat_capacity);
-        params_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
-        grads_ = HostBuffer(static_cast<size_t>(flat) * sizeof(float));
+        const size_t flat = static_cast<size_t>(std::max(flat_size(), o.flat_capacity)) * sizeof(float);
+        params_ = MemoryBlock(flat, o.arena, MemCategory::kParameter, what + " params");
+        grads_ = MemoryBlock(flat, o.arena, MemCategory::kGradient, what + " grads");
         params_ptr_ = params_.as<float>();
         grads_ptr_ = grads_.as<float>();
     }
 
-    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.T, C = shape.C, Cl = C_local_, F = F_local_;
-    const int64_t Vl = part_.head ? Vp_local_ : 0;
-    // Lays out one slot's buffers from `base` (nullptr: only measures); returns the elements used.
-    auto layout = [&](Activations& a, float* base) {
-        float* cursor = base;
-        int64_t used = 0;
-        auto take = [&](int64_t n) {
-            float* p = cursor;
-            used += align_up(n, kParamAlign);
-            if (cursor) cursor += align_up(n, kParamAlign);
-            return p;
-        };
-        a.layers.resize(static_cast<size_t>(num_layers));
-        for (auto& l : a.layers) {
-            l.ln1 = take(N * C);
-            l.ln1_mean = take(N);
-            l.ln1_rstd = take(N);
-            l.qkv = take(N * 3 * Cl);
-            l.atty = take(N * Cl);
-            l.lse = take(N * NH_local_);
-            l.res2 = take(N * C);
-            l.ln2 = take(N * C);
-            l.ln2_mean = take(N);
-            l.ln2_rstd = take(N);
-            l.fch = take(N * F);
-            l.fch_gelu = take(N * F);
-            l.res3 = take(N * C);
-        }
-        a.encoded = take(N * C);
-        a.lnf = take(N * C);
-        a.lnf_mean = take(N);
-        a.lnf_rstd = take(N);
-        a.logits = take(N * Vl);
-        a.losses = take(N);
-        a.row_max = take(N);
-        a.sum_exp = take(2 * N);
-        a.target_logit = a.sum_exp ? a.sum_exp + N : nullptr;
-        a.dloss = take(N);
-        a.tokens = reinterpret_cast<int32_t*>(take(N));
-        a.targets = reinterpret_cast<int32_t*>(take(N));
-        a.proj_out = take(N * C);
-        a.dres = take(N * C);
-        a.dln = take(N * C);
-        a.datty = take(N * Cl);
-        a.dqkv = take(N * 3 * Cl);
-        a.dfch = take(N * F);
-        a.dout = take(N * C);
-        a.dinp = take(N * C);
-        a.sp_local = o.sequence_parallel ? take(N * C) : nullptr;
-        a.sp_full = o.sequence_parallel ? take(N * C) : nullptr;
-        return used;
-    };
+    const GptActivationPlan plan = plan_gpt_activations(shape, part_, tp.size(), o.max_batch, o.sequence_parallel);
+    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.T;
+    scratch_block_ =
+        MemoryBlock(static_cast<size_t>(plan.scratch_bytes()), o.arena, MemCategory::kWorkspace, what + " scratch");
     for (int i = 0; i < o.num_slots; ++i) {
+        slot_blocks_.emplace_back(static_cast<size_t>(plan.slot_bytes()), o.arena, MemCategory::kActivation,
+                                  fmt::format("{} slot {}", what, i));
         auto a = std::make_unique<Activations>();
-        const int64_t n = layout(*a, nullptr);
-        a->storage = HostBuffer(static_cast<size_t>(n) * sizeof(float));
-        layout(*a, a->storage.as<float>());
+        a->layers.resize(static_cast<size_t>(num_layers));
+        for (const GptBuffer& buf : plan.buffers) {
+            const bool slot = buf.group == GptBufGroup::kSlot;
+            std::byte* base = (slot ? slot_blocks_.back() : scratch_block_).as<std::byte>();
+            const Plan& p = slot ? plan.slot : plan.scratch;
+            bind(*a, buf, base + p.offsets[static_cast<size_t>(buf.request)], N);
+        }
         slots_.push_back(std::move(a));
     }
 }
@@ -483,21 +496,21 @@ void Gpt::backward(float loss_scale, int slot) {
         const float* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
         const int lp = first_layer_param_ + l * kParamsPerLayer;
         // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
-        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), A(a.dfch, {N, F}),
-                            G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
-        be.gelu_backward({A(x.fch, {N * F}), A(a.dfch, {N * F}), A(a.dfch, {N * F})});
-        be.matmul_backward({A(a.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}),
-                            G(lp + 8, {F, C}), G(lp + 9, {F}), Accumulate::kOverwrite});
+        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}),
+                            A(x.dfch, {N, F}), G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
+        be.gelu_backward({A(x.fch, {N * F}), A(x.dfch, {N * F}), A(x.dfch, {N * F})});
+        be.matmul_backward({A(x.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}), G(lp + 8, {F, C}),
+                            G(lp + 9, {F}), Accumulate::kOverwrite});
         float* dln = reduce_rows(a.dln);
         be.layernorm_backward({A(dln, {Nl, C}), A(x.res2, {Nl, C}), P(lp + 6, {C}), A(x.ln2_mean, {Nl}),
                                A(x.ln2_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 6, {C}), G(lp + 7, {C}),
                                Accumulate::kAdd});
         // attention: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in)))) + bias
-        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(a.datty, {N, Cl}),
+        be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(x.datty, {N, Cl}),
                             G(lp + 4, {C, Cl}), G(lp + 5, {C}), Accumulate::kOverwrite});
-        be.attention_backward({A(a.datty, {B, T, Cl}), A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}),
-                               A(x.lse, {B, NH, T}), A(a.dqkv, {B, T, 3 * Cl}), NH});
-        be.matmul_backward({A(a.dqkv, {N, 3 * Cl}), A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), A(a.dln, {N, C}),
+        be.attention_backward({A(x.datty, {B, T, Cl}), A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}),
+                               A(x.lse, {B, NH, T}), A(x.dqkv, {B, T, 3 * Cl}), NH});
+        be.matmul_backward({A(x.dqkv, {N, 3 * Cl}), A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), A(a.dln, {N, C}),
                             G(lp + 2, {3 * Cl, C}), G(lp + 3, {3 * Cl}), Accumulate::kOverwrite});
         dln = reduce_rows(a.dln);
         be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<float*>(res_in), {Nl, C}), P(lp + 0, {C}),

@@ -5,7 +5,10 @@
 // Parameters live in one contiguous fp32 buffer in the order of param_table(); gradients mirror it. Names are
 // Hugging Face GPT-2's (`wte.weight`, `h.3.attn.c_attn.weight`, ...) but weights are stored in Linear
 // orientation (out_features, in_features); HF's Conv1D stores the transpose. c_attn's rows are [Q | K | V],
-// each block head-major. Activations for up to `max_batch` sequences are allocated once at construction.
+// each block head-major. Activations for up to `max_batch` sequences are allocated once at construction, laid out
+// by a static plan (engine/model/gpt_activations.h): one block per activation slot and one scratch block shared by
+// the slots; buffers whose lifetimes do not overlap share memory. With Options::arena every block (and owned
+// parameters and gradients) is a named allocation of that arena; without one, each is its own HostBuffer.
 //
 // Tensor parallelism (Megatron, DESIGN.md §5) over the `tp` communicator (size 1: every collective is a no-op):
 //   wte                      vocab-parallel rows (Vp/tp each); embedding and cross-entropy reduce over tp
@@ -18,6 +21,7 @@
 // primitive's backward); row-parallel outputs are all-reduced in the forward (the "reduce" primitive).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,9 +29,11 @@
 
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
-#include "memory/host_buffer.h"
+#include "memory/memory_block.h"
 
 namespace ms {
+
+struct GptBuffer;  // engine/model/gpt_activations.h
 
 struct GptShape {
     int L = 12;      // layers
@@ -97,11 +103,12 @@ public:
         // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
         bool sequence_parallel = false;
+        Arena* arena = nullptr;  // where activations (and owned params/grads) come from; nullptr: HostBuffers
     };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0)
-        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr, false}) {}
+        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr, false, nullptr}) {}
     ~Gpt();
 
     const GptShape& shape() const { return shape_; }
@@ -147,6 +154,7 @@ public:
 
 private:
     struct Activations;
+    static void bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N);
     GptShape shape_;
     Backend& backend_;
     Communicator& tp_;
@@ -158,8 +166,10 @@ private:
     bool sp_ = false;                       // sequence parallelism (with tp > 1)
     std::vector<int> layernorm_params_;     // table indices summed over tp after the backward when sp_
     int64_t num_params_ = 0;
-    HostBuffer params_;  // (flat) when owned
-    HostBuffer grads_;   // (flat) when owned
+    MemoryBlock params_;                    // (flat) when owned
+    MemoryBlock grads_;                     // (flat) when owned
+    std::vector<MemoryBlock> slot_blocks_;  // (num_slots) the slots' buffers, laid out by the activation plan
+    MemoryBlock scratch_block_;             // forward/backward scratch shared by the slots
     float* params_ptr_ = nullptr;
     float* grads_ptr_ = nullptr;
     std::vector<std::unique_ptr<Activations>> slots_;

@@ -18,8 +18,8 @@ int64_t padded_flat_size(int64_t flat, int dp) {
 }
 
 DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params,
-                                           float* grads, const OptimizerConfig& cfg, int zero_stage,
-                                           Backend& backend, Communicator& dp, Communicator& mp, int tp_rank)
+                                           float* grads, const OptimizerConfig& cfg, int zero_stage, Backend& backend,
+                                           Communicator& dp, Communicator& mp, int tp_rank, Arena* arena)
     : padded_(padded_flat_size(flat, dp.size())),
       params_(params),
       grads_(grads),
@@ -41,9 +41,12 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     if (zero_stage == 1) update_segments_ = norm_segments_;
     state_base_ = zero_stage == 1 ? shard_begin_ : 0;
     state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
-    if (zero_stage == 1) shard_tmp_ = HostBuffer(static_cast<size_t>(shard_size_) * sizeof(float));
-    m_ = HostBuffer(state_len_ * sizeof(float));
-    v_ = HostBuffer(state_len_ * sizeof(float));
+    m_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg");
+    v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
+    if (zero_stage == 1) {
+        shard_tmp_ = MemoryBlock(static_cast<size_t>(shard_size_) * sizeof(float), arena, MemCategory::kComm,
+                                 "zero1 reduce-scatter shard");
+    }
 }
 
 OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {

@@ -20,7 +20,7 @@
 #include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
-#include "memory/host_buffer.h"
+#include "memory/memory_block.h"
 
 namespace ms {
 
@@ -36,10 +36,11 @@ class DistributedOptimizer {
 public:
     // params/grads: flat buffers of at least padded_flat_size(flat, dp.size()) elements.
     // mp: the model-parallel group (tp x pp ranks with the same dp rank) over which the norm's partial sums are
-    // reduced; tp_rank decides who counts TP-replicated parameters.
+    // reduced; tp_rank decides who counts TP-replicated parameters. arena: where exp_avg, exp_avg_sq (kOptimizer)
+    // and the zero_stage 1 reduce-scatter buffer (kComm) come from, allocated in that order; nullptr: HostBuffers.
     DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params, float* grads,
                          const OptimizerConfig& cfg, int zero_stage, Backend& backend, Communicator& dp,
-                         Communicator& mp, int tp_rank);
+                         Communicator& mp, int tp_rank, Arena* arena = nullptr);
 
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
     OptimizerStepResult step(float lr, float clip_grad);
@@ -70,8 +71,8 @@ private:
     std::vector<Segment> update_segments_;  // shard (zero 1) or the whole buffer (zero 0)
     size_t state_len_ = 0;
     int64_t state_base_ = 0;  // flat index of exp_avg[0]
-    HostBuffer m_, v_;   // (state_len) exp_avg, exp_avg_sq
-    HostBuffer shard_tmp_;  // (shard_size) zero 1: the reduce-scatter's output
+    MemoryBlock m_, v_;       // (state_len) exp_avg, exp_avg_sq
+    MemoryBlock shard_tmp_;   // (shard_size) zero 1: the reduce-scatter's output
     int64_t step_ = 0;
 };
 

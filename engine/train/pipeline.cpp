@@ -12,8 +12,9 @@ namespace {
 
 constexpr int64_t kChunkAlign = 16;
 
-// The most micro-batches of one local chunk whose forward is done and backward is not, in a stage's list.
-std::vector<int> peak_in_flight(const std::vector<Action>& actions, int chunks) {
+}  // namespace
+
+std::vector<int> pipeline_activation_slots(const std::vector<Action>& actions, int chunks) {
     std::vector<int> live(static_cast<size_t>(chunks), 0), peak(static_cast<size_t>(chunks), 1);
     for (const Action& a : actions) {
         if (a.kind == Action::Kind::kForward) peak[a.chunk] = std::max(peak[a.chunk], ++live[a.chunk]);
@@ -22,10 +23,69 @@ std::vector<int> peak_in_flight(const std::vector<Action>& actions, int chunks) 
     return peak;
 }
 
-}  // namespace
+int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int stage, int virtual_stages) {
+    using Kind = Action::Kind;
+    const int pp = static_cast<int>(schedule.size());
+    auto is_send = [](Kind k) { return k == Kind::kSendActivation || k == Kind::kSendGrad; };
+    auto is_recv = [](Kind k) { return k == Kind::kRecvActivation || k == Kind::kRecvGrad; };
+    auto direction = [](Kind k) { return k == Kind::kSendGrad || k == Kind::kRecvGrad ? 1 : 0; };
+    // Messages between two stages match in order per direction (schedule.h): the n-th send from s to t in a
+    // direction is the n-th receive at t from s in it. Channel (from, to, direction) -> index.
+    auto channel = [pp](int from, int to, int dir) { return (static_cast<size_t>(from) * pp + to) * 2 + dir; };
+    std::vector<std::vector<int>> recv_at(static_cast<size_t>(pp) * pp * 2);  // channel -> receive positions
+    for (int t = 0; t < pp; ++t) {
+        const auto& list = schedule[static_cast<size_t>(t)];
+        for (size_t j = 0; j < list.size(); ++j)
+            if (is_recv(list[j].kind))
+                recv_at[channel(list[j].peer_stage, t, direction(list[j].kind))].push_back(static_cast<int>(j));
+    }
+    // Run the lists (sends never block, receives wait for their send) with a vector clock per stage:
+    // clock[s][t] = how many of stage t's actions stage s knows to have happened.
+    std::vector<std::vector<int>> clock(static_cast<size_t>(pp), std::vector<int>(static_cast<size_t>(pp), 0));
+    std::vector<std::vector<std::vector<int>>> messages(recv_at.size());  // channel -> the senders' clocks
+    std::vector<size_t> received(recv_at.size(), 0), sent(recv_at.size(), 0), next(static_cast<size_t>(pp), 0);
+    struct Pending {
+        int peer, recv_position;
+    };
+    std::vector<Pending> mine;  // `stage`'s sends so far: where their receives are
+    int most = 0;
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < pp; ++s) {
+            const auto& list = schedule[static_cast<size_t>(s)];
+            auto& vc = clock[static_cast<size_t>(s)];
+            for (size_t& i = next[static_cast<size_t>(s)]; i < list.size(); ++i, progress = true) {
+                const Action& a = list[i];
+                if (is_recv(a.kind)) {
+                    const size_t ch = channel(a.peer_stage, s, direction(a.kind));
+                    if (received[ch] == messages[ch].size()) break;  // its send has not been issued yet
+                    const std::vector<int>& m = messages[ch][received[ch]++];
+                    for (int t = 0; t < pp; ++t) vc[t] = std::max(vc[t], m[t]);
+                }
+                ++vc[s];
+                if (!is_send(a.kind)) continue;
+                const size_t ch = channel(s, a.peer_stage, direction(a.kind));
+                messages[ch].push_back(vc);
+                if (s != stage) continue;
+                mine.push_back({a.peer_stage, recv_at[ch].at(sent[ch]++)});
+                int in_flight = 0;
+                for (const Pending& p : mine) in_flight += vc[p.peer] <= p.recv_position;
+                most = std::max(most, in_flight);
+            }
+        }
+    }
+    for (int s = 0; s < pp; ++s) {
+        MS_CHECK(next[static_cast<size_t>(s)] == schedule[static_cast<size_t>(s)].size(),
+                 "pipeline schedule: stage {} waits forever at action {}", s, next[static_cast<size_t>(s)]);
+    }
+    int eval = 0;  // evaluate(): one send per local chunk but the model's last, all waited for per micro-batch
+    for (int c = 0; c < virtual_stages; ++c) eval += c * pp + stage < pp * virtual_stages - 1;
+    return std::max(most, eval);
+}
 
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                             ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel)
+                             ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
+                             Arena* arena)
     : shape_(shape),
       groups_(groups),
       micro_batch_(micro_batch),
@@ -34,7 +94,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     const int pp = groups.pp_size, v = virtual_stages, K = pp * v;
     MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
     schedule_ = make_schedule(kind, pp, num_microbatches, v);
-    slots_ = peak_in_flight(schedule_[static_cast<size_t>(groups.pp_rank)], v);
+    slots_ = pipeline_activation_slots(schedule_[static_cast<size_t>(groups.pp_rank)], v);
 
     // one flat layout over the local chunks
     const int Lc = shape.L / K;
@@ -52,8 +112,8 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         parts.push_back(part);
     }
     const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
-    params_ = HostBuffer(static_cast<size_t>(capacity) * sizeof(float));
-    grads_ = HostBuffer(static_cast<size_t>(capacity) * sizeof(float));
+    params_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kParameter, "params");
+    grads_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kGradient, "grads");
     for (int c = 0; c < v; ++c) {
         Gpt::Options o;
         o.max_batch = micro_batch;
@@ -62,6 +122,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.params = params() + bases[static_cast<size_t>(c)];
         o.grads = grads() + bases[static_cast<size_t>(c)];
         o.sequence_parallel = sequence_parallel;
+        o.arena = arena;
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
     if (pp > 1) {
@@ -70,6 +131,16 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     }
     tokens_.resize(static_cast<size_t>(micro_batch) * shape.T);
     targets_.resize(static_cast<size_t>(micro_batch) * shape.T);
+    slot_of_.assign(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(num_microbatches), -1));
+    free_slots_.resize(static_cast<size_t>(v));
+    for (int c = 0; c < v; ++c) free_slots_[static_cast<size_t>(c)].reserve(static_cast<size_t>(slots_[c]));
+
+    const int sends = pipeline_send_buffers(schedule_, groups.pp_rank, v);
+    send_elems_ = static_cast<size_t>((chunks_[0]->activation_elems(micro_batch, shape.T) + kChunkAlign - 1) /
+                                      kChunkAlign * kChunkAlign);
+    send_block_ = MemoryBlock(static_cast<size_t>(sends) * send_elems_ * sizeof(float), arena, MemCategory::kComm,
+                              "pipeline send buffers");
+    for (int i = 0; i < sends; ++i) send_pool_.push_back({send_block_.as<float>() + i * send_elems_, Handle()});
 }
 
 void PipelineModel::init_weights(uint64_t seed) {
@@ -88,19 +159,21 @@ void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int micro
 }
 
 void PipelineModel::post_send(const float* data, size_t n, int peer, int tag) {
+    MS_CHECK(n <= send_elems_, "pipeline: a send of {} elements exceeds the send buffers' {}", n, send_elems_);
     PendingSend* slot = nullptr;
     for (PendingSend& p : send_pool_) {
-        if (p.buffer.size() >= n && p.handle.test()) {
+        if (p.handle.test()) {
             slot = &p;
             break;
         }
     }
-    if (!slot) {
-        send_pool_.push_back({std::vector<float>(n), Handle()});
-        slot = &send_pool_.back();
-    }
-    std::copy(data, data + n, slot->buffer.begin());
-    const P2POp op = P2POp::send(std::span<const float>(slot->buffer.data(), n), peer, tag);
+    // All busy: one of them has a completed receive (pipeline_send_buffers()), so polling frees it; waiting on a
+    // particular one could wait on a peer that waits on us.
+    MS_CHECK(!send_pool_.empty(), "pipeline: a send on a stage planned to send nothing");
+    for (size_t i = 0; !slot; i = (i + 1) % send_pool_.size())
+        if (send_pool_[i].handle.test()) slot = &send_pool_[i];
+    std::copy(data, data + n, slot->buffer);
+    const P2POp op = P2POp::send(std::span<const float>(slot->buffer, n), peer, tag);
     slot->handle = groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
 }
 
@@ -113,10 +186,11 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
-    // slot of (chunk, micro-batch); free slots per chunk
-    std::vector<std::vector<int>> slot_of(static_cast<size_t>(v), std::vector<int>(num_microbatches_, -1));
-    std::vector<std::vector<int>> free_slots(static_cast<size_t>(v));
-    for (int c = 0; c < v; ++c) {
+    auto& slot_of = slot_of_;  // slot of (chunk, micro-batch), -1 when not placed
+    auto& free_slots = free_slots_;
+    for (int c = 0; c < v; ++c) {  // every slot free, every micro-batch unplaced (as the last step left them)
+        std::fill(slot_of[c].begin(), slot_of[c].end(), -1);
+        free_slots[c].clear();
         for (int s = slots_[c] - 1; s >= 0; --s) free_slots[c].push_back(s);
     }
     auto acquire = [&](int c, int mb) {

@@ -23,15 +23,29 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/schedule.h"
-#include "memory/host_buffer.h"
+#include "memory/memory_block.h"
 
 namespace ms {
 
+// The most micro-batches of each local chunk whose forward is done and backward is not, in a stage's action list:
+// the activation slots PipelineModel gives each chunk.
+std::vector<int> pipeline_activation_slots(const std::vector<Action>& stage_actions, int virtual_stages);
+// Send buffers `stage` needs: the most of its sends that may be in flight when it posts one, counting a send done
+// once the peer's matching receive happens-before that point (vector clocks over every stage's list: a stage
+// knows what its peers did before sending what it received), or the sends of one evaluation micro-batch if more.
+// For 1F1B that is about pp, not the 2m sends of a step. With every buffer busy, at least one of them then has a
+// completed receive, so polling the buffers frees one without waiting on a peer.
+int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int stage, int virtual_stages);
+
 class PipelineModel {
 public:
-    // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size).
+    // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
+    // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
+    // order: parameters, gradients, per local chunk its scratch block and slot blocks, the send buffers (plan.h's
+    // StagePlan::allocations() lists the same sequence).
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                  ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false);
+                  ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
+                  Arena* arena = nullptr);
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }
@@ -54,8 +68,8 @@ private:
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
     void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
-    // Copies n floats into a free pool buffer and starts sending it; the pool grows to the schedule's peak of
-    // sends in flight during the first step and is reused after that.
+    // Copies n floats into a free send buffer and starts sending it. The buffers are allocated at construction,
+    // as many as pipeline_send_buffers() says, so a step allocates nothing.
     void post_send(const float* data, size_t n, int peer, int tag);
     void wait_sends();
 
@@ -68,12 +82,17 @@ private:
     std::vector<ParamInfo> table_;              // every local chunk's parameters, offsets in the shared buffers
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
-    HostBuffer params_, grads_;
+    MemoryBlock params_, grads_;  // (padded) flat fp32
     std::vector<int32_t> tokens_, targets_;
+    // train_step()'s bookkeeping, sized once here so that a step allocates nothing
+    std::vector<std::vector<int>> slot_of_;     // (v, micro-batches) slot of a chunk's micro-batch, or -1
+    std::vector<std::vector<int>> free_slots_;  // (v) free slots of each chunk
     struct PendingSend {
-        std::vector<float> buffer;
+        float* buffer;  // (send_elems_) in send_block_
         Handle handle;
     };
+    MemoryBlock send_block_;  // (send buffers, send_elems_) fp32
+    size_t send_elems_ = 0;   // one hand-off, B*T*C (or B*T*C/tp rows with sequence parallelism), 16-aligned
     std::vector<PendingSend> send_pool_;
 };
 

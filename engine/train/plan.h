@@ -1,11 +1,15 @@
-// plan.h: the layout and memory planner behind `mindspeed-train plan`. Pure arithmetic over the config: no MPI,
-// nothing large allocated. Every byte count mirrors an allocation the trainer makes on one rank:
+// plan.h: the layout and memory planner behind `mindspeed-train plan` and the trainer's memory check. Pure
+// arithmetic over the config: no MPI, nothing large allocated. Every byte count is an allocation the trainer makes
+// from its per-rank arena (engine/train/trainer.cpp), with the same function computing it where one exists:
 //   parameters, gradients  the flat buffers of PipelineModel: padded_flat_size(flat, dp) fp32 elements each, flat
 //                          being the stage's local chunks laid out back to back, each 16-element aligned
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
-//   activations            per local chunk, one Gpt activation slot (gpt_activation_slot_bytes) times the chunk's
-//                          slots: the peak of its micro-batches in flight in the stage's schedule
-// Left out as small: the zero_stage 1 reduce-scatter buffer (padded/dp fp32), token buffers, communication staging.
+//   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C fp32, or B*T*C/tp
+//                          with sequence parallelism) and, for zero_stage 1, the reduce-scatter's padded/dp fp32
+//   activations            per local chunk, plan_gpt_activations(): slot bytes times the chunk's slots (the peak of
+//                          its micro-batches in flight in the stage's schedule) plus one scratch block
+// Not in the arena, so not here: token buffers (B*T int32 each), the MPI communicator's staging pool (only for
+// reduce-scatters above its chunk size), small per-call bookkeeping.
 #pragma once
 
 #include <cstdint>
@@ -21,14 +25,11 @@ namespace ms {
 struct PlanOptions {
     int world_size = 1;
     int ranks_per_node = 8;  // for the node column and the default memory budget
-    double memory_gib = 0;   // per-rank budget; 0 -> physical memory / ranks on a node
+    double memory_gib = 0;   // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
 };
 
-// Bytes of one activation slot of a Gpt holding `part` on one of tp_size ranks, for micro_batch sequences of
-// shape.T tokens. Mirrors the `layout` lambda of Gpt's constructor (engine/model/gpt.cpp) buffer for buffer;
-// sequence_parallel is Gpt::Options::sequence_parallel (two more (N, C) staging buffers).
-int64_t gpt_activation_slot_bytes(const GptShape& shape, const GptPart& part, int tp_size, int micro_batch,
-                                  bool sequence_parallel = false);
+// The model shape the trainer builds from a validated config.
+GptShape gpt_shape(const Config& cfg, const DerivedConfig& d);
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
 struct StagePlan {
@@ -36,10 +37,17 @@ struct StagePlan {
     int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-    std::vector<int64_t> slot_bytes;  // (v) one activation slot of each local chunk
-    std::vector<int> slots;           // (v) activation slots of each local chunk
-    int64_t activation_bytes = 0;
-    int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + activation_bytes; }
+    int64_t send_bytes = 0;              // the pipeline's send buffers
+    int64_t shard_bytes = 0;             // zero_stage 1: the reduce-scatter's output
+    std::vector<int64_t> slot_bytes;     // (v) one activation slot of each local chunk
+    std::vector<int> slots;              // (v) activation slots of each local chunk
+    std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
+    int64_t activation_bytes = 0;        // sum over chunks of slot_bytes * slots + scratch_bytes
+    int64_t comm_bytes() const { return send_bytes + shard_bytes; }
+    int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + comm_bytes() + activation_bytes; }
+    // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, per
+    // chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq, shard); no empty ones.
+    std::vector<size_t> allocations() const;
 };
 
 struct PlanShape {
@@ -51,6 +59,16 @@ struct PlanShape {
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).
 std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p);
+PlanShape plan_shape(const Config& cfg, const DerivedConfig& d);
+
+// The per-stage memory table, one string per line (header, rule, a row per stage).
+std::vector<std::string> stage_table(const std::vector<StagePlan>& stages);
+// Index of the stage with the largest total.
+size_t largest_stage(const std::vector<StagePlan>& stages);
+// The per-rank memory budget in bytes: run.memory_limit_gb when set, else physical memory / ranks_on_node.
+double memory_budget_bytes(const Config& cfg, int ranks_on_node);
+// Where memory_budget_bytes() comes from, for messages: "run.memory_limit_gb" or "physical memory / 8 ranks ...".
+std::string memory_budget_source(const Config& cfg, int ranks_on_node);
 
 // Validates cfg for options.world_size (throws UserError) and prints the derived values, the rank layout, the
 // per-stage memory, the schedule's bubble and whether the largest rank fits. Returns the exit code.

@@ -26,22 +26,11 @@
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/parallel/schedule.h"
 #include "engine/train/pipeline.h"
+#include "engine/train/plan.h"
+#include "memory/arena.h"
 
 namespace ms {
 namespace {
-
-GptShape make_shape(const Config& cfg, const DerivedConfig& d) {
-    GptShape s;
-    s.L = cfg.model.num_layers;
-    s.C = cfg.model.hidden_size;
-    s.NH = cfg.model.num_attention_heads;
-    s.T = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_length;
-    s.V = cfg.model.vocab_size;
-    s.Vp = d.padded_vocab;
-    s.F = d.ffn_hidden;
-    s.eps = cfg.model.layernorm_epsilon;
-    return s;
-}
 
 // The vocabulary comes from the config when set (and must hold every token), else from the data.
 Config resolve_vocab(Config cfg, const TokenSource& source) {
@@ -119,6 +108,31 @@ void dump_gradients(PipelineModel& model, const ProcessGroups& groups, int dp) {
     std::ofstream(file + ".json") << index.dump(1);
 }
 
+// Every rank checks the largest stage's planned total against its own budget; one all-reduce makes the verdict
+// common, so all ranks throw together (or none does) before anything large is allocated.
+void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, Communicator& world,
+                       int ranks_on_node) {
+    const size_t largest = largest_stage(stages);
+    const double need = static_cast<double>(stages[largest].total_bytes());
+    const double budget = memory_budget_bytes(cfg, ranks_on_node);
+    int32_t short_of_memory = need > budget ? 1 : 0;
+    world.all_reduce(std::span<int32_t>(&short_of_memory, 1), ReduceOp::kMax).wait();
+    if (!short_of_memory) return;
+    std::string table;
+    for (const std::string& line : stage_table(stages)) table += "\n    " + line;
+    const std::string verdict =
+        need > budget ? fmt::format("but {} is available per rank ({})", format_bytes(static_cast<size_t>(budget)),
+                                    memory_budget_source(cfg, ranks_on_node))
+                      : std::string("more than the ranks of another node have available");
+    throw UserError(fmt::format(
+        "memory error: pipeline stage {} needs {} per rank, {}\n"
+        "memory per rank by pipeline stage (zero_stage {}):{}\n"
+        "---> HINT: lower training.micro_batch_size (activations scale with it); raise "
+        "parallel.pipeline_model_parallel_size (each stage holds fewer layers); set parallel.zero_stage: 1 (divides "
+        "the optimizer state by the data-parallel size); activation recomputation is not available yet",
+        largest, format_bytes(static_cast<size_t>(need)), verdict, cfg.parallel.zero_stage, table));
+}
+
 // Samples num_tokens tokens after context. Every TP rank gathers the full last-position logits and draws the same
 // token from the same Philox stream, so all ranks stay in step.
 std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
@@ -194,19 +208,47 @@ int run_train(const Config& cfg_in) {
              valid_sampler ? fmt::format(", {} validation samples", valid_sampler->num_samples()) : "");
     print_derived(cfg, d);
 
+    // Memory: the plan (engine/train/plan.h) says what every rank allocates; check it fits, then carve everything a
+    // step uses -- parameters, gradients, optimizer state, activations, scratch, communication buffers -- out of one
+    // arena per rank. Its blocks are packed (memory/buddy_allocator.h, BlockFit::kPacked), so its capacity is the
+    // plan rounded up to 256 bytes per allocation; a dry run of the allocator over the planned allocations checks it.
+    const GptShape shape = gpt_shape(cfg, d);
+    const std::vector<StagePlan> stages = plan_stages(shape, plan_shape(cfg, d));
+    check_memory_fits(cfg, stages, world, mpi.local_size());
+    const StagePlan& stage_plan = stages[static_cast<size_t>(groups.pp_rank)];
+    const size_t planned = static_cast<size_t>(stage_plan.total_bytes());
+    constexpr size_t kArenaMinBlock = 256, kArenaPackAll = 0;  // every allocation packed, not a power of two
+    Arena arena(arena_capacity_for(stage_plan.allocations(), kArenaMinBlock, kArenaPackAll, BlockFit::kPacked),
+                kArenaMinBlock, kArenaPackAll, BlockFit::kPacked);
+    log_info("memory: arena of {} per rank for a plan of {} ({:.3f}% rounding slack)", format_bytes(arena.capacity()),
+             format_bytes(planned),
+             100.0 * (static_cast<double>(arena.capacity()) / static_cast<double>(planned) - 1.0));
+
     BackendOptions bo;
     bo.num_threads = cfg.run.num_threads;
     std::unique_ptr<Backend> backend = make_backend(bo);
-    const GptShape shape = make_shape(cfg, d);
     PipelineModel model(shape, *backend, groups, mbs, parse_schedule_kind(cfg.parallel.pipeline_schedule), num_mb,
-                        cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel);
+                        cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel, &arena);
     model.init_weights(cfg.run.seed);
     const int64_t flat = model.flat_size();
     DistributedOptimizer optimizer(model.params_info(), flat, model.params(), model.grads(), cfg.optimizer,
-                                   cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank);
+                                   cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank, &arena);
     log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
              human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
              human_bytes(static_cast<double>(optimizer.state_bytes())), cfg.parallel.zero_stage);
+    // Equal by construction (the plan calls the functions the model and optimizer allocate by); every training run
+    // in the test suite checks it.
+    MS_CHECK(arena.stats().live_bytes == planned,
+             "memory: the arena holds {} B but the plan says {} B: engine/train/plan.cpp no longer mirrors the "
+             "trainer's allocations\n{}",
+             arena.stats().live_bytes, planned, arena.report());
+    // From here on an arena allocation is a bug (a first-touch stall inside a step): fatal (memory/arena.h).
+    // tests/model/test_gpt_arena.cpp and tests/e2e/test_memory.cpp run steps frozen. Not arena memory, so not
+    // covered: each collective's small control state (MPI requests, a Handle), the MPI communicator's staging
+    // pool (grown once, in the first step, by reduce-scatters whose per-rank block exceeds its chunk size, e.g.
+    // ZeRO-1 of a >8M-element shard at dp 2), OpenBLAS's and MPI's own buffers, and per log interval the log line
+    // and metrics record (MS_DUMP_GRADS's gather buffers at step 1, in tests only).
+    arena.set_frozen(true);
 
     const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
     log_info("peak: {:.1f} GFLOP/s fp32 ({}; OpenBLAS kernel {}) is the MFU denominator", peak / 1e9,
@@ -245,6 +287,7 @@ int run_train(const Config& cfg_in) {
         return w;
     };
     double interval_bubble = 0, interval_comm = 0;
+    size_t memory_peak = 0;  // the arena's peak of block bytes after the first step
     int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
 
     for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
@@ -260,6 +303,17 @@ int run_train(const Config& cfg_in) {
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
         const OptimizerStepResult step = optimizer.step(lr, cfg.training.clip_grad);
         const double grad_norm = step.grad_norm;
+        if (it == 1) {  // every buffer of a step has been used once now
+            memory_peak = arena.stats().peak_block_bytes;
+            const float ratio = static_cast<float>(memory_peak) / static_cast<float>(planned);
+            std::array<float, 2> range = {ratio, -ratio};  // max, -min over ranks
+            world.all_reduce(std::span<float>(range), ReduceOp::kMax).wait();
+            log_info(
+                "memory: planned {} ({} B), arena peak {} ({} B) ({:.2f}% of planned) | all ranks: "
+                "{:.2f}% to {:.2f}% of their plans",
+                format_bytes(planned), planned, format_bytes(memory_peak), memory_peak, 100.0 * ratio,
+                -100.0 * range[1], 100.0 * range[0]);
+        }
         if (step.stepped && std::isfinite(step_loss)) {
             interval_loss += step_loss;
             ++interval_steps;
@@ -299,22 +353,23 @@ int run_train(const Config& cfg_in) {
                                                      "per step (rank 0): tp {} pp {} dp {} |",
                                                      bubble_pct, comm_pct, step_bytes_tp, step_bytes_pp,
                                                      step_bytes_dp));
-            nlohmann::json j = {{"iteration", it},
-                                {"consumed_samples", consumed},
-                                {"time", std::chrono::duration<double>(
-                                             std::chrono::system_clock::now().time_since_epoch())
-                                             .count()},
-                                {"learning-rate", lr},
-                                {"batch-size", global_batch},
-                                {"grad-norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nullptr},
-                                {"skipped_iterations", skipped},
-                                {"nan_iterations", nan_iters},
-                                {"iteration-time", ms_per_iter / 1e3},
-                                {"tokens_per_sec", tokens_per_s},
-                                {"mfu", mfu / 100.0},
-                                {"pipeline_bubble", bubble_pct / 100.0},
-                                {"exposed_comm", comm_pct / 100.0},
-                                {"bytes_per_step", {{"tp", step_bytes_tp}, {"pp", step_bytes_pp}, {"dp", step_bytes_dp}}}};
+            nlohmann::json j = {
+                {"iteration", it},
+                {"consumed_samples", consumed},
+                {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+                {"learning-rate", lr},
+                {"batch-size", global_batch},
+                {"grad-norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nullptr},
+                {"skipped_iterations", skipped},
+                {"nan_iterations", nan_iters},
+                {"iteration-time", ms_per_iter / 1e3},
+                {"tokens_per_sec", tokens_per_s},
+                {"mfu", mfu / 100.0},
+                {"pipeline_bubble", bubble_pct / 100.0},
+                {"exposed_comm", comm_pct / 100.0},
+                {"bytes_per_step", {{"tp", step_bytes_tp}, {"pp", step_bytes_pp}, {"dp", step_bytes_dp}}},
+                {"memory_planned_bytes", planned},
+                {"memory_peak_bytes", memory_peak}};
             j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
             if (writer) metrics << j.dump() << '\n' << std::flush;
             interval_loss = interval_time = interval_bubble = interval_comm = 0;

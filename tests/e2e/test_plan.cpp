@@ -1,6 +1,6 @@
 // test_plan.cpp: `mindspeed-train plan` through the built binary -- the rank layout follows tp-dp-pp order, the
 // bubble is the closed form of 1F1B, ZeRO-1 divides the optimizer state by dp, a bad world size exits 2 -- and the
-// planner's arithmetic (plan.h): activation slot bytes worked out by hand and against Gpt's own buffer layout.
+// planner's arithmetic (plan.h): activation bytes worked out by hand and against what a Gpt allocates.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,7 +13,10 @@
 #include "comm/self_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/model/gpt.h"
+#include "engine/model/gpt_activations.h"
+#include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
+#include "memory/arena.h"
 #include "tests/e2e/run_cli.h"
 
 namespace {
@@ -135,44 +138,87 @@ ms::GptShape hand_shape() {
     return s;
 }
 
-TEST(PlanArithmetic, ActivationSlotBytesByHand) {
+// Activation bytes by hand. Since the static activation plan (engine/model/gpt_activations.h) a chunk holds one
+// block per slot plus one scratch block shared by its slots (before: everything per slot), and holds only what its
+// part uses (dout without the head, dinp without the embedding, tokens, targets and the head's buffers where used).
+TEST(PlanArithmetic, ActivationBytesByHand) {
     const ms::GptShape s = hand_shape();
-    // elements in Gpt's layout order, each rounded up to 16; N = 4, C = 8
-    // tp 1 (C/tp 8, NH/tp 2, F/tp 32, Vp/tp 16):
+    auto plan = [&](ms::GptPart part, int tp, int B, bool sp = false) {
+        return ms::plan_gpt_activations(s, part, tp, B, sp);
+    };
+    // Elements, each rounded up to 16; N = 4, C = 8. tp 1 (C/tp 8, NH/tp 2, F/tp 32, Vp/tp 16):
     //   layer: ln1 32, mean 16, rstd 16, qkv 96, atty 32, lse 16, res2 32, ln2 32, mean 16, rstd 16, fch 128,
     //          fch_gelu 128, res3 32
-    //   rest:  encoded 32, lnf 32, mean 16, rstd 16, logits 64, losses 16, row_max 16, sum_exp 16, dloss 16,
-    //          tokens 16, targets 16, proj_out 32, dres 32, dln 32, datty 32, dqkv 96, dfch 128, dout 32, dinp 32
+    //   slot:  encoded 32, lnf 32, mean 16, rstd 16, logits 64, losses 16, row_max 16, sum_exp 16, tokens 16,
+    //          targets 16 -- all live at the cross-entropy backward, so the slot is their sum
     const int64_t layer1 = 32 + 16 + 16 + 96 + 32 + 16 + 32 + 32 + 16 + 16 + 128 + 128 + 32;
-    const int64_t rest1 = 32 + 32 + 16 + 16 + 64 + 16 + 16 + 16 + 16 + 16 + 16 + 32 + 32 + 32 + 32 + 96 + 128 + 32 + 32;
-    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 1, 1), 4 * (layer1 + rest1));
-    // without the head there are no logits
-    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {0, 1, true, false}, 1, 1), 4 * (layer1 + rest1 - 64));
-    // tp 2 (C/tp 4, NH/tp 1, F/tp 16, Vp/tp 8): qkv 48, atty 16, lse 16, fch 64, fch_gelu 64; logits 32, datty 16,
-    // dqkv 48, dfch 64
+    const int64_t rest1 = 32 + 32 + 16 + 16 + 64 + 16 + 16 + 16 + 16 + 16;
+    // scratch: dres 32 and dln 32 live through the backward, beside either dfch 128 (MLP) or datty 32 + dqkv 96
+    // (attention); proj_out (forward) and dloss (before dres and dln) reuse that memory
+    const int64_t scratch1 = 32 + 32 + 128;
+    const auto whole = plan({}, 1, 1);
+    EXPECT_EQ(whole.slot_bytes(), 4 * (layer1 + rest1));
+    EXPECT_EQ(whole.scratch_bytes(), 4 * scratch1);
+    EXPECT_EQ(whole.bytes(3), 4 * (3 * (layer1 + rest1) + scratch1));
+    // without the head: no lnf, stats, logits, losses, targets (-192), but dout 32 for the received gradient
+    const auto no_head = plan({0, 1, true, false}, 1, 1);
+    EXPECT_EQ(no_head.slot_bytes(), 4 * (layer1 + 32 + 16 + 32));
+    EXPECT_EQ(no_head.scratch_bytes(), 4 * scratch1);
+    // tp 2 (C/tp 4, NH/tp 1, F/tp 16, Vp/tp 8): qkv 48, atty 16, lse 16, fch 64, fch_gelu 64; logits 32;
+    // scratch dres 32 + dln 32 + max(dfch 64, datty 16 + dqkv 48)
     const int64_t layer2 = 32 + 16 + 16 + 48 + 16 + 16 + 32 + 32 + 16 + 16 + 64 + 64 + 32;
-    const int64_t rest2 = 32 + 32 + 16 + 16 + 32 + 16 + 16 + 16 + 16 + 16 + 16 + 32 + 32 + 32 + 16 + 48 + 64 + 32 + 32;
-    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 2, 1), 4 * (layer2 + rest2));
-    // sequence parallelism adds two (N, C) staging buffers: 2 x 32
-    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 2, 1, true), 4 * (layer2 + rest2 + 64));
+    const int64_t rest2 = 32 + 32 + 16 + 16 + 32 + 16 + 16 + 16 + 16 + 16;
+    EXPECT_EQ(plan({}, 2, 1).slot_bytes(), 4 * (layer2 + rest2));
+    EXPECT_EQ(plan({}, 2, 1).scratch_bytes(), 4 * (32 + 32 + 64));
+    // sequence parallelism at tp 2: the residual stream holds N/2 rows (res2, res3, encoded: 16 each); scratch dres
+    // 16, sp_local 16 and sp_full 32 live throughout: 16 + 32 (dln) + 64 + 16 + 32
+    const int64_t layer2_sp = layer2 - 2 * 16;
+    const int64_t rest2_sp = rest2 - 16;
+    EXPECT_EQ(plan({}, 2, 1, true).slot_bytes(), 4 * (layer2_sp + rest2_sp));
+    EXPECT_EQ(plan({}, 2, 1, true).scratch_bytes(), 4 * (16 + 32 + 64 + 16 + 32));
     // micro batch 4: N = 16, every buffer a multiple of 16 already
-    EXPECT_EQ(ms::gpt_activation_slot_bytes(s, {}, 1, 4),
-              4 * (16 * (8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) +
-                   16 * (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1 + 1 + 8 + 8 + 8 + 8 + 24 + 32 + 8 + 8)));
+    const auto mb4 = plan({}, 1, 4);
+    EXPECT_EQ(
+        mb4.slot_bytes(),
+        4 * 16 * ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) + (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1)));
+    EXPECT_EQ(mb4.scratch_bytes(), 4 * 16 * (8 + 8 + 32));
 }
 
-TEST(PlanArithmetic, ActivationSlotMatchesGptLayout) {
-    // Gpt exposes two pointers into one slot: input = encoded (the first buffer after the layers) and grad_input =
-    // dinp (the last). Their distance is the slot's non-layer part less dinp's (N, C).
+TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
+    // A Gpt given an arena allocates its slots as kActivation and its scratch as kWorkspace: exactly the plan's bytes.
     ms::GptShape s = hand_shape();
     s.L = 2, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
-    const int B = 3;
+    const int B = 3, slots = 2;
     ms::SelfCommunicator tp("tp");
     std::unique_ptr<ms::Backend> backend = ms::make_backend(ms::BackendOptions{});
-    ms::Gpt model(s, *backend, tp, B);
-    const int64_t distance = model.grad_input(0) - model.input(0);
-    const int64_t globals = ms::gpt_activation_slot_bytes(s, {0, 0, true, true}, 1, B) / 4;
-    EXPECT_EQ(distance, globals - int64_t{B} * s.T * s.C);
+    for (const ms::GptPart part : {ms::GptPart{}, ms::GptPart{1, 1, false, true}, ms::GptPart{0, 1, true, false}}) {
+        ms::Arena arena(size_t{4} << 20);
+        ms::Gpt::Options o;
+        o.max_batch = B, o.part = part, o.num_slots = slots, o.arena = &arena;
+        ms::Gpt model(s, *backend, tp, o);
+        const auto plan = ms::plan_gpt_activations(s, part, 1, B, false);
+        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kActivation), static_cast<size_t>(slots * plan.slot_bytes()));
+        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kWorkspace), static_cast<size_t>(plan.scratch_bytes()));
+        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kParameter), static_cast<size_t>(model.flat_size()) * 4);
+    }
+}
+
+TEST(PlanArithmetic, SendBuffersCountTheSendsNotKnownToBeReceived) {
+    auto buffers = [](ms::ScheduleKind kind, int pp, int m, int v) {
+        const auto schedule = ms::make_schedule(kind, pp, m, v);
+        std::vector<int> n;
+        for (int s = 0; s < pp; ++s) n.push_back(ms::pipeline_send_buffers(schedule, s, v));
+        return n;
+    };
+    // 1F1B, pp 2: stage 0 posts act i+1 before gradient i tells it that stage 1 took act i; stage 1 posts grad i+1
+    // before act i+2 tells it that stage 0 took grad i. Two each, whatever m (a step sends 2m messages).
+    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 2, 8, 1), (std::vector<int>{2, 2}));
+    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 2, 1, 1), (std::vector<int>{1, 1}));
+    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 4, 64, 1), (std::vector<int>{4, 4, 3, 2}));
+    // GPipe: every forward's send is out before the first gradient comes back, and the last stage never hears back
+    EXPECT_EQ(buffers(ms::ScheduleKind::kGPipe, 2, 4, 1), (std::vector<int>{4, 4}));
+    // interleaved, pp 2, v 2: evaluation alone needs one buffer per chunk that is not the model's last (1 on stage 1)
+    EXPECT_EQ(buffers(ms::ScheduleKind::kInterleaved1F1B, 2, 4, 2), (std::vector<int>{4, 4}));
 }
 
 TEST(PlanArithmetic, VirtualStagesInterleaveLayersAndShareOneFlatBuffer) {

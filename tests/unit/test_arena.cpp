@@ -131,3 +131,24 @@ TEST(ArenaTest, DestructorWarnsAboutLeaks) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ArenaTest, CapacityForPackedAllocationsIsTheirSum) {
+    // Four 498 MiB blocks (GPT-2 124M's parameters, gradients, exp_avg, exp_avg_sq) and a 40 MiB one: trimmed, each
+    // is carved from a free 512 MiB block, so the dry run needs 2048 MiB + room for the last; packed, the sum.
+    const std::vector<size_t> sizes = {498 * kMiB, 498 * kMiB, 40 * kMiB + 100, 498 * kMiB, 498 * kMiB};
+    const size_t sum = 4 * 498 * kMiB + 40 * kMiB + 256;  // 100 bytes round up to one 256-byte block
+    EXPECT_EQ(ms::arena_capacity_for(sizes, 256, 0, ms::BlockFit::kPacked), sum);
+    EXPECT_GT(ms::arena_capacity_for(sizes, 256, 0, ms::BlockFit::kTrimmed), 2048 * kMiB);
+    // and an arena of that capacity serves them, in that order, with nothing left over
+    Arena arena(ms::arena_capacity_for({kMiB + 1, 3 * kMiB, 700}, 256, 0, ms::BlockFit::kPacked), 256, 0,
+                ms::BlockFit::kPacked);
+    std::vector<void*> p;
+    for (size_t b : {kMiB + 1, 3 * kMiB, size_t{700}}) p.push_back(arena.allocate(b, MemCategory::kActivation, "x"));
+    EXPECT_EQ(arena.stats().free_bytes, 0u);
+    EXPECT_EQ(arena.stats().peak_block_bytes, arena.capacity());
+    for (void* q : p) arena.free(q);
+}
+
+}  // namespace

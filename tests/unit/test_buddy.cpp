@@ -1,10 +1,11 @@
-// test_buddy.cpp: memory/buddy_allocator -- hand-worked splits, trims and coalescing, then random allocate/free
-// sequences checked op by op against a reference model of the live blocks.
+// test_buddy.cpp: memory/buddy_allocator -- hand-worked splits, trims, packing and coalescing, then random
+// allocate/free sequences (all three fits) checked op by op against a reference model of the live blocks.
 //
 // The reference model is a std::map offset -> (requested, block bytes). After every allocate it checks: inside the
 // capacity, aligned to the requested alignment and to the block's own size, block bytes as the fit promises, no
 // overlap with any live block. After every failed allocate it checks that no naturally aligned range of the needed
-// block size is free in its own view (a fully coalescing buddy allocator can always serve such a request). At the
+// block size is free in its own view (a fully coalescing buddy allocator can always serve such a request). A packed
+// allocation must land exactly at the reference's lowest aligned free run, and fail only when there is none. At the
 // end, freeing everything must restore the initial decomposition (one block for a power-of-two capacity).
 #include <gtest/gtest.h>
 
@@ -62,6 +63,36 @@ TEST(BuddyTest, TrimmedAllocationFreesItsTail) {
     EXPECT_EQ(b.free_blocks(), (Blocks{{0, 1024}, {4 * 256, 256}, {6 * 256, 512}, {8 * 256, 2048}}));
     b.free(*c);
     EXPECT_EQ(b.free_blocks(), (Blocks{{0, 4096}}));
+}
+
+TEST(BuddyTest, PackedAllocationsNeedNoPowerOfTwoBlock) {
+    BuddyAllocator b(24 * 256, 256);                            // blocks of 16 and 8 units
+    EXPECT_FALSE(b.allocate(17 * 256, 1, BlockFit::kTrimmed));  // trimmed: 17 units need a free 32-unit block
+    const auto a = b.allocate(5 * 256 - 3, 1, BlockFit::kPacked);
+    const auto c = b.allocate(17 * 256, 1, BlockFit::kPacked);  // across the 16- and 8-unit blocks
+    const auto d = b.allocate(2 * 256, 1, BlockFit::kPacked);
+    ASSERT_TRUE(a && c && d);
+    EXPECT_EQ(*a, 0u);
+    EXPECT_EQ(*c, 5u * 256);
+    EXPECT_EQ(*d, 22u * 256);  // no gaps: the capacity is exactly the sum
+    EXPECT_EQ(b.block_bytes(*c), 17u * 256);
+    EXPECT_EQ(b.free_blocks(), Blocks{});
+    EXPECT_EQ(b.validate(), std::nullopt);
+    EXPECT_FALSE(b.allocate(1, 1, BlockFit::kPacked));
+    b.free(*c);  // its parts go back coalesced: [5, 6) [6, 8) [8, 16) [16, 20) [20, 22)
+    EXPECT_EQ(b.free_blocks(),
+              (Blocks{{5 * 256, 256}, {6 * 256, 512}, {8 * 256, 2048}, {16 * 256, 1024}, {20 * 256, 512}}));
+    EXPECT_EQ(b.validate(), std::nullopt);
+    const auto e = b.allocate(4 * 256, 2048, BlockFit::kPacked);  // first fit at an 8-unit-aligned start
+    ASSERT_TRUE(e);
+    EXPECT_EQ(*e, 8u * 256);
+    const auto f = b.allocate(9 * 256, 1, BlockFit::kPacked);  // the lowest free run of 9 units: [12, 21)
+    ASSERT_TRUE(f);
+    EXPECT_EQ(*f, 12u * 256);
+    EXPECT_EQ(b.validate(), std::nullopt);
+    for (size_t offset : {*a, *d, *e, *f}) b.free(offset);
+    EXPECT_EQ(b.free_blocks(), b.initial_blocks());
+    EXPECT_EQ(b.validate(), std::nullopt);
 }
 
 TEST(BuddyTest, AlignmentAboveBlockSizeUsesALargerBlock) {
@@ -157,6 +188,19 @@ bool reference_has_free_range(const std::map<size_t, RefBlock>& live, size_t cap
     return false;
 }
 
+// The lowest offset, a multiple of `align`, from which `bytes` are free in the reference's view, or nullopt.
+std::optional<size_t> lowest_free_run(const std::map<size_t, RefBlock>& live, size_t capacity, size_t bytes,
+                                      size_t align) {
+    size_t start = 0;  // the free gap [start, end) before each live block, then before the capacity's end
+    for (auto it = live.begin();; ++it) {
+        const size_t end = it == live.end() ? capacity : it->first;
+        const size_t s = (start + align - 1) / align * align;
+        if (s + bytes <= end) return s;
+        if (it == live.end()) return std::nullopt;
+        start = it->first + it->second.block;
+    }
+}
+
 struct RandomCase {
     size_t capacity, min_block;
     uint32_t seed;
@@ -177,12 +221,21 @@ void run_random_sequence(const RandomCase& rc, int ops) {
             const int max_bits = std::bit_width(rc.capacity / 4);
             const size_t bytes = (rng() % 16 == 0) ? 0 : (size_t{1} << (rng() % max_bits)) + rng() % 97;
             const size_t alignment = size_t{1} << (rng() % 4 == 0 ? rng() % 13 : 0);
-            const BlockFit fit = rng() % 2 ? BlockFit::kTrimmed : BlockFit::kPowerOfTwo;
+            const BlockFit fit = static_cast<BlockFit>(rng() % 3);  // kPowerOfTwo, kTrimmed, kPacked
             const size_t pow2_block = b.block_size_for(bytes, alignment);
+            const size_t units = std::max<size_t>(1, (bytes + rc.min_block - 1) / rc.min_block);
+            // kPacked: first fit over contiguous free memory, aligned to max(alignment, min_block)
+            const std::optional<size_t> packed_at =
+                fit == BlockFit::kPacked
+                    ? lowest_free_run(live, rc.capacity, units * rc.min_block, std::max(alignment, rc.min_block))
+                    : std::nullopt;
             const std::optional<size_t> got = b.allocate(bytes, alignment, fit);
+            if (fit == BlockFit::kPacked) {
+                ASSERT_EQ(got, packed_at) << "not the lowest free run";
+            }
             if (!got) {
                 ++failures;
-                if (pow2_block != 0) {
+                if (pow2_block != 0 && fit != BlockFit::kPacked) {
                     ASSERT_FALSE(reference_has_free_range(live, rc.capacity, pow2_block))
                         << "allocate(" << bytes << ", " << alignment << ") failed with a free aligned range of "
                         << pow2_block << " bytes";
@@ -192,11 +245,12 @@ void run_random_sequence(const RandomCase& rc, int ops) {
             }
             const size_t offset = *got;
             const size_t block = b.block_bytes(offset);
-            const size_t units = std::max<size_t>(1, (bytes + rc.min_block - 1) / rc.min_block);
-            ASSERT_EQ(block, fit == BlockFit::kTrimmed ? units * rc.min_block : pow2_block);
+            ASSERT_EQ(block, fit == BlockFit::kPowerOfTwo ? pow2_block : units * rc.min_block);
             ASSERT_LE(offset + block, rc.capacity);
             ASSERT_EQ(offset % alignment, 0u);
-            ASSERT_EQ(offset % pow2_block, 0u) << "not naturally aligned";
+            if (fit != BlockFit::kPacked) {
+                ASSERT_EQ(offset % pow2_block, 0u) << "not naturally aligned";
+            }
             auto next = live.lower_bound(offset);
             if (next != live.end()) {
                 ASSERT_GE(next->first, offset + block) << "overlaps the next live block";

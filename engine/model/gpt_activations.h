@@ -1,0 +1,108 @@
+// gpt_activations.h: the static memory plan of one Gpt chunk's activations and scratch (memory/planner.h).
+//
+// Every buffer forward() and backward() touch besides parameters and gradients is a BufferRequest whose lifetime
+// comes from the op sequence of one micro-batch on the chunk: the forward's ops, the hand-off op (the output is
+// copied into a pipeline send buffer, the output gradient received: parts without the head), the backward's ops
+// and a last op for what is read after backward() returns (grad_input, copied out by the pipeline; losses()).
+// The builder walks the ops in the order Gpt::forward and Gpt::backward run them, each op naming the buffers it
+// reads or writes, so a buffer lives from the first op that touches it to the last.
+//
+// Two groups, planned separately:
+//   kSlot     what a micro-batch keeps from its forward to its backward (saved activations, pipeline hand-offs,
+//             tokens, targets, loss statistics): one block per activation slot. Inside a slot, buffers with
+//             disjoint lifetimes share memory (dinp, written by the last backward op, reuses saved activations
+//             that backward has consumed; the output reuses nothing, as all saved activations are live then).
+//   kScratch  what lives inside one forward() or backward() call (c_proj outputs, the residual-stream and LayerNorm
+//             input gradients, dloss, each layer's dfch / datty / dqkv, sequence-parallel staging): one block per
+//             chunk, shared by all its slots -- a rank runs one call at a time and no call reads another's scratch.
+//             Forward and backward scratch overlap; a layer's dfch overlaps its datty and dqkv.
+// Scratch never shares memory with a slot: other slots' saved activations are live whenever a call runs.
+//
+// Row counts: N = max_batch * T rows; with sequence parallelism (tp > 1) the residual stream and LayerNorm
+// statistics hold only this rank's N / tp rows (Megatron's activation saving); gathered inputs of the
+// column-parallel layers and everything inside the tensor-parallel regions hold all N.
+//
+// The plan is a pure function of (shape, part, tp, max_batch, sequence_parallel): Gpt lays its buffers out from it
+// and `mindspeed-train plan` (engine/train/plan.cpp) reports the same bytes from it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/gpt.h"
+#include "memory/planner.h"
+
+namespace ms {
+
+// Every activation buffer of Gpt (engine/model/gpt.cpp, struct Gpt::Activations).
+enum class GptBuf : uint8_t {
+    // per layer, slot
+    kLn1,
+    kLn1Mean,
+    kLn1Rstd,
+    kQkv,
+    kAtty,
+    kLse,
+    kRes2,
+    kLn2,
+    kLn2Mean,
+    kLn2Rstd,
+    kFch,
+    kFchGelu,
+    kRes3,
+    // per layer, scratch
+    kDfch,
+    kDatty,
+    kDqkv,
+    // per chunk, slot
+    kEncoded,
+    kLnf,
+    kLnfMean,
+    kLnfRstd,
+    kLogits,
+    kLosses,
+    kRowMax,
+    kSumExp,
+    kTokens,
+    kTargets,
+    kDout,
+    kDinp,
+    // per chunk, scratch
+    kProjOut,
+    kDres,
+    kDln,
+    kDloss,
+    kSpLocal,
+    kSpFull,
+};
+const char* gpt_buf_name(GptBuf buf);  // "ln1", "dfch", ...
+
+enum class GptBufGroup : uint8_t { kSlot, kScratch };
+
+struct GptBuffer {
+    GptBuf id;
+    int layer = -1;  // local layer index for per-layer buffers, else -1
+    GptBufGroup group;
+    int request = 0;  // index into the group's requests (and its Plan's offsets)
+};
+
+struct GptActivationPlan {
+    std::vector<GptBuffer> buffers;            // only those the chunk holds (e.g. no logits without the head)
+    std::vector<BufferRequest> slot_requests;  // bytes and lifetimes; names like "h.3.qkv", "encoded"
+    std::vector<BufferRequest> scratch_requests;
+    Plan slot, scratch;  // byte offsets inside one slot block / the scratch block
+    int num_ops = 0;     // length of the op sequence
+
+    int64_t slot_bytes() const { return static_cast<int64_t>(slot.total_bytes); }
+    int64_t scratch_bytes() const { return static_cast<int64_t>(scratch.total_bytes); }
+    // What a chunk with num_slots activation slots allocates.
+    int64_t bytes(int num_slots) const { return num_slots * slot_bytes() + scratch_bytes(); }
+};
+
+// Offsets are multiples of kGptActivationAlign bytes (16 floats: Gpt's parameter alignment).
+inline constexpr size_t kGptActivationAlign = 64;
+
+GptActivationPlan plan_gpt_activations(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
+                                       bool sequence_parallel);
+
+}  // namespace ms
