@@ -7,6 +7,10 @@
 //
 // The .cu files stay free of engine headers: nvcc's C++20 front end rejects fmt 9's consteval format strings, so
 // launchers take raw pointers and sizes (llm.c style) and check them with the printf-style MS_ASSERT.
+//
+// A third way in: a host file of the real backend (cuda_backend.cpp in ms_cuda_backend) defines MS_CUDA_RUNTIME to
+// include the launcher declarations against <cuda_runtime.h>; it sees no kernels, so ms_launch and the warp
+// reductions are left out of it.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +20,7 @@
 #include <string>
 #include <utility>
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(MS_CUDA_RUNTIME)
 #include <cuda_runtime.h>
 #define MS_DYNAMIC_SHARED(T, name)                            \
     extern __shared__ __align__(16) unsigned char ms_smem_[]; \
@@ -30,6 +34,7 @@ namespace ms {
 // engine/core/check.h's fatal (declared again here so that nvcc never parses fmt).
 [[noreturn]] void fatal(const char* expr, const char* file, int line, const char* func, const std::string& msg);
 
+#if defined(__CUDACC__) || !defined(MS_CUDA_RUNTIME)
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) under nvcc; the fiber scheduler on the CPU.
 template <class... KArgs, class... Args>
 void ms_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
@@ -41,6 +46,7 @@ void ms_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shared_by
     cuda_emu::launch(kernel, grid, block, shared_bytes, std::forward<Args>(args)...);
 #endif
 }
+#endif
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -76,6 +82,7 @@ enum class DinpWrite : uint8_t { kOverwrite, kAdd };
         }                                                              \
     } while (0)
 
+#if defined(__CUDACC__) || !defined(MS_CUDA_RUNTIME)
 // ----------------------------------------------------------------------------
 // warp reductions: xor butterflies, so every lane ends with the same, fixed-order result
 
@@ -88,3 +95,4 @@ __device__ __forceinline__ float warp_reduce_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+#endif

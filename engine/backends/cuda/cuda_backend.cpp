@@ -1,0 +1,336 @@
+// cuda_backend.cpp: CudaBackend (cuda_backend.h): shape checks on the Tensor views, then the raw launchers of
+// kernels/<op>.cuh on this backend's stream. Built against the CUDA runtime when MS_CUDA_RUNTIME is defined
+// (ms_cuda_backend), else against the CPU emulation (ms_cuda_emu); only DeviceScratch, the stream, zero() and
+// the copy of sum_squares' result differ between the two.
+#include "engine/backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/backends/cuda/kernels/adamw.cuh"
+#include "engine/backends/cuda/kernels/attention.cuh"
+#include "engine/backends/cuda/kernels/cross_entropy.cuh"
+#include "engine/backends/cuda/kernels/embedding.cuh"
+#include "engine/backends/cuda/kernels/gelu.cuh"
+#include "engine/backends/cuda/kernels/layernorm.cuh"
+#include "engine/backends/cuda/kernels/matmul.cuh"
+#include "engine/backends/cuda/kernels/residual.cuh"
+#include "engine/backends/cuda/kernels/sum_squares.cuh"
+#include "engine/core/check.h"
+
+namespace ms {
+namespace {
+
+constexpr size_t kScratchAlign = 256;
+
+// The launchers take int sizes: every dimension handed to one is checked against this first.
+int to_int(int64_t v, const char* op, const char* what) {
+    MS_CHECK(v >= 0 && v <= INT_MAX, "{}: {} = {} is outside [0, INT_MAX] (the CUDA launchers take int sizes)", op,
+             what, v);
+    return static_cast<int>(v);
+}
+
+cuda::DinpWrite dinp_write(Accumulate a) {
+    return a == Accumulate::kAdd ? cuda::DinpWrite::kAdd : cuda::DinpWrite::kOverwrite;
+}
+
+void check_numel(const Tensor& t, int64_t expected, const char* op, const char* what) {
+    MS_CHECK(t.numel() == expected, "{}: {} has {} elements, expected {}", op, what, t.numel(), expected);
+}
+
+}  // namespace
+
+// ---- memory and stream: the two builds ----
+
+DeviceScratch::~DeviceScratch() {
+#if defined(MS_CUDA_RUNTIME)
+    if (ptr_) cudaFree(ptr_);  // no check: a destructor must not abort during unwinding
+#else
+    std::free(ptr_);
+#endif
+}
+
+void* DeviceScratch::reserve(size_t bytes) {
+    if (bytes <= bytes_ && ptr_) return ptr_;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+#if defined(MS_CUDA_RUNTIME)
+    if (ptr_) MS_CUDA_CHECK(cudaFree(ptr_));
+    ptr_ = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&ptr_, rounded));  // cudaMalloc aligns to at least 256 bytes
+#else
+    std::free(ptr_);
+    ptr_ = std::aligned_alloc(kScratchAlign, rounded);
+    MS_CHECK(ptr_ != nullptr, "cuda-emulated: cannot allocate {} bytes of scratch", rounded);
+#endif
+    bytes_ = rounded;
+    return ptr_;
+}
+
+CudaBackend::CudaBackend(const BackendOptions& options) {
+    MS_CHECK(options.kind == BackendKind::kCUDA, "CudaBackend built for backend kind {}",
+             static_cast<int>(options.kind));
+#if defined(MS_CUDA_RUNTIME)
+    MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+#endif
+}
+
+CudaBackend::~CudaBackend() {
+#if defined(MS_CUDA_RUNTIME)
+    if (stream_) {
+        cudaStreamSynchronize(stream_);  // scratch is freed next: no kernel may still read it
+        cudaStreamDestroy(stream_);
+    }
+#endif
+}
+
+bool CudaBackend::emulated() {
+#if defined(MS_CUDA_RUNTIME)
+    return false;
+#else
+    return true;
+#endif
+}
+
+std::string_view CudaBackend::name() const { return emulated() ? "cuda-emulated" : "cuda"; }
+
+// Every kernel is fp32 (bf16 comes with the mixed-precision work).
+bool CudaBackend::supports(OpKind op, DType dtype) const { return op < OpKind::kCount && dtype == DType::kF32; }
+
+void CudaBackend::synchronize() { MS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::zero(const Tensor& x) {
+    if (x.numel() == 0) return;
+#if defined(MS_CUDA_RUNTIME)
+    MS_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.bytes(), stream_));
+#else
+    std::memset(x.data, 0, x.bytes());
+#endif
+}
+
+double CudaBackend::sum_squares(const Tensor& x) {
+    const int64_t n = x.numel();
+    const size_t doubles = 1 + cuda::sum_squares_scratch_doubles(n);
+    double* scratch = static_cast<double*>(sum_squares_scratch_.reserve(doubles * sizeof(double)));
+    cuda::sum_squares(scratch, scratch + 1, x.f32(), n, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+    double result = 0.0;
+#if defined(MS_CUDA_RUNTIME)
+    MS_CUDA_CHECK(cudaMemcpyAsync(&result, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+#else
+    result = scratch[0];
+#endif
+    return result;
+}
+
+// ---- ops ----
+
+void CudaBackend::embedding_forward(const EmbeddingForwardArgs& a) {
+    const int64_t C = a.table.dim(-1), N = a.tokens.numel();
+    MS_CHECK(C > 0, "embedding: table has no columns");
+    check_numel(a.out, N * C, "embedding", "out (N * C)");
+    MS_CHECK(a.T > 0 && N % a.T == 0, "embedding: N({}) is not a multiple of T({})", N, a.T);
+    if (a.pos.defined()) check_numel(a.pos, a.T * C, "embedding", "pos (T * C)");
+    cuda::embedding_forward(a.out.f32(), a.tokens.i32(), a.table.f32(), a.pos.defined() ? a.pos.f32() : nullptr,
+                            to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
+                            to_int(a.table.numel() / C, "embedding", "V_local"), a.vocab_start,
+                            to_int(a.T, "embedding", "T"), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::embedding_backward(const EmbeddingBackwardArgs& a) {
+    const int64_t C = a.dtable.dim(-1), N = a.tokens.numel();
+    MS_CHECK(C > 0, "embedding: dtable has no columns");
+    check_numel(a.dout, N * C, "embedding", "dout (N * C)");
+    MS_CHECK(a.T > 0 && N % a.T == 0, "embedding: N({}) is not a multiple of T({})", N, a.T);
+    if (a.dpos.defined()) check_numel(a.dpos, a.T * C, "embedding", "dpos (T * C)");
+    cuda::embedding_backward(a.dtable.f32(), a.dpos.defined() ? a.dpos.f32() : nullptr, a.tokens.i32(), a.dout.f32(),
+                             to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
+                             to_int(a.dtable.numel() / C, "embedding", "V_local"), a.vocab_start,
+                             to_int(a.T, "embedding", "T"), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::layernorm_forward(const LayerNormForwardArgs& a) {
+    const int64_t C = a.inp.dim(-1);
+    MS_CHECK(C > 0, "layernorm: inp has no columns");
+    const int64_t N = a.inp.numel() / C;
+    check_numel(a.out, N * C, "layernorm", "out (N * C)");
+    check_numel(a.weight, C, "layernorm", "weight (C)");
+    check_numel(a.bias, C, "layernorm", "bias (C)");
+    check_numel(a.mean, N, "layernorm", "mean (N)");
+    check_numel(a.rstd, N, "layernorm", "rstd (N)");
+    cuda::layernorm_forward(a.out.f32(), a.mean.f32(), a.rstd.f32(), a.inp.f32(), a.weight.f32(), a.bias.f32(),
+                            to_int(N, "layernorm", "N"), to_int(C, "layernorm", "C"), a.eps, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::layernorm_backward(const LayerNormBackwardArgs& a) {
+    const int64_t C = a.inp.dim(-1);
+    MS_CHECK(C > 0, "layernorm: inp has no columns");
+    const int64_t N = a.inp.numel() / C;
+    check_numel(a.dout, N * C, "layernorm", "dout (N * C)");
+    check_numel(a.dinp, N * C, "layernorm", "dinp (N * C)");
+    check_numel(a.weight, C, "layernorm", "weight (C)");
+    check_numel(a.dweight, C, "layernorm", "dweight (C)");
+    check_numel(a.dbias, C, "layernorm", "dbias (C)");
+    check_numel(a.mean, N, "layernorm", "mean (N)");
+    check_numel(a.rstd, N, "layernorm", "rstd (N)");
+    const int n = to_int(N, "layernorm", "N"), c = to_int(C, "layernorm", "C");
+    float* scratch =
+        static_cast<float*>(layernorm_scratch_.reserve(cuda::layernorm_backward_scratch_floats(n, c) * sizeof(float)));
+    cuda::layernorm_backward(a.dinp.f32(), a.dweight.f32(), a.dbias.f32(), scratch, a.dout.f32(), a.inp.f32(),
+                             a.weight.f32(), a.mean.f32(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::matmul_forward(const MatmulForwardArgs& a) {
+    const int64_t K = a.inp.dim(-1);
+    MS_CHECK(K > 0, "matmul: inp has no columns");
+    MS_CHECK(a.weight.dim(-1) == K, "matmul: weight is (.., {}) but inp is (.., {})", a.weight.dim(-1), K);
+    const int64_t N = a.inp.numel() / K, M = a.weight.numel() / K;
+    check_numel(a.out, N * M, "matmul", "out (N * M)");
+    if (a.bias.defined()) check_numel(a.bias, M, "matmul", "bias (M)");
+    cuda::matmul_forward(a.out.f32(), a.inp.f32(), a.weight.f32(), a.bias.defined() ? a.bias.f32() : nullptr,
+                         to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
+    const int64_t K = a.inp.dim(-1);
+    MS_CHECK(K > 0, "matmul: inp has no columns");
+    MS_CHECK(a.weight.dim(-1) == K, "matmul: weight is (.., {}) but inp is (.., {})", a.weight.dim(-1), K);
+    const int64_t N = a.inp.numel() / K, M = a.weight.numel() / K;
+    check_numel(a.dout, N * M, "matmul", "dout (N * M)");
+    check_numel(a.dweight, M * K, "matmul", "dweight (M * K)");
+    if (a.dinp.defined()) check_numel(a.dinp, N * K, "matmul", "dinp (N * K)");
+    if (a.dbias.defined()) check_numel(a.dbias, M, "matmul", "dbias (M)");
+    cuda::matmul_backward(a.dinp.defined() ? a.dinp.f32() : nullptr, a.dweight.f32(),
+                          a.dbias.defined() ? a.dbias.f32() : nullptr, a.dout.f32(), a.inp.f32(), a.weight.f32(),
+                          to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"),
+                          dinp_write(a.accumulate), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+struct AttentionDims {
+    int B, T, NH, HS;
+};
+
+AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t NH) {
+    MS_CHECK(qkv.ndim == 3, "attention: qkv must be (B, T, 3*C), got {} dims", qkv.ndim);
+    MS_CHECK(NH > 0 && qkv.dim(2) % (3 * NH) == 0, "attention: qkv width {} is not a multiple of 3 * NH({})",
+             qkv.dim(2), NH);
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), HS = qkv.dim(2) / (3 * NH);
+    MS_CHECK(HS <= cuda::kAttentionMaxHS, "attention: head size {} exceeds the CUDA kernels' maximum of {}", HS,
+             cuda::kAttentionMaxHS);
+    check_numel(out, B * T * NH * HS, "attention", "out/dout (B * T * C)");
+    check_numel(lse, B * NH * T, "attention", "lse (B * NH * T)");
+    return {to_int(B, "attention", "B"), to_int(T, "attention", "T"), to_int(NH, "attention", "NH"),
+            static_cast<int>(HS)};
+}
+
+}  // namespace
+
+void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
+    const AttentionDims d = check_attention(a.qkv, a.out, a.lse, a.NH);
+    cuda::attention_forward(a.out.f32(), a.lse.f32(), a.qkv.f32(), d.B, d.T, d.NH, d.HS, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
+    const AttentionDims d = check_attention(a.qkv, a.dout, a.lse, a.NH);
+    check_numel(a.out, a.dout.numel(), "attention", "out (B * T * C)");
+    check_numel(a.dqkv, a.qkv.numel(), "attention", "dqkv (B * T * 3C)");
+    cuda::attention_backward(a.dqkv.f32(), a.dout.f32(), a.qkv.f32(), a.out.f32(), a.lse.f32(), d.B, d.T, d.NH, d.HS,
+                             stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::gelu_forward(const GeluForwardArgs& a) {
+    const int64_t n = a.inp.numel();
+    check_numel(a.out, n, "gelu", "out (n = inp's)");
+    MS_CHECK(a.out.data != a.inp.data, "gelu: out must not alias inp (the backward reads inp)");
+    cuda::gelu_forward(a.out.f32(), a.inp.f32(), n, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::gelu_backward(const GeluBackwardArgs& a) {
+    const int64_t n = a.inp.numel();
+    check_numel(a.dout, n, "gelu", "dout (n = inp's)");
+    check_numel(a.dinp, n, "gelu", "dinp (n = inp's)");
+    cuda::gelu_backward(a.dinp.f32(), a.inp.f32(), a.dout.f32(), n, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::residual_forward(const ResidualForwardArgs& a) {
+    const int64_t n = a.a.numel();
+    check_numel(a.b, n, "residual", "b (n = a's)");
+    check_numel(a.out, n, "residual", "out (n = a's)");
+    int64_t M = 0;
+    if (a.bias.defined()) {
+        M = a.bias.numel();
+        MS_CHECK(M > 0 && n % M == 0, "residual: bias has {} elements, which does not divide n = {}", M, n);
+    }
+    cuda::residual_forward(a.out.f32(), a.a.f32(), a.b.f32(), a.bias.defined() ? a.bias.f32() : nullptr, n, M, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
+    const int64_t Vp = a.logits.dim(-1);
+    MS_CHECK(Vp > 0, "cross_entropy: logits have no columns");
+    const int64_t N = a.logits.numel() / Vp;
+    MS_CHECK(a.vocab_valid_local >= 0 && a.vocab_valid_local <= Vp,
+             "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]", a.vocab_valid_local, Vp);
+    check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
+    const bool sum_phase = a.phase == CrossEntropyPhase::kSumExp;
+    if (sum_phase) {
+        check_numel(a.targets, N, "cross_entropy", "targets (N)");
+        check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
+        check_numel(a.target_logit, N, "cross_entropy", "target_logit (N)");
+    }
+    cuda::cross_entropy_forward(
+        a.row_max.f32(), sum_phase ? a.sum_exp.f32() : nullptr, sum_phase ? a.target_logit.f32() : nullptr,
+        a.logits.f32(), sum_phase ? a.targets.i32() : nullptr, to_int(N, "cross_entropy", "N"),
+        to_int(Vp, "cross_entropy", "Vp_local"), a.vocab_start, static_cast<int>(a.vocab_valid_local),
+        sum_phase ? cuda::CrossEntropyPhase::kSumExp : cuda::CrossEntropyPhase::kMax, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
+    const int64_t Vp = a.logits.dim(-1);
+    MS_CHECK(Vp > 0, "cross_entropy: logits have no columns");
+    const int64_t N = a.logits.numel() / Vp;
+    MS_CHECK(a.vocab_valid_local >= 0 && a.vocab_valid_local <= Vp,
+             "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]", a.vocab_valid_local, Vp);
+    check_numel(a.targets, N, "cross_entropy", "targets (N)");
+    check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
+    check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
+    check_numel(a.dloss, N, "cross_entropy", "dloss (N)");
+    cuda::cross_entropy_backward(a.logits.f32(), a.targets.i32(), a.row_max.f32(), a.sum_exp.f32(), a.dloss.f32(),
+                                 to_int(N, "cross_entropy", "N"), to_int(Vp, "cross_entropy", "Vp_local"),
+                                 a.vocab_start, static_cast<int>(a.vocab_valid_local), stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::adamw(const AdamWArgs& a) {
+    const int64_t n = a.param.numel();
+    check_numel(a.grad, n, "adamw", "grad (n = param's)");
+    check_numel(a.m, n, "adamw", "m (n = param's)");
+    check_numel(a.v, n, "adamw", "v (n = param's)");
+    MS_CHECK(a.step >= 1, "adamw: step is {}, must be >= 1 (bias corrections divide by 1 - beta^step)", a.step);
+    const cuda::AdamWHyper h{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
+    cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), n, h, stream_);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+std::unique_ptr<Backend> make_backend_with_cuda(const BackendOptions& options) {
+    if (options.kind == BackendKind::kCUDA) return std::make_unique<CudaBackend>(options);
+    return make_backend(options);
+}
+
+}  // namespace ms

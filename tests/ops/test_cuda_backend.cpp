@@ -1,0 +1,470 @@
+// test_cuda_backend.cpp: every op through the Backend interface of CudaBackend (engine/backends/cuda/cuda_backend.h,
+// here the "cuda-emulated" build: the kernel sources run on the CPU through fibers) against the CPU backend in
+// OpMode::kReference, on shapes that are not multiples of any block, with guarded outputs. The kernels themselves
+// are tested through their raw launchers in test_cuda_emu*.cpp; this file checks the backend's plumbing: which
+// tensor goes to which launcher argument, the Accumulate and optional-tensor handling, the scratch it owns, the
+// shape checks. Tolerances are the launcher tests' (measured there with MS_OP_TEST_VERBOSE=1); with it set, this
+// file prints errors of the same order, all <= 3.3e-7 (1.3e-13 for sum_squares). A coverage test fails when an
+// OpKind has no test in this file. The same file, linked with ms_cuda_backend instead, is test_cuda_device
+// (tests/CMakeLists.txt), the check on a real GPU: there every operator new returns managed memory (below), so
+// the std::vector buffers are readable by both the kernels and the CPU reference.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "engine/backends/cuda/cuda_backend.h"
+#include "tests/ops/op_test_util.h"
+
+#if defined(MS_TEST_CUDA_DEVICE)
+#include <cuda_runtime.h>
+
+#include <new>
+
+// Every allocation of test_cuda_device is CUDA managed memory, with a 16-byte header that remembers it.
+void* operator new(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMallocManaged(&p, bytes + 16) != cudaSuccess) throw std::bad_alloc();
+    return static_cast<char*>(p) + 16;
+}
+void operator delete(void* p) noexcept {
+    if (p) cudaFree(static_cast<char*>(p) - 16);  // fails harmlessly once the runtime is unloading at exit
+}
+void operator delete(void* p, size_t) noexcept { operator delete(p); }
+void* operator new[](size_t bytes) { return operator new(bytes); }
+void operator delete[](void* p) noexcept { operator delete(p); }
+void operator delete[](void* p, size_t) noexcept { operator delete(p); }
+#endif
+
+namespace ms::test {
+namespace {
+
+// ---- coverage: the OpKinds this file runs through CudaBackend, registered at static-initialisation time ----
+
+std::set<OpKind>& cuda_backend_ops() {
+    static std::set<OpKind> ops;
+    return ops;
+}
+bool covers(std::initializer_list<OpKind> ops) {
+    cuda_backend_ops().insert(ops.begin(), ops.end());
+    return true;
+}
+#define MS_CUDA_BACKEND_TEST(name, ...)                                        \
+    static const bool CudaBackend_##name##_registered = covers({__VA_ARGS__}); \
+    TEST(CudaBackend, name)
+
+std::unique_ptr<Backend> make_cuda() {
+    BackendOptions o;
+    o.kind = BackendKind::kCUDA;
+    return make_backend_with_cuda(o);
+}
+
+void expect_close(const char* what, double err, double tol) {
+    if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-32s err %.2e (tol %.0e)\n", what, err, tol);
+    EXPECT_LE(err, tol) << what;
+}
+
+TEST(CudaBackend, NameAndFp32Only) {
+    auto cuda = make_cuda();
+    EXPECT_EQ(cuda->name(), CudaBackend::emulated() ? "cuda-emulated" : "cuda");
+    for (int op = 0; op < static_cast<int>(OpKind::kCount); ++op) {
+        EXPECT_TRUE(cuda->supports(static_cast<OpKind>(op), DType::kF32)) << "OpKind " << op;
+        EXPECT_FALSE(cuda->supports(static_cast<OpKind>(op), DType::kBF16)) << "OpKind " << op;
+    }
+    // make_backend_with_cuda forwards the other kinds; make_backend itself still builds only the CPU backend.
+    BackendOptions cpu;
+    cpu.mode = OpMode::kReference;
+    EXPECT_EQ(make_backend_with_cuda(cpu)->name(), "cpu-reference");
+}
+
+// The checks are host code, the same in both builds: test_cuda_device skips this (its forked child would need the
+// parent's CUDA context, and a re-executed one dies in its managed allocations before printing).
+#if !defined(MS_TEST_CUDA_DEVICE)
+TEST(CudaBackendDeathTest, ShapeErrorsAreSentences) {
+    auto cuda = make_cuda();
+    std::vector<float> inp(6 * 5), weight(4 * 3), out(6 * 4);
+    EXPECT_DEATH(cuda->matmul_forward(
+                     {.inp = view(inp, {6, 5}), .weight = view(weight, {4, 3}), .bias = {}, .out = view(out, {6, 4})}),
+                 "matmul: weight is \\(.., 3\\) but inp is \\(.., 5\\)");
+    std::vector<float> qkv(2 * 3 * 3 * 130), o(2 * 3 * 130), lse(2 * 3);
+    EXPECT_DEATH(
+        cuda->attention_forward(
+            {.qkv = view(qkv, {2, 3, 390}), .out = view(o, {2, 3, 130}), .lse = view(lse, {2, 1, 3}), .NH = 1}),
+        "head size 130 exceeds");
+}
+#endif
+
+// ---- residual, gelu ----
+
+MS_CUDA_BACKEND_TEST(ResidualMatchesTheCpuBitForBit, OpKind::kResidualForward) {
+    const int64_t n = 1001 * 3, M = 1001;
+    auto a = random_floats(n, 1), b = random_floats(n, 2), bias = random_floats(M, 3);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (bool with_bias : {false, true}) {
+        std::vector<float> ref(n);
+        cpu->residual_forward({.a = view(a, {n}),
+                               .b = view(b, {n}),
+                               .out = view(ref, {n}),
+                               .bias = with_bias ? view(bias, {M}) : Tensor{}});
+        Guarded out(n, NAN);
+        cuda->residual_forward({.a = view(a, {n}),
+                                .b = view(b, {n}),
+                                .out = out.tensor({n}),
+                                .bias = with_bias ? view(bias, {M}) : Tensor{}});
+        EXPECT_TRUE(bit_identical(out.values(), ref)) << "bias " << with_bias;
+        EXPECT_TRUE(out.guards_intact());
+        auto aliased = a;  // out may alias a
+        cuda->residual_forward({.a = view(aliased, {n}),
+                                .b = view(b, {n}),
+                                .out = view(aliased, {n}),
+                                .bias = with_bias ? view(bias, {M}) : Tensor{}});
+        EXPECT_TRUE(bit_identical(aliased, ref));
+    }
+}
+
+MS_CUDA_BACKEND_TEST(GeluMatchesTheCpuReference, OpKind::kGeluForward, OpKind::kGeluBackward) {
+    const int64_t n = 3001;
+    auto inp = random_floats(n, 1, -5.0f, 5.0f), dout = random_floats(n, 2);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    std::vector<float> out_ref(n), dinp_ref(n);
+    cpu->gelu_forward({.inp = view(inp, {n}), .out = view(out_ref, {n})});
+    cpu->gelu_backward({.inp = view(inp, {n}), .dout = view(dout, {n}), .dinp = view(dinp_ref, {n})});
+    Guarded out(n, NAN), dinp(n, NAN);
+    cuda->gelu_forward({.inp = view(inp, {n}), .out = out.tensor({n})});
+    cuda->gelu_backward({.inp = view(inp, {n}), .dout = view(dout, {n}), .dinp = dinp.tensor({n})});
+    // test_cuda_emu.cpp: measured 1.6e-8 / 1.1e-7.
+    expect_close("gelu forward", max_rel_error(out.values(), out_ref), 2e-7);
+    expect_close("gelu backward", max_rel_error(dinp.values(), dinp_ref), 1e-6);
+    EXPECT_TRUE(out.guards_intact() && dinp.guards_intact());
+    auto aliased = dout;  // dinp may alias dout
+    cuda->gelu_backward({.inp = view(inp, {n}), .dout = view(aliased, {n}), .dinp = view(aliased, {n})});
+    EXPECT_TRUE(bit_identical(aliased, dinp.values()));
+}
+
+// ---- layernorm ----
+
+MS_CUDA_BACKEND_TEST(LayerNormMatchesTheCpuReference, OpKind::kLayerNormForward, OpKind::kLayerNormBackward) {
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();  // one backend for both shapes: the second, larger one grows its scratch
+    for (auto [N, C] : {std::pair<int64_t, int64_t>{7, 37}, std::pair<int64_t, int64_t>{137, 200}}) {
+        SCOPED_TRACE(testing::Message() << "N " << N << " C " << C);
+        auto inp = random_floats(N * C, 1, -3.0f, 3.0f), weight = random_floats(C, 2), bias = random_floats(C, 3);
+        auto dout = random_floats(N * C, 4);
+        const auto dinp0 = random_floats(N * C, 5), dweight0 = random_floats(C, 6), dbias0 = random_floats(C, 7);
+        std::vector<float> out_ref(N * C), mean_ref(N), rstd_ref(N);
+        cpu->layernorm_forward({.inp = view(inp, {N, C}),
+                                .weight = view(weight, {C}),
+                                .bias = view(bias, {C}),
+                                .out = view(out_ref, {N, C}),
+                                .mean = view(mean_ref, {N}),
+                                .rstd = view(rstd_ref, {N}),
+                                .eps = 1e-5f});
+        Guarded out(N * C, NAN), mean(N, NAN), rstd(N, NAN);
+        cuda->layernorm_forward({.inp = view(inp, {N, C}),
+                                 .weight = view(weight, {C}),
+                                 .bias = view(bias, {C}),
+                                 .out = out.tensor({N, C}),
+                                 .mean = mean.tensor({N}),
+                                 .rstd = rstd.tensor({N}),
+                                 .eps = 1e-5f});
+        // test_cuda_emu.cpp: measured up to 1.5e-7 / 8.8e-8 / 6.8e-8.
+        expect_close("layernorm out", max_rel_error(out.values(), out_ref), 1e-6);
+        expect_close("layernorm mean", max_rel_error(mean.values(), mean_ref), 1e-6);
+        expect_close("layernorm rstd", max_rel_error(rstd.values(), rstd_ref), 1e-6);
+        EXPECT_TRUE(out.guards_intact() && mean.guards_intact() && rstd.guards_intact());
+        for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+            const bool add = acc == Accumulate::kAdd;
+            std::vector<float> dinp_ref = add ? dinp0 : std::vector<float>(N * C), dweight_ref = dweight0,
+                               dbias_ref = dbias0;
+            cpu->layernorm_backward({.dout = view(dout, {N, C}),
+                                     .inp = view(inp, {N, C}),
+                                     .weight = view(weight, {C}),
+                                     .mean = view(mean_ref, {N}),
+                                     .rstd = view(rstd_ref, {N}),
+                                     .dinp = view(dinp_ref, {N, C}),
+                                     .dweight = view(dweight_ref, {C}),
+                                     .dbias = view(dbias_ref, {C}),
+                                     .accumulate = acc});
+            Guarded dinp = add ? Guarded(dinp0) : Guarded(N * C, NAN), dweight(dweight0), dbias(dbias0);
+            cuda->layernorm_backward({.dout = view(dout, {N, C}),
+                                      .inp = view(inp, {N, C}),
+                                      .weight = view(weight, {C}),
+                                      .mean = view(mean_ref, {N}),
+                                      .rstd = view(rstd_ref, {N}),
+                                      .dinp = dinp.tensor({N, C}),
+                                      .dweight = dweight.tensor({C}),
+                                      .dbias = dbias.tensor({C}),
+                                      .accumulate = acc});
+            // test_cuda_emu.cpp: measured up to 1.1e-7 (dinp) and 1.2e-7 (dweight, dbias).
+            expect_close(add ? "layernorm dinp (+=)" : "layernorm dinp (=)", max_rel_error(dinp.values(), dinp_ref),
+                         1e-6);
+            expect_close("layernorm dweight", max_rel_error(dweight.values(), dweight_ref), 1e-6);
+            expect_close("layernorm dbias", max_rel_error(dbias.values(), dbias_ref), 1e-6);
+            EXPECT_TRUE(dinp.guards_intact() && dweight.guards_intact() && dbias.guards_intact());
+        }
+    }
+}
+
+// ---- matmul ----
+
+MS_CUDA_BACKEND_TEST(MatmulMatchesTheCpuReference, OpKind::kMatmulForward, OpKind::kMatmulBackward) {
+    const int64_t N = 37, K = 53, M = 29;
+    auto inp = random_floats(N * K, 1), weight = random_floats(M * K, 2), bias = random_floats(M, 3);
+    auto dout = random_floats(N * M, 4);
+    const auto dinp0 = random_floats(N * K, 5), dweight0 = random_floats(M * K, 6), dbias0 = random_floats(M, 7);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (bool with_bias : {false, true}) {
+        std::vector<float> out_ref(N * M);
+        cpu->matmul_forward({.inp = view(inp, {N, K}),
+                             .weight = view(weight, {M, K}),
+                             .bias = with_bias ? view(bias, {M}) : Tensor{},
+                             .out = view(out_ref, {N, M})});
+        Guarded out(N * M, NAN);
+        cuda->matmul_forward({.inp = view(inp, {N, K}),
+                              .weight = view(weight, {M, K}),
+                              .bias = with_bias ? view(bias, {M}) : Tensor{},
+                              .out = out.tensor({N, M})});
+        // test_cuda_emu_ops.cpp: measured up to 3.3e-7.
+        expect_close("matmul out", max_rel_error(out.values(), out_ref), 1e-6);
+        EXPECT_TRUE(out.guards_intact());
+    }
+    for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+        const bool add = acc == Accumulate::kAdd;
+        std::vector<float> dinp_ref = add ? dinp0 : std::vector<float>(N * K), dweight_ref = dweight0,
+                           dbias_ref = dbias0;
+        cpu->matmul_backward({.dout = view(dout, {N, M}),
+                              .inp = view(inp, {N, K}),
+                              .weight = view(weight, {M, K}),
+                              .dinp = view(dinp_ref, {N, K}),
+                              .dweight = view(dweight_ref, {M, K}),
+                              .dbias = view(dbias_ref, {M}),
+                              .accumulate = acc});
+        Guarded dinp = add ? Guarded(dinp0) : Guarded(N * K, NAN), dweight(dweight0), dbias(dbias0);
+        cuda->matmul_backward({.dout = view(dout, {N, M}),
+                               .inp = view(inp, {N, K}),
+                               .weight = view(weight, {M, K}),
+                               .dinp = dinp.tensor({N, K}),
+                               .dweight = dweight.tensor({M, K}),
+                               .dbias = dbias.tensor({M}),
+                               .accumulate = acc});
+        // test_cuda_emu_ops.cpp: measured up to 2.2e-7.
+        expect_close(add ? "matmul dinp (+=)" : "matmul dinp (=)", max_rel_error(dinp.values(), dinp_ref), 1e-6);
+        expect_close("matmul dweight", max_rel_error(dweight.values(), dweight_ref), 1e-6);
+        expect_close("matmul dbias", max_rel_error(dbias.values(), dbias_ref), 1e-6);
+        EXPECT_TRUE(dinp.guards_intact() && dweight.guards_intact() && dbias.guards_intact());
+    }
+    // Without dinp and dbias (both optional): dweight only.
+    std::vector<float> dweight_ref = dweight0;
+    cpu->matmul_backward({.dout = view(dout, {N, M}),
+                          .inp = view(inp, {N, K}),
+                          .weight = view(weight, {M, K}),
+                          .dinp = {},
+                          .dweight = view(dweight_ref, {M, K}),
+                          .dbias = {},
+                          .accumulate = Accumulate::kOverwrite});
+    Guarded dweight(dweight0);
+    cuda->matmul_backward({.dout = view(dout, {N, M}),
+                           .inp = view(inp, {N, K}),
+                           .weight = view(weight, {M, K}),
+                           .dinp = {},
+                           .dweight = dweight.tensor({M, K}),
+                           .dbias = {},
+                           .accumulate = Accumulate::kOverwrite});
+    expect_close("matmul dweight only", max_rel_error(dweight.values(), dweight_ref), 1e-6);
+    EXPECT_TRUE(dweight.guards_intact());
+}
+
+// ---- attention ----
+
+MS_CUDA_BACKEND_TEST(AttentionMatchesTheCpuReference, OpKind::kAttentionForward, OpKind::kAttentionBackward) {
+    const int64_t B = 2, T = 21, NH = 3, HS = 12, C = NH * HS;
+    auto qkv = random_floats(B * T * 3 * C, 1, -2.0f, 2.0f), dout = random_floats(B * T * C, 2);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    std::vector<float> out_ref(B * T * C), lse_ref(B * NH * T), dqkv_ref(B * T * 3 * C);
+    cpu->attention_forward(
+        {.qkv = view(qkv, {B, T, 3 * C}), .out = view(out_ref, {B, T, C}), .lse = view(lse_ref, {B, NH, T}), .NH = NH});
+    cpu->attention_backward({.dout = view(dout, {B, T, C}),
+                             .qkv = view(qkv, {B, T, 3 * C}),
+                             .out = view(out_ref, {B, T, C}),
+                             .lse = view(lse_ref, {B, NH, T}),
+                             .dqkv = view(dqkv_ref, {B, T, 3 * C}),
+                             .NH = NH});
+    Guarded out(B * T * C, NAN), lse(B * NH * T, NAN), dqkv(B * T * 3 * C, NAN);
+    cuda->attention_forward(
+        {.qkv = view(qkv, {B, T, 3 * C}), .out = out.tensor({B, T, C}), .lse = lse.tensor({B, NH, T}), .NH = NH});
+    cuda->attention_backward({.dout = view(dout, {B, T, C}),
+                              .qkv = view(qkv, {B, T, 3 * C}),
+                              .out = view(out_ref, {B, T, C}),
+                              .lse = view(lse_ref, {B, NH, T}),
+                              .dqkv = dqkv.tensor({B, T, 3 * C}),
+                              .NH = NH});
+    // test_cuda_emu_ops.cpp: measured up to 4.2e-7 (out), 1.4e-7 (lse), 3.5e-7 (dqkv).
+    expect_close("attention out", max_rel_error(out.values(), out_ref), 2e-6);
+    expect_close("attention lse", max_rel_error(lse.values(), lse_ref), 2e-6);
+    expect_close("attention dqkv", max_rel_error(dqkv.values(), dqkv_ref), 2e-6);
+    EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dqkv.guards_intact());
+}
+
+// ---- embedding ----
+
+MS_CUDA_BACKEND_TEST(EmbeddingMatchesTheCpuBitForBit, OpKind::kEmbeddingForward, OpKind::kEmbeddingBackward) {
+    const int64_t B = 3, T = 7, N = B * T, C = 53, V = 40, vocab_start = 30;
+    auto tokens = random_ints(N, 1, 0, static_cast<int32_t>(vocab_start + V + 20));  // some on other shards
+    auto table = random_floats(V * C, 2), pos = random_floats(T * C, 3), dout = random_floats(N * C, 4);
+    const auto dtable0 = random_floats(V * C, 5), dpos0 = random_floats(T * C, 6);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (bool with_pos : {false, true}) {
+        std::vector<float> out_ref(N * C);
+        cpu->embedding_forward({.tokens = view(tokens, {N}),
+                                .table = view(table, {V, C}),
+                                .pos = with_pos ? view(pos, {T, C}) : Tensor{},
+                                .out = view(out_ref, {N, C}),
+                                .vocab_start = vocab_start,
+                                .T = T});
+        Guarded out(N * C, NAN);
+        cuda->embedding_forward({.tokens = view(tokens, {N}),
+                                 .table = view(table, {V, C}),
+                                 .pos = with_pos ? view(pos, {T, C}) : Tensor{},
+                                 .out = out.tensor({N, C}),
+                                 .vocab_start = vocab_start,
+                                 .T = T});
+        EXPECT_TRUE(bit_identical(out.values(), out_ref)) << "pos " << with_pos;
+        auto dtable_ref = dtable0, dpos_ref = dpos0;
+        cpu->embedding_backward({.tokens = view(tokens, {N}),
+                                 .dout = view(dout, {N, C}),
+                                 .dtable = view(dtable_ref, {V, C}),
+                                 .dpos = with_pos ? view(dpos_ref, {T, C}) : Tensor{},
+                                 .vocab_start = vocab_start,
+                                 .T = T});
+        Guarded dtable(dtable0), dpos(dpos0);
+        cuda->embedding_backward({.tokens = view(tokens, {N}),
+                                  .dout = view(dout, {N, C}),
+                                  .dtable = dtable.tensor({V, C}),
+                                  .dpos = with_pos ? dpos.tensor({T, C}) : Tensor{},
+                                  .vocab_start = vocab_start,
+                                  .T = T});
+        // The kernels sum every element in the CPU's order (test_cuda_emu_ops.cpp).
+        EXPECT_TRUE(bit_identical(dtable.values(), dtable_ref)) << "pos " << with_pos;
+        EXPECT_TRUE(bit_identical(dpos.values(), dpos_ref)) << "pos " << with_pos;
+        EXPECT_TRUE(out.guards_intact() && dtable.guards_intact() && dpos.guards_intact());
+    }
+}
+
+// ---- cross-entropy ----
+
+MS_CUDA_BACKEND_TEST(CrossEntropyMatchesTheCpuReference, OpKind::kCrossEntropyForward, OpKind::kCrossEntropyBackward) {
+    const int64_t N = 37, Vp = 300, valid = 290, vocab_start = 0;
+    auto logits = random_floats(N * Vp, 1, -8.0f, 8.0f);
+    auto targets = random_ints(N, 2, 0, static_cast<int32_t>(vocab_start + Vp + 50));
+    auto dloss = random_floats(N, 3, 0.01f, 0.1f);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    auto forward = [&](Backend& be, Tensor row_max, Tensor sum_exp, Tensor target_logit) {
+        CrossEntropyForwardArgs fa{.logits = view(logits, {N, Vp}),
+                                   .targets = view(targets, {N}),
+                                   .row_max = row_max,
+                                   .sum_exp = sum_exp,
+                                   .target_logit = target_logit,
+                                   .vocab_start = vocab_start,
+                                   .vocab_valid_local = valid,
+                                   .phase = CrossEntropyPhase::kMax};
+        be.cross_entropy_forward(fa);
+        fa.phase = CrossEntropyPhase::kSumExp;
+        be.cross_entropy_forward(fa);
+    };
+    std::vector<float> max_ref(N), sum_ref(N), target_ref(N);
+    forward(*cpu, view(max_ref, {N}), view(sum_ref, {N}), view(target_ref, {N}));
+    Guarded row_max(N, NAN), sum_exp(N, NAN), target_logit(N, NAN);
+    forward(*cuda, row_max.tensor({N}), sum_exp.tensor({N}), target_logit.tensor({N}));
+    EXPECT_TRUE(bit_identical(row_max.values(), max_ref));
+    EXPECT_TRUE(bit_identical(target_logit.values(), target_ref));
+    // test_cuda_emu_ops.cpp: measured 7.2e-8 (sum_exp), 4.8e-9 (dlogits).
+    expect_close("cross_entropy sum_exp", max_rel_error(sum_exp.values(), sum_ref), 1e-6);
+    auto dlogits_ref = logits;
+    const CrossEntropyBackwardArgs ba{.logits = view(dlogits_ref, {N, Vp}),
+                                      .targets = view(targets, {N}),
+                                      .row_max = view(max_ref, {N}),
+                                      .sum_exp = view(sum_ref, {N}),
+                                      .dloss = view(dloss, {N}),
+                                      .vocab_start = vocab_start,
+                                      .vocab_valid_local = valid};
+    cpu->cross_entropy_backward(ba);
+    Guarded dlogits(logits);
+    CrossEntropyBackwardArgs cba = ba;
+    cba.logits = dlogits.tensor({N, Vp});
+    cuda->cross_entropy_backward(cba);
+    expect_close("cross_entropy dlogits", max_rel_error(dlogits.values(), dlogits_ref), 1e-6);
+    EXPECT_TRUE(row_max.guards_intact() && sum_exp.guards_intact() && target_logit.guards_intact() &&
+                dlogits.guards_intact());
+}
+
+// ---- adamw, sum_squares, zero ----
+
+MS_CUDA_BACKEND_TEST(AdamWMatchesTheCpuReference, OpKind::kAdamW) {
+    const int64_t n = 2049;
+    const auto param0 = random_floats(n, 1), m0 = random_floats(n, 2, -0.1f, 0.1f), v0 = random_floats(n, 3, 0, 0.01f);
+    auto grad = random_floats(n, 4);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    auto param_ref = param0, m_ref = m0, v_ref = v0;
+    const AdamWArgs args{.param = view(param_ref, {n}),
+                         .grad = view(grad, {n}),
+                         .m = view(m_ref, {n}),
+                         .v = view(v_ref, {n}),
+                         .lr = 1e-3f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f,
+                         .grad_scale = 0.5f,
+                         .step = 3};
+    cpu->adamw(args);
+    Guarded param(param0), m(m0), v(v0);
+    AdamWArgs cargs = args;
+    cargs.param = param.tensor({n});
+    cargs.m = m.tensor({n});
+    cargs.v = v.tensor({n});
+    cuda->adamw(cargs);
+    // test_cuda_emu.cpp: measured 6.0e-8 / 5.4e-8 / 8.6e-8.
+    expect_close("adamw param", max_rel_error(param.values(), param_ref), 1e-6);
+    expect_close("adamw m", max_rel_error(m.values(), m_ref), 1e-6);
+    expect_close("adamw v", max_rel_error(v.values(), v_ref), 1e-6);
+    EXPECT_TRUE(param.guards_intact() && m.guards_intact() && v.guards_intact());
+}
+
+MS_CUDA_BACKEND_TEST(SumSquaresAndZero, OpKind::kSumSquares) {
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    // Growing sizes through one backend: its scratch grows; 0 elements sum to exactly 0.
+    for (int64_t n : {int64_t{0}, int64_t{1001}, int64_t{163840}}) {
+        SCOPED_TRACE(testing::Message() << "n " << n);
+        auto x = random_floats(static_cast<size_t>(n), 1, -3.0f, 3.0f);
+        const double expected = cpu->sum_squares(Tensor::f32(x.data(), {n}));
+        const double got = cuda->sum_squares(Tensor::f32(x.data(), {n}));
+        // test_cuda_emu_ops.cpp: measured 1.3e-13 against the CPU reference.
+        expect_close("sum_squares", std::fabs(got - expected) / std::max(expected, 1e-300), 1e-12);
+        EXPECT_EQ(cuda->sum_squares(Tensor::f32(x.data(), {n})), got);  // deterministic
+    }
+    Guarded z(random_floats(777, 2));
+    cuda->zero(z.tensor({777}));
+    cuda->synchronize();
+    EXPECT_EQ(z.values(), std::vector<float>(777, 0.0f));
+    EXPECT_TRUE(z.guards_intact());
+}
+
+// Registered at static-initialisation time, so this holds when ctest runs each test in its own process.
+TEST(CudaBackend, EveryOpKindHasATestHere) {
+    for (int op = 0; op < static_cast<int>(OpKind::kCount); ++op) {
+        EXPECT_TRUE(cuda_backend_ops().count(static_cast<OpKind>(op)))
+            << "OpKind " << op << " (backend.h order) is not run through CudaBackend in test_cuda_backend.cpp";
+    }
+}
+
+}  // namespace
+}  // namespace ms::test
