@@ -17,30 +17,17 @@
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checksum.h"
 #include "engine/core/check.h"
+#include "tests/common/temp_dir.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-class TempDir {
-  public:
-    TempDir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ms_ckpt_test_XXXXXX";
-        char* p = ::mkdtemp(tmpl.data());
-        if (!p) throw std::runtime_error("mkdtemp failed");
-        path_ = p;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    const std::string& path() const { return path_; }
-    std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-  private:
-    std::string path_;
+// A fresh directory per test, removed at the end.
+class TempDir : public ms::test::TempDir {
+public:
+    TempDir() : ms::test::TempDir("ms_ckpt_test") {}
 };
 
 std::string read_all(const std::string& path) {

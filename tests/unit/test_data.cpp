@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/core/check.h"
+#include "tests/common/temp_dir.h"
 #include "engine/data/dataset.h"
 
 namespace {
@@ -24,24 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<uint8_t>;
 
-// A fresh directory under $TMPDIR (mkdtemp), removed with everything in it at the end of the test.
-class TempDir {
-  public:
-    TempDir() {
-        const char* base = std::getenv("TMPDIR");
-        std::string tmpl = std::string(base && *base ? base : "/tmp") + "/ms_data_test_XXXXXX";
-        char* p = ::mkdtemp(tmpl.data());
-        if (!p) throw std::runtime_error("mkdtemp failed");
-        path_ = p;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
-  private:
-    std::string path_;
+// A fresh directory per test, removed at the end.
+class TempDir : public ms::test::TempDir {
+public:
+    TempDir() : ms::test::TempDir("ms_data_test") {}
 };
 
 void write_file(const std::string& path, const Bytes& bytes) {
