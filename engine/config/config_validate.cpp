@@ -40,8 +40,8 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     // ---- what this build can run ----
     if (cfg.run.backend == "cuda") {
         fail(
-            "run.backend = 'cuda': this binary was built without the CUDA backend; hint: use run.backend: cpu, "
-            "or rebuild on a machine with the CUDA toolkit");
+            "run.backend = 'cuda': the trainer cannot run on the CUDA backend yet (its kernels exist and are tested, "
+            "but the model does not live in device memory yet); hint: use run.backend: cpu");
     }
     if (cfg.mixed_precision.dtype != "fp32") {
         fail(
