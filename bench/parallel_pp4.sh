@@ -62,7 +62,7 @@ pp_bytes = m * act + 4        # activations to stage 1, plus the loss all-reduce
 print("tp: measured", j["tp"], " analytic", tp_bytes)
 print("pp: measured", j["pp"], " analytic", pp_bytes)
 # DP (zero 1, dp 2): reduce-scatter of the padded flat gradient (counted as its input, 4 * padded bytes) + all-gather
-# of the shard (4 * padded / 2) + the loss and norm all-reduces (4 + 4); padded from this rank's flat buffer.
-print("dp: measured", j["dp"], " = 6 * padded + 8 with padded =", (j["dp"] - 8) / 6, "elements (rank 0's padded flat buffer)")
+# of the shard (4 * padded / 2) + the loss and norm all-reduces (4 + 4); padded from the flat buffer of this rank.
+print("dp: measured", j["dp"], " = 6 * padded + 8 with padded =", (j["dp"] - 8) / 6, "elements (the padded flat buffer of rank 0)")
 '
 echo "logs: $out"
