@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -181,10 +182,24 @@ int run_train(const Config& cfg_in) {
     const double t_start = now_seconds();
     MpiRuntime mpi;
     Communicator& world = mpi.world();
-    // Everything that can be wrong with the input is checked before any large allocation, on every rank alike.
-    std::unique_ptr<TokenSource> source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
-    const Config cfg = resolve_vocab(cfg_in, *source);
-    const DerivedConfig d = validate_config(cfg, world.size());
+    // Everything that can be wrong with the input is checked before any large allocation. The ranks agree on the
+    // outcome before the first collective that could otherwise wait forever for a rank that failed alone (a data
+    // file missing on one node): every rank fails with exit code 2, the failing ones with their own sentence.
+    std::unique_ptr<TokenSource> source;
+    Config cfg;
+    DerivedConfig d;
+    std::exception_ptr input_error;
+    try {
+        source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
+        cfg = resolve_vocab(cfg_in, *source);
+        d = validate_config(cfg, world.size());
+    } catch (const UserError&) {
+        input_error = std::current_exception();
+    }
+    int32_t failed = input_error ? 1 : 0;
+    world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
+    if (input_error) std::rethrow_exception(input_error);
+    if (failed) throw UserError("another rank's input checks failed (its error is printed above); nothing was run");
     check_same_config(world, name_hash(config_to_yaml(cfg)));
     ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
                                                cfg.parallel.pipeline_model_parallel_size, d.dp);
