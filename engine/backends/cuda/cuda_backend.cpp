@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "engine/backends/cuda/kernels/adamw.cuh"
 #include "engine/backends/cuda/kernels/attention.cuh"
@@ -280,12 +281,17 @@ void CudaBackend::residual_forward(const ResidualForwardArgs& a) {
     MS_CUDA_LAUNCH_CHECK();
 }
 
-void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
-    const int64_t Vp = a.logits.dim(-1);
+// (N, Vp_local) of the logits, with the masked-vocabulary bound checked (both cross-entropy ops).
+static std::pair<int64_t, int64_t> cross_entropy_shape(const Tensor& logits, int64_t vocab_valid_local) {
+    const int64_t Vp = logits.dim(-1);
     MS_CHECK(Vp > 0, "cross_entropy: logits have no columns");
-    const int64_t N = a.logits.numel() / Vp;
-    MS_CHECK(a.vocab_valid_local >= 0 && a.vocab_valid_local <= Vp,
-             "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]", a.vocab_valid_local, Vp);
+    MS_CHECK(vocab_valid_local >= 0 && vocab_valid_local <= Vp,
+             "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]", vocab_valid_local, Vp);
+    return {logits.numel() / Vp, Vp};
+}
+
+void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
+    const auto [N, Vp] = cross_entropy_shape(a.logits, a.vocab_valid_local);
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
     const bool sum_phase = a.phase == CrossEntropyPhase::kSumExp;
     if (sum_phase) {
@@ -302,11 +308,7 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
 }
 
 void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
-    const int64_t Vp = a.logits.dim(-1);
-    MS_CHECK(Vp > 0, "cross_entropy: logits have no columns");
-    const int64_t N = a.logits.numel() / Vp;
-    MS_CHECK(a.vocab_valid_local >= 0 && a.vocab_valid_local <= Vp,
-             "cross_entropy: vocab_valid_local({}) is outside [0, Vp_local({})]", a.vocab_valid_local, Vp);
+    const auto [N, Vp] = cross_entropy_shape(a.logits, a.vocab_valid_local);
     check_numel(a.targets, N, "cross_entropy", "targets (N)");
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
     check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
