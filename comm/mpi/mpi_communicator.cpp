@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "comm/mpi/mpi_check.h"
-#include "comm/mpi/staging_pool.h"
 #include "engine/core/check.h"
 
 namespace ms {
@@ -70,7 +69,6 @@ class MpiOpState final : public Handle::State {
 public:
     std::vector<MPI_Request> requests;
     std::vector<std::pair<size_t, MPI_Datatype>> block_types;  // by chunk length; freed on completion
-    StagingPool::Lease staging;
     // kAvg: divide avg_count elements at avg_buf by avg_divisor on completion
     void* avg_buf = nullptr;
     size_t avg_count = 0;
@@ -110,7 +108,6 @@ private:
         // Freed only now: some MPI libraries keep a raw reference in pending non-blocking collectives.
         for (auto& [len, type] : block_types) MS_MPI_CHECK(MPI_Type_free(&type));
         block_types.clear();
-        staging.release();
         if (avg_buf == nullptr || avg_divisor == 1) return;
         if (avg_dtype == DType::kF32) divide<float>(avg_buf, avg_count, avg_divisor);
         else divide<int32_t>(avg_buf, avg_count, avg_divisor);  // C++ integer division: truncates toward zero
@@ -129,7 +126,7 @@ Handle to_handle(std::unique_ptr<MpiOpState> s) {
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems)
-    : comm_(comm), name_(std::move(name)), chunk_elems_(0), staging_(std::make_shared<StagingPool>()) {
+    : comm_(comm), name_(std::move(name)), chunk_elems_(0) {
     MS_CHECK(comm_ != MPI_COMM_NULL, "{}: MpiCommunicator over MPI_COMM_NULL", name_);
     MS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MS_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -148,8 +145,6 @@ void MpiCommunicator::set_chunk_elems(size_t n) {
              INT_MAX);
     chunk_elems_ = n;
 }
-
-size_t MpiCommunicator::staging_allocations() const { return staging_->allocations(); }
 
 size_t MpiCommunicator::block_chunk() const { return std::max<size_t>(1, chunk_elems_ / static_cast<size_t>(size_)); }
 
@@ -186,30 +181,29 @@ Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t ou
         return {};
     }
     if (out_count == 0) return {};
+    const bool into_own_block = out == at(in, static_cast<size_t>(rank_) * out_count, es);
+    MS_CHECK(into_own_block || !overlaps(in, in_count * es, out, out_count * es),
+             "{}: reduce_scatter output overlaps the input but is not this rank's block of it", name_);
     auto s = std::make_unique<MpiOpState>();
-    const size_t chunk = block_chunk();
     const MPI_Datatype type = mpi_type(t);
-    if (out_count <= chunk && !overlaps(in, in_count * es, out, out_count * es)) {
+    if (out_count <= block_chunk() && !into_own_block) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
         MS_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, as_int(out_count), type, mpi_op(op), comm_, &r));
         ++mpi_calls_;
     } else {
-        // Staged: piece c (block offset off, length len) sits at stage[size * off, size * (off + len)) as `size`
-        // contiguous blocks of len. Everything is packed before anything is posted, because MPI may write `out`
-        // (which may overlap `in`) as soon as the first piece is posted.
-        s->staging = staging_->acquire(in_count * es);
-        std::byte* stage = s->staging.data();
-        for_each_chunk(out_count, chunk, [&](size_t off, size_t len) {
-            for (int r = 0; r < size_; ++r)
-                std::memcpy(at(stage, static_cast<size_t>(size_) * off + r * len, es),
-                            at(in, r * out_count + off, es), len * es);
-        });
-        for_each_chunk(out_count, chunk, [&](size_t off, size_t len) {
-            MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
-            MS_MPI_CHECK(MPI_Ireduce_scatter_block(at(stage, static_cast<size_t>(size_) * off, es), at(out, off, es),
-                                                   as_int(len), type, mpi_op(op), comm_, &r));
-            ++mpi_calls_;
-        });
+        // One reduce per destination rank and piece: block r of every rank's input, summed into rank r's output.
+        // Each piece is contiguous in the input, so nothing is repacked and no buffer is needed (a single
+        // reduce-scatter of a piece would need every rank's piece side by side). Into this rank's own block, the
+        // root's input is already in place.
+        for (int root = 0; root < size_; ++root) {
+            for_each_chunk(out_count, chunk_elems_, [&](size_t off, size_t len) {
+                const void* send = at(in, static_cast<size_t>(root) * out_count + off, es);
+                if (root == rank_ && into_own_block) send = MPI_IN_PLACE;
+                MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+                MS_MPI_CHECK(MPI_Ireduce(send, at(out, off, es), as_int(len), type, mpi_op(op), root, comm_, &r));
+                ++mpi_calls_;
+            });
+        }
     }
     if (op == ReduceOp::kAvg) {
         s->avg_buf = out;

@@ -7,9 +7,13 @@
 // - Chunking: no single MPI call touches more than chunk_elems() elements of any one buffer (at least one element
 //   per rank). all_reduce and broadcast cut the buffer into contiguous pieces; all_gather, reduce_scatter and
 //   all_to_all cut every per-rank block at the same offsets (block length <= chunk_elems / size), so a piece is a
-//   strided view (a resized datatype) or, for reduce_scatter, is packed into a staging buffer first. All pieces
-//   are posted at call time so the order of MPI calls on the group is the same on every rank. Point-to-point
-//   messages are cut the same way, so a recv's count must equal the matching send's count.
+//   strided view (a resized datatype). reduce_scatter, when a block exceeds chunk_elems / size or the output is
+//   this rank's own block of the input (in place), becomes one MPI_Ireduce per destination rank and contiguous
+//   piece (<= chunk_elems) instead: no staging copy and no buffer of its own. All pieces are posted at call time
+//   so the order of MPI calls on the group is the same on every rank. Point-to-point messages are cut the same
+//   way, so a recv's count must equal the matching send's count.
+// - No call allocates memory proportional to its buffers: the communicator holds no buffers (issue #6: every
+//   byte of a step comes from the arena).
 // - kAvg: MPI_SUM, then the result is divided by size() when the handle completes. fp32 divides exactly for
 //   power-of-two sizes; int32 uses C++ integer division (truncation toward zero).
 // - Reductions take fp32 and int32 only. 16-bit types may be moved (gather, broadcast, all-to-all, p2p) as bits.
@@ -38,8 +42,6 @@
 
 namespace ms {
 
-class StagingPool;
-
 class MpiCommunicator final : public Communicator {
 public:
     // 16M elements (64 MiB of fp32) per MPI call: far below the int count limit and MPI's internal buffers.
@@ -63,7 +65,6 @@ public:
     size_t chunk_elems() const { return chunk_elems_; }
     void set_chunk_elems(size_t n);  // 1 .. INT_MAX; tests use tiny chunks
     int64_t mpi_calls() const { return mpi_calls_; }  // MPI operations posted so far, each chunk counted
-    size_t staging_allocations() const;               // staging buffers ever allocated or grown
 
 protected:
     Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) override;
@@ -83,7 +84,6 @@ private:
     int rank_ = 0;
     int size_ = 1;
     size_t chunk_elems_;
-    std::shared_ptr<StagingPool> staging_;
     int64_t mpi_calls_ = 0;
 };
 

@@ -43,10 +43,6 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
     m_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg");
     v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
-    if (zero_stage == 1) {
-        shard_tmp_ = MemoryBlock(static_cast<size_t>(shard_size_) * sizeof(float), arena, MemCategory::kComm,
-                                 "zero1 reduce-scatter shard");
-    }
 }
 
 OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {
@@ -56,12 +52,8 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {
     if (zero_stage_ == 0) {
         dp_.all_reduce(all, ReduceOp::kAvg, Priority::kLow).wait();
     } else {
-        // MPI's reduce-scatter cannot write into its own input, so the shard lands in a buffer of its own first
-        float* tmp = shard_tmp_.as<float>();
-        dp_.reduce_scatter(std::span<const float>(all), std::span<float>(tmp, shard.size()), ReduceOp::kAvg,
-                           Priority::kLow)
-            .wait();
-        std::memcpy(shard.data(), tmp, shard.size_bytes());
+        // in place: this rank's shard is its own block of the gradient buffer (mpi_communicator.h)
+        dp_.reduce_scatter(std::span<const float>(all), shard, ReduceOp::kAvg, Priority::kLow).wait();
     }
 
     double sq = 0;

@@ -48,6 +48,15 @@ public:
     int64_t shard_begin() const { return shard_begin_; }
     int64_t shard_size() const { return shard_size_; }
     int64_t steps_taken() const { return step_; }
+    int zero_stage() const { return zero_stage_; }
+    // The AdamW state this rank holds, for checkpoints: exp_avg()[k] and exp_avg_sq()[k] belong to flat element
+    // state_begin() + k, k < state_size() (the dp shard for zero_stage 1, the whole padded buffer for 0).
+    int64_t state_begin() const { return state_base_; }
+    int64_t state_size() const { return static_cast<int64_t>(state_len_); }
+    float* exp_avg() { return m_.as<float>(); }
+    float* exp_avg_sq() { return v_.as<float>(); }
+    // On resume: the step count that the next step's bias correction continues from.
+    void set_steps_taken(int64_t steps) { step_ = steps; }
     // Optimizer state bytes held by this rank (exp_avg + exp_avg_sq).
     int64_t state_bytes() const { return 2 * static_cast<int64_t>(state_len_) * 4; }
 
@@ -72,7 +81,6 @@ private:
     size_t state_len_ = 0;
     int64_t state_base_ = 0;  // flat index of exp_avg[0]
     MemoryBlock m_, v_;       // (state_len) exp_avg, exp_avg_sq
-    MemoryBlock shard_tmp_;   // (shard_size) zero 1: the reduce-scatter's output
     int64_t step_ = 0;
 };
 

@@ -93,7 +93,6 @@ std::vector<size_t> StagePlan::allocations() const {
     add(send_bytes);
     add(optimizer_bytes / 2);  // exp_avg
     add(optimizer_bytes / 2);  // exp_avg_sq
-    add(shard_bytes);
     return a;
 }
 
@@ -125,7 +124,6 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         st.padded = padded_flat_size(flat, p.dp);
         st.param_bytes = st.grad_bytes = 4 * st.padded;
         st.optimizer_bytes = 8 * (p.zero_stage == 1 ? st.padded / p.dp : st.padded);
-        st.shard_bytes = p.zero_stage == 1 ? 4 * (st.padded / p.dp) : 0;
         st.send_bytes = 4 * send_elems * pipeline_send_buffers(schedule, s, v);
     }
     return stages;

@@ -5,11 +5,11 @@
 //                          being the stage's local chunks laid out back to back, each 16-element aligned
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
 //   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C fp32, or B*T*C/tp
-//                          with sequence parallelism) and, for zero_stage 1, the reduce-scatter's padded/dp fp32
+//                          with sequence parallelism); zero_stage 1's reduce-scatter works in place and needs none
 //   activations            per local chunk, plan_gpt_activations(): slot bytes times the chunk's slots (the peak of
 //                          its micro-batches in flight in the stage's schedule) plus one scratch block
-// Not in the arena, so not here: token buffers (B*T int32 each), the MPI communicator's staging pool (only for
-// reduce-scatters above its chunk size), small per-call bookkeeping.
+// Not in the arena, so not here: token buffers (B*T int32 each) and small per-call bookkeeping. The MPI
+// communicator holds no buffers (mpi_communicator.h).
 #pragma once
 
 #include <cstdint>
@@ -38,15 +38,14 @@ struct StagePlan {
     int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
     int64_t send_bytes = 0;              // the pipeline's send buffers
-    int64_t shard_bytes = 0;             // zero_stage 1: the reduce-scatter's output
     std::vector<int64_t> slot_bytes;     // (v) one activation slot of each local chunk
     std::vector<int> slots;              // (v) activation slots of each local chunk
     std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
     int64_t activation_bytes = 0;        // sum over chunks of slot_bytes * slots + scratch_bytes
-    int64_t comm_bytes() const { return send_bytes + shard_bytes; }
+    int64_t comm_bytes() const { return send_bytes; }  // zero_stage 1 reduce-scatters in place: no buffer
     int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + comm_bytes() + activation_bytes; }
     // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, per
-    // chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq, shard); no empty ones.
+    // chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq); no empty ones.
     std::vector<size_t> allocations() const;
 };
 
