@@ -276,6 +276,7 @@ std::string CheckpointWriter::commit(const json& manifest) {
     for (const std::string& d : dirs) fsync_dir(d);
 
     // 2. The manifest: the commit marker inside the directory.
+    if (phase_hook_) phase_hook_("manifest");
     json m = manifest;
     m["format_version"] = kManifestFormatVersion;
     m["iteration"] = iteration_;
@@ -284,6 +285,7 @@ std::string CheckpointWriter::commit(const json& manifest) {
 
     // 3. The directory rename. A checkpoint of the same iteration (a rerun after a resume from an older one) is
     //    moved aside first: rename(2) does not replace a non-empty directory.
+    if (phase_hook_) phase_hook_("rename");
     const std::string final_dir = save_dir_ + "/" + checkpoint_dir_name(iteration_);
     const std::string displaced = final_dir + ".old.tmp";
     const bool replacing = fs::exists(final_dir);
@@ -299,6 +301,7 @@ std::string CheckpointWriter::commit(const json& manifest) {
     if (replacing) remove_tree(displaced);
 
     // 4. The tracker, last (Megatron writes the bare number).
+    if (phase_hook_) phase_hook_("tracker");
     write_file_atomic(save_dir_ + "/" + kTrackerFile, std::to_string(iteration_));
     return final_dir;
 }

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -85,11 +86,17 @@ class CheckpointWriter {
     // A leftover "*.tmp" file inside (an unfinished write) or an existing manifest.json is an error.
     std::string commit(const nlohmann::json& manifest);
 
+    // Called by commit() before each of its phases with the phase's name: "manifest" (files listed and digested,
+    // no manifest yet), "rename" (manifest written, directory not renamed) and "tracker" (directory committed,
+    // tracker not written). A hook that throws stops the commit there: checkpoint.h's fault injection.
+    void set_phase_hook(std::function<void(std::string_view phase)> hook) { phase_hook_ = std::move(hook); }
+
   private:
     std::string save_dir_;
     int64_t iteration_;
     std::string tmp_dir_;
     bool committed_ = false;
+    std::function<void(std::string_view)> phase_hook_;
 };
 
 // Checks that `dir` is a complete checkpoint: manifest.json parses, its "iteration" matches the directory name,

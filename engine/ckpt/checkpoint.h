@@ -183,12 +183,13 @@ public:
 
     // The whole tensor assembled from every shard. Throws UserError(kExitCheckpoint) if absent or not fully covered.
     CanonicalTensor tensor(const std::string& name) const;
-    // The whole AdamW state of a parameter (zero where a parameter had no state saved, e.g. wte padding rows).
+    // The whole AdamW state of a parameter, the same way (a model-only checkpoint has none: UserError).
     CanonicalTensor optimizer_state(const std::string& name, OptimState which) const;
 
     // Elements [begin, end) (C order) of `box` of tensor `name` into out[0 .. end-begin): the model values
-    // (which == nullopt) or optimizer state. Elements outside the saved tensor (wte rows beyond its Vp) are zero.
-    // Returns how many elements were found in the checkpoint (the rest were zero-filled).
+    // (which == nullopt) or optimizer state. box.view_shape may exceed the saved view (a larger padded vocabulary):
+    // elements outside the saved tensor are zero. Every element inside it must be stored exactly once, else
+    // UserError(kExitCheckpoint) naming the tensor. Returns how many elements came from the checkpoint.
     int64_t read_box(const std::string& name, std::optional<OptimState> which, const ShardBox& box, int64_t begin,
                      int64_t end, float* out) const;
 

@@ -95,9 +95,11 @@ struct DataConfig {
 };
 
 struct CheckpointConfig {
-    std::string save;
-    std::string load;
-    int64_t save_interval = 0;
+    std::string save;             // directory of iter_XXXXXXX/ checkpoints (engine/ckpt/checkpoint.h); "" = none
+    std::string load;             // auto-resume from here when it holds a committed checkpoint (often = save)
+    int64_t save_interval = 0;    // save every N iterations (and always at the end of training when save is set)
+    int keep_latest_k = 2;        // committed checkpoints kept after each save; 0 keeps all; 1 is refused (no fallback)
+    std::string verify_on_load = "full";  // quick: sizes | full: sizes and XXH64 of every file before resuming
 };
 
 struct LoggingConfig {

@@ -22,6 +22,12 @@ const char* non_empty(const FieldPtr& ptr) {
     return std::get<std::string*>(ptr)->empty() ? "must not be empty" : nullptr;
 }
 
+// checkpoint.keep_latest_k: 0 keeps every checkpoint; otherwise at least 2 (atomic_dir.h keep_latest).
+const char* keep_latest_k_value(const FieldPtr& ptr) {
+    const int k = *std::get<int*>(ptr);
+    return k == 0 || k >= 2 ? nullptr : "must be 0 (keep all) or >= 2";
+}
+
 // Megatron's --split: up to three non-negative weights "train,valid,test" with a positive sum.
 const char* split_weights(const FieldPtr& ptr) {
     static constexpr const char* kPhrase = "must be 1 to 3 comma-separated non-negative weights with a positive sum";
@@ -165,6 +171,13 @@ std::vector<Field> config_fields(Config& c) {
         {"checkpoint.save", &c.checkpoint.save, {}},
         {"checkpoint.load", &c.checkpoint.load, {}},
         {"checkpoint.save_interval", &c.checkpoint.save_interval, Constraint{.min = 0, .hint = "0 disables saving"}},
+        {"checkpoint.keep_latest_k", &c.checkpoint.keep_latest_k,
+         Constraint{.min = 0, .custom = keep_latest_k_value, .phrase = "must be 0 (keep all) or >= 2",
+                    .hint = "with 1, a checkpoint corrupted on disk leaves nothing to fall back to (torchtitan "
+                            "refuses it too)"}},
+        {"checkpoint.verify_on_load", &c.checkpoint.verify_on_load,
+         Constraint{.choices = {"quick", "full"},
+                    .hint = "quick checks file sizes; full also checks every file's XXH64 (about 1 s per GB)"}},
 
         {"logging.log_interval", &c.logging.log_interval, at_least(1)},
         {"logging.metrics_file", &c.logging.metrics_file, {}},

@@ -18,6 +18,7 @@
 #include "comm/process_groups.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
+#include "engine/ckpt/checkpoint.h"
 #include "engine/core/log.h"
 #include "engine/core/philox.h"
 #include "engine/core/timer.h"
@@ -265,6 +266,17 @@ int run_train(const Config& cfg_in) {
     // and metrics record (MS_DUMP_GRADS's gather buffers at step 1, in tests only).
     arena.set_frozen(true);
 
+    // Checkpoints (engine/ckpt/checkpoint.h): resume from checkpoint.load when it holds a committed checkpoint, in
+    // whatever layout saved it; the whole data state is the consumed-sample count.
+    const CheckpointContext ckpt{cfg, shape, groups, model.params_info(), model.params(), optimizer};
+    const std::string data_id = data_fingerprint(source->fingerprint(), cfg.data, T, cfg.run.seed);
+    const std::optional<TrainState> resumed = load_checkpoint(ckpt, data_id);
+    const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
+    if (first_it > cfg.training.train_iters) {
+        log_info("training: the checkpoint is at iteration {}, training.train_iters is {}: nothing left to train",
+                 first_it - 1, cfg.training.train_iters);
+    }
+
     const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
     log_info("peak: {:.1f} GFLOP/s fp32 ({}; OpenBLAS kernel {}) is the MFU denominator", peak / 1e9,
              cfg.logging.peak_flops > 0 ? "logging.peak_flops" : "measured by an sgemm probe", cpu::blas_kernel_name());
@@ -276,7 +288,7 @@ int run_train(const Config& cfg_in) {
     if (writer) {
         std::filesystem::create_directories(cfg.run.output_dir);
         std::ofstream(std::filesystem::path(cfg.run.output_dir) / "config.resolved.yaml") << config_to_yaml(cfg);
-        metrics.open(cfg.logging.metrics_file, std::ios::trunc);
+        metrics.open(cfg.logging.metrics_file, resumed ? std::ios::app : std::ios::trunc);  // a resume continues it
     }
     if (writer && !metrics) {
         throw UserError(fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "
@@ -285,8 +297,22 @@ int run_train(const Config& cfg_in) {
     }
 
     std::vector<int32_t> inputs(static_cast<size_t>(mbs) * T), targets(static_cast<size_t>(mbs) * T);
-    int64_t consumed = 0;
-    int64_t skipped = 0, nan_iters = 0;
+    int64_t consumed = resumed ? resumed->consumed_samples : 0;
+    int64_t skipped = resumed ? resumed->skipped_iterations : 0, nan_iters = resumed ? resumed->nan_iterations : 0;
+    // What train_state.json records at the end of iteration `it` (save_checkpoint adds the optimizer's step count
+    // and the schedule's inputs).
+    auto train_state = [&](int64_t it) {
+        TrainState s;
+        s.iteration = it;
+        s.consumed_samples = consumed;
+        s.skipped_iterations = skipped;
+        s.nan_iterations = nan_iters;
+        s.last_lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
+        s.seed = cfg.run.seed;
+        s.data_fingerprint = data_id;
+        s.data_describe = source->describe();
+        return s;
+    };
     double interval_loss = 0, interval_time = 0;
     int64_t interval_steps = 0;
     const int64_t global_batch = static_cast<int64_t>(mbs) * num_mb * d.dp;
@@ -305,7 +331,7 @@ int run_train(const Config& cfg_in) {
     size_t memory_peak = 0;  // the arena's peak of block bytes after the first step
     int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
 
-    for (int64_t it = 1; it <= cfg.training.train_iters; ++it) {
+    for (int64_t it = first_it; it <= cfg.training.train_iters; ++it) {
         const double t0 = now_seconds();
         const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait();
         const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
@@ -318,7 +344,7 @@ int run_train(const Config& cfg_in) {
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
         const OptimizerStepResult step = optimizer.step(lr, cfg.training.clip_grad);
         const double grad_norm = step.grad_norm;
-        if (it == 1) {  // every buffer of a step has been used once now
+        if (it == first_it) {  // every buffer of a step has been used once now
             memory_peak = arena.stats().peak_block_bytes;
             const float ratio = static_cast<float>(memory_peak) / static_cast<float>(planned);
             std::array<float, 2> range = {ratio, -ratio};  // max, -min over ranks
@@ -401,6 +427,12 @@ int run_train(const Config& cfg_in) {
                         << '\n'
                         << std::flush;
             }
+        }
+        // Megatron saves every save_interval iterations and, when checkpoint.save is set, at the end.
+        if (!cfg.checkpoint.save.empty() &&
+            ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) ||
+             it == cfg.training.train_iters)) {
+            save_checkpoint(ckpt, train_state(it));
         }
     }
 

@@ -1,0 +1,467 @@
+// checkpoint.cpp: save_checkpoint and load_checkpoint (format and protocol in checkpoint.h); the reader is
+// checkpoint_reader.cpp.
+#include "engine/ckpt/checkpoint.h"
+
+#include <array>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <span>
+
+#include "engine/ckpt/atomic_dir.h"
+#include "engine/ckpt/checksum.h"
+#include "engine/ckpt/safetensors.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/core/philox.h"
+#include "engine/core/timer.h"
+#include "engine/optim/adamw.h"
+#include "engine/optim/distributed_optimizer.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& msg) { throw UserError("checkpoint error: " + msg, kExitCheckpoint); }
+
+// The checkpoint is intact but the configured model is not the one it holds: the config is what must change.
+[[noreturn]] void mismatch(const std::string& msg) {
+    throw UserError("config error: the configured model does not match the checkpoint: " + msg, kExitConfigError);
+}
+
+// Runs fn on this rank, then one all-reduce (MAX of a failed rank's exit code, 0 when fine) turns a failure on any
+// rank into a failure on all: the failing rank rethrows its own error, the others throw one saying so. Peers
+// never wait forever in the next collective for a rank that gave up.
+void agree(Communicator& world, const std::string& what, const std::function<void()>& fn) {
+    std::exception_ptr error;
+    int32_t code = 0;
+    try {
+        fn();
+    } catch (const UserError& e) {
+        error = std::current_exception();
+        code = e.exit_code();
+    }
+    world.all_reduce(std::span<int32_t>(&code, 1), ReduceOp::kMax).wait();
+    if (error) std::rethrow_exception(error);
+    if (code != 0)
+        throw UserError(fmt::format("checkpoint error: another rank failed while {} (its error is printed above)", what),
+                        code);
+}
+
+// Sums non-negative int64 values over `comm` exactly (the typed collectives carry float and int32): 16-bit limbs in
+// int32, exact for up to 2^15 ranks.
+std::vector<int64_t> sum_i64(Communicator& comm, const std::vector<int64_t>& v) {
+    std::vector<int32_t> limbs(v.size() * 4);
+    for (size_t i = 0; i < v.size(); ++i)
+        for (int k = 0; k < 4; ++k) limbs[i * 4 + k] = static_cast<int32_t>((v[i] >> (16 * k)) & 0xffff);
+    comm.all_reduce(std::span<int32_t>(limbs), ReduceOp::kSum).wait();
+    std::vector<int64_t> out(v.size(), 0);
+    for (size_t i = 0; i < v.size(); ++i)
+        for (int k = 0; k < 4; ++k) out[i] += static_cast<int64_t>(limbs[i * 4 + k]) << (16 * k);
+    return out;
+}
+
+// MS_INJECT_CKPT_FAIL=<phase>[@<world rank>]: the phase this rank fails at, or "".
+std::string injected_phase(int world_rank) {
+    const char* env = std::getenv("MS_INJECT_CKPT_FAIL");
+    if (!env || !*env) return "";
+    std::string spec = env, phase = spec;
+    const size_t at = spec.find('@');
+    if (at != std::string::npos) {
+        phase = spec.substr(0, at);
+        if (std::atoi(spec.c_str() + at + 1) != world_rank) return "";
+    }
+    if (phase != "write" && phase != "manifest" && phase != "rename" && phase != "tracker")
+        throw UserError(fmt::format("MS_INJECT_CKPT_FAIL='{}': the phase must be write, manifest, rename or tracker, "
+                                    "optionally followed by @<rank>",
+                                    spec));
+    return phase;
+}
+
+[[noreturn]] void injected_failure(const std::string& phase, const std::string& dir) {
+    fail(fmt::format("injected failure (MS_INJECT_CKPT_FAIL) at phase '{}' of the save into '{}'", phase, dir));
+}
+
+// What is stored of a parameter on this rank: never the last stage's tied-wte copy, replicated tensors on tp 0.
+bool stored_here(const ParamInfo& p, int tp_rank) {
+    return !p.pp_duplicate && (p.shard != ShardKind::kReplicated || tp_rank == 0);
+}
+
+std::string piece_metadata(const ParamInfo& p, const ShardBox& b, int64_t begin, int64_t end, bool with_range) {
+    json m = {{"global_shape", p.global_shape},
+              {"view_shape", b.view_shape},
+              {"view_offset", b.view_offset},
+              {"view_extent", b.view_extent}};
+    if (with_range) m["range"] = {begin, end};
+    return m.dump();
+}
+
+std::map<std::string, std::string> file_metadata(const CheckpointContext& c, const char* kind) {
+    const ProcessGroups& g = c.groups;
+    return {{"format", "mindspeed-ckpt"},
+            {"format_version", std::to_string(kCheckpointFormatVersion)},
+            {"kind", kind},
+            {"tp_rank", std::to_string(g.tp_rank)},
+            {"tp_size", std::to_string(g.tp_size)},
+            {"pp_rank", std::to_string(g.pp_rank)},
+            {"pp_size", std::to_string(g.pp_size)},
+            {"dp_rank", std::to_string(g.dp_rank)},
+            {"dp_size", std::to_string(g.dp_size)},
+            {"vocab_size", std::to_string(c.shape.V)}};
+}
+
+std::string model_file(int tp, int pp) { return fmt::format("model/tp{:02d}_pp{:03d}.safetensors", tp, pp); }
+std::string optim_file(int dp, int tp, int pp) {
+    return fmt::format("optim/dp{:04d}_tp{:02d}_pp{:03d}.safetensors", dp, tp, pp);
+}
+
+// This rank's elements [a, b) of parameter p's shard that its optimizer holds state for (empty when a >= b).
+std::pair<int64_t, int64_t> optim_range(const ParamInfo& p, const DistributedOptimizer& opt) {
+    const int64_t lo = std::max(p.offset, opt.state_begin());
+    const int64_t hi = std::min(p.offset + p.numel, opt.state_begin() + opt.state_size());
+    return {lo - p.offset, hi - p.offset};
+}
+
+bool saves_optimizer(const CheckpointContext& c) { return c.optimizer.zero_stage() == 1 || c.groups.dp_rank == 0; }
+
+// Counts (model elements, optimizer elements) this rank writes, for the coverage check.
+std::array<int64_t, 2> stored_counts(const CheckpointContext& c) {
+    std::array<int64_t, 2> n = {0, 0};
+    for (const ParamInfo& p : c.params_info) {
+        if (!stored_here(p, c.groups.tp_rank)) continue;
+        if (c.groups.dp_rank == 0) n[0] += p.numel;
+        if (saves_optimizer(c)) {
+            const auto [a, b] = optim_range(p, c.optimizer);
+            n[1] += std::max<int64_t>(0, b - a);
+        }
+    }
+    return n;
+}
+
+void write_rank_files(const CheckpointContext& c, const TrainState& state, const std::string& tmp,
+                      const std::string& inject) {
+    const ProcessGroups& g = c.groups;
+    if (g.dp_rank == 0) {
+        std::vector<TensorEntry> tensors;
+        std::map<std::string, std::string> meta = file_metadata(c, "model");
+        for (const ParamInfo& p : c.params_info) {
+            if (!stored_here(p, g.tp_rank)) continue;
+            tensors.push_back({p.name, DType::kF32, p.shape, c.params + p.offset});
+            meta[p.name] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), 0, p.numel, false);
+        }
+        write_safetensors(tmp + "/" + model_file(g.tp_rank, g.pp_rank), tensors, meta);
+    }
+    if (inject == "write") injected_failure(inject, tmp);
+    if (saves_optimizer(c)) {
+        std::vector<TensorEntry> tensors;
+        std::vector<std::string> names;  // TensorEntry::name copies; keep the strings for the entries' lifetime
+        std::map<std::string, std::string> meta = file_metadata(c, "optim");
+        float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
+        for (const ParamInfo& p : c.params_info) {
+            if (!stored_here(p, g.tp_rank)) continue;
+            const auto [a, b] = optim_range(p, c.optimizer);
+            if (a >= b) continue;
+            const std::string info = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
+            for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
+                const std::string key = std::string(optim_state_name(s)) + "/" + p.name;
+                const float* data = state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
+                tensors.push_back({key, DType::kF32, {b - a}, data});
+                meta[key] = info;
+            }
+        }
+        write_safetensors(tmp + "/" + optim_file(g.dp_rank, g.tp_rank, g.pp_rank), tensors, meta);
+    }
+    if (g.world->rank() == 0) {
+        write_file_atomic(tmp + "/" + kTrainStateFile, train_state_to_json(state).dump(2) + "\n");
+        write_file_atomic(tmp + "/" + kResolvedConfigFile, config_to_yaml(c.cfg));
+    }
+}
+
+json manifest_fields(const CheckpointContext& c) {
+    const ProcessGroups& g = c.groups;
+    const GptShape& s = c.shape;
+    return {{"format", "mindspeed-ckpt"},
+            {"checkpoint_version", kCheckpointFormatVersion},
+            {"mindspeed_version", MS_VERSION},
+            {"world_size", g.world->size()},
+            {"tp", g.tp_size},
+            {"pp", g.pp_size},
+            {"dp", g.dp_size},
+            {"virtual_pipeline", c.cfg.parallel.virtual_pipeline_model_parallel_size},
+            {"zero_stage", c.optimizer.zero_stage()},
+            {"sequence_parallel", c.cfg.parallel.sequence_parallel},
+            {"config_hash", xxh64_hex(name_hash(config_to_yaml(c.cfg)))},
+            {"dtype", "fp32"},
+            {"master_weights", "none: fp32 training, the parameters in model/ are the master weights"},
+            {"model",
+             {{"num_layers", s.L},
+              {"hidden_size", s.C},
+              {"num_attention_heads", s.NH},
+              {"ffn_hidden_size", s.F},
+              {"max_position_embeddings", s.T},
+              {"vocab_size", s.V},
+              {"padded_vocab_size", s.Vp}}}};
+}
+
+// The lr schedule's inputs as this config resolves them (learning_rate() in adamw.h).
+void fill_schedule(const Config& cfg, TrainState& s) {
+    s.lr_decay_style = cfg.lr_schedule.lr_decay_style;
+    s.lr = cfg.optimizer.lr;
+    s.min_lr = cfg.optimizer.min_lr;
+    s.lr_warmup_iters = cfg.lr_schedule.lr_warmup_iters;
+    s.lr_decay_iters = cfg.lr_schedule.lr_decay_iters > 0 ? cfg.lr_schedule.lr_decay_iters : cfg.training.train_iters;
+}
+
+// A directory named iter_XXXXXXX (a committed checkpoint, or one that was and is now damaged) under `dir`.
+bool holds_committed_name(const std::string& dir) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind("iter_", 0) == 0 && n.find('.') == std::string::npos && e.is_directory()) return true;
+    }
+    return false;
+}
+
+// The model table of the whole model at tp 1 (canonical names and global shapes in model order).
+std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s, 0.02f, 1); }
+
+// The first disagreement between the configured model and the checkpoint's tensors, as a config error.
+void check_shapes(const CheckpointReader& r, const GptShape& shape) {
+    const std::vector<ParamInfo> table = canonical_table(shape);
+    const std::string hint =
+        fmt::format("\n---> HINT: the checkpoint was saved for model {}; set model.* to match it, or point "
+                    "checkpoint.load at a checkpoint of this model (or at an empty directory to start from scratch)",
+                    r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"));
+    for (const ParamInfo& p : table) {
+        if (!r.contains(p.name))
+            mismatch(fmt::format("'{}' has no tensor '{}', which the configured model has (global shape {}){}", r.dir(),
+                                 p.name, json(p.global_shape).dump(), hint));
+        const std::vector<int64_t>& saved = r.global_shape(p.name);
+        bool same = saved == p.global_shape;
+        if (p.name == "wte.weight" && saved.size() == 2 && p.global_shape.size() == 2) {
+            // the padded vocabulary depends on tp; the real one must agree
+            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
+        }
+        if (!same)
+            mismatch(fmt::format("tensor '{}' has global shape {} (vocabulary {}) in '{}', but the configured model "
+                                 "expects {} (vocabulary {}){}",
+                                 p.name, json(saved).dump(), r.vocab_size(), r.dir(), json(p.global_shape).dump(),
+                                 shape.V, hint));
+    }
+    for (const std::string& name : r.names()) {
+        const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
+        if (!known)
+            mismatch(fmt::format("'{}' holds tensor '{}' (global shape {}), which the configured model does not have{}",
+                                 r.dir(), name, json(r.global_shape(name)).dump(), hint));
+    }
+}
+
+void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
+    const ProcessGroups& g = c.groups;
+    for (const ParamInfo& p : c.params_info) {
+        const ShardBox box = shard_box(p, g.tp_rank, g.tp_size);
+        r.read_box(p.name, std::nullopt, box, 0, p.numel, c.params + p.offset);
+        const auto [a, b] = optim_range(p, c.optimizer);
+        if (a >= b) continue;
+        float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
+        for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
+            float* out = state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
+            r.read_box(p.name, s, box, a, b, out);
+        }
+    }
+    c.optimizer.set_steps_taken(r.train_state().optimizer_step);
+}
+
+}  // namespace
+
+nlohmann::json train_state_to_json(const TrainState& s) {
+    return {{"iteration", s.iteration},
+            {"consumed_samples", s.consumed_samples},
+            {"skipped_iterations", s.skipped_iterations},
+            {"nan_iterations", s.nan_iterations},
+            {"optimizer_step", s.optimizer_step},
+            {"lr_schedule",
+             {{"lr_decay_style", s.lr_decay_style},
+              {"lr", s.lr},
+              {"min_lr", s.min_lr},
+              {"lr_warmup_iters", s.lr_warmup_iters},
+              {"lr_decay_iters", s.lr_decay_iters},
+              {"last_lr", s.last_lr}}},
+            {"seed", s.seed},
+            {"data", {{"fingerprint", s.data_fingerprint}, {"describe", s.data_describe}}}};
+}
+
+TrainState train_state_from_json(const nlohmann::json& j, const std::string& where) {
+    TrainState s;
+    try {
+        s.iteration = j.at("iteration").get<int64_t>();
+        s.consumed_samples = j.at("consumed_samples").get<int64_t>();
+        s.skipped_iterations = j.at("skipped_iterations").get<int64_t>();
+        s.nan_iterations = j.at("nan_iterations").get<int64_t>();
+        s.optimizer_step = j.at("optimizer_step").get<int64_t>();
+        const json& lr = j.at("lr_schedule");
+        s.lr_decay_style = lr.at("lr_decay_style").get<std::string>();
+        s.lr = lr.at("lr").get<double>();
+        s.min_lr = lr.at("min_lr").get<double>();
+        s.lr_warmup_iters = lr.at("lr_warmup_iters").get<int64_t>();
+        s.lr_decay_iters = lr.at("lr_decay_iters").get<int64_t>();
+        s.last_lr = lr.at("last_lr").get<double>();
+        s.seed = j.at("seed").get<uint64_t>();
+        s.data_fingerprint = j.at("data").at("fingerprint").get<std::string>();
+        s.data_describe = j.at("data").at("describe").get<std::string>();
+    } catch (const json::exception& e) {
+        fail(fmt::format("'{}' is not a train state: {}", where, e.what()));
+    }
+    if (s.iteration < 0 || s.consumed_samples < 0 || s.optimizer_step < 0 || s.optimizer_step > s.iteration)
+        fail(fmt::format("'{}': iteration {}, consumed_samples {}, optimizer_step {} are inconsistent", where,
+                         s.iteration, s.consumed_samples, s.optimizer_step));
+    return s;
+}
+
+std::string data_fingerprint(uint64_t source_fingerprint, const DataConfig& data, int seq_length, uint64_t seed) {
+    const std::string id = fmt::format("{:016x}|{}|{}|{}", source_fingerprint, data.split, seq_length, seed);
+    return xxh64_hex(xxh64(id.data(), id.size()));
+}
+
+std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_in) {
+    Communicator& world = *c.groups.world;
+    const std::string& save = c.cfg.checkpoint.save;
+    MS_CHECK(!save.empty(), "save_checkpoint called without checkpoint.save");
+    const double t0 = now_seconds();
+    TrainState state = state_in;
+    fill_schedule(c.cfg, state);
+    state.optimizer_step = c.optimizer.steps_taken();
+
+    // Every rank must be saving the same iteration (DeepSpeed's tag check): min and max over the world agree.
+    std::array<int32_t, 2> it = {static_cast<int32_t>(state.iteration), -static_cast<int32_t>(state.iteration)};
+    world.all_reduce(std::span<int32_t>(it), ReduceOp::kMax).wait();
+    if (it[0] != -it[1])
+        fail(fmt::format("the ranks are saving different iterations (from {} to {}); nothing was written", -it[1],
+                         it[0]));
+
+    // Coverage: the pieces written by all ranks hold every element of every tensor once (model, and optimizer
+    // state), counted against the whole model's table. A broken rule in stored_here() stops the save here.
+    std::array<int64_t, 2> mine = stored_counts(c);
+    const std::vector<int64_t> total = sum_i64(world, {mine[0], mine[1]});
+    int64_t expected = 0;
+    for (const ParamInfo& p : canonical_table(c.shape)) expected += p.numel;
+    MS_CHECK(total[0] == expected && total[1] == expected,
+             "checkpoint: the ranks would store {} model and {} optimizer elements of a model of {}: the pieces do not "
+             "tile the tensors exactly once",
+             total[0], total[1], expected);
+
+    const int rank = world.rank();
+    const std::string inject = injected_phase(rank);
+    const std::string tmp = checkpoint_tmp_dir(save, state.iteration);
+    std::unique_ptr<CheckpointWriter> writer;
+    agree(world, "creating the checkpoint directory", [&] {
+        if (rank != 0) return;
+        writer = std::make_unique<CheckpointWriter>(save, state.iteration);
+        for (const char* sub : {"model", "optim"}) {  // for every rank's files
+            std::error_code ec;
+            fs::create_directories(fs::path(writer->tmp_dir()) / sub, ec);
+            if (ec) fail(fmt::format("cannot create '{}/{}': {}", writer->tmp_dir(), sub, ec.message()));
+        }
+    });
+    agree(world, "writing its checkpoint files", [&] { write_rank_files(c, state, tmp, inject); });
+    std::string final_dir;
+    agree(world, "committing the checkpoint", [&] {
+        if (rank != 0) return;
+        writer->set_phase_hook([&](std::string_view phase) {
+            if (phase == inject) injected_failure(inject, tmp);
+        });
+        final_dir = writer->commit(manifest_fields(c));
+    });
+    agree(world, "removing old checkpoints", [&] {
+        if (rank == 0 && c.cfg.checkpoint.keep_latest_k > 0) keep_latest(save, c.cfg.checkpoint.keep_latest_k);
+    });
+    final_dir = (fs::path(save) / checkpoint_dir_name(state.iteration)).string();
+    uint64_t bytes = 0;
+    if (rank == 0) {
+        std::error_code ec;
+        for (const auto& e : fs::recursive_directory_iterator(final_dir, ec))
+            if (e.is_regular_file()) bytes += e.file_size();
+    }
+    log_info("checkpoint: saved iteration {} to {} ({:.1f} MiB) in {:.2f} s", state.iteration, final_dir,
+             static_cast<double>(bytes) / (1 << 20), now_seconds() - t0);
+    return final_dir;
+}
+
+std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std::string& fingerprint) {
+    const std::string& load = c.cfg.checkpoint.load;
+    if (load.empty()) return std::nullopt;
+    Communicator& world = *c.groups.world;
+    const double t0 = now_seconds();
+    const bool full = c.cfg.checkpoint.verify_on_load == "full";
+
+    // Rank 0 picks the checkpoint (verifying it) and tells the others: {status, iteration}, status 0 = fresh
+    // start, 1 = resume, 2 = failed (rank 0's error is thrown below on rank 0).
+    std::array<int32_t, 2> pick = {0, 0};
+    std::exception_ptr error;
+    if (world.rank() == 0) {
+        try {
+            const std::optional<int64_t> it = find_latest_committed(load, full);
+            if (it) {
+                pick = {1, static_cast<int32_t>(*it)};
+            } else if (fs::is_directory(load) && holds_committed_name(load)) {
+                fail(fmt::format("no checkpoint in '{}' passes verification (verify_on_load: {}; each problem is "
+                                 "printed above)\n---> HINT: move the damaged iter_* directories away to start from "
+                                 "scratch, or point checkpoint.load elsewhere",
+                                 load, c.cfg.checkpoint.verify_on_load));
+            }
+        } catch (const UserError&) {
+            error = std::current_exception();
+            pick = {2, 0};
+        }
+    }
+    world.broadcast(std::span<int32_t>(pick), 0).wait();
+    if (error) std::rethrow_exception(error);
+    if (pick[0] == 2) fail("rank 0 could not choose a checkpoint to resume from (its error is printed above)");
+    if (pick[0] == 0) {
+        log_info("checkpoint: no committed checkpoint in '{}'; starting from scratch", load);
+        return std::nullopt;
+    }
+
+    const std::string dir = (fs::path(load) / checkpoint_dir_name(pick[1])).string();
+    std::optional<TrainState> state;
+    json manifest;
+    agree(world, "loading the checkpoint " + dir, [&] {
+        const CheckpointReader reader(dir);
+        if (reader.iteration() != pick[1])
+            fail(fmt::format("'{}/{}' says iteration {}, but the directory is iteration {}", dir, kTrainStateFile,
+                             reader.iteration(), pick[1]));
+        check_shapes(reader, c.shape);
+        load_rank_state(reader, c);
+        state = reader.train_state();
+        manifest = reader.manifest();
+    });
+
+    const bool logging = world.rank() == 0;
+    if (logging && state->data_fingerprint != fingerprint)
+        log_warn("checkpoint: the training data differs from the data this checkpoint was trained on "
+                 "(fingerprint {} then, {} now: the source, data.split, model.seq_length or run.seed changed). "
+                 "Continuing at consumed sample {} of the new data; the exact-resume guarantee does not hold across "
+                 "the change.\n    then: {}\n    now:  see the 'data:' line above",
+                 state->data_fingerprint, fingerprint, state->consumed_samples, state->data_describe);
+    TrainState now;
+    fill_schedule(c.cfg, now);
+    if (logging && (now.lr_decay_style != state->lr_decay_style || now.lr != state->lr || now.min_lr != state->min_lr ||
+        now.lr_warmup_iters != state->lr_warmup_iters || now.lr_decay_iters != state->lr_decay_iters))
+        log_warn("checkpoint: the learning-rate schedule changed since the save (then: {} lr {} min_lr {} "
+                 "warm-up {} decay over {} iterations; now: {} lr {} min_lr {} warm-up {} decay over {}); the run "
+                 "continues on the new schedule from iteration {}",
+                 state->lr_decay_style, state->lr, state->min_lr, state->lr_warmup_iters, state->lr_decay_iters,
+                 now.lr_decay_style, now.lr, now.min_lr, now.lr_warmup_iters, now.lr_decay_iters,
+                 state->iteration + 1);
+    log_info("checkpoint: resumed from {} (iteration {}, consumed samples {}, optimizer step {}; saved at tp {} pp {} "
+             "dp {} zero_stage {}) in {:.2f} s (verify_on_load: {})",
+             dir, state->iteration, state->consumed_samples, state->optimizer_step, manifest.value("tp", 0),
+             manifest.value("pp", 0), manifest.value("dp", 0), manifest.value("zero_stage", 0), now_seconds() - t0,
+             c.cfg.checkpoint.verify_on_load);
+    return state;
+}
+
+}  // namespace ms
