@@ -1,4 +1,5 @@
-// main.cpp: mindspeed-train's command line -- `--version` and the train / plan / preprocess subcommands.
+// main.cpp: mindspeed-train's command line -- `--version` and the train / plan / preprocess / convert / eval /
+// generate subcommands.
 //
 // Exit codes (engine/core/check.h): a bad command line or a UserError (bad config, bad data) exits 2 with one
 // "error: ..." sentence on stderr before anything large is allocated.
@@ -28,8 +29,9 @@ int main(int argc, char** argv) {
     CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on the CPU today"};
     app.set_version_flag("--version", std::string("mindspeed-train ") + MS_VERSION);
     app.require_subcommand(1);
-    const ms::app::Command commands[] = {ms::app::add_train_command(app), ms::app::add_plan_command(app),
-                                         ms::app::add_preprocess_command(app)};
+    const ms::app::Command commands[] = {ms::app::add_train_command(app),      ms::app::add_plan_command(app),
+                                         ms::app::add_preprocess_command(app), ms::app::add_convert_command(app),
+                                         ms::app::add_eval_command(app),       ms::app::add_generate_command(app)};
     try {
         app.parse(argc, argv);
         for (const ms::app::Command& c : commands) {

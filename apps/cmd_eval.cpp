@@ -1,0 +1,122 @@
+// cmd_eval.cpp: `eval` -- the loss and perplexity of a checkpoint on a split of the config's data, on one rank.
+//
+// The model is built whole (tp 1, pp 1) from the checkpoint's canonical tensors, whatever layout saved it, and must
+// have the config's shape. Samples are the trainer's: global samples [0, iters * global_batch_size) of the split in
+// the sampler's order, in micro-batches of training.micro_batch_size, so `--split valid --iters eval.eval_iters`
+// covers the samples of the trainer's validation at any data-parallel size, and the loss is averaged the same way
+// (the mean of the micro-batch means).
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/commands.h"
+#include "comm/self_communicator.h"
+#include "engine/backends/backend.h"
+#include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/checkpoint_model.h"
+#include "engine/config/config.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/data/dataset.h"
+#include "engine/model/gpt.h"
+#include "engine/train/plan.h"
+
+namespace ms::app {
+namespace {
+
+struct EvalArgs {
+    std::string config_path, load, split = "valid";
+    std::vector<std::string> overrides;
+    int64_t iters = 0;  // 0: eval.eval_iters
+    bool json = false;
+};
+
+int run_eval(const EvalArgs& a) {
+    Config cfg = load_config(a.config_path, a.overrides);
+    cfg.parallel = ParallelConfig{};  // one rank, the whole model
+    cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
+    const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
+    if (cfg.model.vocab_size == 0) cfg.model.vocab_size = source->vocab_size();  // as the trainer resolves it
+    if (source->vocab_size() > cfg.model.vocab_size)
+        throw UserError(
+            fmt::format("config error: model.vocab_size({}) is smaller than the data's largest token id "
+                        "+ 1 ({}) in {}\n---> HINT: set model.vocab_size to at least {}",
+                        cfg.model.vocab_size, source->vocab_size(), source->describe(), source->vocab_size()));
+    const DerivedConfig d = validate_config(cfg, 1);
+    const GptShape shape = gpt_shape(cfg, d);
+    const std::string dir = resolve_checkpoint(a.load);
+    const CheckpointReader reader(dir);
+    check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path);
+
+    const Split split = a.split == "train" ? Split::kTrain : a.split == "test" ? Split::kTest : Split::kValid;
+    const int T = cfg.model.seq_length, mbs = cfg.training.micro_batch_size;
+    const int64_t iters = a.iters > 0 ? a.iters : cfg.eval.eval_iters;
+    const int64_t micro_batches = iters * d.num_microbatches;  // one rank: num_microbatches * mbs = global batch
+    const Sampler sampler(*source, cfg.data.split, split, T, cfg.run.seed);
+    const int64_t samples = micro_batches * mbs;
+    log_info("eval: {} (iteration {}) on the {} split of {}: {} iterations of {} samples of {} tokens", dir,
+             reader.iteration(), a.split, source->describe(), iters, d.num_microbatches * mbs, T);
+    if (samples > sampler.num_samples())
+        log_warn(
+            "eval: {} samples requested, but the {} split has {}: samples repeat (the sampler starts another "
+            "epoch)",
+            samples, a.split, sampler.num_samples());
+
+    BackendOptions bo;  // the CPU backend: `eval` is a single-process tool
+    bo.num_threads = cfg.run.num_threads;
+    const std::unique_ptr<Backend> backend = make_backend(bo);
+    SelfCommunicator tp("tp");
+    Gpt model(shape, *backend, tp, mbs);
+    read_whole_model(reader, model);
+    std::vector<int32_t> tokens(static_cast<size_t>(mbs) * T), targets(tokens.size());
+    float total = 0;  // the trainer's accumulation (PipelineModel::evaluate): float, in micro-batch order
+    for (int64_t i = 0; i < micro_batches; ++i) {
+        sampler.fill(i * mbs, mbs, tokens.data(), targets.data());
+        total += model.forward(tokens.data(), targets.data(), mbs, T);
+    }
+    const float loss = total / static_cast<float>(micro_batches);
+    const double ppl = std::exp(static_cast<double>(loss));
+    log_info("eval loss: {:.6E} | PPL: {:.6E} | iteration {} | split {} | samples {} |", loss, ppl, reader.iteration(),
+             a.split, samples);
+    if (a.json) {
+        const nlohmann::json j = {
+            {"checkpoint", dir}, {"iteration", reader.iteration()},        {"split", a.split}, {"samples", samples},
+            {"seq_length", T},   {"eval loss", static_cast<double>(loss)}, {"PPL", ppl}};
+        std::cout << j.dump() << std::endl;
+    }
+    return kExitOk;
+}
+
+}  // namespace
+
+Command add_eval_command(CLI::App& parent) {
+    CLI::App* cmd = parent.add_subcommand(
+        "eval",
+        "Loss and perplexity of a checkpoint on a split of the config's data (one process, the CPU backend, the "
+        "whole model whatever layout saved it)");
+    auto a = std::make_shared<EvalArgs>();
+    cmd->add_option("-c,--config", a->config_path, "YAML config: the model (must match the checkpoint) and the data")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--set", a->overrides, "Override one config key, section.key=value (repeatable)")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    cmd->add_option("--load", a->load,
+                    "A checkpoint save directory (its latest committed checkpoint) or an "
+                    "iter_XXXXXXX directory")
+        ->required();
+    cmd->add_option("--split", a->split, "Which split of data.split to evaluate on")
+        ->default_val("valid")
+        ->check(CLI::IsMember({"valid", "test", "train"}));
+    cmd->add_option("--iters", a->iters,
+                    "Iterations of training.global_batch_size samples (default: eval.eval_iters, as the trainer's "
+                    "validation)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_flag("--json", a->json, "Also print the result as one JSON line");
+    return {cmd, [a]() { return run_eval(*a); }};
+}
+
+}  // namespace ms::app

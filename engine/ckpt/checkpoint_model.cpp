@@ -1,0 +1,187 @@
+// checkpoint_model.cpp: whole-model reads and model-only writes of checkpoints (checkpoint_model.h).
+#include "engine/ckpt/checkpoint_model.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "engine/ckpt/atomic_dir.h"
+#include "engine/ckpt/checksum.h"
+#include "engine/ckpt/safetensors.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/core/philox.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+[[noreturn]] void fail(const std::string& msg) { throw UserError("checkpoint error: " + msg, kExitCheckpoint); }
+
+int manifest_dim(const CheckpointReader& r, const char* key) {
+    const json& m = r.manifest();
+    if (!m.contains("model") || !m["model"].contains(key) || !m["model"][key].is_number_integer())
+        fail(
+            fmt::format("'{}/{}' has no integer \"model\": {{\"{}\": ...}}; it is not a mindspeed-train "
+                        "checkpoint of format version {}",
+                        r.dir(), kManifestFile, key, kCheckpointFormatVersion));
+    return m["model"][key].get<int>();
+}
+
+// model.layernorm_epsilon of the checkpoint's config.resolved.yaml (the manifest does not record it).
+float checkpoint_epsilon(const CheckpointReader& r) {
+    const std::string path = r.dir() + "/" + kResolvedConfigFile;
+    constexpr float kDefault = 1e-5f;
+    try {
+        const YAML::Node eps = YAML::LoadFile(path)["model"]["layernorm_epsilon"];
+        if (eps && eps.IsScalar()) return eps.as<float>();
+    } catch (const YAML::Exception&) {
+    }
+    log_warn("checkpoint: '{}' does not give model.layernorm_epsilon; using {}", path, kDefault);
+    return kDefault;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint(const std::string& path) {
+    if (!fs::is_directory(path))
+        fail(
+            fmt::format("'{}' is not a directory\n---> HINT: pass a checkpoint save directory (the run's "
+                        "checkpoint.save) or one of its iter_XXXXXXX directories",
+                        path));
+    if (fs::exists(fs::path(path) / kManifestFile)) {
+        verify_checkpoint(path, /*verify_checksums=*/true);
+        return path;
+    }
+    const std::optional<std::string> dir = CheckpointReader::latest(path, /*verify_checksums=*/true);
+    if (!dir)
+        fail(
+            fmt::format("'{}' holds no committed checkpoint (no iter_XXXXXXX directory with a manifest.json that "
+                        "verifies)\n---> HINT: pass a checkpoint save directory (the run's checkpoint.save) or one "
+                        "of its iter_XXXXXXX directories",
+                        path));
+    return *dir;
+}
+
+GptShape checkpoint_shape(const CheckpointReader& r) {
+    GptShape s;
+    s.L = manifest_dim(r, "num_layers");
+    s.C = manifest_dim(r, "hidden_size");
+    s.NH = manifest_dim(r, "num_attention_heads");
+    s.F = manifest_dim(r, "ffn_hidden_size");
+    s.T = manifest_dim(r, "max_position_embeddings");
+    s.V = r.vocab_size();
+    const std::vector<int64_t>& wte = r.global_shape("wte.weight");
+    if (wte.size() != 2) fail(fmt::format("'{}': wte.weight has {} dims, not 2", r.dir(), wte.size()));
+    s.Vp = static_cast<int>(wte[0]);
+    s.eps = checkpoint_epsilon(r);
+    if (s.L < 1 || s.C < 1 || s.NH < 1 || s.C % s.NH != 0 || s.F < 1 || s.T < 1 || s.V < 1 || s.Vp < s.V)
+        fail(fmt::format("'{}/{}' describes an impossible model {}", r.dir(), kManifestFile,
+                         r.manifest()["model"].dump()));
+    check_checkpoint_shape(r, s, fmt::format("the model its manifest describes ({})", r.manifest()["model"].dump()));
+    return s;
+}
+
+void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what) {
+    const std::vector<ParamInfo> table = gpt_param_table(shape, 0.02f, 1);
+    const std::string hint = fmt::format(
+        "\n---> HINT: the checkpoint holds model {}; make the model settings match it, or pass a checkpoint of "
+        "{}",
+        r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"), what);
+    for (const ParamInfo& p : table) {
+        if (!r.contains(p.name))
+            throw UserError(fmt::format("config error: '{}' has no tensor '{}', which {} has (shape {}){}", r.dir(),
+                                        p.name, what, json(p.global_shape).dump(), hint));
+        const std::vector<int64_t>& saved = r.global_shape(p.name);
+        bool same = saved == p.global_shape;
+        if (p.name == "wte.weight" && saved.size() == 2)  // the padding may differ; the real vocabulary may not
+            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
+        if (!same)
+            throw UserError(fmt::format(
+                "config error: tensor '{}' has shape {} (vocabulary {}) in '{}', but {} has "
+                "{} (vocabulary {}){}",
+                p.name, json(saved).dump(), r.vocab_size(), r.dir(), what, json(p.global_shape).dump(), shape.V, hint));
+    }
+    for (const std::string& name : r.names()) {
+        if (std::none_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; }))
+            throw UserError(fmt::format("config error: '{}' holds tensor '{}' (shape {}), which {} does not have{}",
+                                        r.dir(), name, json(r.global_shape(name)).dump(), what, hint));
+    }
+}
+
+void read_whole_model(const CheckpointReader& r, Gpt& model) {
+    for (const ParamInfo& p : model.params_info()) {
+        MS_CHECK(p.shape == p.global_shape, "read_whole_model: '{}' is a tensor-parallel shard", p.name);
+        r.read_box(p.name, std::nullopt, shard_box(p, 0, 1), 0, p.numel, model.params() + p.offset);
+    }
+}
+
+std::string write_model_checkpoint(const std::string& save_dir, const Config& cfg, const GptShape& shape,
+                                   const float* params, const TrainState& state, const json& extra_manifest) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+        const std::string n = e.path().filename().string();
+        if (e.is_directory() && n.rfind("iter_", 0) == 0 && n.find('.') == std::string::npos)
+            fail(
+                fmt::format("'{}' already holds the checkpoint {}; writing iteration {} there would move its "
+                            "tracker back\n---> HINT: choose a new or empty directory",
+                            save_dir, n, state.iteration));
+    }
+    fs::create_directories(save_dir, ec);
+    if (ec) fail(fmt::format("cannot create '{}': {}", save_dir, ec.message()));
+
+    CheckpointWriter writer(save_dir, state.iteration);
+    std::vector<TensorEntry> tensors;
+    std::map<std::string, std::string> meta = {{"format", "mindspeed-ckpt"},
+                                               {"format_version", std::to_string(kCheckpointFormatVersion)},
+                                               {"kind", "model"},
+                                               {"tp_rank", "0"},
+                                               {"tp_size", "1"},
+                                               {"pp_rank", "0"},
+                                               {"pp_size", "1"},
+                                               {"dp_rank", "0"},
+                                               {"dp_size", "1"},
+                                               {"vocab_size", std::to_string(shape.V)}};
+    for (const ParamInfo& p : gpt_param_table(shape, 0.02f, 1)) {
+        tensors.push_back({p.name, DType::kF32, p.shape, params + p.offset});
+        const ShardBox b = shard_box(p, 0, 1);
+        meta[p.name] = json{{"global_shape", p.global_shape},
+                            {"view_shape", b.view_shape},
+                            {"view_offset", b.view_offset},
+                            {"view_extent", b.view_extent}}
+                           .dump();
+    }
+    write_safetensors(writer.path("model/tp00_pp000.safetensors"), tensors, meta);
+    writer.write_file(kTrainStateFile, train_state_to_json(state).dump(2) + "\n");
+    const std::string yaml = config_to_yaml(cfg);
+    writer.write_file(kResolvedConfigFile, yaml);
+
+    json manifest = {{"format", "mindspeed-ckpt"},
+                     {"checkpoint_version", kCheckpointFormatVersion},
+                     {"mindspeed_version", MS_VERSION},
+                     {"world_size", 1},
+                     {"tp", 1},
+                     {"pp", 1},
+                     {"dp", 1},
+                     {"virtual_pipeline", 1},
+                     {"zero_stage", 0},
+                     {"sequence_parallel", false},
+                     {"config_hash", xxh64_hex(name_hash(yaml))},
+                     {"dtype", "fp32"},
+                     {"master_weights", "none: fp32 training, the parameters in model/ are the master weights"},
+                     {"model",
+                      {{"num_layers", shape.L},
+                       {"hidden_size", shape.C},
+                       {"num_attention_heads", shape.NH},
+                       {"ffn_hidden_size", shape.F},
+                       {"max_position_embeddings", shape.T},
+                       {"vocab_size", shape.V},
+                       {"padded_vocab_size", shape.Vp}}}};
+    manifest.update(extra_manifest);
+    return writer.commit(manifest);
+}
+
+}  // namespace ms

@@ -1,0 +1,337 @@
+// hf_gpt2.cpp: Hugging Face GPT-2 export and import (hf_gpt2.h).
+#include "engine/ckpt/hf_gpt2.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "engine/ckpt/atomic_dir.h"
+#include "engine/ckpt/checkpoint_model.h"
+#include "engine/ckpt/safetensors.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/optim/adamw.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+[[noreturn]] void input_error(const std::string& msg) { throw UserError("input error: " + msg, kExitConfigError); }
+
+// The weights HF stores as Conv1D (in, out): the transpose of our Linear (out, in).
+bool is_conv1d(const std::string& name) {
+    for (const char* suffix : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+        if (name.ends_with(suffix)) return true;
+    return false;
+}
+
+// (rows, cols) C-order -> (cols, rows).
+std::vector<float> transpose(const float* in, int64_t rows, int64_t cols) {
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(c * rows + r)] = in[r * cols + c];
+    return out;
+}
+
+// IEEE half -> float, exactly (every half is a float).
+float half_to_float(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (mant << 13);  // inf / nan
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else {  // subnormal: normalise
+        int e = -1;
+        do {
+            ++e;
+            mant <<= 1;
+        } while ((mant & 0x400) == 0);
+        bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3FF) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// A tensor of an HF file as fp32 (the data may be unaligned: files from other writers).
+std::vector<float> read_as_f32(const SafetensorsFile& f, const std::string& key) {
+    const TensorInfo& info = f.info(key);
+    const std::byte* p = f.data(key);
+    const size_t n = static_cast<size_t>(info.numel());
+    std::vector<float> out(n);
+    if (info.dtype_name == "F32") {
+        if (n) std::memcpy(out.data(), p, n * sizeof(float));
+    } else if (info.dtype_name == "BF16" || info.dtype_name == "F16") {
+        const bool bf16 = info.dtype_name == "BF16";
+        for (size_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, p + 2 * i, 2);
+            if (bf16) {
+                const uint32_t bits = static_cast<uint32_t>(h) << 16;
+                std::memcpy(&out[i], &bits, sizeof(float));
+            } else {
+                out[i] = half_to_float(h);
+            }
+        }
+    } else {
+        input_error(fmt::format("'{}', tensor '{}' is {}; GPT-2 weights are imported from F32, BF16 or F16", f.path(),
+                                key, info.dtype_name));
+    }
+    return out;
+}
+
+int positive_int(const json& config, const char* key, const std::string& where) {
+    const auto it = config.find(key);
+    if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 30))
+        input_error(
+            fmt::format("'{}' has {} for \"{}\", not a positive integer\n---> HINT: a GPT-2 config.json gives "
+                        "n_embd, n_layer, n_head, n_positions and vocab_size",
+                        where, it == config.end() ? std::string("nothing") : it->dump(), key));
+    return it->get<int>();
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+
+}  // namespace
+
+json hf_gpt2_config(const GptShape& s) {
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"n_embd", s.C},
+            {"n_layer", s.L},
+            {"n_head", s.NH},
+            {"n_positions", s.T},
+            {"n_ctx", s.T},
+            {"vocab_size", s.V},
+            {"n_inner", s.F == 4 * s.C ? json(nullptr) : json(s.F)},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", std::stod(fmt::format("{}", s.eps))},  // 1e-05, not the float's 9.99999974e-06
+            {"resid_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"attn_pdrop", 0.0},
+            {"initializer_range", 0.02},
+            {"scale_attn_weights", true},
+            {"scale_attn_by_inverse_layer_idx", false},
+            {"reorder_and_upcast_attn", false},
+            {"tie_word_embeddings", true},
+            {"use_cache", true},
+            {"bos_token_id", s.V - 1},
+            {"eos_token_id", s.V - 1},
+            {"torch_dtype", "float32"}};
+}
+
+GptShape hf_gpt2_shape(const json& c, const std::string& where) {
+    if (!c.is_object()) input_error(fmt::format("'{}' is not a JSON object", where));
+    const std::string type = c.value("model_type", std::string("gpt2"));
+    if (type != "gpt2")
+        input_error(
+            fmt::format("'{}' has \"model_type\": \"{}\"; only GPT-2 (\"gpt2\") models can be imported", where, type));
+    GptShape s;
+    s.C = positive_int(c, "n_embd", where);
+    s.L = positive_int(c, "n_layer", where);
+    s.NH = positive_int(c, "n_head", where);
+    s.T = positive_int(c, "n_positions", where);
+    s.V = positive_int(c, "vocab_size", where);
+    s.Vp = s.V;
+    s.F = c.contains("n_inner") && !c["n_inner"].is_null() ? positive_int(c, "n_inner", where) : 4 * s.C;
+    const json eps = c.value("layer_norm_epsilon", json(1e-5));
+    if (!eps.is_number() || eps.get<double>() <= 0)
+        input_error(fmt::format("'{}' has \"layer_norm_epsilon\": {}, not a positive number", where, eps.dump()));
+    s.eps = eps.get<float>();
+    if (s.C % s.NH != 0)
+        input_error(fmt::format("'{}': n_embd ({}) is not a multiple of n_head ({})", where, s.C, s.NH));
+    // tanh-approximated GELU is what this model computes; transformers' "gelu_new" and "gelu_pytorch_tanh" are it
+    const std::string act = c.value("activation_function", std::string("gelu_new"));
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+        input_error(
+            fmt::format("'{}' has \"activation_function\": \"{}\"; this GPT-2 computes the tanh-approximated "
+                        "GELU (\"gelu_new\" or \"gelu_pytorch_tanh\"), so the imported model would compute "
+                        "something else",
+                        where, act));
+    if (!c.value("tie_word_embeddings", true))
+        input_error(
+            fmt::format("'{}' has \"tie_word_embeddings\": false; untied output heads are not supported "
+                        "(the head is wte)",
+                        where));
+    if (c.value("scale_attn_by_inverse_layer_idx", false) || !c.value("scale_attn_weights", true))
+        input_error(
+            fmt::format("'{}' changes the attention scaling (scale_attn_weights / "
+                        "scale_attn_by_inverse_layer_idx); only GPT-2's 1/sqrt(head size) is supported",
+                        where));
+    return s;
+}
+
+int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec)
+        throw UserError(fmt::format("cannot create the output directory '{}': {}", out_dir, ec.message()),
+                        kExitCheckpoint);
+    std::vector<CanonicalTensor> tensors;  // HF layout; kept alive for the writer
+    int64_t params = 0;
+    for (const ParamInfo& p : gpt_param_table(s, 0.02f, 1)) {
+        CanonicalTensor t = r.tensor(p.name);
+        t.shape = p.global_shape;  // c_attn comes as its (3, C, C) view: the same bytes
+        if (p.name == "wte.weight") {
+            t.shape[0] = s.V;  // drop the padded rows
+            t.data.resize(static_cast<size_t>(s.V) * static_cast<size_t>(s.C));
+        } else if (is_conv1d(p.name)) {
+            t.data = transpose(t.data.data(), t.shape[0], t.shape[1]);
+            std::swap(t.shape[0], t.shape[1]);
+        }
+        params += static_cast<int64_t>(t.data.size());
+        tensors.push_back(std::move(t));
+    }
+    std::vector<TensorEntry> entries;
+    for (const CanonicalTensor& t : tensors) entries.push_back({t.name, DType::kF32, t.shape, t.data.data()});
+    write_safetensors((fs::path(out_dir) / kHfWeightsFile).string(), entries, {{"format", "pt"}});
+    write_file_atomic((fs::path(out_dir) / kHfConfigFile).string(), hf_gpt2_config(s).dump(2) + "\n");
+    return params;
+}
+
+std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, const std::string& save_dir) {
+    const std::string config_path = (fs::path(hf_dir) / kHfConfigFile).string();
+    const std::string weights_path = (fs::path(hf_dir) / kHfWeightsFile).string();
+    for (const std::string& path : {config_path, weights_path}) {
+        if (fs::is_regular_file(path)) continue;
+        const bool pickle = path == weights_path && fs::exists(fs::path(hf_dir) / "pytorch_model.bin");
+        input_error(
+            fmt::format("'{}' does not exist{}\n---> HINT: --load takes a Hugging Face GPT-2 directory "
+                        "holding config.json and model.safetensors (what save_pretrained writes){}",
+                        path, fs::is_directory(hf_dir) ? "" : fmt::format(" ('{}' is not a directory)", hf_dir),
+                        pickle ? "; this one has only pytorch_model.bin, a pickle: convert it to safetensors "
+                                 "first (model.save_pretrained(dir, safe_serialization=True))"
+                               : ""));
+    }
+    std::ifstream config_file(config_path);
+    const json hf_config = json::parse(config_file, nullptr, /*allow_exceptions=*/false);
+    if (hf_config.is_discarded()) input_error(fmt::format("'{}' is not valid JSON", config_path));
+    GptShape s = hf_gpt2_shape(hf_config, config_path);
+
+    // The run config this checkpoint is for: --config's, whose model dims must be config.json's, or the defaults.
+    Config cfg = cfg_in ? *cfg_in : Config{};
+    ModelConfig& m = cfg.model;
+    if (cfg_in) {
+        const int ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
+        const int positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+        const std::pair<std::string, std::array<double, 2>> dims[] = {
+            {"model.num_layers / n_layer", {double(m.num_layers), double(s.L)}},
+            {"model.hidden_size / n_embd", {double(m.hidden_size), double(s.C)}},
+            {"model.num_attention_heads / n_head", {double(m.num_attention_heads), double(s.NH)}},
+            {"model.ffn_hidden_size (0: 4 * hidden_size) / n_inner", {double(ffn), double(s.F)}},
+            {"model.max_position_embeddings (0: seq_length) / n_positions", {double(positions), double(s.T)}},
+            {"model.vocab_size / vocab_size", {double(m.vocab_size == 0 ? s.V : m.vocab_size), double(s.V)}},
+            {"model.layernorm_epsilon / layer_norm_epsilon", {double(m.layernorm_epsilon), double(s.eps)}}};
+        for (const auto& [name, v] : dims)
+            if (v[0] != v[1])
+                throw UserError(
+                    fmt::format("config error: {} is {} in --config but {} in '{}'\n---> HINT: set the "
+                                "model section of the config to the imported model's dims",
+                                name, v[0], v[1], config_path));
+    } else {
+        m.num_layers = s.L;
+        m.hidden_size = s.C;
+        m.num_attention_heads = s.NH;
+        m.ffn_hidden_size = s.F;
+        m.seq_length = s.T;
+        m.max_position_embeddings = s.T;
+        m.layernorm_epsilon = s.eps;
+    }
+    m.vocab_size = s.V;
+    const int64_t multiple = std::max(1, m.make_vocab_size_divisible_by);
+    s.Vp = static_cast<int>((s.V + multiple - 1) / multiple * multiple);
+
+    // model.safetensors -> canonical tensors in the whole model's flat layout.
+    const SafetensorsFile file = [&] {
+        try {
+            return SafetensorsFile::open(weights_path);
+        } catch (const UserError& e) {  // the input data is bad, not one of our checkpoints
+            throw UserError(e.what(), kExitConfigError);
+        }
+    }();
+    const std::vector<ParamInfo> table = gpt_param_table(s, 0.02f, 1);
+    std::map<std::string, std::string> key_of;  // canonical name -> the file's key
+    std::string lm_head_key;
+    const std::regex mask_buffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
+    for (const std::string& key : file.names()) {
+        const std::string name = key.starts_with("transformer.") ? key.substr(12) : key;
+        if (std::regex_match(name, mask_buffer)) continue;  // causal-mask buffers, not parameters
+        if (name == "lm_head.weight") {
+            lm_head_key = key;
+            continue;
+        }
+        const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
+        if (!known)
+            input_error(
+                fmt::format("'{}' holds the tensor '{}', which is not a parameter of the GPT-2 that '{}' "
+                            "describes (GPT-2 names: wte.weight, wpe.weight, h.<0..{}>.{{ln_1,attn.c_attn,"
+                            "attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}}.{{weight,bias}}, ln_f.{{weight,bias}}, "
+                            "optionally prefixed with 'transformer.')",
+                            weights_path, key, config_path, s.L - 1));
+        if (key_of.count(name))
+            input_error(
+                fmt::format("'{}' holds '{}' twice: as '{}' and as '{}'", weights_path, name, key_of[name], key));
+        key_of[name] = key;
+    }
+    std::vector<float> flat(static_cast<size_t>(table.back().offset + table.back().numel), 0.0f);
+    std::vector<float> wte;
+    for (const ParamInfo& p : table) {
+        const auto it = key_of.find(p.name);
+        std::vector<int64_t> want = p.global_shape;  // in the file's orientation
+        if (p.name == "wte.weight") want[0] = s.V;
+        if (is_conv1d(p.name)) std::swap(want[0], want[1]);
+        if (it == key_of.end())
+            input_error(fmt::format("'{}' has no tensor '{}' (shape {}), which the GPT-2 of '{}' needs", weights_path,
+                                    p.name, shape_str(want), config_path));
+        const std::vector<int64_t>& got = file.info(it->second).shape;
+        if (got != want)
+            input_error(fmt::format("'{}': tensor '{}' has shape {}, but '{}' makes it {}", weights_path, it->second,
+                                    shape_str(got), config_path, shape_str(want)));
+        std::vector<float> data = read_as_f32(file, it->second);
+        if (is_conv1d(p.name)) data = transpose(data.data(), want[0], want[1]);
+        std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte: rows >= V stay 0
+        if (p.name == "wte.weight") wte = std::move(data);
+    }
+    if (!lm_head_key.empty()) {
+        const std::vector<int64_t> want = {s.V, s.C};
+        if (file.info(lm_head_key).shape != want || read_as_f32(file, lm_head_key) != wte)
+            input_error(
+                fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, which this GPT-2 "
+                            "does not support (its head is wte)\n---> HINT: only GPT-2 models with tied "
+                            "embeddings (all of OpenAI's) can be imported",
+                            weights_path, lm_head_key));
+    }
+    std::string dtypes;
+    for (const std::string& key : file.names())
+        if (dtypes.find(file.info(key).dtype_name) == std::string::npos)
+            dtypes += (dtypes.empty() ? "" : ", ") + file.info(key).dtype_name;
+
+    TrainState state;  // iteration 0: nothing trained yet
+    state.lr_decay_style = cfg.lr_schedule.lr_decay_style;
+    state.lr = cfg.optimizer.lr;
+    state.min_lr = cfg.optimizer.min_lr;
+    state.lr_warmup_iters = cfg.lr_schedule.lr_warmup_iters;
+    state.lr_decay_iters =
+        cfg.lr_schedule.lr_decay_iters > 0 ? cfg.lr_schedule.lr_decay_iters : cfg.training.train_iters;
+    state.last_lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, 0);
+    state.seed = cfg.run.seed;
+    state.data_describe = "none: weights imported from the Hugging Face GPT-2 directory " + hf_dir;
+    const json extra = {{"source", {{"format", "hf-gpt2"}, {"path", hf_dir}, {"dtype", dtypes}}},
+                        {"optimizer_state", "none: a model-only checkpoint (imported weights)"}};
+    const std::string dir = write_model_checkpoint(save_dir, cfg, s, flat.data(), state, extra);
+    log_info(
+        "convert: imported {} ({} layers, hidden {}, {} heads, {} positions, vocabulary {} padded to {}; {}) "
+        "into {}",
+        hf_dir, s.L, s.C, s.NH, s.T, s.V, s.Vp, dtypes, dir);
+    return dir;
+}
+
+}  // namespace ms

@@ -1,0 +1,57 @@
+// hf_gpt2.h: Hugging Face GPT-2 interop (reference/ecosystem-reliability.md B3, the HF GPT-2 row): export a
+// checkpoint as a hub-style GPT-2 directory, and import one as a model-only checkpoint.
+//
+// A Hugging Face GPT-2 directory, as this code reads and writes it:
+//   config.json         {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": C, "n_layer": L,
+//                        "n_head": NH, "n_positions": T, "n_ctx": T, "vocab_size": V, "n_inner": null (= 4C) or F,
+//                        "activation_function": "gelu_new", "layer_norm_epsilon": eps, dropouts 0,
+//                        "tie_word_embeddings": true, ...}
+//   model.safetensors   __metadata__ {"format": "pt"}; GPT-2's names as on the hub (no "transformer." prefix):
+//                         wte.weight (V, C)          the real vocabulary only (our rows >= V are padding)
+//                         wpe.weight (T, C)
+//                         h.{l}.ln_1.weight/bias (C), h.{l}.ln_2.weight/bias (C), ln_f.weight/bias (C)
+//                         h.{l}.attn.c_attn.weight (C, 3C)  c_attn.bias (3C)   Conv1D: (in, out), the transpose
+//                         h.{l}.attn.c_proj.weight (C, C)   c_proj.bias (C)    of our Linear (out, in); c_attn's
+//                         h.{l}.mlp.c_fc.weight (C, F)      c_fc.bias (F)      columns are [Q | K | V], heads
+//                         h.{l}.mlp.c_proj.weight (F, C)    c_proj.bias (C)    contiguous within each, as our rows
+//                       no lm_head.weight: the head is tied to wte (transformers ties it on load).
+// Export writes F32. Import reads F32, BF16 or F16 (widened to fp32 exactly); it accepts keys with or without the
+// "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias / h.{l}.attn.masked_bias, and accepts
+// lm_head.weight only when it equals wte.weight bit for bit (a tied head saved twice). Dims come from config.json.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/ckpt/checkpoint.h"
+#include "engine/config/config.h"
+#include "engine/model/gpt.h"
+
+namespace ms {
+
+inline constexpr const char* kHfConfigFile = "config.json";
+inline constexpr const char* kHfWeightsFile = "model.safetensors";
+
+// config.json of a model of this shape. bos/eos_token_id are V - 1: GPT-2's <|endoftext|> (50256) at V = 50257,
+// the byte tokenizer's end-of-document (256) at V = 257.
+nlohmann::json hf_gpt2_config(const GptShape& s);
+
+// The model shape config.json describes (Vp = V: no padding). Throws UserError(kExitConfigError) naming the file and
+// the key when a dim is missing or not a positive integer, or the model is not one GPT-2 (model_type, activation,
+// untied embeddings, per-layer attention scaling).
+GptShape hf_gpt2_shape(const nlohmann::json& config, const std::string& where);
+
+// Writes <out_dir>/model.safetensors and <out_dir>/config.json (each atomically) from the checkpoint `r`, whose
+// model has shape `s` (checkpoint_shape()). Returns the number of parameters written.
+int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir);
+
+// Imports <hf_dir> (config.json + model.safetensors) into a committed model-only checkpoint <save_dir>/iter_0000000
+// (write_model_checkpoint: iteration 0, no optimizer state). `cfg` (a --config; nullptr: the built-in defaults)
+// supplies what config.json does not -- model.make_vocab_size_divisible_by (wte is zero-padded to that multiple),
+// the schedule and seed recorded in train_state.json -- and its model dims must agree with config.json's
+// (UserError(kExitConfigError) naming both; a vocab_size of 0, "from the data", agrees with any). Every problem with
+// the input directory is a UserError(kExitConfigError) naming the file, the tensor and what is wrong. Returns the
+// committed directory.
+std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg, const std::string& save_dir);
+
+}  // namespace ms

@@ -1,0 +1,62 @@
+// gpt2_bpe.h: GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt, the files the Hugging Face hub ships with
+// every GPT-2 model), for `generate` prompts and outputs.
+//
+// Encoding, as OpenAI's encoder.py and Hugging Face's GPT2Tokenizer do it:
+//   1. pre-tokenize the UTF-8 text with the pattern
+//        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//      (first alternative that matches at the current position, as a backtracking regex engine picks it);
+//   2. map each byte of a piece to one printable code point (bytes_to_unicode: the printable Latin-1 bytes
+//      '!'..'~', '¡'..'¬', '®'..'ÿ' map to themselves, the other 68 bytes to U+0100.. in byte order);
+//   3. start from one symbol per byte and repeatedly merge every occurrence of the adjacent pair with the lowest
+//      rank in merges.txt (line order), until no pair has a rank;
+//   4. look every symbol up in vocab.json.
+// Decoding concatenates the symbols of the ids and maps the code points back to bytes.
+//
+// Character classes: exact for ASCII (letters a-z A-Z, numbers 0-9, whitespace \t \n \v \f \r and space). Beyond
+// ASCII this is an approximation of Unicode's \p{L} / \p{N}: every non-ASCII code point counts as a letter except
+// the Unicode White_Space code points (U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F,
+// U+3000), which count as whitespace. Non-ASCII digits and punctuation (e.g. '²', '—', '«') are thus grouped with
+// adjacent letters, where GPT-2 would split them: the ids still decode to the same text, but may differ from
+// Hugging Face's for such text. Invalid UTF-8 bytes are taken one byte at a time as letters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ms {
+
+class Gpt2Bpe {
+  public:
+    // Reads vocab.json ({"token": id, ...}) and merges.txt ("#version" header optional, then "left right" per line).
+    // Throws UserError (exit code 2) naming the file, the line and the problem: a missing or unreadable file, a
+    // vocab that is not a JSON object of non-negative integer ids, duplicate ids, a merge line without exactly
+    // two symbols.
+    static Gpt2Bpe load(const std::string& vocab_json_path, const std::string& merges_path);
+    // The same from the files' contents; `label` names them in error messages.
+    static Gpt2Bpe from_strings(std::string_view vocab_json, std::string_view merges, const std::string& label);
+
+    // Throws UserError naming the symbol when a BPE symbol of the text is not in the vocabulary (a vocabulary
+    // without all 256 byte symbols).
+    std::vector<int32_t> encode(std::string_view text) const;
+    // Ids without a vocabulary entry decode to U+FFFD.
+    std::string decode(const std::vector<int32_t>& ids) const;
+
+    // The pre-tokenization of step 1, exposed for tests.
+    static std::vector<std::string> pretokenize(std::string_view text);
+    // The BPE symbols (in the byte-to-unicode alphabet) of one pre-token, after step 3.
+    std::vector<std::string> bpe(std::string_view piece) const;
+
+    int vocab_size() const { return max_id_ + 1; }  // one more than the largest id
+    size_t num_merges() const { return ranks_.size(); }
+
+  private:
+    std::unordered_map<std::string, int32_t> encoder_;  // symbol string (UTF-8) -> id
+    std::unordered_map<int32_t, std::string> decoder_;
+    std::unordered_map<std::string, int> ranks_;  // "left right" -> rank (merge line order; symbols hold no space)
+    int32_t max_id_ = -1;
+};
+
+}  // namespace ms

@@ -1,0 +1,54 @@
+// sampling.cpp: generate() (sampling.h), moved here from trainer.cpp so that the `generate` subcommand shares it.
+#include "engine/train/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <utility>
+
+#include "engine/core/philox.h"
+
+namespace ms {
+
+std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
+                              float temperature, int top_k, uint64_t seed) {
+    const GptShape& s = model.shape();
+    const uint64_t stream = name_hash("generate");
+    std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
+    const int64_t Vl = s.Vp / tp.size();
+    std::vector<float> full(static_cast<size_t>(s.Vp));
+    for (int i = 0; i < num_tokens; ++i) {
+        const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.T)));
+        const int32_t* window = context.data() + context.size() - T;
+        model.forward(window, nullptr, 1, T);
+        tp.all_gather(std::span<const float>(model.logits() + static_cast<size_t>(T - 1) * Vl, static_cast<size_t>(Vl)),
+                      std::span<float>(full))
+            .wait();
+        const float* logits = full.data();
+        for (int v = 0; v < s.V; ++v) probs[v] = {logits[v] / std::max(temperature, 1e-6f), v};
+        size_t keep = probs.size();
+        if (top_k > 0 && static_cast<size_t>(top_k) < keep) {
+            keep = static_cast<size_t>(top_k);
+            std::partial_sort(probs.begin(), probs.begin() + keep, probs.end(),
+                              [](auto& a, auto& b) { return a.first > b.first; });
+        }
+        float mx = -std::numeric_limits<float>::infinity();
+        for (size_t j = 0; j < keep; ++j) mx = std::max(mx, probs[j].first);
+        double sum = 0;
+        for (size_t j = 0; j < keep; ++j) sum += std::exp(static_cast<double>(probs[j].first - mx));
+        double u = philox_uniform_double(seed, stream, static_cast<uint64_t>(i)) * sum;
+        int next = probs[keep - 1].second;
+        for (size_t j = 0; j < keep; ++j) {
+            u -= std::exp(static_cast<double>(probs[j].first - mx));
+            if (u <= 0) {
+                next = probs[j].second;
+                break;
+            }
+        }
+        context.push_back(next);
+    }
+    return context;
+}
+
+}  // namespace ms

@@ -1,0 +1,24 @@
+// sampling.h: autoregressive sampling from a GPT model -- temperature, top-k, a counter-based random stream -- for
+// the trainer's end-of-run sample and the `generate` subcommand.
+//
+// Determinism: draw i (the i-th new token) uses Philox(seed, name_hash("generate"), i), so the same model, context,
+// settings and seed give the same tokens on any machine and thread count whose forward pass gives the same logits.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/model/gpt.h"
+
+namespace ms {
+
+// Appends num_tokens sampled tokens to `context` (ids < V, non-empty) and returns it. Each step runs the model on
+// the last min(context length, T) tokens and samples from softmax(logits / temperature) over the real vocabulary V
+// (padded columns never drawn), restricted to the top_k largest logits when top_k > 0. Every TP rank of `tp`
+// gathers the full last-position logits and draws the same token, so all ranks stay in step; pass a
+// SelfCommunicator for a whole model on one rank.
+std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
+                              float temperature, int top_k, uint64_t seed);
+
+}  // namespace ms
