@@ -261,9 +261,11 @@ void check_shapes(const CheckpointReader& r, const GptShape& shape) {
 
 void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;
+    const bool with_optimizer = r.has_optimizer_state();
     for (const ParamInfo& p : c.params_info) {
         const ShardBox box = shard_box(p, g.tp_rank, g.tp_size);
         r.read_box(p.name, std::nullopt, box, 0, p.numel, c.params + p.offset);
+        if (!with_optimizer) continue;  // a model-only checkpoint: exp_avg and exp_avg_sq stay zero
         const auto [a, b] = optim_range(p, c.optimizer);
         if (a >= b) continue;
         float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
@@ -272,7 +274,8 @@ void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
             r.read_box(p.name, s, box, a, b, out);
         }
     }
-    c.optimizer.set_steps_taken(r.train_state().optimizer_step);
+    // Zero moments restart the bias correction too (AdamW's first step after a model-only load is its step 1).
+    c.optimizer.set_steps_taken(with_optimizer ? r.train_state().optimizer_step : 0);
 }
 
 }  // namespace
@@ -366,7 +369,9 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
             if (ec) fail(fmt::format("cannot create '{}/{}': {}", writer->tmp_dir(), sub, ec.message()));
         }
     });
+    const double t_write = now_seconds();
     agree(world, "writing its checkpoint files", [&] { write_rank_files(c, state, tmp, inject); });
+    const double t_commit = now_seconds();
     std::string final_dir;
     agree(world, "committing the checkpoint", [&] {
         if (rank != 0) return;
@@ -375,6 +380,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
         });
         final_dir = writer->commit(manifest_fields(c));
     });
+    const double t_retain = now_seconds();
     agree(world, "removing old checkpoints", [&] {
         if (rank == 0 && c.cfg.checkpoint.keep_latest_k > 0) keep_latest(save, c.cfg.checkpoint.keep_latest_k);
     });
@@ -385,8 +391,10 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
         for (const auto& e : fs::recursive_directory_iterator(final_dir, ec))
             if (e.is_regular_file()) bytes += e.file_size();
     }
-    log_info("checkpoint: saved iteration {} to {} ({:.1f} MiB) in {:.2f} s", state.iteration, final_dir,
-             static_cast<double>(bytes) / (1 << 20), now_seconds() - t0);
+    log_info("checkpoint: saved iteration {} to {} ({:.1f} MiB) in {:.2f} s (write {:.2f} s, commit: checksums, fsync, "
+             "rename, tracker {:.2f} s)",
+             state.iteration, final_dir, static_cast<double>(bytes) / (1 << 20), now_seconds() - t0,
+             t_commit - t_write, t_retain - t_commit);
     return final_dir;
 }
 
@@ -428,6 +436,7 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
     const std::string dir = (fs::path(load) / checkpoint_dir_name(pick[1])).string();
     std::optional<TrainState> state;
     json manifest;
+    bool optimizer_state = true;
     agree(world, "loading the checkpoint " + dir, [&] {
         const CheckpointReader reader(dir);
         if (reader.iteration() != pick[1])
@@ -437,10 +446,13 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
         load_rank_state(reader, c);
         state = reader.train_state();
         manifest = reader.manifest();
+        optimizer_state = reader.has_optimizer_state();
     });
 
     const bool logging = world.rank() == 0;
-    if (logging && state->data_fingerprint != fingerprint)
+    if (logging && !optimizer_state)
+        log_info("checkpoint: {} is model-only (no optimizer state): AdamW starts from zero moments", dir);
+    if (logging && !state->data_fingerprint.empty() && state->data_fingerprint != fingerprint)
         log_warn("checkpoint: the training data differs from the data this checkpoint was trained on "
                  "(fingerprint {} then, {} now: the source, data.split, model.seq_length or run.seed changed). "
                  "Continuing at consumed sample {} of the new data; the exact-resume guarantee does not hold across "

@@ -179,6 +179,9 @@ public:
     // Canonical model tensor names in model order (wte, wpe, h.0.*, ..., ln_f.*).
     const std::vector<std::string>& names() const { return names_; }
     bool contains(const std::string& name) const;
+    // False for a model-only checkpoint (no optim/ files: `convert --from hf-gpt2`); a resume from one starts the
+    // optimizer from zero state.
+    bool has_optimizer_state() const { return !optim_pieces_[0].empty() || !optim_pieces_[1].empty(); }
     const std::vector<int64_t>& global_shape(const std::string& name) const;  // UserError if absent
 
     // The whole tensor assembled from every shard. Throws UserError(kExitCheckpoint) if absent or not fully covered.

@@ -131,6 +131,35 @@ TEST(CheckpointResume, OneRankContinuesBitIdentically) {
     EXPECT_EQ(r.manifest()["tp"], 1);
 }
 
+// A model-only checkpoint (what `convert --from hf-gpt2` writes: no optim/ files) resumes the weights and starts
+// AdamW from zero moments: the first loss after it equals the full resume's (the loss depends on the weights only),
+// the next one does not.
+TEST(CheckpointResume, ModelOnlyCheckpointStartsTheOptimizerFresh) {
+    TempDir d("ckpt_model_only");
+    ASSERT_EQ(train(1, d / "first", 2, ckpt_sets(d / "full", "")).exit_code, 0);
+    copy_checkpoint(d / "full", 2, d / "model_only");
+    const std::string dir = iter_dir(d / "model_only", 2);
+    fs::remove_all(dir + "/optim");
+    auto manifest = nlohmann::json::parse(read_file(dir + "/" + ms::kManifestFile));
+    std::vector<std::string> optim_files;
+    for (const auto& [rel, entry] : manifest["files"].items())
+        if (rel.rfind("optim/", 0) == 0) optim_files.push_back(rel);
+    ASSERT_EQ(optim_files.size(), 1u);
+    for (const std::string& rel : optim_files) manifest["files"].erase(rel);
+    std::ofstream(dir + "/" + ms::kManifestFile) << manifest.dump(2);
+    ASSERT_NO_THROW(ms::verify_checkpoint(dir, true));
+
+    const TrainRun full = train(1, d / "full_run", 4, ckpt_sets("", d / "full"));
+    ASSERT_EQ(full.exit_code, 0) << full.output;
+    const TrainRun model_only = train(1, d / "model_only_run", 4, ckpt_sets("", d / "model_only"));
+    ASSERT_EQ(model_only.exit_code, 0) << model_only.output;
+    EXPECT_NE(model_only.output.find("is model-only (no optimizer state)"), std::string::npos) << model_only.output;
+    const Metrics a = read_metrics(d / "full_run"), b = read_metrics(d / "model_only_run");
+    ASSERT_TRUE(a.loss.count(3) && a.loss.count(4) && b.loss.count(3) && b.loss.count(4));
+    EXPECT_EQ(b.loss.at(3), a.loss.at(3));
+    EXPECT_NE(b.loss.at(4), a.loss.at(4));
+}
+
 // The tp2 x pp2 x dp2 ZeRO-1 run the multi-rank tests compare with: 14 iterations straight, saving every 4
 // (iterations 4, 8, 12, 14 kept). Once per process (ctest runs each test in a process of its own).
 struct Straight3d {
