@@ -43,12 +43,16 @@ void agree(Communicator& world, const std::string& what, const std::function<voi
     } catch (const UserError& e) {
         error = std::current_exception();
         code = e.exit_code();
+    } catch (const std::exception& e) {  // e.g. a JSON type error from a damaged file: still a sentence, still 19
+        error = std::make_exception_ptr(
+            UserError(fmt::format("checkpoint error: {}: {}", what, e.what()), kExitCheckpoint));
+        code = kExitCheckpoint;
     }
     world.all_reduce(std::span<int32_t>(&code, 1), ReduceOp::kMax).wait();
     if (error) std::rethrow_exception(error);
     if (code != 0)
-        throw UserError(fmt::format("checkpoint error: another rank failed while {} (its error is printed above)", what),
-                        code);
+        throw UserError(
+            fmt::format("checkpoint error: another rank failed while {} (its error is printed above)", what), code);
 }
 
 // Sums non-negative int64 values over `comm` exactly (the typed collectives carry float and int32): 16-bit limbs in
@@ -75,9 +79,10 @@ std::string injected_phase(int world_rank) {
         if (std::atoi(spec.c_str() + at + 1) != world_rank) return "";
     }
     if (phase != "write" && phase != "manifest" && phase != "rename" && phase != "tracker")
-        throw UserError(fmt::format("MS_INJECT_CKPT_FAIL='{}': the phase must be write, manifest, rename or tracker, "
-                                    "optionally followed by @<rank>",
-                                    spec));
+        throw UserError(
+            fmt::format("MS_INJECT_CKPT_FAIL='{}': the phase must be write, manifest, rename or tracker, "
+                        "optionally followed by @<rank>",
+                        spec));
     return phase;
 }
 
@@ -167,7 +172,8 @@ void write_rank_files(const CheckpointContext& c, const TrainState& state, const
             const std::string info = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
             for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
                 const std::string key = std::string(optim_state_name(s)) + "/" + p.name;
-                const float* data = state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
+                const float* data =
+                    state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
                 tensors.push_back({key, DType::kF32, {b - a}, data});
                 meta[key] = info;
             }
@@ -231,10 +237,10 @@ std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_tab
 // The first disagreement between the configured model and the checkpoint's tensors, as a config error.
 void check_shapes(const CheckpointReader& r, const GptShape& shape) {
     const std::vector<ParamInfo> table = canonical_table(shape);
-    const std::string hint =
-        fmt::format("\n---> HINT: the checkpoint was saved for model {}; set model.* to match it, or point "
-                    "checkpoint.load at a checkpoint of this model (or at an empty directory to start from scratch)",
-                    r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"));
+    const std::string hint = fmt::format(
+        "\n---> HINT: the checkpoint was saved for model {}; set model.* to match it, or point "
+        "checkpoint.load at a checkpoint of this model (or at an empty directory to start from scratch)",
+        r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"));
     for (const ParamInfo& p : table) {
         if (!r.contains(p.name))
             mismatch(fmt::format("'{}' has no tensor '{}', which the configured model has (global shape {}){}", r.dir(),
@@ -246,10 +252,10 @@ void check_shapes(const CheckpointReader& r, const GptShape& shape) {
             same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
         }
         if (!same)
-            mismatch(fmt::format("tensor '{}' has global shape {} (vocabulary {}) in '{}', but the configured model "
-                                 "expects {} (vocabulary {}){}",
-                                 p.name, json(saved).dump(), r.vocab_size(), r.dir(), json(p.global_shape).dump(),
-                                 shape.V, hint));
+            mismatch(fmt::format(
+                "tensor '{}' has global shape {} (vocabulary {}) in '{}', but the configured model "
+                "expects {} (vocabulary {}){}",
+                p.name, json(saved).dump(), r.vocab_size(), r.dir(), json(p.global_shape).dump(), shape.V, hint));
     }
     for (const std::string& name : r.names()) {
         const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
@@ -276,6 +282,18 @@ void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     }
     // Zero moments restart the bias correction too (AdamW's first step after a model-only load is its step 1).
     c.optimizer.set_steps_taken(with_optimizer ? r.train_state().optimizer_step : 0);
+}
+
+// A run that starts from scratch but saves into a directory holding checkpoints: its saves replace same-numbered
+// ones, and retention counts the old ones (the newest k by iteration survive), so say so once.
+void warn_foreign_checkpoints(const CheckpointContext& c) {
+    const std::string& save = c.cfg.checkpoint.save;
+    if (c.groups.world->rank() != 0 || save.empty() || !fs::is_directory(save) || !holds_committed_name(save)) return;
+    log_warn(
+        "checkpoint: checkpoint.save '{}' already holds checkpoints, and this run starts from scratch: its saves "
+        "replace those of the same iteration and checkpoint.keep_latest_k keeps the newest by iteration number, "
+        "old or new\n---> HINT: set checkpoint.load to the same directory to continue that run, or save elsewhere",
+        save);
 }
 
 }  // namespace
@@ -391,16 +409,20 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
         for (const auto& e : fs::recursive_directory_iterator(final_dir, ec))
             if (e.is_regular_file()) bytes += e.file_size();
     }
-    log_info("checkpoint: saved iteration {} to {} ({:.1f} MiB) in {:.2f} s (write {:.2f} s, commit: checksums, fsync, "
-             "rename, tracker {:.2f} s)",
-             state.iteration, final_dir, static_cast<double>(bytes) / (1 << 20), now_seconds() - t0,
-             t_commit - t_write, t_retain - t_commit);
+    log_info(
+        "checkpoint: saved iteration {} to {} ({:.1f} MiB) in {:.2f} s (write {:.2f} s, commit: checksums, fsync, "
+        "rename, tracker {:.2f} s)",
+        state.iteration, final_dir, static_cast<double>(bytes) / (1 << 20), now_seconds() - t0, t_commit - t_write,
+        t_retain - t_commit);
     return final_dir;
 }
 
 std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std::string& fingerprint) {
     const std::string& load = c.cfg.checkpoint.load;
-    if (load.empty()) return std::nullopt;
+    if (load.empty()) {
+        warn_foreign_checkpoints(c);
+        return std::nullopt;
+    }
     Communicator& world = *c.groups.world;
     const double t0 = now_seconds();
     const bool full = c.cfg.checkpoint.verify_on_load == "full";
@@ -415,10 +437,11 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
             if (it) {
                 pick = {1, static_cast<int32_t>(*it)};
             } else if (fs::is_directory(load) && holds_committed_name(load)) {
-                fail(fmt::format("no checkpoint in '{}' passes verification (verify_on_load: {}; each problem is "
-                                 "printed above)\n---> HINT: move the damaged iter_* directories away to start from "
-                                 "scratch, or point checkpoint.load elsewhere",
-                                 load, c.cfg.checkpoint.verify_on_load));
+                fail(
+                    fmt::format("no checkpoint in '{}' passes verification (verify_on_load: {}; each problem is "
+                                "printed above)\n---> HINT: move the damaged iter_* directories away to start from "
+                                "scratch, or point checkpoint.load elsewhere",
+                                load, c.cfg.checkpoint.verify_on_load));
             }
         } catch (const UserError&) {
             error = std::current_exception();
@@ -430,6 +453,7 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
     if (pick[0] == 2) fail("rank 0 could not choose a checkpoint to resume from (its error is printed above)");
     if (pick[0] == 0) {
         log_info("checkpoint: no committed checkpoint in '{}'; starting from scratch", load);
+        warn_foreign_checkpoints(c);
         return std::nullopt;
     }
 
@@ -453,26 +477,29 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
     if (logging && !optimizer_state)
         log_info("checkpoint: {} is model-only (no optimizer state): AdamW starts from zero moments", dir);
     if (logging && !state->data_fingerprint.empty() && state->data_fingerprint != fingerprint)
-        log_warn("checkpoint: the training data differs from the data this checkpoint was trained on "
-                 "(fingerprint {} then, {} now: the source, data.split, model.seq_length or run.seed changed). "
-                 "Continuing at consumed sample {} of the new data; the exact-resume guarantee does not hold across "
-                 "the change.\n    then: {}\n    now:  see the 'data:' line above",
-                 state->data_fingerprint, fingerprint, state->consumed_samples, state->data_describe);
+        log_warn(
+            "checkpoint: the training data differs from the data this checkpoint was trained on "
+            "(fingerprint {} then, {} now: the source, data.split, model.seq_length or run.seed changed). "
+            "Continuing at consumed sample {} of the new data; the exact-resume guarantee does not hold across "
+            "the change.\n    then: {}\n    now:  see the 'data:' line above",
+            state->data_fingerprint, fingerprint, state->consumed_samples, state->data_describe);
     TrainState now;
     fill_schedule(c.cfg, now);
-    if (logging && (now.lr_decay_style != state->lr_decay_style || now.lr != state->lr || now.min_lr != state->min_lr ||
-        now.lr_warmup_iters != state->lr_warmup_iters || now.lr_decay_iters != state->lr_decay_iters))
-        log_warn("checkpoint: the learning-rate schedule changed since the save (then: {} lr {} min_lr {} "
-                 "warm-up {} decay over {} iterations; now: {} lr {} min_lr {} warm-up {} decay over {}); the run "
-                 "continues on the new schedule from iteration {}",
-                 state->lr_decay_style, state->lr, state->min_lr, state->lr_warmup_iters, state->lr_decay_iters,
-                 now.lr_decay_style, now.lr, now.min_lr, now.lr_warmup_iters, now.lr_decay_iters,
-                 state->iteration + 1);
-    log_info("checkpoint: resumed from {} (iteration {}, consumed samples {}, optimizer step {}; saved at tp {} pp {} "
-             "dp {} zero_stage {}) in {:.2f} s (verify_on_load: {})",
-             dir, state->iteration, state->consumed_samples, state->optimizer_step, manifest.value("tp", 0),
-             manifest.value("pp", 0), manifest.value("dp", 0), manifest.value("zero_stage", 0), now_seconds() - t0,
-             c.cfg.checkpoint.verify_on_load);
+    if (logging && state->iteration > 0 &&
+        (now.lr_decay_style != state->lr_decay_style || now.lr != state->lr || now.min_lr != state->min_lr ||
+         now.lr_warmup_iters != state->lr_warmup_iters || now.lr_decay_iters != state->lr_decay_iters))
+        log_warn(
+            "checkpoint: the learning-rate schedule changed since the save (then: {} lr {} min_lr {} "
+            "warm-up {} decay over {} iterations; now: {} lr {} min_lr {} warm-up {} decay over {}); the run "
+            "continues on the new schedule from iteration {}",
+            state->lr_decay_style, state->lr, state->min_lr, state->lr_warmup_iters, state->lr_decay_iters,
+            now.lr_decay_style, now.lr, now.min_lr, now.lr_warmup_iters, now.lr_decay_iters, state->iteration + 1);
+    log_info(
+        "checkpoint: resumed from {} (iteration {}, consumed samples {}, optimizer step {}; saved at tp {} pp {} "
+        "dp {} zero_stage {}) in {:.2f} s (verify_on_load: {})",
+        dir, state->iteration, state->consumed_samples, state->optimizer_step, manifest.value("tp", 0),
+        manifest.value("pp", 0), manifest.value("dp", 0), manifest.value("zero_stage", 0), now_seconds() - t0,
+        c.cfg.checkpoint.verify_on_load);
     return state;
 }
 

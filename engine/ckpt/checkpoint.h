@@ -159,7 +159,7 @@ struct CanonicalTensor {
 // load above. Opens (mmaps) every model/ and optim/ file and indexes their pieces by canonical name. Does not
 // verify checksums: call verify_checkpoint() (atomic_dir.h) or pick the directory with latest() first.
 class CheckpointReader {
-public:
+  public:
     // dir: <save>/iter_XXXXXXX. Throws UserError(kExitCheckpoint) naming the file when a file is missing, not a
     // valid safetensors file, or lacks the per-tensor metadata.
     explicit CheckpointReader(const std::string& dir);
@@ -196,7 +196,7 @@ public:
     int64_t read_box(const std::string& name, std::optional<OptimState> which, const ShardBox& box, int64_t begin,
                      int64_t end, float* out) const;
 
-private:
+  private:
     struct Piece {  // one stored shard (model) or slice (optimizer) of a tensor
         const SafetensorsFile* file;
         std::string key;                   // the tensor's name in that file

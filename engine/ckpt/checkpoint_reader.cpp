@@ -53,9 +53,9 @@ std::vector<int64_t> int_list(const json& j, const char* key, const std::string&
 
 // Model order: wte, wpe, h.<l>.<the per-layer order of gpt_param_table>, ln_f, then anything else by name.
 std::tuple<int, int64_t, int, std::string> model_order_key(const std::string& name) {
-    static const char* kLayer[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                   "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+    static const char* kLayer[] = {"ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+                                   "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+                                   "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
     if (name == "wte.weight") return {0, 0, 0, ""};
     if (name == "wpe.weight") return {0, 0, 1, ""};
     if (name.rfind("h.", 0) == 0) {
@@ -144,7 +144,8 @@ CheckpointReader::CheckpointReader(const std::string& dir_in) : dir_(dir_in) {
             if (m.contains("range")) {
                 const std::vector<int64_t> r = int_list(m, "range", where);
                 if (r.size() != 2 || r[0] > r[1] || r[1] > box)
-                    fail(fmt::format("{}: range {} is not inside its box of {} elements", where, m["range"].dump(), box));
+                    fail(fmt::format("{}: range {} is not inside its box of {} elements", where, m["range"].dump(),
+                                     box));
                 piece.begin = r[0];
                 piece.end = r[1];
             } else {
@@ -257,10 +258,11 @@ int64_t CheckpointReader::read_box(const std::string& name, std::optional<OptimS
         j += c1 - c0;
     }
     if (found != inside)
-        fail(fmt::format("'{}': {} of the {} requested elements of {} that lie inside its saved shape {} are {} "
-                         "(an incomplete or inconsistent checkpoint)",
-                         dir_, std::abs(inside - found), inside, what, json(saved_view).dump(),
-                         found < inside ? "in no file" : "in more than one file"));
+        fail(
+            fmt::format("'{}': {} of the {} requested elements of {} that lie inside its saved shape {} are {} "
+                        "(an incomplete or inconsistent checkpoint)",
+                        dir_, std::abs(inside - found), inside, what, json(saved_view).dump(),
+                        found < inside ? "in no file" : "in more than one file"));
     return found;
 }
 

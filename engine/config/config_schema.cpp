@@ -177,7 +177,8 @@ std::vector<Field> config_fields(Config& c) {
                             "refuses it too)"}},
         {"checkpoint.verify_on_load", &c.checkpoint.verify_on_load,
          Constraint{.choices = {"quick", "full"},
-                    .hint = "quick checks file sizes; full also checks every file's XXH64 (about 1 s per GB)"}},
+                    .hint = "quick checks file sizes; full also checks every file's XXH64 (measured: +0.5 s for "
+                            "GPT-2 124M's 1.4 GB from the page cache)"}},
 
         {"logging.log_interval", &c.logging.log_interval, at_least(1)},
         {"logging.metrics_file", &c.logging.metrics_file, {}},

@@ -43,8 +43,7 @@ struct TrainRun {
 TrainRun train(int ranks, const std::string& out, int iters, const std::string& sets, const std::string& env = "") {
     const std::string binary = std::string("'") + MS_BINARY_PATH + "'";
     const std::string launcher =
-        ranks == 1 ? binary
-                   : "mpiexec -n " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root " + binary;
+        ranks == 1 ? binary : "mpiexec -n " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root " + binary;
     const std::string cmd = env + " OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 " + launcher +
                             " train --config " MS_SOURCE_DIR "/tests/parallel/tiny.yaml --set run.output_dir=" + out +
                             " --set training.train_iters=" + std::to_string(iters) +
@@ -266,22 +265,22 @@ TEST_P(CheckpointReshard, NextTenLossesMatchTheUnreshardedRun) {
         if (diff / ref > worst_weight) worst_weight = diff / ref, worst_name = name;
     }
     EXPECT_LE(worst_weight, kWeightTolerance) << l.name << ": " << worst_name;
-    std::printf("%s: worst relative loss difference over iterations %d..%d: %.3g; worst final-weight difference "
-                "%.3g of the tensor's largest entry (%s)\n",
-                l.name, kSplitAt + 1, kTotalIters, worst, worst_weight, worst_name.c_str());
+    std::printf(
+        "%s: worst relative loss difference over iterations %d..%d: %.3g; worst final-weight difference "
+        "%.3g of the tensor's largest entry (%s)\n",
+        l.name, kSplitAt + 1, kTotalIters, worst, worst_weight, worst_name.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, CheckpointReshard,
-    ::testing::Values(Layout{"one_rank", 1, ""},
-                      Layout{"tp1_pp4_dp2_zero0", 8,
-                             "--set parallel.pipeline_model_parallel_size=4 --set parallel.zero_stage=0"},
-                      Layout{"tp4_pp1_dp2_zero1", 8,
-                             "--set parallel.tensor_model_parallel_size=4 --set parallel.zero_stage=1"},
-                      Layout{"tp2_pp2_dp2_interleaved_v2", 8,
-                             "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-                             " --set parallel.pipeline_schedule=interleaved_1f1b"
-                             " --set parallel.virtual_pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+    ::testing::Values(
+        Layout{"one_rank", 1, ""},
+        Layout{"tp1_pp4_dp2_zero0", 8, "--set parallel.pipeline_model_parallel_size=4 --set parallel.zero_stage=0"},
+        Layout{"tp4_pp1_dp2_zero1", 8, "--set parallel.tensor_model_parallel_size=4 --set parallel.zero_stage=1"},
+        Layout{"tp2_pp2_dp2_interleaved_v2", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+               " --set parallel.pipeline_schedule=interleaved_1f1b"
+               " --set parallel.virtual_pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A byte flipped inside the newest checkpoint: the resume names the file, falls back to the previous checkpoint
@@ -371,8 +370,8 @@ TEST(CheckpointFailures, InjectedSaveFailuresNeverExposeAPartialCheckpoint) {
     }
     // On two ranks a failure on one reaches the other: both stop (no hang), the other naming it.
     const std::string save = d / "dp2";
-    const TrainRun r = train(2, d / "dp2_run", 2, ckpt_sets(save, "") + " --set parallel.zero_stage=1",
-                        "MS_INJECT_CKPT_FAIL=write@1");
+    const TrainRun r =
+        train(2, d / "dp2_run", 2, ckpt_sets(save, "") + " --set parallel.zero_stage=1", "MS_INJECT_CKPT_FAIL=write@1");
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("another rank failed while writing its checkpoint files"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(iter_dir(save, 2)));
