@@ -18,8 +18,10 @@
 // in Linear orientation (out, in), each holding THIS rank's shard in its local shape. Every piece of every tensor
 // is stored exactly once across all files: replicated tensors (wpe, LayerNorms, row-parallel biases) only by tp
 // rank 0, and the last pipeline stage's copy of the tied wte not at all (it equals the first stage's bit for bit:
-// both receive the same embd-summed gradient). The save checks that the pieces tile every tensor with no gap and no
-// overlap (Megatron's validate_sharding_integrity) before anything is written.
+// both receive the same embd-summed gradient). Before anything is written, the save counts the elements all ranks
+// will store (model and optimizer) against the whole model's (a cheap form of Megatron's
+// validate_sharding_integrity: the boxes are disjoint by construction, so equal counts mean no gap); the loader
+// checks every element it reads is stored exactly once (CheckpointReader::read_box).
 //
 // Where a piece goes: file __metadata__ (string -> string, as the format requires) holds
 //   "format": "mindspeed-ckpt", "format_version": "1", "kind": "model" | "optim", "tp_rank", "tp_size", "pp_rank",
@@ -52,7 +54,13 @@
 // creates <save>/iter_X.tmp/, every rank writes its files there, rank 0 commits (manifest, directory rename,
 // tracker last), then removes checkpoints beyond checkpoint.keep_latest_k. Every phase ends in a one-int
 // all-reduce that makes a failure on any rank a failure on all: every rank throws UserError(kExitCheckpoint) -- the
-// failing one with its own sentence -- and the tracker still names the previous checkpoint.
+// failing one with its own sentence -- and the tracker still names the previous checkpoint. All ranks write into
+// one directory: a multi-node run needs `save` on a shared filesystem.
+//
+// Load: rank 0 picks and verifies the checkpoint (verify_on_load: full reads every file once, on rank 0), then
+// every rank opens every model/ and optim/ file (mmap + header parse) and copies the boxes it needs. Opening all
+// files on all ranks is O(ranks^2) header reads: fine for the tens of ranks this runs on today; a manifest index
+// of tensor -> files would bound it for large jobs.
 //
 // Fault injection, for tests: MS_INJECT_CKPT_FAIL=<phase>[@<world rank>] makes the save throw
 // UserError(kExitCheckpoint) at that phase: "write" (after this rank wrote its model file, before its optimizer
