@@ -2,7 +2,8 @@
 // generate subcommands.
 //
 // Exit codes (engine/core/check.h): a bad command line or a UserError (bad config, bad data) exits 2 with one
-// "error: ..." sentence on stderr before anything large is allocated.
+// "error: ..." sentence on stderr before anything large is allocated; any other RunError exits with its own code
+// (README "Exit codes") and, once training has an output directory, is recorded in its exit_status.json.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -10,6 +11,7 @@
 
 #include "apps/commands.h"
 #include "engine/core/check.h"
+#include "engine/train/reliability.h"
 
 namespace {
 
@@ -41,9 +43,10 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         const int rc = app.exit(e);  // prints help / version to stdout, errors to stderr
         return rc == 0 ? ms::kExitOk : ms::kExitConfigError;
-    } catch (const ms::UserError& e) {
+    } catch (const ms::RunError& e) {  // UserError (2, 19), NumericalError (17), CollectiveTimeoutError (18)
         std::fflush(stdout);
         std::cerr << user_error_line(e.what()) << std::endl;
+        ms::record_exit(e.exit_code(), e.what());  // exit_status.json, events.jsonl, once a run has an output dir
         return e.exit_code();
     }
 }

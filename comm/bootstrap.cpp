@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "engine/core/check.h"
@@ -15,7 +16,11 @@
 namespace ms {
 namespace {
 
+// The runtime's watch while one exists, for the abort hook (a function pointer without context).
+CollectiveWatch* g_abort_watch = nullptr;
+
 void mpi_abort_hook(int exit_code) {
+    if (g_abort_watch) g_abort_watch->dump(fmt::format("fatal error (exit code {}): see this rank's stderr", exit_code));
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -77,17 +82,28 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     node_id_ = node[0];
     num_nodes_ = node[1];
 
-    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
+    watch_ = std::make_shared<CollectiveWatch>(rank_, hostname_);
+    watch_->open_notice_channel(MPI_COMM_WORLD);
+    world_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", MpiCommunicator::kDefaultChunkElems, watch_);
+    g_abort_watch = watch_.get();
 }
 
 MpiRuntime::~MpiRuntime() {
     world_.reset();
+    g_abort_watch = nullptr;
+    if (watch_->aborted()) {  // a collective timed out: peers may be hung or dead, and MPI_Finalize would wait
+        set_abort_hook(nullptr);
+        return;
+    }
+    watch_->close_notice_channel();
     if (!initialized_here_) return;
     set_abort_hook(nullptr);  // MPI_Abort is no longer callable
     MPI_Finalize();
 }
 
 Communicator& MpiRuntime::world() { return *world_; }
+
+void MpiRuntime::set_collective_watch(CollectiveWatchOptions options) { watch_->set_options(std::move(options)); }
 
 std::string MpiRuntime::describe() const {
     return fmt::format("rank {}/{} on {} (node {}/{}, local {}/{}); launcher: {}", rank_, size_, hostname_, node_id_,

@@ -7,6 +7,10 @@
 //     "[rank r/W host]", and makes world rank 0 the logging rank,
 //   - finds the node layout: local rank/size among the ranks sharing memory (MPI_COMM_TYPE_SHARED), and the node
 //     id, which is the rank of this node's leader (local rank 0) among all leaders.
+//   - owns the CollectiveWatch that bounds every wait of world() and of every communicator split from it, with a
+//     notice channel between the ranks (comm/mpi/collective_watch.h); set_collective_watch() configures it. The
+//     abort hook dumps the flight recorders before MPI_Abort. After a collective timeout the destructor skips
+//     MPI_Finalize (it would wait for the peers that are gone).
 // Destroy every communicator split from world() (ProcessGroups) before the MpiRuntime.
 // This header does not include mpi.h: apps and engine code see only the Communicator interface.
 #pragma once
@@ -16,9 +20,11 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/watch_options.h"
 
 namespace ms {
 
+class CollectiveWatch;
 class MpiCommunicator;
 
 class MpiRuntime {
@@ -39,6 +45,8 @@ public:
     std::string describe() const;
 
     Communicator& world();  // MPI_COMM_WORLD, name "world"
+    // Timeout, flight-recorder directory, signal flag and fault hook for every wait from now on.
+    void set_collective_watch(CollectiveWatchOptions options);
 
 private:
     bool initialized_here_ = false;
@@ -46,6 +54,7 @@ private:
     int local_rank_ = 0, local_size_ = 1;
     int node_id_ = 0, num_nodes_ = 1;
     std::string hostname_;
+    std::shared_ptr<CollectiveWatch> watch_;
     std::unique_ptr<MpiCommunicator> world_;
 };
 

@@ -10,12 +10,14 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "engine/core/check.h"
 #include "engine/core/dtype.h"
 #include "engine/core/timer.h"
 
@@ -38,6 +40,14 @@ struct CommStats {
     }
 };
 
+// Thrown by Handle::wait() when a collective does not complete within the configured timeout (comm/mpi/
+// collective_watch.h), or when another rank reported one: exit code 18. Once thrown, every later wait on this
+// process's communicators throws it again at once: the job is over, and nothing waits for a peer again.
+class CollectiveTimeoutError : public RunError {
+public:
+    explicit CollectiveTimeoutError(const std::string& what) : RunError(what, kExitCollectiveTimeout) {}
+};
+
 // Completion of one asynchronous call. Default-constructed handles are already complete.
 class Handle {
 public:
@@ -50,7 +60,8 @@ public:
     explicit Handle(std::unique_ptr<State> s) : state_(std::move(s)) {}
     Handle(Handle&& o) noexcept : state_(std::move(o.state_)), waited_(o.waited_) {}
     // Completes the operation this handle held before taking the other's (a defaulted move would drop it in flight).
-    Handle& operator=(Handle&& o) noexcept {
+    // Not noexcept: that wait may throw CollectiveTimeoutError.
+    Handle& operator=(Handle&& o) {
         if (this != &o) {
             wait();
             state_ = std::move(o.state_);
@@ -58,7 +69,14 @@ public:
         }
         return *this;
     }
-    ~Handle() { wait(); }  // never leave an operation in flight on a buffer about to die
+    // Never leaves an operation in flight on a buffer about to die. A wait that fails here (a collective timeout,
+    // while an exception already unwinds or a later explicit wait will report it) is not thrown from a destructor.
+    ~Handle() {
+        try {
+            wait();
+        } catch (const std::exception&) {
+        }
+    }
     void wait() {
         if (!state_) return;
         const double t0 = now_seconds();

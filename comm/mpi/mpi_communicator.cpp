@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
 #include "engine/core/check.h"
 
@@ -74,17 +75,29 @@ public:
     size_t avg_count = 0;
     DType avg_dtype = DType::kF32;
     int avg_divisor = 1;
+    // Set by to_handle once requests are posted: waits go through the watch (bounded, recorded).
+    CollectiveWatch* watch = nullptr;
+    FlightRecorder* recorder = nullptr;
+    uint64_t seq = 0;
 
-    ~MpiOpState() override { wait(); }
+    // A wait that throws (collective timeout) leaves the operation abandoned: not finished, nothing freed.
+    ~MpiOpState() override {
+        try {
+            wait();
+        } catch (const std::exception&) {
+        }
+    }
     void wait() override {
         if (done_) return;
-        MS_MPI_CHECK(MPI_Waitall(as_int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+        if (watch) watch->wait(as_int(requests.size()), requests.data(), *recorder, seq);
+        else MS_MPI_CHECK(MPI_Waitall(as_int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
         finish();
     }
     bool test() override {
         if (done_) return true;
         int flag = 0;
         MS_MPI_CHECK(MPI_Testall(as_int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE));
+        if (flag && recorder) recorder->completed(seq);
         if (flag) finish();
         return flag != 0;
     }
@@ -115,25 +128,56 @@ private:
     bool done_ = false;
 };
 
-Handle to_handle(std::unique_ptr<MpiOpState> s) {
+// What the flight recorder keeps of an operation (flight_recorder.h).
+struct OpInfo {
+    CommOp op;
+    size_t count;
+    DType dtype;
+    int peer = -1, tag = -1, messages = 0;
+    bool mixed_p2p = false;
+};
+
+Handle to_handle(std::unique_ptr<MpiOpState> s, CollectiveWatch& watch, FlightRecorder& recorder, const OpInfo& i) {
     if (s->requests.empty()) {
         s->wait();  // nothing in flight: finish now
         return {};
     }
+    s->watch = &watch;
+    s->recorder = &recorder;
+    s->seq = recorder.posted(i.op, i.count, i.dtype, i.peer, i.tag, i.messages, i.mixed_p2p);
     return Handle(std::move(s));
 }
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems)
-    : comm_(comm), name_(std::move(name)), chunk_elems_(0) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems,
+                                 std::shared_ptr<CollectiveWatch> watch)
+    : comm_(comm), name_(std::move(name)), chunk_elems_(0), watch_(std::move(watch)) {
     MS_CHECK(comm_ != MPI_COMM_NULL, "{}: MpiCommunicator over MPI_COMM_NULL", name_);
     MS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MS_MPI_CHECK(MPI_Comm_size(comm_, &size_));
     set_chunk_elems(chunk_elems);
+    if (!watch_) {
+        int world_rank = 0;
+        MS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+        watch_ = std::make_shared<CollectiveWatch>(world_rank, "");
+    }
+    recorder_ = std::make_unique<FlightRecorder>(name_, rank_, size_);
+    MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+    MS_MPI_CHECK(MPI_Comm_group(comm_, &group));
+    MS_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+    std::vector<int> ranks(static_cast<size_t>(size_)), world_ranks(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) ranks[static_cast<size_t>(r)] = r;
+    MS_MPI_CHECK(MPI_Group_translate_ranks(group, size_, ranks.data(), world_group, world_ranks.data()));
+    MS_MPI_CHECK(MPI_Group_free(&group));
+    MS_MPI_CHECK(MPI_Group_free(&world_group));
+    recorder_->set_world_ranks(std::move(world_ranks));
+    watch_->add(recorder_.get());
 }
 
 MpiCommunicator::~MpiCommunicator() {
+    watch_->remove(recorder_.get());
+    if (watch_->aborted()) return;  // peers may be gone: freeing would wait for them (collective_watch.h)
     if (comm_ == MPI_COMM_WORLD || comm_ == MPI_COMM_SELF || comm_ == MPI_COMM_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -165,7 +209,7 @@ Handle MpiCommunicator::all_reduce_impl(void* buf, size_t count, DType t, Reduce
         s->avg_dtype = t;
         s->avg_divisor = size_;
     }
-    return to_handle(std::move(s));
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kAllReduce, count, t});
 }
 
 Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
@@ -211,7 +255,7 @@ Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t ou
         s->avg_dtype = t;
         s->avg_divisor = size_;
     }
-    return to_handle(std::move(s));
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kReduceScatter, in_count, t});
 }
 
 Handle MpiCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
@@ -247,7 +291,7 @@ Handle MpiCommunicator::all_gather_impl(const void* in, void* out, size_t in_cou
             ++mpi_calls_;
         });
     }
-    return to_handle(std::move(s));
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kAllGather, in_count, t});
 }
 
 Handle MpiCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority) {
@@ -261,7 +305,7 @@ Handle MpiCommunicator::broadcast_impl(void* buf, size_t count, DType t, int roo
         MS_MPI_CHECK(MPI_Ibcast(at(buf, off, es), as_int(len), mpi_type(t), root, comm_, &r));
         ++mpi_calls_;
     });
-    return to_handle(std::move(s));
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kBroadcast, count, t, root});
 }
 
 Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
@@ -296,7 +340,7 @@ Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_cou
             ++mpi_calls_;
         });
     }
-    return to_handle(std::move(s));
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kAllToAll, in_count, t});
 }
 
 Handle MpiCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priority) {
@@ -319,21 +363,29 @@ Handle MpiCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priorit
             ++mpi_calls_;
         });
     }
-    return to_handle(std::move(s));
+    if (ops.empty()) return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kSend, 0, DType::kF32});
+    const P2POp& first = ops.front();
+    const bool mixed = std::any_of(ops.begin(), ops.end(), [&](const P2POp& o) { return o.kind != first.kind; });
+    return to_handle(std::move(s), *watch_, *recorder_,
+                     {first.kind == P2POp::Kind::kSend ? CommOp::kSend : CommOp::kRecv, first.count, first.dtype,
+                      first.peer, first.tag, static_cast<int>(ops.size()), mixed});
 }
 
+// Non-blocking underneath, so the wait is bounded like every other (collective_watch.h).
 void MpiCommunicator::barrier() {
     count(CommOp::kBarrier, 0);
     if (size_ == 1) return;
-    MS_MPI_CHECK(MPI_Barrier(comm_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    MS_MPI_CHECK(MPI_Ibarrier(comm_, &r));
     ++mpi_calls_;
+    watch_->wait(1, &r, *recorder_, recorder_->posted(CommOp::kBarrier, 0, DType::kF32));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
     MPI_Comm child = MPI_COMM_NULL;
     MS_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child));
     if (child == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(child, std::move(name), chunk_elems_);
+    return std::make_unique<MpiCommunicator>(child, std::move(name), chunk_elems_, watch_);
 }
 
 }  // namespace ms

@@ -23,6 +23,9 @@
 //   chunk_elems() and the error handler.
 // - Priority is accepted and ignored (MPI has no priorities).
 // - A Handle must complete before its communicator is destroyed.
+// - Waits (Handle::wait, barrier) poll MPI_Testall through the CollectiveWatch: bounded by its timeout, never
+//   blocked inside MPI, and every posted operation is kept in this communicator's flight recorder. split() itself
+//   (MPI_Comm_split) is blocking and unbounded: it runs at start-up only.
 //
 // Stats (CommStats, "bytes this rank sends"): per call, ops += 1 and bytes +=
 //   all_reduce     count * elemsize          reduce_scatter  in_count * elemsize
@@ -42,13 +45,19 @@
 
 namespace ms {
 
+class CollectiveWatch;
+class FlightRecorder;
+
 class MpiCommunicator final : public Communicator {
 public:
     // 16M elements (64 MiB of fp32) per MPI call: far below the int count limit and MPI's internal buffers.
     static constexpr size_t kDefaultChunkElems = size_t{1} << 24;
 
-    // Takes ownership of `comm` (MPI_Comm_free on destruction unless it is MPI_COMM_WORLD).
-    MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems = kDefaultChunkElems);
+    // Takes ownership of `comm` (MPI_Comm_free on destruction unless it is MPI_COMM_WORLD). `watch` bounds and
+    // records every wait (comm/mpi/collective_watch.h); split() children share it. Without one the communicator
+    // gets its own, with no timeout and no dumps.
+    MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems = kDefaultChunkElems,
+                    std::shared_ptr<CollectiveWatch> watch = nullptr);
     ~MpiCommunicator() override;
     MpiCommunicator(const MpiCommunicator&) = delete;
     MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -65,6 +74,8 @@ public:
     size_t chunk_elems() const { return chunk_elems_; }
     void set_chunk_elems(size_t n);  // 1 .. INT_MAX; tests use tiny chunks
     int64_t mpi_calls() const { return mpi_calls_; }  // MPI operations posted so far, each chunk counted
+    CollectiveWatch& watch() { return *watch_; }
+    const FlightRecorder& flight_recorder() const { return *recorder_; }
 
 protected:
     Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) override;
@@ -85,6 +96,8 @@ private:
     int size_ = 1;
     size_t chunk_elems_;
     int64_t mpi_calls_ = 0;
+    std::shared_ptr<CollectiveWatch> watch_;
+    std::unique_ptr<FlightRecorder> recorder_;  // this communicator's last operations (comm/flight_recorder.h)
 };
 
 }  // namespace ms

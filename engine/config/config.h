@@ -117,6 +117,13 @@ struct EvalConfig {
     std::string sample_prompt;
 };
 
+// How a run ends when something goes wrong (engine/train/reliability.h; README "Exit codes").
+struct ReliabilityConfig {
+    std::string nan_policy = "fail";    // NaN/Inf in a loss or gradient: fail (exit 17) | skip (no optimizer step)
+    double collective_timeout_s = 600;  // a wait on a collective longer than this ends the run with 18; 0 = never
+    std::string inject;  // fault injection for tests: "<crash|hang|nan|sigterm>@step=S[,rank=R]"; MS_INJECT wins
+};
+
 struct Config {
     int schema_version = 1;
     RunConfig run;
@@ -130,6 +137,7 @@ struct Config {
     CheckpointConfig checkpoint;
     LoggingConfig logging;
     EvalConfig eval;
+    ReliabilityConfig reliability;
 };
 
 // Values computed from a Config and the world size; printed at start.
@@ -146,6 +154,8 @@ struct DerivedConfig {
 // Load YAML from `path` (may be empty: defaults only), apply `overrides` ("section.key=value" each),
 // resolve ${ENV}, ${ENV:-default} and ${section.key} references. Throws UserError on any problem.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same for YAML text in memory; `name` stands for the file in messages ("name:line:col").
+Config load_config_text(const std::string& yaml, const std::string& name, const std::vector<std::string>& overrides);
 
 // Check every value and combination; fill `vocab_size` before calling if it comes from the data.
 // world_size is the number of ranks. Throws UserError with a sentence and a hint.

@@ -191,6 +191,14 @@ std::vector<Field> config_fields(Config& c) {
         {"eval.sample_temperature", &c.eval.sample_temperature, positive()},
         {"eval.sample_top_k", &c.eval.sample_top_k, Constraint{.min = 0, .hint = "0 disables top-k"}},
         {"eval.sample_prompt", &c.eval.sample_prompt, {}},
+
+        {"reliability.nan_policy", &c.reliability.nan_policy,
+         Constraint{.choices = {"fail", "skip"},
+                    .hint = "fail stops every rank with exit code 17; skip drops the optimizer step on every rank"}},
+        {"reliability.collective_timeout_s", &c.reliability.collective_timeout_s,
+         Constraint{.min = 0, .hint = "seconds a collective may wait before the run ends with exit code 18; 0 "
+                                      "waits forever"}},
+        {"reliability.inject", &c.reliability.inject, {}},
     };
     // clang-format on
 }

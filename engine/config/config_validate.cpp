@@ -9,6 +9,7 @@
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
 #include "engine/core/check.h"
+#include "engine/train/reliability.h"
 
 namespace ms {
 namespace {
@@ -181,6 +182,9 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     if (cfg.eval.eval_interval > 0 && cfg.eval.eval_iters < 1) {
         fail("eval.eval_interval = {} needs eval.eval_iters >= 1, got {}", cfg.eval.eval_interval, cfg.eval.eval_iters);
     }
+    // The fault-injection spec that applies (MS_INJECT overrides reliability.inject): its syntax, a rank this world
+    // has and a step the run reaches.
+    resolve_fault_injection(cfg.reliability, world_size, t.train_iters);
 
     // ---- parallel axes this build does not run yet ----
     if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {

@@ -18,19 +18,26 @@ namespace ms {
 // Exit codes (README "Exit codes"): one table for the whole program.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitConfigError = 2;  // bad config, bad command line, missing/corrupt input data
-inline constexpr int kExitSignal = 3;
-inline constexpr int kExitNumerical = 17;
-inline constexpr int kExitCollectiveTimeout = 18;
+inline constexpr int kExitSignal = 3;              // SIGTERM/SIGUSR1 seen at a step boundary (saved if configured)
+inline constexpr int kExitNumerical = 17;          // NaN/Inf in a loss or gradient with reliability.nan_policy fail
+inline constexpr int kExitCollectiveTimeout = 18;  // a collective waited longer than reliability.collective_timeout_s
 inline constexpr int kExitCheckpoint = 19;
 
-class UserError : public std::runtime_error {
+// A failure that ends the run with one of the exit codes above: apps/main.cpp prints what() and exits with
+// exit_code(). UserError is the kind caused by the input; comm/communicator.h's CollectiveTimeoutError (18) and
+// engine/train/reliability.h's NumericalError (17) are others.
+class RunError : public std::runtime_error {
 public:
-    explicit UserError(const std::string& what, int exit_code = kExitConfigError)
-        : std::runtime_error(what), exit_code_(exit_code) {}
+    RunError(const std::string& what, int exit_code) : std::runtime_error(what), exit_code_(exit_code) {}
     int exit_code() const { return exit_code_; }
 
 private:
     int exit_code_;
+};
+
+class UserError : public RunError {
+public:
+    explicit UserError(const std::string& what, int exit_code = kExitConfigError) : RunError(what, exit_code) {}
 };
 
 // Context printed in front of every fatal message; comm/ fills in rank and coordinates once known.

@@ -29,6 +29,7 @@
 #include "engine/parallel/schedule.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
+#include "engine/train/reliability.h"
 #include "engine/train/sampling.h"
 #include "memory/arena.h"
 
@@ -152,6 +153,8 @@ int run_train(const Config& cfg_in) {
     try {
         source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
         cfg = resolve_vocab(cfg_in, *source);
+        // MS_INJECT wins over reliability.inject; the resolved config (and its hash) records the one that applies
+        cfg.reliability.inject = resolve_fault_injection(cfg.reliability, world.size(), cfg.training.train_iters).spec;
         d = validate_config(cfg, world.size());
     } catch (const UserError&) {
         input_error = std::current_exception();
@@ -163,6 +166,12 @@ int run_train(const Config& cfg_in) {
     check_same_config(world, name_hash(config_to_yaml(cfg)));
     ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
                                                cfg.parallel.pipeline_model_parallel_size, d.dp);
+    // Stop signals, the NaN policy, fault injection, collective timeouts with flight recorders, and the run's
+    // exit_status.json / events.jsonl (engine/train/reliability.h).
+    Reliability reliability(cfg, groups, mpi.hostname());
+    mpi.set_collective_watch(reliability.watch_options());
+    install_signal_handlers();
+    reliability.start(world, name_hash(config_to_yaml(cfg)));
     const int T = cfg.model.seq_length;
     const int mbs = cfg.training.micro_batch_size;
     const int num_mb = d.num_microbatches;
@@ -231,6 +240,7 @@ int run_train(const Config& cfg_in) {
     const std::string data_id = data_fingerprint(source->fingerprint(), cfg.data, T, cfg.run.seed);
     const std::optional<TrainState> resumed = load_checkpoint(ckpt, data_id);
     const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
+    if (resumed) reliability.event("checkpoint_loaded", {{"iteration", resumed->iteration}});
     if (first_it > cfg.training.train_iters) {
         log_info("training: the checkpoint is at iteration {}, training.train_iters is {}: nothing left to train",
                  first_it - 1, cfg.training.train_iters);
@@ -295,13 +305,20 @@ int run_train(const Config& cfg_in) {
         const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait();
         const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
                       dp_bytes0 = groups.dp->stats().total_bytes();
+        reliability.begin_step(it);  // MS_INJECT crash, hang, sigterm
         // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
         // covers the same global samples under every data-parallel size.
         float step_loss = model.train_step(train_sampler, consumed, T);
+        // Every rank's NaN/Inf check and stop signal, agreed before the data-parallel reduction spreads a NaN.
+        const StepVerdict verdict = reliability.step_boundary(
+            world, it, step_loss, std::span<float>(model.grads(), static_cast<size_t>(flat)), *backend);
         groups.dp->all_reduce(std::span<float>(&step_loss, 1), ReduceOp::kAvg).wait();
         if (it == 1) dump_gradients(model, groups, d.dp);
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
-        const OptimizerStepResult step = optimizer.step(lr, cfg.training.clip_grad);
+        const OptimizerStepResult step =
+            verdict.skip_step ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
+                              : optimizer.step(lr, cfg.training.clip_grad);
+        reliability.after_step(it);
         const double grad_norm = step.grad_norm;
         if (it == first_it) {  // every buffer of a step has been used once now
             memory_peak = arena.stats().peak_block_bytes;
@@ -387,11 +404,19 @@ int run_train(const Config& cfg_in) {
                         << std::flush;
             }
         }
-        // Megatron saves every save_interval iterations and, when checkpoint.save is set, at the end.
+        // Megatron saves every save_interval iterations and, when checkpoint.save is set, at the end -- and when a
+        // stop signal arrived (then exits 3).
+        const bool stop = verdict.stop && it < cfg.training.train_iters;
+        std::string saved;
         if (!cfg.checkpoint.save.empty() &&
             ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) ||
-             it == cfg.training.train_iters)) {
-            save_checkpoint(ckpt, train_state(it));
+             it == cfg.training.train_iters || stop)) {
+            saved = save_checkpoint(ckpt, train_state(it));
+            reliability.event("checkpoint_saved", {{"iteration", it}, {"dir", saved}});
+        }
+        if (stop) {
+            backend->synchronize();
+            return reliability.exit_on_signal(it, saved);
         }
     }
 
@@ -417,7 +442,7 @@ int run_train(const Config& cfg_in) {
     }
     log_info("done: {} iterations in {:.1f} s; metrics in {}", cfg.training.train_iters, now_seconds() - t_start,
              cfg.logging.metrics_file);
-    return kExitOk;
+    return reliability.finish(cfg.training.train_iters);
 }
 
 }  // namespace ms

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# fault_matrix.sh: what each injected fault does to each rank, per layout -- exit code per rank, time to exit,
+# flight-recorder dumps, and the training lost -- measured by running the trainer (engine/train/reliability.h).
+#
+#   bench/fault_matrix.sh [BUILD_DIR]        (default build-par; prints a Markdown table)
+#
+# Each run: tests/parallel/tiny.yaml, 8 iterations, a checkpoint every 3 (checkpoint.save_interval), the fault at
+# iteration 5 on the last rank, reliability.collective_timeout_s = 3. Per-rank codes come from
+# exit_status/rank_XXXXX.json; "killed" is a rank that left none (SIGKILL by the fault or by mpirun's tear-down).
+# "iterations lost": completed iterations (the last one in metrics.jsonl) not in the last committed checkpoint,
+# i.e. the work a resume redoes. Hang on one rank is not run: nothing waits for a peer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${1:-build-par}/mindspeed-train
+[ -x "$BIN" ] || { echo "no $BIN: build first (cmake --build ${1:-build-par})" >&2; exit 2; }
+TIMEOUT_S=3
+WORK=$(mktemp -d /tmp/ms_fault_matrix_XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+declare -A NP=([1rank]=1 [dp2]=2 [pp2]=2 [pp2dp2]=4)
+declare -A SETS=([1rank]="" [dp2]="" [pp2]="--set parallel.pipeline_model_parallel_size=2"
+                 [pp2dp2]="--set parallel.pipeline_model_parallel_size=2")
+
+echo "| fault | layout | launcher status | exit code per rank | time to exit (s) | flight recorders | last checkpoint | iterations lost |"
+echo "|---|---|---|---|---|---|---|---|"
+for fault in crash hang nan-fail nan-skip sigterm; do
+  for layout in 1rank dp2 pp2 pp2dp2; do
+    np=${NP[$layout]}
+    [ "$fault" = hang ] && [ "$np" = 1 ] && continue
+    last=$((np - 1))
+    kind=${fault%%-*}
+    policy=fail; [ "$fault" = nan-skip ] && policy=skip
+    dir=$WORK/$fault-$layout
+    launcher=""; [ "$np" -gt 1 ] && launcher="mpiexec -n $np --oversubscribe --allow-run-as-root"
+    t0=$(date +%s.%N)
+    set +e
+    MS_INJECT="$kind@step=5,rank=$last" OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 $launcher "$BIN" train \
+      --config tests/parallel/tiny.yaml --set training.train_iters=8 --set run.output_dir="$dir" \
+      --set checkpoint.save="$dir/ckpt" --set checkpoint.save_interval=3 --set reliability.nan_policy=$policy \
+      --set reliability.collective_timeout_s=$TIMEOUT_S ${SETS[$layout]} > "$dir.log" 2>&1
+    rc=$?
+    set -e
+    t=$(echo "$(date +%s.%N) - $t0" | bc)
+    python3 - "$dir" "$np" "$rc" "$t" "$fault" "$layout" <<'EOF'
+import json, os, sys
+d, np, rc, t, fault, layout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
+codes = []
+for r in range(np):
+    p = f"{d}/exit_status/rank_{r:05d}.json"
+    codes.append(str(json.load(open(p))["code"]) if os.path.exists(p) else "killed")
+traces = sorted(int(f[5:10]) for f in os.listdir(f"{d}/comm_traces")) if os.path.isdir(f"{d}/comm_traces") else []
+tracker = f"{d}/ckpt/latest_checkpointed_iteration.txt"
+last = int(open(tracker).read()) if os.path.exists(tracker) else 0
+done = 0
+if os.path.exists(f"{d}/metrics.jsonl"):
+    done = max((json.loads(l)["iteration"] for l in open(f"{d}/metrics.jsonl") if l.strip()), default=0)
+lost = f"{done - last} (trained to {done})"
+if fault == "nan-skip":
+    lost += ", step 5's update dropped on every rank"
+status = f"{rc}" + (f" (128+{rc-128})" if rc > 128 else "")
+print(f"| {fault} | {layout} | {status} | {' '.join(f'r{i}:{c}' for i, c in enumerate(codes))} | {t:.1f} | "
+      f"{','.join(f'r{r}' for r in traces) or '-'} | {last or '-'} | {lost} |")
+EOF
+  done
+done

@@ -1,0 +1,408 @@
+#include "engine/train/reliability.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+
+#include "comm/flight_recorder.h"
+#include "comm/process_groups.h"
+#include "engine/backends/backend.h"
+#include "engine/core/log.h"
+
+namespace ms {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- signals: the handler only stores; everything else happens at a step boundary ----
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_sigterm_count = 0;
+
+extern "C" void on_stop_signal(int sig) {
+    const bool repeated = sig == SIGTERM && g_sigterm_count > 0;
+    if (sig == SIGTERM) g_sigterm_count = 1;
+    if (repeated) {
+        static const char kMsg[] = "mindspeed-train: second SIGTERM: exiting now, nothing saved\n";
+        [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+        std::signal(SIGTERM, SIG_DFL);
+        raise(SIGTERM);
+        return;
+    }
+    if (g_stop_signal == 0) g_stop_signal = sig;
+}
+
+// ---- the exit record: process state, since apps/main.cpp records after the run's objects are gone ----
+
+struct ExitRecord {
+    bool armed = false, written = false;
+    std::string output_dir, host;
+    int rank = 0;
+    int64_t iteration = 0;
+};
+
+ExitRecord& exit_record() {
+    static ExitRecord r;
+    return r;
+}
+
+// One line, one write(2), O_APPEND: lines from one process never interleave, and each is on disk when it returns.
+void append_line(const fs::path& path, const std::string& line) {
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    const std::string text = line + "\n";
+    [[maybe_unused]] const ssize_t n = ::write(fd, text.data(), text.size());
+    ::close(fd);
+}
+
+// Whole file or nothing: a reader never sees half a JSON object. exclusive: only if `path` does not exist yet.
+bool write_file_atomic(const fs::path& path, const std::string& text, bool exclusive = false) {
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    const fs::path tmp = path.string() + fmt::format(".tmp.{}", getpid());
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    if (!f) return false;
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (std::fclose(f) != 0 || !ok) return false;
+    if (exclusive) {
+        const bool linked = ::link(tmp.c_str(), path.c_str()) == 0;
+        ::unlink(tmp.c_str());
+        return linked;
+    }
+    return ::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::string rank_file(int rank, const char* ext) { return fmt::format("rank_{:05d}.{}", rank, ext); }
+
+void write_event(const ExitRecord& r, const std::string& type, nlohmann::json fields, bool local) {
+    if (!r.armed || (r.rank != 0 && !local)) return;
+    nlohmann::ordered_json j = {{"time", utc_iso8601(unix_seconds())}, {"event", type}, {"rank", r.rank}};
+    for (const auto& [key, value] : fields.items()) j[key] = value;
+    const fs::path dir(r.output_dir);
+    append_line(r.rank == 0 ? dir / "events.jsonl" : dir / "events" / rank_file(r.rank, "jsonl"), j.dump());
+}
+
+bool requeue(int code) { return code == kExitSignal || code == kExitCollectiveTimeout; }
+
+constexpr int kLossBad = 1, kGradBad = 2, kNaN = 4, kBitsPerRank = 8;
+
+}  // namespace
+
+// ---- fault injection ----
+
+FaultInjection parse_fault_injection(std::string_view spec, std::string_view source, int world_size,
+                                     int64_t train_iters) {
+    FaultInjection f;
+    f.spec = std::string(spec);
+    f.source = std::string(source);
+    if (spec.empty()) return f;
+    const auto bad = [&](const std::string& what) {
+        return UserError(fmt::format(
+            "config error: {} = '{}': {}\n---> HINT: write <kind>@step=<S>[,rank=<R>] with kind crash, hang, nan or "
+            "sigterm, S an iteration in [1, training.train_iters({})] and R a world rank in [0, {}) (0 when "
+            "omitted), e.g. crash@step=5,rank=1",
+            source, spec, what, train_iters, world_size));
+    };
+    const size_t at = spec.find('@');
+    if (at == std::string_view::npos) throw bad("there is no '@' after the fault kind");
+    const std::string_view kind = spec.substr(0, at);
+    if (kind == "crash")
+        f.kind = FaultKind::kCrash;
+    else if (kind == "hang")
+        f.kind = FaultKind::kHang;
+    else if (kind == "nan")
+        f.kind = FaultKind::kNan;
+    else if (kind == "sigterm")
+        f.kind = FaultKind::kSigterm;
+    else
+        throw bad(fmt::format("unknown fault kind '{}'", kind));
+    bool has_step = false, has_rank = false;
+    std::string_view rest = spec.substr(at + 1);
+    while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        const size_t eq = item.find('=');
+        const std::string_view key = item.substr(0, eq);
+        const std::string_view value = eq == std::string_view::npos ? std::string_view() : item.substr(eq + 1);
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+        if (eq == std::string_view::npos || value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+            throw bad(fmt::format("'{}' is not key=<integer>", item));
+        }
+        if (key == "step" && !has_step) {
+            has_step = true;
+            f.step = v;
+        } else if (key == "rank" && !has_rank) {
+            has_rank = true;
+            f.rank = static_cast<int>(v);
+            if (v < 0 || v >= world_size) throw bad(fmt::format("rank {} is not in [0, {})", v, world_size));
+        } else {
+            throw bad(fmt::format("'{}' is {}", key, key == "step" || key == "rank" ? "given twice" : "not a key"));
+        }
+    }
+    if (!has_step) throw bad("step=<S> is missing");
+    if (f.step < 1 || f.step > train_iters) {
+        throw bad(fmt::format("step {} is outside [1, {}]: the fault would never fire", f.step, train_iters));
+    }
+    return f;
+}
+
+FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters) {
+    const char* env = std::getenv("MS_INJECT");
+    if (env && *env) return parse_fault_injection(env, "MS_INJECT", world_size, train_iters);
+    return parse_fault_injection(cfg.inject, "reliability.inject", world_size, train_iters);
+}
+
+// ---- signals ----
+
+void install_signal_handlers() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // file writes and sleeps in progress carry on
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGUSR1, &sa, nullptr);
+}
+
+int stop_signal() { return g_stop_signal; }
+const volatile std::sig_atomic_t* stop_signal_flag() { return &g_stop_signal; }
+
+const char* signal_name(int sig) {
+    switch (sig) {
+        case SIGTERM:
+            return "SIGTERM";
+        case SIGUSR1:
+            return "SIGUSR1";
+        case SIGUSR2:
+            return "SIGUSR2";
+        case SIGINT:
+            return "SIGINT";
+        case SIGKILL:
+            return "SIGKILL";
+        default:
+            return "signal";
+    }
+}
+
+// ---- exit record ----
+
+void record_exit(int code, const std::string& reason) {
+    ExitRecord& r = exit_record();
+    if (!r.armed || r.written) return;
+    r.written = true;
+    const nlohmann::ordered_json status = {{"code", code},
+                                           {"reason", reason},
+                                           {"iteration", r.iteration},
+                                           {"rank", r.rank},
+                                           {"host", r.host},
+                                           {"time", utc_iso8601(unix_seconds())},
+                                           {"requeue", requeue(code)}};
+    const std::string text = status.dump(1) + "\n";
+    const fs::path dir(r.output_dir);
+    write_file_atomic(dir / "exit_status" / rank_file(r.rank, "json"), text);
+    if (r.rank == 0)
+        write_file_atomic(dir / "exit_status.json", text);
+    else if (code != kExitOk)
+        write_file_atomic(dir / "exit_status.json", text, /*exclusive=*/true);
+    write_event(r, "exit", {{"code", code}, {"reason", reason}, {"iteration", r.iteration}}, code != kExitOk);
+}
+
+// ---- Reliability ----
+
+Reliability::Reliability(const Config& cfg, const ProcessGroups& groups, std::string host)
+    : cfg_(cfg),
+      rank_(groups.world->rank()),
+      world_size_(groups.world->size()),
+      tp_(groups.tp_size),
+      dp_(groups.dp_size),
+      pp_stage_(groups.pp_rank),
+      last_stage_(groups.is_last_stage()),
+      host_(std::move(host)),
+      inject_(resolve_fault_injection(cfg.reliability, world_size_, cfg.training.train_iters)) {
+    ExitRecord& r = exit_record();
+    r = ExitRecord{};
+    r.armed = true;
+    r.output_dir = cfg.run.output_dir;
+    r.host = host_;
+    r.rank = rank_;
+}
+
+CollectiveWatchOptions Reliability::watch_options() const {
+    CollectiveWatchOptions o;
+    o.collective_timeout_s = cfg_.reliability.collective_timeout_s;
+    o.trace_dir = (fs::path(cfg_.run.output_dir) / "comm_traces").string();
+    o.signal_flag = stop_signal_flag();
+    o.on_fault = [](int code, const std::string& message) {
+        write_event(exit_record(), "collective_timeout", {{"message", message}}, /*local=*/true);
+        record_exit(code, message);
+    };
+    return o;
+}
+
+void Reliability::start(Communicator& world, uint64_t config_hash) {
+    const fs::path dir(cfg_.run.output_dir);
+    if (rank_ == 0) {
+        std::error_code ec;
+        fs::create_directories(dir, ec);
+        fs::remove(dir / "exit_status.json", ec);
+        fs::remove_all(dir / "exit_status", ec);
+        if (fs::exists(dir / "comm_traces", ec)) {
+            fs::remove_all(dir / "comm_traces.prev", ec);
+            fs::rename(dir / "comm_traces", dir / "comm_traces.prev", ec);
+        }
+    }
+    world.barrier();  // nobody writes this run's files before they are cleared
+    nlohmann::json fields = {{"config_hash", fmt::format("{:016x}", config_hash)},
+                             {"world_size", world_size_},
+                             {"tp", tp_},
+                             {"pp", world_size_ / (tp_ * dp_)},
+                             {"dp", dp_},
+                             {"nan_policy", cfg_.reliability.nan_policy},
+                             {"collective_timeout_s", cfg_.reliability.collective_timeout_s},
+                             {"host", host_},
+                             {"pid", static_cast<int>(getpid())}};
+    if (inject_.kind != FaultKind::kNone) {
+        fields["inject"] = {{"spec", inject_.spec}, {"source", inject_.source}};
+        log_info("fault injection armed: {} (from {})", inject_.spec, inject_.source);
+    }
+    event("start", fields);
+}
+
+void Reliability::event(const std::string& type, nlohmann::json fields, bool local) const {
+    write_event(exit_record(), type, std::move(fields), local);
+}
+
+void Reliability::begin_step(int64_t it) {
+    exit_record().iteration = it;
+    if (inject_.kind == FaultKind::kNone || inject_.step != it || inject_.rank != rank_) return;
+    const char* what = inject_.kind == FaultKind::kCrash     ? "crash: SIGKILL to itself"
+                       : inject_.kind == FaultKind::kHang    ? "hang: sleeping forever"
+                       : inject_.kind == FaultKind::kSigterm ? "sigterm: SIGTERM to itself"
+                                                             : nullptr;
+    if (!what) return;  // nan fires in step_boundary
+    std::fprintf(stderr, "[rank %d] fault injection (%s) at iteration %lld: %s\n", rank_, inject_.source.c_str(),
+                 static_cast<long long>(it), what);
+    std::fflush(stderr);
+    std::fflush(stdout);
+    switch (inject_.kind) {
+        case FaultKind::kCrash:
+            raise(SIGKILL);
+            break;
+        case FaultKind::kHang:
+            while (true) pause();  // a signal handler returns here; only SIGKILL or a second SIGTERM ends it
+        case FaultKind::kSigterm:
+            raise(SIGTERM);
+            break;
+        default:
+            break;
+    }
+}
+
+StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads,
+                                       Backend& backend) {
+    if (inject_.kind == FaultKind::kNan && inject_.step == it && inject_.rank == rank_ && !grads.empty()) {
+        backend.synchronize();  // the host writes the gradients
+        grads[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    const double grad_sq = backend.sum_squares(Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
+    int bits = 0;
+    if (last_stage_ && !std::isfinite(loss)) bits |= kLossBad | (std::isnan(loss) ? kNaN : 0);
+    if (!std::isfinite(grad_sq)) bits |= kGradBad | (std::isnan(grad_sq) ? kNaN : 0);
+    local_bits_ = bits;
+    // MAX over ranks of: the stop signal; (world - rank) of the lowest rank that has one; (world - rank) of the
+    // lowest rank that found a NaN/Inf, with what it found in the low bits.
+    const int sig = stop_signal();
+    std::array<int32_t, 3> flags = {sig, sig ? world_size_ - rank_ : 0,
+                                    bits ? (world_size_ - rank_) * kBitsPerRank + bits : 0};
+    world.all_reduce(std::span<int32_t>(flags), ReduceOp::kMax).wait();
+    StepVerdict v;
+    if (flags[0] != 0) {
+        v.stop = true;
+        signal_ = flags[0];
+        signal_rank_ = world_size_ - flags[1];
+    }
+    skipped_ = false;
+    if (flags[2] == 0) return v;
+    bad_rank_ = world_size_ - flags[2] / kBitsPerRank;
+    bad_bits_ = flags[2] % kBitsPerRank;
+    if (cfg_.reliability.nan_policy == "skip") {
+        v.skip_step = true;
+        skipped_ = true;
+        return v;
+    }
+    const int bad_stage = bad_rank_ / (tp_ * dp_);  // rank = tp_rank + tp * (dp_rank + dp * pp_rank)
+    const std::string head = fmt::format("numerical error: Rank {}, node {}, pipeline stage {}, iteration {}: ", rank_,
+                                         host_, pp_stage_, it);
+    const std::string found =
+        local_bits_ ? fmt::format("found {} before the data-parallel reduction", describe_bad(local_bits_))
+                    : fmt::format(
+                          "rank {} (pipeline stage {}) found {} before the data-parallel reduction (its "
+                          "message names it); this rank's loss and gradients are finite",
+                          bad_rank_, bad_stage, describe_bad(bad_bits_));
+    const std::string message = head + found +
+                                ". reliability.nan_policy = fail stops every rank before the optimizer update "
+                                "(exit code 17)\n---> HINT: the run resumes from its last checkpoint; if the loss "
+                                "diverged, lower optimizer.lr or lengthen lr_schedule.lr_warmup_iters; "
+                                "reliability.nan_policy: skip drops such iterations instead";
+    event("nan_fail", {{"iteration", it}, {"found_by", bad_rank_}, {"what", describe_bad(bad_bits_)}},
+          /*local=*/local_bits_ != 0);
+    record_exit(kExitNumerical, message);
+    throw NumericalError(message);
+}
+
+void Reliability::after_step(int64_t it) {
+    if (skipped_) {
+        const int bad_stage = bad_rank_ / (tp_ * dp_);
+        if (local_bits_) {
+            log_warn(
+                "Rank {}, node {}, pipeline stage {}, iteration {}: found {}; reliability.nan_policy = skip: no "
+                "rank takes this optimizer step",
+                rank_, host_, pp_stage_, it, describe_bad(local_bits_));
+        }
+        log_info(
+            "iteration {}: skipped the optimizer step on every rank: rank {} (pipeline stage {}) found {} "
+            "(reliability.nan_policy = skip)",
+            it, bad_rank_, bad_stage, describe_bad(bad_bits_));
+        event("nan_skip", {{"iteration", it}, {"found_by", bad_rank_}, {"what", describe_bad(bad_bits_)}},
+              /*local=*/local_bits_ != 0);
+        skipped_ = false;
+    }
+    if (signal_ != 0 && !signal_logged_) {
+        signal_logged_ = true;
+        event("signal", {{"iteration", it}, {"signal", signal_name(signal_)}, {"first_rank", signal_rank_}});
+    }
+}
+
+int Reliability::exit_on_signal(int64_t it, const std::string& checkpoint_dir) {
+    const std::string reason = fmt::format(
+        "{} received (rank {} first): stopped after iteration {}; {}", signal_name(signal_), signal_rank_, it,
+        checkpoint_dir.empty() ? "checkpoint.save is not set, so nothing was saved"
+                               : fmt::format("checkpoint saved to {}", checkpoint_dir));
+    log_info("exit: {} (exit code 3: requeue to resume)", reason);
+    record_exit(kExitSignal, reason);
+    return kExitSignal;
+}
+
+int Reliability::finish(int64_t iterations) {
+    exit_record().iteration = iterations;
+    record_exit(kExitOk, fmt::format("done: trained to iteration {}", iterations));
+    return kExitOk;
+}
+
+std::string Reliability::describe_bad(int bits) const {
+    const char* kind = bits & kNaN ? "NaN" : "Inf";
+    if ((bits & kLossBad) && (bits & kGradBad)) return fmt::format("{} in local loss and local grad norm", kind);
+    return fmt::format("{} in local {}", kind, bits & kLossBad ? "loss" : "grad norm");
+}
+
+}  // namespace ms

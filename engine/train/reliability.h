@@ -1,0 +1,152 @@
+// reliability.h: how a run ends -- stop signals, the NaN policy, fault injection, and the run files that say what
+// happened (reference/ecosystem-reliability.md A6.2, A6.3, B6, B7; README "Exit codes"). Collective timeouts and
+// the flight recorder live in comm/mpi/collective_watch.h; Reliability configures them.
+//
+// Signals. install_signal_handlers() makes SIGTERM and SIGUSR1 set a flag and nothing else. At every step boundary
+// step_boundary() all-reduces (MAX) every rank's flag in one small int32 all-reduce over world, so all ranks make
+// the same decision: finish the iteration, save a checkpoint when checkpoint.save is set, write the run files and
+// exit 3. A second SIGTERM ends the process at once, killed by SIGTERM (status 143 in a shell), saving nothing.
+// Under Open MPI 4, mpirun turns a SIGTERM it receives into a job kill -- SIGCONT, SIGTERM 1 s later, SIGKILL
+// after another 1 s (odls_base_sigkill_timeout) -- too short to save anything; it forwards SIGUSR1 and SIGUSR2 to
+// every rank untouched. So under mpirun, stop a run with SIGUSR1 (`kill -USR1 <mpirun pid>`; Slurm: sbatch
+// --signal=B:USR1@300 with the batch script forwarding it to mpirun). srun delivers SIGTERM to every task.
+//
+// NaN policy. After the backward of a step and before the data-parallel reduction, every rank checks its own
+// gradients (sum of squares of its flat buffer) and the last pipeline stage also its own loss: the rank that
+// produced a NaN/Inf is named before the reduction spreads it (Megatron's rule). The same all-reduce carries the
+// verdict to every rank:
+//   fail  every rank throws NumericalError (exit 17) before the optimizer update. The rank that found it says
+//         "Rank 1, node h, pipeline stage 0, iteration 5: found NaN in local grad norm ..." (Megatron's wording);
+//         the others name that rank and stage.
+//   skip  no rank takes the optimizer step (the step's gradients are dropped); the iteration counts in "number of
+//         nan iterations" (and "skipped iterations") of the log line, and in events.jsonl.
+//
+// Fault injection. reliability.inject, or the environment variable MS_INJECT, which wins when set and non-empty
+// (a test or a launcher injects into an unchanged config; the applied spec goes into the resolved config, the
+// config hash every rank must share, and the start event). One "<kind>@step=S[,rank=R]", R = 0 when omitted:
+//   crash    SIGKILL to itself at the start of iteration S (what a segfault or the OOM killer leaves behind)
+//   hang     sleeps forever at the start of iteration S, before its first collective of that step
+//   nan      a NaN into its first gradient element after the backward of iteration S
+//   sigterm  SIGTERM to itself at the start of iteration S
+//
+// Run files in run.output_dir (JSON; times are UTC ISO 8601):
+//   events.jsonl                 rank 0: one object per line {"time", "event", "rank", ...}, each line one
+//                                write(2) to a file opened O_APPEND: start (config hash, layout, injection),
+//                                checkpoint_loaded, checkpoint_saved, signal, nan_skip, nan_fail,
+//                                collective_timeout, exit. A resumed run appends.
+//   events/rank_XXXXX.jsonl      rank X > 0, only what it saw itself: a NaN it found, a timeout, a failing exit
+//   exit_status.json             {code, reason, iteration, rank, host, time, requeue}: rank 0's; when rank 0 ends
+//                                without one (killed), the first other rank that fails writes it
+//   exit_status/rank_XXXXX.json  the same for every rank that ends through the trainer: a rank without one was
+//                                killed (a crash, or the launcher tearing the job down)
+//   comm_traces/rank_XXXXX.json  flight recorders (collective_watch.h)
+// At start rank 0 deletes the previous run's exit_status files and moves its comm_traces/ to comm_traces.prev/,
+// so that what a wrapper reads after this run is this run's.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "comm/watch_options.h"
+#include "engine/config/config.h"
+#include "engine/core/check.h"
+
+namespace ms {
+
+class Backend;
+class Communicator;
+struct ProcessGroups;
+
+// NaN or Inf in a loss or gradient with reliability.nan_policy = fail: exit code 17.
+class NumericalError : public RunError {
+  public:
+    explicit NumericalError(const std::string& what) : RunError(what, kExitNumerical) {}
+};
+
+// ---- fault injection ----
+
+enum class FaultKind : uint8_t { kNone, kCrash, kHang, kNan, kSigterm };
+
+struct FaultInjection {
+    FaultKind kind = FaultKind::kNone;
+    int64_t step = 0;
+    int rank = 0;
+    std::string spec;    // as written ("" for none)
+    std::string source;  // "MS_INJECT" or "reliability.inject"
+};
+
+// Parses one spec (empty: kNone). Throws UserError naming `source`, the spec, what is wrong and the grammar.
+FaultInjection parse_fault_injection(std::string_view spec, std::string_view source, int world_size,
+                                     int64_t train_iters);
+// The spec that applies: MS_INJECT when set and non-empty, else cfg.inject.
+FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters);
+
+// ---- signals ----
+
+// SIGTERM and SIGUSR1 set the stop flag (the first signal's number); a second SIGTERM kills the process.
+void install_signal_handlers();
+int stop_signal();  // 0 until a stop signal arrived, then its number
+const volatile std::sig_atomic_t* stop_signal_flag();
+const char* signal_name(int sig);  // "SIGTERM", "SIGUSR1", ...
+
+// ---- exit record ----
+
+// Writes exit_status.json, exit_status/rank_XXXXX.json and the exit event for this process, once: later calls
+// do nothing. Does nothing before a Reliability was constructed (no output directory yet). apps/main.cpp calls it
+// for every RunError; the trainer calls it before it throws or returns, so the files exist before MPI_Finalize
+// (after which the launcher may kill the process).
+void record_exit(int code, const std::string& reason);
+
+struct StepVerdict {
+    bool skip_step = false;  // a NaN/Inf somewhere, nan_policy skip: no rank steps the optimizer
+    bool stop = false;       // a stop signal on some rank: finish this iteration, then exit_on_signal()
+};
+
+// One rank's reliability state for one run.
+class Reliability {
+  public:
+    // Resolves the injection, arms record_exit() for this run. No collective.
+    Reliability(const Config& cfg, const ProcessGroups& groups, std::string host);
+
+    // For MpiRuntime::set_collective_watch: the timeout, <output_dir>/comm_traces, the signal flag, and a fault
+    // hook that writes the collective_timeout event and the exit record.
+    CollectiveWatchOptions watch_options() const;
+    // Rank 0 clears the previous run's exit files; a barrier; the start event. Collective over world.
+    void start(Communicator& world, uint64_t config_hash);
+    // Appends one event: on rank 0 to events.jsonl; on other ranks only when `local` (to events/rank_XXXXX.jsonl).
+    void event(const std::string& type, nlohmann::json fields = nlohmann::json::object(), bool local = false) const;
+
+    // At the start of iteration `it`, before anything of the step: fires crash, hang and sigterm injections.
+    void begin_step(int64_t it);
+    // After the backward of `it`, before any data-parallel reduction: fires a nan injection, checks this rank's
+    // loss (last pipeline stage; pass the step's loss everywhere, others ignore it) and gradients, and agrees with
+    // every rank on NaNs and signals (one int32[3] all-reduce over world). Throws NumericalError with nan_policy
+    // fail. Allocates nothing unless it throws.
+    StepVerdict step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads, Backend& backend);
+    // After the step (outside the allocation guard): logs and records what step_boundary found.
+    void after_step(int64_t it);
+    // The signal stop: logs, records exit code 3 and returns it. checkpoint_dir: what was saved ("" for nothing).
+    int exit_on_signal(int64_t it, const std::string& checkpoint_dir);
+    // Training finished: records exit code 0 and returns it.
+    int finish(int64_t iterations);
+
+    const FaultInjection& injection() const { return inject_; }
+
+  private:
+    std::string describe_bad(int bits) const;  // "NaN in local grad norm", ...
+
+    const Config& cfg_;
+    int rank_, world_size_, tp_, dp_, pp_stage_;
+    bool last_stage_;
+    std::string host_;
+    FaultInjection inject_;
+    // what step_boundary found, for after_step
+    int local_bits_ = 0, bad_rank_ = -1, bad_bits_ = 0, signal_ = 0, signal_rank_ = -1;
+    bool skipped_ = false, signal_logged_ = false;
+};
+
+}  // namespace ms
