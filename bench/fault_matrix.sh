@@ -7,6 +7,8 @@
 # Each run: tests/parallel/tiny.yaml, 8 iterations, a checkpoint every 3 (checkpoint.save_interval), the fault at
 # iteration 5 on the last rank, reliability.collective_timeout_s = 3. Per-rank codes come from
 # exit_status/rank_XXXXX.json; "killed" is a rank that left none (SIGKILL by the fault or by mpirun's tear-down).
+# "fault -> exit": from the fault_injected event of the faulty rank to the launcher's return (every rank gone);
+# "run": the whole command, start-up included.
 # "iterations lost": completed iterations (the last one in metrics.jsonl) not in the last committed checkpoint,
 # i.e. the work a resume redoes. Hang on one rank is not run: nothing waits for a peer.
 set -euo pipefail
@@ -21,8 +23,8 @@ declare -A NP=([1rank]=1 [dp2]=2 [pp2]=2 [pp2dp2]=4)
 declare -A SETS=([1rank]="" [dp2]="" [pp2]="--set parallel.pipeline_model_parallel_size=2"
                  [pp2dp2]="--set parallel.pipeline_model_parallel_size=2")
 
-echo "| fault | layout | launcher status | exit code per rank | time to exit (s) | flight recorders | last checkpoint | iterations lost |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| fault | layout | launcher status | exit code per rank | fault -> exit (s) | run (s) | flight recorders | last checkpoint | iterations lost |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for fault in crash hang nan-fail nan-skip sigterm; do
   for layout in 1rank dp2 pp2 pp2dp2; do
     np=${NP[$layout]}
@@ -40,10 +42,19 @@ for fault in crash hang nan-fail nan-skip sigterm; do
       --set reliability.collective_timeout_s=$TIMEOUT_S ${SETS[$layout]} > "$dir.log" 2>&1
     rc=$?
     set -e
-    t=$(echo "$(date +%s.%N) - $t0" | bc)
-    python3 - "$dir" "$np" "$rc" "$t" "$fault" "$layout" <<'EOF'
-import json, os, sys
-d, np, rc, t, fault, layout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5], sys.argv[6]
+    t1=$(date +%s.%N)
+    python3 - "$dir" "$np" "$rc" "$t0" "$t1" "$fault" "$layout" <<'EOF'
+import datetime, json, os, sys
+d, np, rc, t0, t1, fault, layout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), \
+    float(sys.argv[5]), sys.argv[6], sys.argv[7]
+faulty = np - 1
+ev = f"{d}/events.jsonl" if faulty == 0 else f"{d}/events/rank_{faulty:05d}.jsonl"
+fault_at = None
+for line in (open(ev) if os.path.exists(ev) else []):
+    e = json.loads(line)
+    if e["event"] == "fault_injected":
+        fault_at = datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+to_exit = f"{t1 - fault_at:.1f}" if fault_at else "?"
 codes = []
 for r in range(np):
     p = f"{d}/exit_status/rank_{r:05d}.json"
@@ -58,7 +69,7 @@ lost = f"{done - last} (trained to {done})"
 if fault == "nan-skip":
     lost += ", step 5's update dropped on every rank"
 status = f"{rc}" + (f" (128+{rc-128})" if rc > 128 else "")
-print(f"| {fault} | {layout} | {status} | {' '.join(f'r{i}:{c}' for i, c in enumerate(codes))} | {t:.1f} | "
+print(f"| {fault} | {layout} | {status} | {' '.join(f'r{i}:{c}' for i, c in enumerate(codes))} | {to_exit} | {t1 - t0:.1f} | "
       f"{','.join(f'r{r}' for r in traces) or '-'} | {last or '-'} | {lost} |")
 EOF
   done

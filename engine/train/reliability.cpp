@@ -290,6 +290,7 @@ void Reliability::begin_step(int64_t it) {
                        : inject_.kind == FaultKind::kSigterm ? "sigterm: SIGTERM to itself"
                                                              : nullptr;
     if (!what) return;  // nan fires in step_boundary
+    event("fault_injected", {{"iteration", it}, {"kind", inject_.spec}}, /*local=*/true);
     std::fprintf(stderr, "[rank %d] fault injection (%s) at iteration %lld: %s\n", rank_, inject_.source.c_str(),
                  static_cast<long long>(it), what);
     std::fflush(stderr);
@@ -313,6 +314,7 @@ StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float lo
     if (inject_.kind == FaultKind::kNan && inject_.step == it && inject_.rank == rank_ && !grads.empty()) {
         backend.synchronize();  // the host writes the gradients
         grads[0] = std::numeric_limits<float>::quiet_NaN();
+        nan_injected_ = true;  // its event is written outside the allocation guard
     }
     const double grad_sq = backend.sum_squares(Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
     int bits = 0;
@@ -325,6 +327,7 @@ StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float lo
     std::array<int32_t, 3> flags = {sig, sig ? world_size_ - rank_ : 0,
                                     bits ? (world_size_ - rank_) * kBitsPerRank + bits : 0};
     world.all_reduce(std::span<int32_t>(flags), ReduceOp::kMax).wait();
+    if (nan_injected_ && flags[2] != 0 && cfg_.reliability.nan_policy != "skip") log_injected_nan(it);
     StepVerdict v;
     if (flags[0] != 0) {
         v.stop = true;
@@ -360,7 +363,13 @@ StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float lo
     throw NumericalError(message);
 }
 
+void Reliability::log_injected_nan(int64_t it) {
+    nan_injected_ = false;
+    event("fault_injected", {{"iteration", it}, {"kind", inject_.spec}}, /*local=*/true);
+}
+
 void Reliability::after_step(int64_t it) {
+    if (nan_injected_) log_injected_nan(it);
     if (skipped_) {
         const int bad_stage = bad_rank_ / (tp_ * dp_);
         if (local_bits_) {

@@ -33,8 +33,9 @@
 //   events.jsonl                 rank 0: one object per line {"time", "event", "rank", ...}, each line one
 //                                write(2) to a file opened O_APPEND: start (config hash, layout, injection),
 //                                checkpoint_loaded, checkpoint_saved, signal, nan_skip, nan_fail,
-//                                collective_timeout, exit. A resumed run appends.
-//   events/rank_XXXXX.jsonl      rank X > 0, only what it saw itself: a NaN it found, a timeout, a failing exit
+//                                collective_timeout, fault_injected, exit. A resumed run appends.
+//   events/rank_XXXXX.jsonl      rank X > 0, only what it saw itself: an injected fault, a NaN it found, a timeout,
+//                                a failing exit
 //   exit_status.json             {code, reason, iteration, rank, host, time, requeue}: rank 0's; when rank 0 ends
 //                                without one (killed), the first other rank that fails writes it
 //   exit_status/rank_XXXXX.json  the same for every rank that ends through the trainer: a rank without one was
@@ -138,6 +139,7 @@ class Reliability {
 
   private:
     std::string describe_bad(int bits) const;  // "NaN in local grad norm", ...
+    void log_injected_nan(int64_t it);         // the fault_injected event of a nan injection
 
     const Config& cfg_;
     int rank_, world_size_, tp_, dp_, pp_stage_;
@@ -146,7 +148,7 @@ class Reliability {
     FaultInjection inject_;
     // what step_boundary found, for after_step
     int local_bits_ = 0, bad_rank_ = -1, bad_bits_ = 0, signal_ = 0, signal_rank_ = -1;
-    bool skipped_ = false, signal_logged_ = false;
+    bool skipped_ = false, signal_logged_ = false, nan_injected_ = false;
 };
 
 }  // namespace ms

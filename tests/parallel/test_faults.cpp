@@ -105,8 +105,9 @@ TEST(Faults, CrashOneRankIsKilledAndLeavesNoExitStatus) {
     EXPECT_LT(r.seconds, kExitSlackS);
     EXPECT_TRUE(rank_status(r, 0).is_null());
     const auto ev = events(r);
-    ASSERT_EQ(ev.size(), 1u) << r.output;  // start, and nothing after it: the process had no chance
+    ASSERT_EQ(ev.size(), 2u) << r.output;  // start, the injection, and nothing after it: no chance to say more
     EXPECT_EQ(ev[0]["event"], "start");
+    EXPECT_EQ(ev[1]["event"], "fault_injected");
 }
 
 TEST(Faults, CrashDp2KillsThePeerWhichDumpsItsFlightRecorderOnSigterm) {

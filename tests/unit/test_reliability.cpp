@@ -192,13 +192,15 @@ TEST(StepBoundary, FailNamesRankStageAndIterationAndRecordsExit17) {
     EXPECT_EQ(status["requeue"], false);
     EXPECT_EQ(read_json(r.dir / "exit_status/rank_00000.json"), status);
     const auto events = read_jsonl(r.dir / "events.jsonl");
-    ASSERT_EQ(events.size(), 3u);
+    ASSERT_EQ(events.size(), 4u);
     EXPECT_EQ(events[0]["event"], "start");
     EXPECT_EQ(events[0]["config_hash"], "0000000000001234");
     EXPECT_EQ(events[0]["inject"]["spec"], "nan@step=4");
-    EXPECT_EQ(events[1]["event"], "nan_fail");
-    EXPECT_EQ(events[2]["event"], "exit");
-    EXPECT_EQ(events[2]["code"], 17);
+    EXPECT_EQ(events[1]["event"], "fault_injected");
+    EXPECT_EQ(events[1]["iteration"], 4);
+    EXPECT_EQ(events[2]["event"], "nan_fail");
+    EXPECT_EQ(events[3]["event"], "exit");
+    EXPECT_EQ(events[3]["code"], 17);
     ms::record_exit(0, "again");  // once per process: the first record stands
     EXPECT_EQ(read_json(r.dir / "exit_status.json")["code"], 17);
 }
@@ -230,10 +232,11 @@ TEST(StepBoundary, SkipAgreesToSkipAndLogsTheEvent) {
     EXPECT_FALSE(rel.step_boundary(r.world, 3, 1.0f, r.grads, *r.backend).skip_step);
     EXPECT_EQ(rel.finish(10), ms::kExitOk);
     const auto events = read_jsonl(r.dir / "events.jsonl");
-    ASSERT_EQ(events.size(), 3u);
-    EXPECT_EQ(events[1]["event"], "nan_skip");
-    EXPECT_EQ(events[1]["iteration"], 2);
-    EXPECT_EQ(events[1]["found_by"], 0);
+    ASSERT_EQ(events.size(), 4u);  // start, fault_injected, nan_skip, exit
+    EXPECT_EQ(events[1]["event"], "fault_injected");
+    EXPECT_EQ(events[2]["event"], "nan_skip");
+    EXPECT_EQ(events[2]["iteration"], 2);
+    EXPECT_EQ(events[2]["found_by"], 0);
     EXPECT_EQ(read_json(r.dir / "exit_status.json")["code"], 0);
 }
 
