@@ -1,6 +1,7 @@
 // test_hf_interop.cpp: Hugging Face GPT-2 interop and the convert / eval / generate subcommands, through the
 // binary, against one tiny model trained here with checkpoint.save (12 iterations, about a second):
 //   - export -> import gives the trained checkpoint's tensors bit for bit, and re-exporting gives the same files;
+//     training resumes from the imported (model-only) checkpoint;
 //   - an independent PyTorch GPT-2 built from the exported model.safetensors + config.json alone (HF names, Conv1D
 //     orientation, no padding: tests/e2e/hf_gpt2_reference.py) gives the logits of the checkpoint and the loss
 //     `eval` prints; `eval` also reproduces the trainer's own validation loss exactly;
@@ -242,6 +243,14 @@ TEST_F(HfInterop, ExportThenImportIsBitIdenticalAndEvalsTheSame) {
     EXPECT_EQ(a["iteration"], 12);
     EXPECT_EQ(a["samples"], 16);  // eval_iters 2 x global batch 8
     EXPECT_NEAR(a["PPL"].get<double>(), std::exp(trainer_loss), 1e-9 * std::exp(trainer_loss));
+
+    // Training resumes from the imported checkpoint, with a fresh AdamW state.
+    const auto resumed = run_cli("train --config " + config() + " --set run.output_dir=" + path("run_imported") +
+                                 " --set checkpoint.load=" + imported + " --set training.train_iters=2");
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("is model-only (no optimizer state)"), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("checkpoint: resumed from " + dir + " (iteration 0"), std::string::npos)
+        << resumed.output;
 }
 
 // The fp32 disagreement between the C++ model and the torch GPT-2 built from the export, measured with run.seed 1..5
