@@ -1,4 +1,5 @@
-// config_load.cpp: load_config() -- YAML file + `--set section.key=value` overrides -> resolved Config.
+// config_load.cpp: load_config() -- YAML file + `--set section.key=value` overrides -> resolved Config;
+// load_config_text() the same for YAML text in memory (fuzz/fuzz_config.cpp).
 //
 // Three passes:
 //   1. Collect: walk the file's mappings and the overrides, rejecting unknown keys, duplicate keys and sections
@@ -70,6 +71,10 @@ bool is_env_name(std::string_view s) {
     }
     return true;
 }
+
+// Longest value that ${...} expansion may produce (far above any path or prompt): references of references can
+// otherwise grow a 4 KB config exponentially into gigabytes.
+constexpr size_t kMaxExpandedBytes = size_t{1} << 20;
 
 enum class Parse { kOk, kBadText, kOutOfRange };
 
@@ -144,13 +149,18 @@ class Loader {
         } catch (const YAML::ParserException& e) {
             config_error(mark_loc(file, e.mark), "YAML syntax error: " + e.msg);
         }
-        if (root.IsNull()) return;  // an empty file: defaults
-        if (!root.IsMap()) {
-            config_error(mark_loc(file, root.Mark()),
-                         fmt::format("the top level must be a mapping of sections (run:, model:, ...), got {}",
-                                     describe_node(root)));
+        load_root(root, file);
+    }
+
+    // The same as load_file for YAML text in memory; `name` stands for the file in messages.
+    void load_text(const std::string& text, const std::string& name) {
+        YAML::Node root;
+        try {
+            root = YAML::Load(text);
+        } catch (const YAML::ParserException& e) {
+            config_error(mark_loc(name, e.mark), "YAML syntax error: " + e.msg);
         }
-        walk_map(root, "", file);
+        load_root(root, name);
     }
 
     void apply_override(const std::string& arg) {
@@ -184,6 +194,17 @@ class Loader {
 
   private:
     enum class State { kPending, kResolving, kDone };
+
+    void load_root(const YAML::Node& root, const std::string& file) {
+        if (root.IsNull()) return;  // an empty file: defaults
+        if (!root.IsMap()) {
+            config_error(mark_loc(file, root.Mark()),
+                         fmt::format("the top level must be a mapping of sections (run:, model:, ...), got {}",
+                                     describe_node(root)));
+        }
+        walk_map(root, "", file);
+    }
+
     struct Setting {
         YAML::Node node;
         std::string loc;
@@ -434,6 +455,12 @@ class Loader {
                 config_error(loc, fmt::format("{}: unterminated '${{' in '{}'", f.path, text));
             }
             out += expand_one(text.substr(i + 2, j - 1 - (i + 2)), f, loc);
+            if (out.size() > kMaxExpandedBytes) {
+                config_error(loc, fmt::format("{}: the value expands to more than {} characters; hint: a ${{}} "
+                                              "reference that repeats another, which repeats another, grows "
+                                              "exponentially -- check the references in '{}'",
+                                              f.path, kMaxExpandedBytes, text));
+            }
             i = j;
         }
         return out;
@@ -494,6 +521,13 @@ class Loader {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
     Loader loader;
     if (!path.empty()) loader.load_file(path);
+    for (const std::string& o : overrides) loader.apply_override(o);
+    return loader.finish();
+}
+
+Config load_config_text(const std::string& yaml, const std::string& name, const std::vector<std::string>& overrides) {
+    Loader loader;
+    loader.load_text(yaml, name);
     for (const std::string& o : overrides) loader.apply_override(o);
     return loader.finish();
 }

@@ -6,6 +6,8 @@
 // supported yet". Every message names the keys, their values and the constraint, Megatron-style, plus a hint.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
 #include "engine/core/check.h"
@@ -23,11 +25,14 @@ template <typename... Args>
 
 // Parameters of the GPT-2 architecture with tied embeddings: token + position embeddings, per layer
 // ln1 (2C), qkv (3C*C + 3C), attention projection (C*C + C), ln2 (2C), fc (F*C + F), fc projection (C*F + C),
-// and the final LayerNorm (2C).
-int64_t count_parameters(int64_t padded_vocab, int64_t max_positions, int64_t L, int64_t C, int64_t F) {
-    int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
+// and the final LayerNorm (2C). T = double gives an estimate that cannot overflow, checked before the exact int64.
+template <typename T>
+T count_parameters(T padded_vocab, T max_positions, T L, T C, T F) {
+    T per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
     return padded_vocab * C + max_positions * C + L * per_layer + 2 * C;
 }
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 }  // namespace
 
@@ -87,15 +92,16 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel layout ----
+    // Products of two keys are int64: each key may be as large as INT_MAX.
     const int tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
-    const int model_parallel = tp * pp;
+    const int64_t model_parallel = int64_t{tp} * pp;
     if (world_size % model_parallel != 0) {
         fail(
             "parallel.tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) = {} does not divide the "
             "world size {}; hint: use a world size that is a multiple of {}, or change tp/pp",
             tp, pp, model_parallel, world_size, model_parallel);
     }
-    const int dp = world_size / model_parallel;
+    const int dp = static_cast<int>(world_size / model_parallel);
     if (p.data_parallel_size != 0 && p.data_parallel_size != dp) {
         fail(
             "parallel.data_parallel_size({}) does not match world size {} / (tensor_model_parallel_size({}) * "
@@ -109,6 +115,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "each tensor-parallel rank holds num_attention_heads / tp whole heads",
             m.num_attention_heads, tp);
     }
+    if (m.ffn_hidden_size == 0 && 4 * int64_t{m.hidden_size} > kIntMax) {
+        fail(
+            "model.ffn_hidden_size = 4 * hidden_size({}) = {} is more than a 32-bit size holds; hint: set "
+            "model.ffn_hidden_size, or use a smaller hidden_size",
+            m.hidden_size, 4 * int64_t{m.hidden_size});
+    }
     const int ffn_hidden = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
     if (ffn_hidden % tp != 0) {
         fail(
@@ -117,12 +129,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             ffn_hidden, m.ffn_hidden_size > 0 ? "" : " = 4 * hidden_size", tp);
     }
     const int vpp = p.virtual_pipeline_model_parallel_size;
-    if (m.num_layers % (pp * vpp) != 0) {
+    if (m.num_layers % (int64_t{pp} * vpp) != 0) {
         fail(
             "model.num_layers({}) is not divisible by parallel.pipeline_model_parallel_size({}) * "
             "virtual_pipeline_model_parallel_size({}) = {}; hint: every model chunk needs the same number of "
             "layers",
-            m.num_layers, pp, vpp, pp * vpp);
+            m.num_layers, pp, vpp, int64_t{pp} * vpp);
     }
     if ((vpp > 1) != (p.pipeline_schedule == "interleaved_1f1b")) {
         fail(
@@ -133,17 +145,23 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- batch ----
-    const int micro_times_dp = t.micro_batch_size * dp;
-    const int global_batch = t.global_batch_size > 0 ? t.global_batch_size : micro_times_dp;
+    const int64_t micro_times_dp = int64_t{t.micro_batch_size} * dp;
+    if (t.global_batch_size == 0 && micro_times_dp > kIntMax) {
+        fail(
+            "training.global_batch_size = micro_batch_size({}) * data-parallel size({}) = {} is more than a 32-bit "
+            "batch size holds; hint: use a smaller micro_batch_size",
+            t.micro_batch_size, dp, micro_times_dp);
+    }
+    const int global_batch = t.global_batch_size > 0 ? t.global_batch_size : static_cast<int>(micro_times_dp);
     if (global_batch % micro_times_dp != 0) {
-        int lower = global_batch / micro_times_dp * micro_times_dp;
+        int64_t lower = global_batch / micro_times_dp * micro_times_dp;
         fail(
             "training.global_batch_size({}) is not divisible by training.micro_batch_size({}) * data-parallel "
             "size({}) = {}; hint: use a multiple of {}, e.g. {} or {}",
             global_batch, t.micro_batch_size, dp, micro_times_dp, micro_times_dp, lower > 0 ? lower : micro_times_dp,
             lower + micro_times_dp);
     }
-    const int num_microbatches = global_batch / micro_times_dp;
+    const int num_microbatches = static_cast<int>(global_batch / micro_times_dp);
     if (vpp > 1 && num_microbatches % pp != 0) {
         fail(
             "the interleaved schedule needs the number of micro-batches ({} = global_batch_size({}) / "
@@ -194,15 +212,32 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
              t.micro_batch_size, m.seq_length, static_cast<int64_t>(t.micro_batch_size) * m.seq_length, tp, tp);
     }
 
-    const int multiple = m.make_vocab_size_divisible_by * tp;
+    const int64_t multiple = int64_t{m.make_vocab_size_divisible_by} * tp;
+    const int64_t padded_vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
+    if (padded_vocab > kIntMax) {
+        fail(
+            "model.vocab_size({}) padded to a multiple of model.make_vocab_size_divisible_by({}) * "
+            "parallel.tensor_model_parallel_size({}) = {} is {}, more than a 32-bit token id holds; hint: use a "
+            "smaller make_vocab_size_divisible_by",
+            m.vocab_size, m.make_vocab_size_divisible_by, tp, multiple, padded_vocab);
+    }
+    const double approx_parameters = count_parameters<double>(padded_vocab, max_positions, m.num_layers,
+                                                              m.hidden_size, ffn_hidden);
+    if (approx_parameters > 0x1p62) {
+        fail(
+            "model.num_layers({}), hidden_size({}), ffn_hidden_size({}) and the padded vocabulary {} make {:.3g} "
+            "parameters, more than 64-bit element counts hold; hint: a smaller model",
+            m.num_layers, m.hidden_size, ffn_hidden, padded_vocab, approx_parameters);
+    }
     DerivedConfig d;
     d.world_size = world_size;
     d.dp = dp;
-    d.padded_vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
+    d.padded_vocab = static_cast<int>(padded_vocab);
     d.ffn_hidden = ffn_hidden;
     d.num_microbatches = num_microbatches;
     d.tokens_per_step = static_cast<int64_t>(global_batch) * m.seq_length;
-    d.num_parameters = count_parameters(d.padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    d.num_parameters =
+        count_parameters<int64_t>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
     return d;
 }
 
