@@ -55,9 +55,17 @@ public:
         virtual ~State() = default;
         virtual void wait() = 0;
         virtual bool test() = 0;
+        // Called instead of `delete` once the handle is done with the state: an implementation that pools its states
+        // (so that a collective allocates nothing: memory/alloc_guard.h) returns it to its pool here.
+        virtual void recycle() { delete this; }
     };
+    struct Recycle {
+        void operator()(State* s) const { s->recycle(); }
+    };
+    using StatePtr = std::unique_ptr<State, Recycle>;
     Handle() = default;
-    explicit Handle(std::unique_ptr<State> s) : state_(std::move(s)) {}
+    explicit Handle(StatePtr s) : state_(std::move(s)) {}
+    explicit Handle(std::unique_ptr<State> s) : state_(s.release()) {}
     Handle(Handle&& o) noexcept : state_(std::move(o.state_)), waited_(o.waited_) {}
     // Completes the operation this handle held before taking the other's (a defaulted move would drop it in flight).
     // Not noexcept: that wait may throw CollectiveTimeoutError.
@@ -95,7 +103,7 @@ public:
     }
 
 private:
-    std::unique_ptr<State> state_;
+    StatePtr state_;
     double* waited_ = nullptr;
 };
 

@@ -65,9 +65,58 @@ void divide(void* buf, size_t count, int divisor) {
     for (size_t i = 0; i < count; ++i) x[i] /= d;
 }
 
+class MpiOpState;
+
+}  // namespace
+
+// Completed operation states kept for reuse: a collective takes one (with the capacity its vectors grew to) instead
+// of allocating, so steady-state training makes no allocation per collective (memory/alloc_guard.h). Shared with
+// the states it hands out, so a handle that outlives its communicator still has a pool to return to.
+class MpiOpStatePool {
+public:
+    ~MpiOpStatePool();
+    std::vector<MpiOpState*> free;
+};
+
+namespace {
+
 // The MPI requests of one call, plus what has to happen when they complete.
 class MpiOpState final : public Handle::State {
 public:
+    using Ptr = std::unique_ptr<MpiOpState, Handle::Recycle>;
+    // A cleared state from `pool` (or a new one when the pool is empty).
+    static Ptr acquire(const std::shared_ptr<MpiOpStatePool>& pool) {
+        MpiOpState* s = nullptr;
+        if (!pool->free.empty()) {
+            s = pool->free.back();
+            pool->free.pop_back();
+        } else {
+            s = new MpiOpState;
+        }
+        s->pool_ = pool;
+        s->done_ = false;
+        return Ptr(s);
+    }
+    // Back to the pool when finished; an abandoned operation (its wait threw) is deleted, never reused.
+    void recycle() override {
+        std::shared_ptr<MpiOpStatePool> pool = std::move(pool_);
+        if (!done_ || !pool) {
+            delete this;
+            return;
+        }
+        requests.clear();  // the vectors keep their capacity
+        block_types.clear();
+        avg_buf = nullptr;
+        avg_count = 0;
+        avg_dtype = DType::kF32;
+        avg_divisor = 1;
+        watch = nullptr;
+        recorder = nullptr;
+        seq = 0;  // done_ stays true while pooled: deleting a pooled state waits for nothing
+        if (pool->free.size() == pool->free.capacity()) pool->free.reserve(2 * pool->free.size() + 8);
+        pool->free.push_back(this);
+    }
+
     std::vector<MPI_Request> requests;
     std::vector<std::pair<size_t, MPI_Datatype>> block_types;  // by chunk length; freed on completion
     // kAvg: divide avg_count elements at avg_buf by avg_divisor on completion
@@ -126,6 +175,7 @@ private:
         else divide<int32_t>(avg_buf, avg_count, avg_divisor);  // C++ integer division: truncates toward zero
     }
     bool done_ = false;
+    std::shared_ptr<MpiOpStatePool> pool_;
 };
 
 // What the flight recorder keeps of an operation (flight_recorder.h).
@@ -137,7 +187,7 @@ struct OpInfo {
     bool mixed_p2p = false;
 };
 
-Handle to_handle(std::unique_ptr<MpiOpState> s, CollectiveWatch& watch, FlightRecorder& recorder, const OpInfo& i) {
+Handle to_handle(MpiOpState::Ptr s, CollectiveWatch& watch, FlightRecorder& recorder, const OpInfo& i) {
     if (s->requests.empty()) {
         s->wait();  // nothing in flight: finish now
         return {};
@@ -145,14 +195,19 @@ Handle to_handle(std::unique_ptr<MpiOpState> s, CollectiveWatch& watch, FlightRe
     s->watch = &watch;
     s->recorder = &recorder;
     s->seq = recorder.posted(i.op, i.count, i.dtype, i.peer, i.tag, i.messages, i.mixed_p2p);
-    return Handle(std::move(s));
+    return Handle(Handle::StatePtr(s.release()));
 }
 
 }  // namespace
 
+MpiOpStatePool::~MpiOpStatePool() {
+    for (MpiOpState* s : free) delete s;
+}
+
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems,
                                  std::shared_ptr<CollectiveWatch> watch)
-    : comm_(comm), name_(std::move(name)), chunk_elems_(0), watch_(std::move(watch)) {
+    : comm_(comm), name_(std::move(name)), chunk_elems_(0), watch_(std::move(watch)),
+      states_(std::make_shared<MpiOpStatePool>()) {
     MS_CHECK(comm_ != MPI_COMM_NULL, "{}: MpiCommunicator over MPI_COMM_NULL", name_);
     MS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     MS_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -197,7 +252,7 @@ Handle MpiCommunicator::all_reduce_impl(void* buf, size_t count, DType t, Reduce
     const size_t es = dtype_size(t);
     this->count(CommOp::kAllReduce, size_ == 1 ? 0 : count * es);
     if (size_ == 1 || count == 0) return {};
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
         MS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at(buf, off, es), as_int(len), mpi_type(t), mpi_op(op), comm_, &r));
@@ -228,7 +283,7 @@ Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t ou
     const bool into_own_block = out == at(in, static_cast<size_t>(rank_) * out_count, es);
     MS_CHECK(into_own_block || !overlaps(in, in_count * es, out, out_count * es),
              "{}: reduce_scatter output overlaps the input but is not this rank's block of it", name_);
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     const MPI_Datatype type = mpi_type(t);
     if (out_count <= block_chunk() && !into_own_block) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
@@ -273,7 +328,7 @@ Handle MpiCommunicator::all_gather_impl(const void* in, void* out, size_t in_cou
     const bool in_place = in == at(out, static_cast<size_t>(rank_) * in_count, es);
     MS_CHECK(in_place || !overlaps(in, in_count * es, out, out_count * es),
              "{}: all_gather input overlaps the output but is not this rank's block", name_);
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     const size_t chunk = block_chunk();
     const MPI_Datatype type = mpi_type(t);
     if (in_count <= chunk) {
@@ -299,7 +354,7 @@ Handle MpiCommunicator::broadcast_impl(void* buf, size_t count, DType t, int roo
     const size_t es = dtype_size(t);
     this->count(CommOp::kBroadcast, size_ > 1 && rank_ == root ? count * es : 0);
     if (size_ == 1 || count == 0) return {};
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
         MS_MPI_CHECK(MPI_Ibcast(at(buf, off, es), as_int(len), mpi_type(t), root, comm_, &r));
@@ -324,7 +379,7 @@ Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_cou
     const bool in_place = in == out;
     MS_CHECK(in_place || !overlaps(in, in_count * es, out, out_count * es),
              "{}: all_to_all input and output overlap without being the same buffer", name_);
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     const size_t chunk = block_chunk();
     const MPI_Datatype type = mpi_type(t);
     if (n <= chunk) {
@@ -344,7 +399,7 @@ Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_cou
 }
 
 Handle MpiCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priority) {
-    auto s = std::make_unique<MpiOpState>();
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
     for (const P2POp& op : ops) {
         MS_CHECK(op.peer >= 0 && op.peer < size_, "{}: point-to-point peer {} is outside [0, {})", name_, op.peer,
                  size_);

@@ -47,6 +47,7 @@ namespace ms {
 
 class CollectiveWatch;
 class FlightRecorder;
+class MpiOpStatePool;
 
 class MpiCommunicator final : public Communicator {
 public:
@@ -98,6 +99,7 @@ private:
     int64_t mpi_calls_ = 0;
     std::shared_ptr<CollectiveWatch> watch_;
     std::unique_ptr<FlightRecorder> recorder_;  // this communicator's last operations (comm/flight_recorder.h)
+    std::shared_ptr<MpiOpStatePool> states_;    // completed operation states, reused (mpi_communicator.cpp)
 };
 
 }  // namespace ms

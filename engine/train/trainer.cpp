@@ -31,6 +31,7 @@
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
 #include "engine/train/sampling.h"
+#include "memory/alloc_guard.h"
 #include "memory/arena.h"
 
 namespace ms {
@@ -306,6 +307,10 @@ int run_train(const Config& cfg_in) {
         const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
                       dp_bytes0 = groups.dp->stats().total_bytes();
         reliability.begin_step(it);  // MS_INJECT crash, hang, sigterm
+        // MS_CHECK_ALLOCS=1: from this run's third step on, a step allocates nothing. The first two warm up what is
+        // sized on first use: the communicators' pools of operation states reach their peak in the second, the first
+        // step that begins with pipeline sends of the previous one still in flight.
+        StepAllocGuard alloc_guard(it, /*arm=*/it > first_it + 1);
         // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
         // covers the same global samples under every data-parallel size.
         float step_loss = model.train_step(train_sampler, consumed, T);
@@ -318,6 +323,7 @@ int run_train(const Config& cfg_in) {
         const OptimizerStepResult step =
             verdict.skip_step ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
                               : optimizer.step(lr, cfg.training.clip_grad);
+        alloc_guard.check();
         reliability.after_step(it);
         const double grad_norm = step.grad_norm;
         if (it == first_it) {  // every buffer of a step has been used once now

@@ -1,8 +1,8 @@
 // test_memory.cpp: the trainer's memory through the binary. Every buffer of a step comes from one arena per rank,
 // sized by the plan (engine/train/plan.h); after the first step the log says "memory: planned X (N B), arena peak Y
 // (M B)". For the demo (1 rank), demo-3d (tp 2 x pp 2 x dp 2 on 8 ranks) and GPT-2 124M (1 rank) the peak is
-// within 2% of the plan -- and of what `plan` prints for the same config. The runs take two steps, with the arena
-// frozen: an allocation inside a step would abort them. A config that does not fit exits 2 with the table and a hint.
+// within 2% of the plan -- and of what `plan` prints for the same config. The runs take three steps, with the arena
+// frozen and MS_CHECK_ALLOCS=1: an arena allocation inside a step, or any heap allocation in step 3, aborts them. A config that does not fit exits 2 with the table and a hint.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -49,7 +49,7 @@ double plan_stage0_total(const std::string& output) {
 }
 
 const char* kShortRun =
-    " --set training.train_iters=2 --set lr_schedule.lr_warmup_iters=0 --set logging.log_interval=1"
+    " --set training.train_iters=3 --set lr_schedule.lr_warmup_iters=0 --set logging.log_interval=1"
     " --set eval.eval_interval=0 --set eval.sample_tokens=0";
 
 // Trains `config` + `sets` (on `ranks` ranks through mpiexec when > 1) and checks the memory line and metrics
@@ -59,12 +59,15 @@ std::string check_peak_matches_plan(const std::string& config, const std::string
     const std::string args = "--config " MS_SOURCE_DIR "/configs/" + config + " " + sets;
     std::string output;
     int exit_code = -1;
+    // Every run also checks that its third step makes no heap allocation at all (memory/alloc_guard.h): the child
+    // processes inherit MS_CHECK_ALLOCS from this one (mpiexec passes it on with -x).
+    setenv("MS_CHECK_ALLOCS", "1", 1);
     if (ranks == 1) {
         const auto r = run_cli("train " + args + " --set run.output_dir=" + dir + kShortRun);
         output = r.output, exit_code = r.exit_code;
     } else {
         const std::string cmd = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive mpiexec -n " + std::to_string(ranks) +
-                                " --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH + "' train " + args +
+                                " -x MS_CHECK_ALLOCS --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH + "' train " + args +
                                 " --set run.output_dir=" + dir + kShortRun + " 2>&1";
         FILE* p = popen(cmd.c_str(), "r");
         char buf[4096];
@@ -73,7 +76,9 @@ std::string check_peak_matches_plan(const std::string& config, const std::string
         const int status = pclose(p);
         exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
+    unsetenv("MS_CHECK_ALLOCS");
     EXPECT_EQ(exit_code, 0) << output;
+    EXPECT_EQ(output.find("heap allocation"), std::string::npos) << output;
     MemoryLine m;
     EXPECT_TRUE(parse_memory_line(output, m)) << output;
     EXPECT_GT(m.planned, 0) << output;
@@ -96,7 +101,7 @@ std::string check_peak_matches_plan(const std::string& config, const std::string
         EXPECT_EQ(j["memory_peak_bytes"].get<double>(), m.peak) << line;
         ++records;
     }
-    EXPECT_EQ(records, 2) << output;
+    EXPECT_EQ(records, 3) << output;
     return output;
 }
 
