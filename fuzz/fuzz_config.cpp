@@ -17,7 +17,8 @@
 //
 // Build and run (Clang only; see fuzz/CMakeLists.txt):
 //   CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DMS_BUILD_FUZZERS=ON -DMS_ENABLE_CUDA=OFF -DMS_BUILD_TESTS=OFF
-//   ninja -C build-fuzz fuzz_config && ./build-fuzz/fuzz_config -dict=build-fuzz/seeds/config.dict build-fuzz/seeds/config
+//   ninja -C build-fuzz fuzz_config
+//   ./build-fuzz/fuzz_config -dict=build-fuzz/seeds/config.dict build-fuzz/seeds/config
 #include <yaml-cpp/yaml.h>
 
 #include <cstddef>
@@ -119,7 +120,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             const int tp = cfg.parallel.tensor_model_parallel_size, pp = cfg.parallel.pipeline_model_parallel_size;
             FUZZ_CHECK(d.world_size == world_size && int64_t{d.dp} * tp * pp == world_size);
             FUZZ_CHECK(d.num_microbatches >= 1 && d.ffn_hidden >= 1);
-            FUZZ_CHECK(d.padded_vocab >= cfg.model.vocab_size && d.padded_vocab % cfg.model.make_vocab_size_divisible_by == 0);
+            FUZZ_CHECK(d.padded_vocab >= cfg.model.vocab_size &&
+                       d.padded_vocab % cfg.model.make_vocab_size_divisible_by == 0);
             FUZZ_CHECK(d.tokens_per_step > 0 && d.num_parameters > 0);
         } catch (const ms::UserError&) {
         }

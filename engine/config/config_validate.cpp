@@ -221,8 +221,8 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "smaller make_vocab_size_divisible_by",
             m.vocab_size, m.make_vocab_size_divisible_by, tp, multiple, padded_vocab);
     }
-    const double approx_parameters = count_parameters<double>(padded_vocab, max_positions, m.num_layers,
-                                                              m.hidden_size, ffn_hidden);
+    const double approx_parameters =
+        count_parameters<double>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
     if (approx_parameters > 0x1p62) {
         fail(
             "model.num_layers({}), hidden_size({}), ffn_hidden_size({}) and the padded vocabulary {} make {:.3g} "
@@ -236,8 +236,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     d.ffn_hidden = ffn_hidden;
     d.num_microbatches = num_microbatches;
     d.tokens_per_step = static_cast<int64_t>(global_batch) * m.seq_length;
-    d.num_parameters =
-        count_parameters<int64_t>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    d.num_parameters = count_parameters<int64_t>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
     return d;
 }
 

@@ -41,16 +41,18 @@ const std::string kSmall =
 // world-size check divided by it: SIGFPE instead of a config error) ----
 
 TEST(FuzzRegression, TensorTimesPipelineParallelDoesNotOverflow) {
-    validate_error(kSmall + "parallel:\n  tensor_model_parallel_size: 65536\n  pipeline_model_parallel_size: 65536\n", 8,
+    validate_error(kSmall + "parallel:\n  tensor_model_parallel_size: 65536\n  pipeline_model_parallel_size: 65536\n",
+                   8,
                    {"tensor_model_parallel_size(65536) * pipeline_model_parallel_size(65536) = 4294967296 does not "
                     "divide the world size 8"});
 }
 
 TEST(FuzzRegression, PipelineTimesVirtualStagesDoesNotOverflow) {
-    validate_error("model:\n  num_layers: 2\n  num_attention_heads: 1\n  hidden_size: 64\n  vocab_size: 100\n"
-                   "parallel:\n  pipeline_model_parallel_size: 65536\n  pipeline_schedule: interleaved_1f1b\n"
-                   "  virtual_pipeline_model_parallel_size: 65536\n",
-                   65536, {"= 4294967296"});
+    validate_error(
+        "model:\n  num_layers: 2\n  num_attention_heads: 1\n  hidden_size: 64\n  vocab_size: 100\n"
+        "parallel:\n  pipeline_model_parallel_size: 65536\n  pipeline_schedule: interleaved_1f1b\n"
+        "  virtual_pipeline_model_parallel_size: 65536\n",
+        65536, {"= 4294967296"});
 }
 
 TEST(FuzzRegression, DefaultFfnOfAHugeHiddenSizeIsRefused) {
@@ -69,20 +71,23 @@ TEST(FuzzRegression, DefaultGlobalBatchOfAHugeMicroBatchIsRefused) {
 }
 
 TEST(FuzzRegression, PaddedVocabularyBeyondInt32IsRefused) {
-    validate_error("model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 32\n"
-                   "  vocab_size: 2147483000\n  make_vocab_size_divisible_by: 1024\n",
-                   1, {"is 2147483648, more than a 32-bit token id holds"});
-    validate_error("model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 32\n"
-                   "  vocab_size: 100\n  make_vocab_size_divisible_by: 2147483647\n"
-                   "parallel:\n  tensor_model_parallel_size: 4\n",
-                   4, {"= 8589934588 is 8589934588"});
+    validate_error(
+        "model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 32\n"
+        "  vocab_size: 2147483000\n  make_vocab_size_divisible_by: 1024\n",
+        1, {"is 2147483648, more than a 32-bit token id holds"});
+    validate_error(
+        "model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n  seq_length: 32\n"
+        "  vocab_size: 100\n  make_vocab_size_divisible_by: 2147483647\n"
+        "parallel:\n  tensor_model_parallel_size: 4\n",
+        4, {"= 8589934588 is 8589934588"});
 }
 
 TEST(FuzzRegression, ParameterCountBeyondInt64IsRefused) {
     // about 4 * C^2 * L with C = 2^30 and L = 2^20: 2^82 = 4.8e24
-    validate_error("model:\n  num_layers: 1048576\n  hidden_size: 1073741824\n  ffn_hidden_size: 1\n"
-                   "  num_attention_heads: 1\n  vocab_size: 100\n",
-                   1, {"hidden_size(1073741824)", "make 4.84e+24 parameters, more than 64-bit element counts hold"});
+    validate_error(
+        "model:\n  num_layers: 1048576\n  hidden_size: 1073741824\n  ffn_hidden_size: 1\n"
+        "  num_attention_heads: 1\n  vocab_size: 100\n",
+        1, {"hidden_size(1073741824)", "make 4.84e+24 parameters, more than 64-bit element counts hold"});
 }
 
 TEST(FuzzRegression, LargeButRepresentableModelsStillValidate) {
@@ -129,7 +134,8 @@ TEST(FuzzRegression, LoadConfigTextMatchesLoadConfigAndNamesItsSource) {
     const ms::Config cfg = ms::load_config_text("model:\n  num_layers: 3\n", "mem.yaml", {"model.hidden_size=96"});
     EXPECT_EQ(cfg.model.num_layers, 3);
     EXPECT_EQ(cfg.model.hidden_size, 96);
-    EXPECT_EQ(ms::config_to_yaml(ms::load_config_text("", "empty.yaml", {})), ms::config_to_yaml(ms::load_config("", {})));
+    EXPECT_EQ(ms::config_to_yaml(ms::load_config_text("", "empty.yaml", {})),
+              ms::config_to_yaml(ms::load_config("", {})));
     expect_user_error([] { ms::load_config_text("model:\n  num_layer: 3\n", "mem.yaml", {}); },
                       {"mem.yaml:2:3", "unknown key 'model.num_layer'"});
     expect_user_error([] { ms::load_config_text("model: [\n", "mem.yaml", {}); }, {"mem.yaml:", "YAML syntax error"});
