@@ -11,6 +11,9 @@
 
 #include "apps/commands.h"
 #include "engine/core/check.h"
+#if defined(MS_HAVE_CUDA_BACKEND)
+#include "engine/backends/cuda/cuda_backend.h"
+#endif
 #include "engine/train/reliability.h"
 
 namespace {
@@ -28,7 +31,12 @@ std::string user_error_line(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on the CPU today"};
+#if defined(MS_HAVE_CUDA_BACKEND)
+    // Built with a CUDA backend (CMakeLists.txt: ms_cuda_backend; ms_cuda_emu for mindspeed-train-cuda-emu, the
+    // tests' binary): run.backend: cuda becomes valid (engine/backends/backend.h).
+    ms::install_cuda_backend();
+#endif
+    CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on CPUs and NVIDIA GPUs"};
     app.set_version_flag("--version", std::string("mindspeed-train ") + MS_VERSION);
     app.require_subcommand(1);
     const ms::app::Command commands[] = {ms::app::add_train_command(app),      ms::app::add_plan_command(app),

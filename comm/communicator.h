@@ -198,6 +198,8 @@ protected:
         stats_.ops[static_cast<size_t>(op)] += 1;
         stats_.bytes[static_cast<size_t>(op)] += static_cast<int64_t>(bytes);
     }
+    // For decorators (comm/synchronizing_communicator.h), which report their inner communicator's counters.
+    CommStats& mutable_stats() { return stats_; }
 
 private:
     CommStats stats_;

@@ -66,11 +66,17 @@ size_t arena_capacity_for(const std::vector<size_t>& sizes, size_t min_block, si
                                 format_bytes(sum), sizes.size()));
 }
 
-Arena::Arena(size_t capacity, size_t min_block, size_t trim_threshold, BlockFit large_fit)
-    : buffer_(round_up(std::max<size_t>(capacity, 1), min_block)),
+Arena::Arena(size_t capacity, size_t min_block, size_t trim_threshold, BlockFit large_fit,
+             std::unique_ptr<ArenaMemory> memory)
+    : memory_(memory ? std::move(memory)
+                     : std::make_unique<HostArenaMemory>(round_up(std::max<size_t>(capacity, 1), min_block))),
       buddy_(round_up(std::max<size_t>(capacity, 1), min_block), min_block),
       trim_threshold_(trim_threshold),
-      large_fit_(large_fit) {}
+      large_fit_(large_fit) {
+    MS_CHECK(memory_->size() >= buddy_.capacity() && memory_->data() != nullptr,
+             "arena: its memory ({}) holds {} bytes, less than the capacity of {} bytes", memory_->describe(),
+             memory_->size(), buddy_.capacity());
+}
 
 Arena::~Arena() {
     if (live_.empty()) return;
@@ -101,15 +107,15 @@ void* Arena::allocate(size_t bytes, MemCategory category, std::string name) {
     c.live_allocations += 1;
     c.peak_live_bytes = std::max(c.peak_live_bytes, c.live_bytes);
     live_.emplace(*offset, Allocation{std::move(name), category, bytes});
-    return static_cast<char*>(buffer_.data()) + *offset;
+    return static_cast<char*>(memory_->data()) + *offset;
 }
 
 void Arena::free(void* p) {
     if (p == nullptr) return;
-    const char* base = static_cast<const char*>(buffer_.data());
+    const char* base = static_cast<const char*>(memory_->data());
     const char* q = static_cast<const char*>(p);
     MS_CHECK(q >= base && q < base + buddy_.capacity(), "arena: free of {} which is outside the arena [{}, +{})", p,
-             buffer_.data(), buddy_.capacity());
+             memory_->data(), buddy_.capacity());
     const auto it = live_.find(static_cast<size_t>(q - base));
     MS_CHECK(it != live_.end(), "arena: free of {} (offset {}) which is not a live allocation (double free?)", p,
              q - base);

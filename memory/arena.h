@@ -1,9 +1,10 @@
 // arena.h: one large allocation per device, carved into named tensors by a buddy allocator.
 //
 // The host arena is one HostBuffer (mmap'd, advised for huge pages, touched once at construction: see
-// host_buffer.h for why nothing large is allocated inside a step); a CUDA arena will be one cudaMalloc behind the
-// same BuddyAllocator. Every allocation carries a name and a MemCategory so that an out-of-memory error, a leak
-// or a report says what holds the memory, by category and by tensor.
+// host_buffer.h for why nothing large is allocated inside a step); a device arena is one allocation a backend
+// supplies as an ArenaMemory (memory/arena_memory.h; CUDA: managed memory) behind the same BuddyAllocator. Every
+// allocation carries a name and a MemCategory so that an out-of-memory error, a leak or a report says what holds
+// the memory, by category and by tensor.
 //
 // Placement: allocations of at least trim_threshold bytes use `large_fit`, BlockFit::kTrimmed by default (they hold
 // round_up(bytes, min_block), not the next power of two); smaller ones use whole power-of-two blocks. The trainer,
@@ -21,12 +22,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "memory/arena_memory.h"
 #include "memory/buddy_allocator.h"
-#include "memory/host_buffer.h"
 
 namespace ms {
 
@@ -48,9 +50,10 @@ size_t arena_capacity_for(const std::vector<size_t>& sizes, size_t min_block = 2
 
 class Arena {
   public:
-    // capacity: rounded up to a multiple of min_block (a power of two).
+    // capacity: rounded up to a multiple of min_block (a power of two). memory: where the bytes live, at least the
+    // rounded capacity (e.g. Backend::make_arena_memory); nullptr: a HostArenaMemory of the rounded capacity.
     explicit Arena(size_t capacity, size_t min_block = 256, size_t trim_threshold = size_t{1} << 20,
-                   BlockFit large_fit = BlockFit::kTrimmed);
+                   BlockFit large_fit = BlockFit::kTrimmed, std::unique_ptr<ArenaMemory> memory = nullptr);
     ~Arena();
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
@@ -58,6 +61,8 @@ class Arena {
     // Never nullptr: throws UserError on out-of-memory; fatal when frozen.
     void* allocate(size_t bytes, MemCategory category, std::string name);
     void free(void* p);  // nullptr is a no-op
+    // [p, p + bytes) of an allocation = 0, by the memory's own means (MemoryBlock clears every block with it).
+    void zero(void* p, size_t bytes) { memory_->zero(p, bytes); }
 
     void set_frozen(bool frozen) { frozen_ = frozen; }
     bool frozen() const { return frozen_; }
@@ -73,7 +78,8 @@ class Arena {
         return by_category_[static_cast<int>(category)].peak_live_bytes;
     }
     size_t capacity() const { return buddy_.capacity(); }
-    const void* base() const { return buffer_.data(); }
+    const void* base() const { return memory_->data(); }
+    ArenaMemory& memory() { return *memory_; }
 
   private:
     struct Allocation {
@@ -89,12 +95,12 @@ class Arena {
     // Live allocations, largest first (ties by offset).
     std::vector<std::pair<size_t, const Allocation*>> sorted_live() const;
 
-    HostBuffer buffer_;
+    std::unique_ptr<ArenaMemory> memory_;
     BuddyAllocator buddy_;
     size_t trim_threshold_;
     BlockFit large_fit_;
     bool frozen_ = false;
-    std::unordered_map<size_t, Allocation> live_;  // key: offset in buffer_
+    std::unordered_map<size_t, Allocation> live_;  // key: offset in memory_
     std::array<CategoryStats, kNumMemCategories> by_category_{};
 };
 

@@ -1,7 +1,6 @@
 // memory_block.cpp: an arena allocation or a HostBuffer behind one handle (see memory_block.h).
 #include "memory/memory_block.h"
 
-#include <cstring>
 #include <utility>
 
 namespace ms {
@@ -11,7 +10,7 @@ MemoryBlock::MemoryBlock(size_t bytes, Arena* arena, MemCategory category, std::
     if (arena) {
         arena_ = arena;
         data_ = arena->allocate(bytes, category, std::move(name));
-        std::memset(data_, 0, bytes);
+        arena->zero(data_, bytes);  // a memset for host memory; on the device for device memory
     } else {
         host_ = HostBuffer(bytes);
         data_ = host_.data();

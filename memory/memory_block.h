@@ -3,8 +3,8 @@
 // The classes that hold a training step's memory (Gpt, PipelineModel, DistributedOptimizer) take an optional
 // Arena*: the trainer passes its per-rank arena, so every byte of a step is a named, categorised arena allocation;
 // unit tests pass nullptr and get plain HostBuffers. Either way the memory is zeroed (a HostBuffer is fresh
-// mmap'd memory; an arena block is memset, since the arena may have handed the bytes out before). RAII: the
-// destructor frees the arena block, so an Arena must outlive the blocks carved from it.
+// mmap'd memory; an arena block is cleared by Arena::zero, since the arena may have handed the bytes out before).
+// RAII: the destructor frees the arena block, so an Arena must outlive the blocks carved from it.
 #pragma once
 
 #include <cstddef>

@@ -14,11 +14,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "engine/core/tensor.h"
 
 namespace ms {
+
+class ArenaMemory;  // memory/arena_memory.h
 
 enum class Accumulate : uint8_t { kOverwrite, kAdd };
 
@@ -187,7 +190,17 @@ public:
     virtual ~Backend() = default;
     virtual std::string_view name() const = 0;
     virtual bool supports(OpKind op, DType dtype) const = 0;
+    // Completes every op issued so far.
     virtual void synchronize() = 0;
+    // True when ops may still run after their call returns (CUDA: launches on a stream). Then the host must call
+    // synchronize() before it reads an op's output, before it writes a buffer an earlier op may still read, and
+    // before a collective touches such buffers (comm/synchronizing_communicator.h does that for collectives).
+    virtual bool asynchronous() const { return false; }
+    // The device the ops run on, for logs and the MFU peak table, e.g. "NVIDIA H200"; "" for the host CPU.
+    virtual std::string device_name() const { return {}; }
+    // Memory of `bytes` bytes for the trainer's arena that both these ops and the host can read and write (CUDA:
+    // managed memory on the selected device), or nullptr when plain host memory is that (the CPU backend).
+    virtual std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes);
 
     virtual void embedding_forward(const EmbeddingForwardArgs& a) = 0;
     virtual void embedding_backward(const EmbeddingBackwardArgs& a) = 0;
@@ -213,8 +226,22 @@ struct BackendOptions {
     BackendKind kind = BackendKind::kCPU;
     OpMode mode = OpMode::kFast;  // kReference: naive loops, the executable spec, for tests
     int num_threads = 0;          // 0: OpenMP's default
+    int local_rank = 0;           // kCUDA: this rank runs on device local_rank % (devices visible)
 };
 
+// kCPU: the CPU backend. kCUDA: the CUDA backend registered by this binary (fatal when there is none; the config
+// validation refuses run.backend: cuda first, with a sentence, when cuda_backend_name() is null).
 std::unique_ptr<Backend> make_backend(const BackendOptions& options);
+
+// The CUDA backend lives in libraries that depend on ms_engine (engine/backends/cuda/: ms_cuda_backend, or
+// ms_cuda_emu for tests), so ms_engine code reaches it through a factory that a binary linking one registers at
+// the top of main(), before any other thread exists (install_cuda_backend(), cuda_backend.h). That is the engine's
+// one piece of process-wide backend state; the alternative, ms_engine depending on the CUDA libraries, would make
+// every CPU-only binary and test link cudart.
+using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions& options);
+// name: "cuda" (kernels on a GPU) or "cuda-emulated" (the same kernels on the CPU emulation, for tests).
+void register_cuda_backend(const char* name, BackendFactory make);
+// The registered CUDA backend's name, or nullptr when this binary has none.
+const char* cuda_backend_name();
 
 }  // namespace ms

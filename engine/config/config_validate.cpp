@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
 #include "engine/core/check.h"
@@ -44,16 +45,19 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     config_detail::check_fields(cfg, nullptr);
 
     // ---- what this build can run ----
-    if (cfg.run.backend == "cuda") {
+    // A binary has the CUDA backend when it registered one (backend.h; apps/main.cpp does when built with CUDA).
+    if (cfg.run.backend == "cuda" && cuda_backend_name() == nullptr) {
         fail(
-            "run.backend = 'cuda': the trainer cannot run on the CUDA backend yet (its kernels exist and are tested, "
-            "but the model does not live in device memory yet); hint: use run.backend: cpu");
+            "run.backend = 'cuda' but this binary was built without the CUDA backend (CMake found no CUDA "
+            "toolkit, or was given -DMS_ENABLE_CUDA=OFF); hint: rebuild with the CUDA toolkit installed and "
+            "-DMS_ENABLE_CUDA=ON, or set run.backend: cpu");
     }
     if (cfg.mixed_precision.dtype != "fp32") {
         fail(
-            "mixed_precision.dtype = '{}' is not available with run.backend = 'cpu' (the CPU backend computes in "
-            "fp32); hint: set mixed_precision.dtype: fp32",
-            cfg.mixed_precision.dtype);
+            "mixed_precision.dtype = '{}' is not available with run.backend = '{}' (the {} backend computes in "
+            "fp32{}); hint: set mixed_precision.dtype: fp32",
+            cfg.mixed_precision.dtype, cfg.run.backend, cfg.run.backend == "cuda" ? "CUDA" : "CPU",
+            cfg.run.backend == "cuda" ? " for now: bf16 and fp16 are not implemented yet" : "");
     }
     if (m.untie_embeddings_and_output_weights) {
         fail(

@@ -282,6 +282,7 @@ const ParamInfo& Gpt::param(const std::string& name) const {
 }
 
 void Gpt::init_weights(uint64_t seed) {
+    backend_.synchronize();  // the host writes the parameters
     float* w = params();
     for (const ParamInfo& p : table_) {
         float* dst = w + p.offset;
@@ -362,6 +363,8 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     };
 
     if (part_.embedding) {
+        // The host writes a.tokens, which an earlier call's embedding kernels may still read (asynchronous backend).
+        be.synchronize();
         for (int64_t n = 0; n < N; ++n) {
             MS_CHECK(tokens[n] >= 0 && tokens[n] < shape_.V, "token {} at {} outside the vocabulary [0, {})",
                      tokens[n], n, shape_.V);
@@ -415,6 +418,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     be.matmul_forward({A(a.lnf, {N, C}), P(wte_, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
+    be.synchronize();  // as for a.tokens: an earlier call's cross-entropy kernels may still read a.targets
     for (int64_t n = 0; n < N; ++n) {
         MS_CHECK(targets[n] >= 0 && targets[n] < shape_.V, "target {} at {} outside the vocabulary [0, {})",
                  targets[n], n, shape_.V);
@@ -430,6 +434,8 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     ce.phase = CrossEntropyPhase::kSumExp;
     be.cross_entropy_forward(ce);
     tp_all_reduce(tp_, a.sum_exp, 2 * N);  // sum_exp and target_logit are adjacent
+
+    be.synchronize();  // the host reads the kernels' statistics below
     double total = 0;
     for (int64_t n = 0; n < N; ++n) {
         a.losses[n] = std::log(a.sum_exp[n]) + a.row_max[n] - a.target_logit[n];
@@ -474,6 +480,7 @@ void Gpt::backward(float loss_scale, int slot) {
     if (part_.head) {
         const int ln_f = ln_f_;
         const float dl = loss_scale / static_cast<float>(N);
+        be.synchronize();  // dloss is scratch: the previous call's cross-entropy backward may still read it
         for (int64_t n = 0; n < N; ++n) a.dloss[n] = dl;
         const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
         Tensor tgt(a.targets, DType::kI32, {N});
@@ -488,6 +495,7 @@ void Gpt::backward(float loss_scale, int slot) {
                                A(a.lnf_mean, {Nl}), A(a.lnf_rstd, {Nl}), A(a.dres, {Nl, C}), G(ln_f, {C}),
                                G(ln_f + 1, {C}), Accumulate::kOverwrite});
     } else {
+        be.synchronize();  // dres is scratch that the previous call's kernels may still use
         std::copy(a.dout, a.dout + Nl * C, a.dres);
     }
 
@@ -521,6 +529,7 @@ void Gpt::backward(float loss_scale, int slot) {
         be.embedding_backward({Tensor(a.tokens, DType::kI32, {N}), A(gather_rows(a.dres), {N, C}), G(wte_, {Vl, C}),
                                G(wpe_, {T, C}), vocab_start, T});
     } else {
+        be.synchronize();  // the host reads dres, written by the kernels above
         std::copy(a.dres, a.dres + Nl * C, a.dinp);
     }
 }

@@ -19,6 +19,12 @@
 //   wpe, LayerNorms          replicated (identical on every TP rank)
 // The gradients of column-parallel inputs are all-reduced over tp before the LayerNorm backward (the "copy"
 // primitive's backward); row-parallel outputs are all-reduced in the forward (the "reduce" primitive).
+//
+// Asynchronous backends (CUDA): the host touches activation memory in a few places -- the token and target
+// copies, the loss from the cross-entropy statistics, dloss, the pipeline hand-off copies of parts without the
+// embedding or the head -- and each follows Backend::synchronize(); collectives are synchronized by the
+// communicator the trainer wraps (comm/synchronizing_communicator.h). Callers that read logits(), losses(),
+// output() or grad_input() on the host synchronize the backend first.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,6 @@
 #include "engine/train/pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <span>
 
@@ -87,6 +86,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
                              Arena* arena)
     : shape_(shape),
+      backend_(backend),
       groups_(groups),
       micro_batch_(micro_batch),
       num_microbatches_(num_microbatches),
@@ -172,6 +172,7 @@ void PipelineModel::post_send(const float* data, size_t n, int peer, int tag) {
     MS_CHECK(!send_pool_.empty(), "pipeline: a send on a stage planned to send nothing");
     for (size_t i = 0; !slot; i = (i + 1) % send_pool_.size())
         if (send_pool_[i].handle.test()) slot = &send_pool_[i];
+    backend_.synchronize();  // the host reads `data`, which kernels wrote (asynchronous backend)
     std::copy(data, data + n, slot->buffer);
     const P2POp op = P2POp::send(std::span<const float>(slot->buffer, n), peer, tag);
     slot->handle = groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
@@ -182,7 +183,7 @@ void PipelineModel::wait_sends() {
 }
 
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T) {
-    std::memset(grads(), 0, static_cast<size_t>(flat_) * sizeof(float));
+    backend_.zero(Tensor::f32(grads(), {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;

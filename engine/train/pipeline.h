@@ -74,6 +74,7 @@ private:
     void wait_sends();
 
     GptShape shape_;
+    Backend& backend_;
     const ProcessGroups& groups_;
     int micro_batch_, num_microbatches_, virtual_stages_;
     std::vector<std::vector<Action>> schedule_;  // every stage's list (this rank runs schedule_[pp_rank])

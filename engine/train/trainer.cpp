@@ -16,6 +16,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/process_groups.h"
+#include "comm/synchronizing_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
 #include "engine/ckpt/checkpoint.h"
@@ -27,6 +28,7 @@
 #include "engine/optim/adamw.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/parallel/schedule.h"
+#include "engine/train/device_peak.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
@@ -138,6 +140,56 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
         largest, format_bytes(static_cast<size_t>(need)), verdict, cfg.parallel.zero_stage, table));
 }
 
+// Runs `step` on every rank. When it throws a UserError on some rank (no GPU visible on one node, say), every rank
+// throws -- the failing ones their own sentence, the others one pointing at it -- instead of the others waiting
+// forever in the next collective for a rank that has left.
+template <class Step>
+void on_every_rank_or_none(Communicator& world, const char* what, Step&& step) {
+    std::exception_ptr error;
+    try {
+        step();
+    } catch (const UserError&) {
+        error = std::current_exception();
+    }
+    int32_t failed = error ? 1 : 0;
+    world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
+    if (error) std::rethrow_exception(error);
+    if (failed) throw UserError(fmt::format("another rank could not {} (its error is printed above)", what));
+}
+
+// The MFU denominator: logging.peak_flops when set; on the CPU an sgemm probe; on a GPU the device's dense fp32
+// (non-tensor) peak from engine/train/device_peak.cpp, since the CUDA kernels compute in fp32 without tensor cores.
+// NaN (MFU printed as nan, null in metrics.jsonl) for a device the table does not know, with a loud warning.
+double mfu_peak(const Config& cfg, const Backend& backend) {
+    if (cfg.logging.peak_flops > 0) {
+        log_info("peak: {:.1f} GFLOP/s fp32 (logging.peak_flops) is the MFU denominator", cfg.logging.peak_flops / 1e9);
+        return cfg.logging.peak_flops;
+    }
+    if (backend.device_name().empty()) {
+        const double peak = cpu::sgemm_peak_flops();
+        log_info("peak: {:.1f} GFLOP/s fp32 (measured by an sgemm probe; OpenBLAS kernel {}) is the MFU denominator",
+                 peak / 1e9, cpu::blas_kernel_name());
+        if (const std::string w = cpu::blas_kernel_warning(); !w.empty()) log_warn("{}", w);
+        return peak;
+    }
+    if (backend.name() == "cuda-emulated") {
+        log_info("peak: none for {} (the CUDA kernels on a CPU emulation): MFU is not reported", backend.name());
+        return std::numeric_limits<double>::quiet_NaN();
+    }
+    if (const DevicePeak* p = find_device_peak(backend.device_name())) {
+        log_info(
+            "peak: {:.1f} TFLOP/s fp32 without tensor cores ({}: engine/train/device_peak.cpp; dense tf32 {:.1f}, "
+            "bf16 {:.1f} TFLOP/s) is the MFU denominator, as the CUDA kernels compute in fp32",
+            p->fp32 / 1e12, p->device, p->tf32 / 1e12, p->bf16 / 1e12);
+        return p->fp32;
+    }
+    log_warn(
+        "peak: UNKNOWN DEVICE '{}': engine/train/device_peak.cpp has no peak FLOP/s for it, so MFU is reported "
+        "as nan; set logging.peak_flops to its dense fp32 FLOP/s (and add it to the table)",
+        backend.device_name());
+    return std::numeric_limits<double>::quiet_NaN();
+}
+
 }  // namespace
 
 int run_train(const Config& cfg_in) {
@@ -202,16 +254,35 @@ int run_train(const Config& cfg_in) {
     check_memory_fits(cfg, stages, world, mpi.local_size());
     const StagePlan& stage_plan = stages[static_cast<size_t>(groups.pp_rank)];
     const size_t planned = static_cast<size_t>(stage_plan.total_bytes());
+
+    // The backend before any large allocation: CUDA selects this rank's device (local rank % devices) in its
+    // constructor, and the arena's memory comes from it (managed memory on that device; host memory on the CPU).
+    BackendOptions bo;
+    bo.kind = cfg.run.backend == "cuda" ? BackendKind::kCUDA : BackendKind::kCPU;
+    bo.num_threads = cfg.run.num_threads;
+    bo.local_rank = mpi.local_rank();
+    std::unique_ptr<Backend> backend;
+    on_every_rank_or_none(world, "start its backend", [&] { backend = make_backend(bo); });
+    if (backend->asynchronous()) {
+        // Kernels run behind the host (backend.h): every collective first waits for them. The host reads and writes
+        // of arena memory in the model and the pipeline synchronize themselves (engine/model/gpt.h); so must any
+        // new host access (a checkpoint reading the parameters, say).
+        synchronize_before_collectives(groups, [b = backend.get()] { b->synchronize(); });
+    }
+    if (!backend->device_name().empty()) {
+        log_info("device: {} | backend {} (rank 0; each rank takes local rank % devices)", backend->device_name(),
+                 backend->name());
+    }
     constexpr size_t kArenaMinBlock = 256, kArenaPackAll = 0;  // every allocation packed, not a power of two
-    Arena arena(arena_capacity_for(stage_plan.allocations(), kArenaMinBlock, kArenaPackAll, BlockFit::kPacked),
-                kArenaMinBlock, kArenaPackAll, BlockFit::kPacked);
-    log_info("memory: arena of {} per rank for a plan of {} ({:.3f}% rounding slack)", format_bytes(arena.capacity()),
-             format_bytes(planned),
+    const size_t arena_bytes =
+        arena_capacity_for(stage_plan.allocations(), kArenaMinBlock, kArenaPackAll, BlockFit::kPacked);
+    std::unique_ptr<ArenaMemory> arena_memory;  // nullptr: host memory
+    on_every_rank_or_none(world, "allocate its arena", [&] { arena_memory = backend->make_arena_memory(arena_bytes); });
+    Arena arena(arena_bytes, kArenaMinBlock, kArenaPackAll, BlockFit::kPacked, std::move(arena_memory));
+    log_info("memory: arena of {} per rank in {} for a plan of {} ({:.3f}% rounding slack)",
+             format_bytes(arena.capacity()), arena.memory().describe(), format_bytes(planned),
              100.0 * (static_cast<double>(arena.capacity()) / static_cast<double>(planned) - 1.0));
 
-    BackendOptions bo;
-    bo.num_threads = cfg.run.num_threads;
-    std::unique_ptr<Backend> backend = make_backend(bo);
     PipelineModel model(shape, *backend, groups, mbs, parse_schedule_kind(cfg.parallel.pipeline_schedule), num_mb,
                         cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel, &arena);
     model.init_weights(cfg.run.seed);
@@ -247,10 +318,9 @@ int run_train(const Config& cfg_in) {
                  first_it - 1, cfg.training.train_iters);
     }
 
-    const double peak = cfg.logging.peak_flops > 0 ? cfg.logging.peak_flops : cpu::sgemm_peak_flops();
-    log_info("peak: {:.1f} GFLOP/s fp32 ({}; OpenBLAS kernel {}) is the MFU denominator", peak / 1e9,
-             cfg.logging.peak_flops > 0 ? "logging.peak_flops" : "measured by an sgemm probe", cpu::blas_kernel_name());
-    if (const std::string w = cpu::blas_kernel_warning(); !w.empty()) log_warn("{}", w);
+    // The host initialised the weights: move the whole arena to the device before the first step (no-op on the CPU).
+    arena.memory().prefetch_to_device();
+    const double peak = mfu_peak(cfg, *backend);
     const double flops_per_token = gpt_train_flops_per_token(shape, T);
 
     const bool writer = world.rank() == 0;  // the one rank that writes run files
@@ -318,11 +388,16 @@ int run_train(const Config& cfg_in) {
         const StepVerdict verdict = reliability.step_boundary(
             world, it, step_loss, std::span<float>(model.grads(), static_cast<size_t>(flat)), *backend);
         groups.dp->all_reduce(std::span<float>(&step_loss, 1), ReduceOp::kAvg).wait();
-        if (it == 1) dump_gradients(model, groups, d.dp);
+        if (it == 1 && std::getenv("MS_DUMP_GRADS")) {
+            backend->synchronize();  // the host reads the gradients
+            dump_gradients(model, groups, d.dp);
+        }
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
         const OptimizerStepResult step =
             verdict.skip_step ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
                               : optimizer.step(lr, cfg.training.clip_grad);
+        // The step's kernels complete inside its time, and what the host reads after it (logs, checkpoints) is its.
+        backend->synchronize();
         alloc_guard.check();
         reliability.after_step(it);
         const double grad_norm = step.grad_norm;
@@ -446,6 +521,7 @@ int run_train(const Config& cfg_in) {
                  source->decode(std::vector<int32_t>(out.begin(), out.begin() + static_cast<long>(prompt_len))),
                  source->decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), out.end())));
     }
+    backend->synchronize();  // nothing may run on the arena once it is freed
     log_info("done: {} iterations in {:.1f} s; metrics in {}", cfg.training.train_iters, now_seconds() - t_start,
              cfg.logging.metrics_file);
     return reliability.finish(cfg.training.train_iters);

@@ -40,14 +40,14 @@ private:
 
 }  // namespace
 
-// Only the CPU backend: ms_engine cannot depend on the CUDA libraries, which depend on it. A binary that links
-// ms_cuda_emu or ms_cuda_backend gets kCUDA from make_backend_with_cuda (engine/backends/cuda/cuda_backend.h).
-std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
-    MS_CHECK(options.kind == BackendKind::kCPU,
-             "backend kind {} is not available from make_backend, which builds the CPU backend only; for kCUDA link "
-             "ms_cuda_emu or ms_cuda_backend and call make_backend_with_cuda (engine/backends/cuda/cuda_backend.h)",
-             static_cast<int>(options.kind));
+namespace cpu {
+
+// make_backend (engine/backends/backend_registry.cpp) calls this for kCPU.
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+    MS_CHECK(options.kind == BackendKind::kCPU, "make_cpu_backend for backend kind {}", static_cast<int>(options.kind));
     return std::make_unique<CpuBackend>(options);
 }
+
+}  // namespace cpu
 
 }  // namespace ms

@@ -1,7 +1,7 @@
 // cuda_backend.cpp: CudaBackend (cuda_backend.h): shape checks on the Tensor views, then the raw launchers of
 // kernels/<op>.cuh on this backend's stream. Built against the CUDA runtime when MS_CUDA_RUNTIME is defined
-// (ms_cuda_backend), else against the CPU emulation (ms_cuda_emu); only DeviceScratch, the stream, zero() and
-// the copy of sum_squares' result differ between the two.
+// (ms_cuda_backend), else against the CPU emulation (ms_cuda_emu); only the device selection, the arena memory,
+// DeviceScratch, the stream, zero() and the copy of sum_squares' result differ between the two.
 #include "engine/backends/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "engine/backends/cuda/kernels/residual.cuh"
 #include "engine/backends/cuda/kernels/sum_squares.cuh"
 #include "engine/core/check.h"
+#include "memory/arena_memory.h"
 
 namespace ms {
 namespace {
@@ -70,11 +71,103 @@ void* DeviceScratch::reserve(size_t bytes) {
     return ptr_;
 }
 
+#if defined(MS_CUDA_RUNTIME)
+namespace {
+
+// The trainer's arena in CUDA managed memory preferring the backend's device (cuda_backend.h says why managed).
+// zero() and prefetch_to_device() run on the backend's stream; zero() waits for its memset, so host writes that
+// follow it (weight initialisation) cannot race with it.
+class ManagedArenaMemory final : public ArenaMemory {
+  public:
+    ManagedArenaMemory(size_t bytes, int device, cudaStream_t stream) : bytes_(bytes), stream_(stream) {
+        location_.type = cudaMemLocationTypeDevice;
+        location_.id = device;
+        size_t free = 0, total = 0;
+        MS_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        // Managed memory may exceed the device's (it would page in and out of host memory at every step): refuse.
+        if (bytes > free) {
+            throw UserError(fmt::format(
+                "memory error: the arena needs {:.2f} GiB of device memory but CUDA device {} has {:.2f} GiB free "
+                "(of {:.2f} GiB)\n---> HINT: lower training.micro_batch_size (activations scale with it), raise "
+                "parallel.pipeline_model_parallel_size, or run fewer ranks per GPU",
+                static_cast<double>(bytes) / (1 << 30), device, static_cast<double>(free) / (1 << 30),
+                static_cast<double>(total) / (1 << 30)));
+        }
+        const cudaError_t rc = cudaMallocManaged(&data_, bytes, cudaMemAttachGlobal);
+        if (rc != cudaSuccess) {
+            throw UserError(
+                fmt::format("memory error: cudaMallocManaged of the {:.2f} GiB arena on CUDA device {} "
+                            "failed: {}\n---> HINT: lower training.micro_batch_size",
+                            static_cast<double>(bytes) / (1 << 30), device, cudaGetErrorString(rc)));
+        }
+        MS_CUDA_CHECK(cudaMemAdvise(data_, bytes, cudaMemAdviseSetPreferredLocation, location_));
+    }
+    ~ManagedArenaMemory() override {
+        if (data_) cudaFree(data_);  // no check: a destructor must not abort during unwinding
+    }
+    ManagedArenaMemory(const ManagedArenaMemory&) = delete;
+    ManagedArenaMemory& operator=(const ManagedArenaMemory&) = delete;
+
+    void* data() const override { return data_; }
+    size_t size() const override { return bytes_; }
+    void zero(void* p, size_t bytes) override {
+        if (bytes == 0) return;
+        MS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+        MS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    void prefetch_to_device() override { MS_CUDA_CHECK(cudaMemPrefetchAsync(data_, bytes_, location_, 0, stream_)); }
+    const char* describe() const override { return "CUDA managed memory"; }
+
+  private:
+    void* data_ = nullptr;
+    size_t bytes_;
+    cudaStream_t stream_;
+    cudaMemLocation location_{};
+};
+
+}  // namespace
+#endif
+
 CudaBackend::CudaBackend(const BackendOptions& options) {
     MS_CHECK(options.kind == BackendKind::kCUDA, "CudaBackend built for backend kind {}",
              static_cast<int>(options.kind));
 #if defined(MS_CUDA_RUNTIME)
+    // The device first: every later CUDA call of this process (stream, scratch, arena) then lands on it.
+    int count = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&count);
+    if (rc != cudaSuccess || count == 0) {
+        throw UserError(fmt::format(
+            "run.backend = 'cuda' but local rank {} sees no CUDA device ({})\n---> HINT: check that nvidia-smi "
+            "lists a GPU and that CUDA_VISIBLE_DEVICES does not hide it, or set run.backend: cpu",
+            options.local_rank, rc != cudaSuccess ? cudaGetErrorString(rc) : "cudaGetDeviceCount found 0 devices"));
+    }
+    device_ = options.local_rank % count;
+    MS_CUDA_CHECK(cudaSetDevice(device_));
+    cudaDeviceProp prop{};
+    MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+    int concurrent_managed = 0;
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&concurrent_managed, cudaDevAttrConcurrentManagedAccess, device_));
+    if (!concurrent_managed) {
+        throw UserError(fmt::format(
+            "CUDA device {} ({}) cannot access managed memory concurrently with the CPU "
+            "(cudaDevAttrConcurrentManagedAccess = 0), which the trainer's arena needs\n---> HINT: run on Linux "
+            "with a GPU of compute capability 6.0 or later, or set run.backend: cpu",
+            device_, prop.name));
+    }
+    device_name_ = fmt::format("{} (device {} of {}, sm_{}{}, {:.1f} GiB)", prop.name, device_, count, prop.major,
+                               prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+#else
+    device_name_ = "the CPU emulation of the CUDA kernels";
+#endif
+}
+
+std::unique_ptr<ArenaMemory> CudaBackend::make_arena_memory(size_t bytes) {
+#if defined(MS_CUDA_RUNTIME)
+    return std::make_unique<ManagedArenaMemory>(bytes, device_, stream_);
+#else
+    (void)bytes;
+    return nullptr;  // the emulated kernels read host memory
 #endif
 }
 
@@ -333,6 +426,13 @@ void CudaBackend::adamw(const AdamWArgs& a) {
 std::unique_ptr<Backend> make_backend_with_cuda(const BackendOptions& options) {
     if (options.kind == BackendKind::kCUDA) return std::make_unique<CudaBackend>(options);
     return make_backend(options);
+}
+
+void install_cuda_backend() {
+    register_cuda_backend(CudaBackend::emulated() ? "cuda-emulated" : "cuda",
+                          [](const BackendOptions& options) -> std::unique_ptr<Backend> {
+                              return std::make_unique<CudaBackend>(options);
+                          });
 }
 
 }  // namespace ms

@@ -10,10 +10,24 @@
 //     synchronous and "device" memory is host memory. It is for tests (the kernels checked against the CPU
 //     reference, down to the whole model), single-threaded and slow: only for tiny shapes.
 //
-// Construction: make_backend (backend.h, in ms_engine) only knows the CPU backend, because ms_engine must not
-// depend on the CUDA libraries (they depend on it). Code that links ms_cuda_emu or ms_cuda_backend calls
-// make_backend_with_cuda instead: kCUDA gives a CudaBackend, anything else is forwarded to make_backend.
+// Construction: ms_engine must not depend on the CUDA libraries (they depend on it), so make_backend (backend.h)
+// builds a CudaBackend only in a binary that called install_cuda_backend() (apps/main.cpp when built with one).
+// Tests that link ms_cuda_emu or ms_cuda_backend may call make_backend_with_cuda directly instead.
 //
+// Device and memory (ms_cuda_backend): the constructor selects device options.local_rank % (devices visible)
+// before anything else touches CUDA, so every rank of a node that shares a GPU, or has its own, allocates there.
+// make_arena_memory() gives the trainer's arena CUDA managed memory (cudaMallocManaged) preferring that device:
+// the kernels read it at device bandwidth once it has migrated there (prefetch_to_device() after initialisation),
+// while the host code that touches arena memory -- weight initialisation, the token and target copies, the loss,
+// MPI collectives on host pointers -- stays correct without an explicit copy at each of those places (pages that
+// the host touches migrate to it and back on demand). That needs concurrent managed access (Linux, sm_60 and
+// later), checked at construction. The emulation uses plain host memory.
+//
+// Asynchrony: asynchronous() is true in both builds. Launches go to the backend's own stream and return at once,
+// so the host must synchronize() before it touches what an op reads or writes (backend.h); the emulation runs
+// them synchronously, but claims the same contract so that CI runs the synchronizing code paths too.
+//
+
 // Scratch (layernorm_backward's partial sums, sum_squares' chunk partials and its result) is owned here,
 // allocated on first use and grown only when a larger shape needs more; so a training loop allocates nothing
 // after its first step.
@@ -21,6 +35,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "engine/backends/backend.h"
@@ -55,6 +70,9 @@ class CudaBackend final : public Backend {
     std::string_view name() const override;
     bool supports(OpKind op, DType dtype) const override;
     void synchronize() override;
+    bool asynchronous() const override { return true; }
+    std::string device_name() const override { return device_name_; }
+    std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override;
     void embedding_backward(const EmbeddingBackwardArgs& a) override;
@@ -77,6 +95,8 @@ class CudaBackend final : public Backend {
     static bool emulated();
 
   private:
+    int device_ = 0;                     // the CUDA device this backend runs on
+    std::string device_name_;            // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
@@ -84,5 +104,9 @@ class CudaBackend final : public Backend {
 
 // kCUDA: a CudaBackend (options.mode is ignored: the kernels have one mode); any other kind: make_backend(options).
 std::unique_ptr<Backend> make_backend_with_cuda(const BackendOptions& options);
+
+// Registers CudaBackend with make_backend (backend.h) as "cuda", or "cuda-emulated" in the emulation build. Call it
+// once at the top of main(), before any other thread exists.
+void install_cuda_backend();
 
 }  // namespace ms

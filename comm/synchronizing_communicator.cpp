@@ -1,0 +1,126 @@
+// synchronizing_communicator.cpp: see synchronizing_communicator.h.
+#include "comm/synchronizing_communicator.h"
+
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "engine/core/check.h"
+
+namespace ms {
+namespace {
+
+// Calls f(T*) with a null pointer of the C++ type of t (the typed collectives take fp32 and int32 only).
+template <class F>
+Handle with_type(DType t, F&& f) {
+    switch (t) {
+        case DType::kF32:
+            return f(static_cast<float*>(nullptr));
+        case DType::kI32:
+            return f(static_cast<int32_t*>(nullptr));
+        default:
+            MS_UNREACHABLE("collective on {} data: only fp32 and int32 have typed collectives", dtype_name(t));
+    }
+}
+
+}  // namespace
+
+SynchronizingCommunicator::SynchronizingCommunicator(std::unique_ptr<Communicator> inner,
+                                                     std::function<void()> synchronize)
+    : inner_(std::move(inner)), synchronize_(std::move(synchronize)) {
+    MS_CHECK(inner_ != nullptr && synchronize_, "SynchronizingCommunicator needs a communicator and a function");
+}
+
+std::unique_ptr<Communicator> SynchronizingCommunicator::split(int color, int key, std::string name) {
+    std::unique_ptr<Communicator> child = inner_->split(color, key, std::move(name));
+    if (!child) return nullptr;
+    return std::make_unique<SynchronizingCommunicator>(std::move(child), synchronize_);
+}
+
+void SynchronizingCommunicator::synchronize_if(bool touches_memory) {
+    sync_seconds_ = 0;
+    if (!touches_memory) return;
+    const double t0 = now_seconds();
+    synchronize_();
+    sync_seconds_ = now_seconds() - t0;
+}
+
+template <class Call>
+Handle SynchronizingCommunicator::forward(Call&& call) {
+    const CommStats before = inner_->stats();
+    Handle h = call();
+    const CommStats& after = inner_->stats();
+    CommStats& mine = mutable_stats();
+    for (size_t i = 0; i < mine.ops.size(); ++i) {
+        mine.ops[i] += after.ops[i] - before.ops[i];
+        mine.bytes[i] += after.bytes[i] - before.bytes[i];
+    }
+    // Communicator::timed() adds this call's whole duration once it returns: take the synchronization out.
+    mine.wait_seconds -= sync_seconds_;
+    return h;
+}
+
+Handle SynchronizingCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priority p) {
+    synchronize_if(!ops.empty());
+    return forward([&] { return inner_->batch_send_recv(ops, p); });
+}
+
+Handle SynchronizingCommunicator::all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) {
+    synchronize_if(size() > 1);
+    return with_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] { return inner_->all_reduce(std::span<T>(static_cast<T*>(buf), count), op, p); });
+    });
+}
+
+Handle SynchronizingCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count,
+                                                      DType t, ReduceOp op, Priority p) {
+    synchronize_if(true);
+    return with_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] {
+            return inner_->reduce_scatter(std::span<const T>(static_cast<const T*>(in), in_count),
+                                          std::span<T>(static_cast<T*>(out), out_count), op, p);
+        });
+    });
+}
+
+Handle SynchronizingCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                                  Priority p) {
+    synchronize_if(true);
+    return with_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] {
+            return inner_->all_gather(std::span<const T>(static_cast<const T*>(in), in_count),
+                                      std::span<T>(static_cast<T*>(out), out_count), p);
+        });
+    });
+}
+
+Handle SynchronizingCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) {
+    synchronize_if(size() > 1);
+    return with_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] { return inner_->broadcast(std::span<T>(static_cast<T*>(buf), count), root, p); });
+    });
+}
+
+Handle SynchronizingCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                                                  Priority p) {
+    synchronize_if(true);
+    return with_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] {
+            return inner_->all_to_all(std::span<const T>(static_cast<const T*>(in), in_count),
+                                      std::span<T>(static_cast<T*>(out), out_count), p);
+        });
+    });
+}
+
+void synchronize_before_collectives(ProcessGroups& groups, const std::function<void()>& synchronize) {
+    for (std::unique_ptr<Communicator>* g : {&groups.tp, &groups.pp, &groups.dp, &groups.mp, &groups.embd}) {
+        if (*g) *g = std::make_unique<SynchronizingCommunicator>(std::move(*g), synchronize);
+    }
+}
+
+}  // namespace ms
