@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -317,6 +318,56 @@ TEST(Faults, SigusrToMpirunStopsEveryRankWith3) {
     r.dir = dir;
     for (int rank : {0, 1}) EXPECT_EQ(rank_status(r, rank)["code"], 3) << rank << "\n" << out;
     EXPECT_TRUE(has(rank_status(r, 0)["reason"], "SIGUSR1 received")) << out;
+}
+
+// ---- after a fault: auto-resume continues as if nothing had happened ----
+
+// iteration -> lm loss from metrics.jsonl; a resumed run appends, so a later line for an iteration wins.
+std::map<int, double> losses(const std::string& run_dir) {
+    std::map<int, double> out;
+    std::ifstream f(run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+        const auto j = nlohmann::json::parse(line);
+        if (j.contains("lm loss") && j["lm loss"].is_number()) out[j["iteration"].get<int>()] = j["lm loss"];
+    }
+    return out;
+}
+
+// A crash (dp 2) and a hang (pp 2) at iteration 5, with a checkpoint every 2 iterations; then the same command
+// without the fault auto-resumes from iteration 4 and finishes: every loss from 5 on equals an undisturbed run's
+// bit for bit (same layout: exact resume), and no uncommitted checkpoint is ever loaded.
+void check_resume_after(const std::string& fault, int np, const std::string& layout) {
+    const std::string ckpt_sets = layout + " --set checkpoint.save_interval=2 --set checkpoint.save={0}/ckpt "
+                                           "--set checkpoint.load={0}/ckpt";
+    ms::test::TempDir clean("ms_faults_clean"), faulty("ms_faults_resume");
+    const TrainRun undisturbed = train(clean, np, "", fmt::format(fmt::runtime(ckpt_sets), clean.path()));
+    ASSERT_EQ(undisturbed.code, 0) << undisturbed.output;
+    const TrainRun failed = train(faulty, np, fault, fmt::format(fmt::runtime(ckpt_sets), faulty.path()));
+    ASSERT_NE(failed.code, 0) << failed.output;
+    EXPECT_LT(failed.seconds, kTimeoutS + kExitSlackS);
+    for (const auto& e : fs::directory_iterator(faulty / "ckpt")) {  // nothing half-written looks committed
+        const std::string name = e.path().filename().string();
+        if (name.rfind("iter_", 0) == 0 && name.find(".tmp") == std::string::npos) {
+            EXPECT_TRUE(fs::exists(e.path() / "manifest.json")) << name;
+        }
+    }
+    const TrainRun resumed = train(faulty, np, "", fmt::format(fmt::runtime(ckpt_sets), faulty.path()));
+    ASSERT_EQ(resumed.code, 0) << resumed.output;
+    EXPECT_TRUE(has(resumed.output, "iter_0000004")) << resumed.output;  // resumed from the last checkpoint
+    const auto want = losses(undisturbed.dir), got = losses(resumed.dir);
+    ASSERT_EQ(want.size(), 6u) << undisturbed.output;
+    for (int it = 5; it <= 6; ++it) {
+        ASSERT_TRUE(got.count(it)) << it << "\n" << resumed.output;
+        EXPECT_EQ(got.at(it), want.at(it)) << "iteration " << it;
+    }
+}
+
+TEST(Faults, AutoResumeAfterACrashOnDp2ContinuesLikeAnUndisturbedRun) {
+    check_resume_after("crash@step=5,rank=1", 2, "");
+}
+
+TEST(Faults, AutoResumeAfterAHangOnPp2ContinuesLikeAnUndisturbedRun) {
+    check_resume_after("hang@step=5,rank=1", 2, "--set parallel.pipeline_model_parallel_size=2");
 }
 
 }  // namespace
