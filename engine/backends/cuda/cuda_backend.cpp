@@ -11,6 +11,7 @@
 #include <cstring>
 #include <utility>
 
+#include "engine/backends/cuda/cublas_gemm.h"
 #include "engine/backends/cuda/kernels/adamw.cuh"
 #include "engine/backends/cuda/kernels/attention.cuh"
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
@@ -157,6 +158,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
     device_name_ = fmt::format("{} (device {} of {}, sm_{}{}, {:.1f} GiB)", prop.name, device_, count, prop.major,
                                prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    gemm_ = {new cuda::CublasGemm(stream_), [](cuda::CublasGemm* g) { delete g; }};
 #else
     device_name_ = "the CPU emulation of the CUDA kernels";
 #endif
@@ -175,6 +177,7 @@ CudaBackend::~CudaBackend() {
 #if defined(MS_CUDA_RUNTIME)
     if (stream_) {
         cudaStreamSynchronize(stream_);  // scratch is freed next: no kernel may still read it
+        gemm_.reset();                   // its cuBLAS handle is bound to the stream
         cudaStreamDestroy(stream_);
     }
 #endif
@@ -288,9 +291,14 @@ void CudaBackend::matmul_forward(const MatmulForwardArgs& a) {
     const int64_t N = a.inp.numel() / K, M = a.weight.numel() / K;
     check_numel(a.out, N * M, "matmul", "out (N * M)");
     if (a.bias.defined()) check_numel(a.bias, M, "matmul", "bias (M)");
+#if defined(MS_CUDA_RUNTIME)
+    gemm_->forward(a.out.f32(), a.inp.f32(), a.weight.f32(), a.bias.defined() ? a.bias.f32() : nullptr,
+                   to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"));
+#else
     cuda::matmul_forward(a.out.f32(), a.inp.f32(), a.weight.f32(), a.bias.defined() ? a.bias.f32() : nullptr,
                          to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"), stream_);
     MS_CUDA_LAUNCH_CHECK();
+#endif
 }
 
 void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
@@ -302,11 +310,18 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
     check_numel(a.dweight, M * K, "matmul", "dweight (M * K)");
     if (a.dinp.defined()) check_numel(a.dinp, N * K, "matmul", "dinp (N * K)");
     if (a.dbias.defined()) check_numel(a.dbias, M, "matmul", "dbias (M)");
+#if defined(MS_CUDA_RUNTIME)
+    gemm_->backward(a.dinp.defined() ? a.dinp.f32() : nullptr, a.dweight.f32(),
+                    a.dbias.defined() ? a.dbias.f32() : nullptr, a.dout.f32(), a.inp.f32(), a.weight.f32(),
+                    to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"),
+                    dinp_write(a.accumulate));
+#else
     cuda::matmul_backward(a.dinp.defined() ? a.dinp.f32() : nullptr, a.dweight.f32(),
                           a.dbias.defined() ? a.dbias.f32() : nullptr, a.dout.f32(), a.inp.f32(), a.weight.f32(),
                           to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"),
                           dinp_write(a.accumulate), stream_);
     MS_CUDA_LAUNCH_CHECK();
+#endif
 }
 
 namespace {

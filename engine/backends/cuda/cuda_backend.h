@@ -27,7 +27,6 @@
 // so the host must synchronize() before it touches what an op reads or writes (backend.h); the emulation runs
 // them synchronously, but claims the same contract so that CI runs the synchronizing code paths too.
 //
-
 // Scratch (layernorm_backward's partial sums, sum_squares' chunk partials and its result) is owned here,
 // allocated on first use and grown only when a larger shape needs more; so a training loop allocates nothing
 // after its first step.
@@ -41,6 +40,9 @@
 #include "engine/backends/backend.h"
 
 struct CUstream_st;  // cudaStream_t is CUstream_st* in the CUDA runtime and in the emulation alike
+namespace ms::cuda {
+class CublasGemm;  // cublas_gemm.h (the real backend only)
+}  // namespace ms::cuda
 
 namespace ms {
 
@@ -100,6 +102,9 @@ class CudaBackend final : public Backend {
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
+    // The matmuls on a GPU (cublas_gemm.h). Null in the emulation, which has no cuBLAS; the deleter is a function
+    // pointer so that the emulation build needs no CublasGemm destructor.
+    std::unique_ptr<cuda::CublasGemm, void (*)(cuda::CublasGemm*)> gemm_{nullptr, nullptr};
 };
 
 // kCUDA: a CudaBackend (options.mode is ignored: the kernels have one mode); any other kind: make_backend(options).
