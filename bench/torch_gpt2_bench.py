@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""torch_gpt2_bench.py: the PyTorch peer for bench/cpu_gpt2_124m.sh.
+"""torch_gpt2_bench.py: the PyTorch peer for bench/cpu_gpt2_124m.sh (CPU) and bench/gpu/gpt2_bench.py (GPU).
 
 GPT-2 (nanoGPT-style module: pre-LN blocks, GELU tanh, tied head, padded vocab) trained with torch.optim.AdamW
-(fused=False, foreach=True: the fastest CPU path in torch 1.13) on random tokens, fp32, on the given number of
-threads. Prints one line per step "step N ms M" and a final JSON line with the median ms/step of the timed steps.
-Run with Debian's /usr/bin/python3 (python3-torch).
+on random tokens. Prints one line per step "step N ms M" and a final JSON line with the median ms/step of the
+timed steps.
+  CPU (the default): fp32, foreach AdamW (the fastest CPU path in torch 1.13), masked-matmul attention, on the given
+       number of threads. Run with Debian's /usr/bin/python3 (python3-torch).
+  GPU (--device cuda): F.scaled_dot_product_attention (causal), fused AdamW, optionally torch.compile (--compile) and
+       bf16 autocast (--dtype bf16); fp32 is strict fp32 (TF32 off), like mindspeed-train's fp32 kernels. Each step
+       ends with torch.cuda.synchronize(). --max-seconds stops after the step that crosses it (torch.compile
+       happens in the first steps, so the warm-up steps absorb it); the JSON line then says how many steps ran.
 """
 import argparse
 import json
@@ -32,27 +37,37 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(mask[:, :, :T, :T] == 0, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        if mask is None:  # --device cuda: the fused causal kernel
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(mask[:, :, :T, :T] == 0, float("-inf")).softmax(dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.c_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):
-    def __init__(self, L, C, NH, T, Vp):
+    def __init__(self, L, C, NH, T, Vp, sdpa=False):
         super().__init__()
+        self.sdpa = sdpa
         self.wte = nn.Embedding(Vp, C)
         self.wpe = nn.Embedding(T, C)
         self.h = nn.ModuleList(Block(C, NH) for _ in range(L))
         self.ln_f = nn.LayerNorm(C, eps=1e-5)
         self.register_buffer("mask", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+        for m in self.modules():  # GPT-2's init (N(0, 0.02), zero biases), so the loss starts near ln(V)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets, V):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.h:
-            x = block(x, self.mask)
+            x = block(x, None if self.sdpa else self.mask)
         logits = self.ln_f(x) @ self.wte.weight.t()
         logits[..., V:] = float("-inf")
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -71,26 +86,46 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast, fp32 master weights")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (GPU)")
+    ap.add_argument("--max-seconds", type=float, default=0, help="stop after the step that crosses this (0: never)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.layers, a.hidden, a.heads, a.positions, a.padded_vocab)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, foreach=True)
-    x = torch.randint(0, a.vocab, (a.batch, a.seq))
-    y = torch.randint(0, a.vocab, (a.batch, a.seq))
+    cuda = a.device == "cuda"
+    if cuda:  # strict fp32 matmuls, as mindspeed-train's kernels compute (TF32 would be a different precision)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    sdpa = cuda and hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+    model = GPT(a.layers, a.hidden, a.heads, a.positions, a.padded_vocab, sdpa=sdpa).to(a.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            **({"fused": True} if cuda else {"foreach": True}))
+    step_model = torch.compile(model) if a.compile else model
+    x = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
+    y = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
     times = []
+    start = time.perf_counter()
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(x, y, a.vocab)
+        with torch.autocast(device_type=a.device, dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = step_model(x, y, a.vocab)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) * 1e3
         print(f"step {step} ms {dt:.1f} loss {loss.item():.4f}", flush=True)
         if step >= a.warmup:
             times.append(dt)
-    print(json.dumps({"median_ms_per_step": statistics.median(times), "steps": len(times)}), flush=True)
+        if a.max_seconds > 0 and time.perf_counter() - start > a.max_seconds:
+            break
+    result = {"median_ms_per_step": statistics.median(times) if times else None, "steps": len(times),
+              "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": a.dtype, "compile": a.compile,
+              "sdpa": sdpa, "torch": torch.__version__}
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,14 @@ double mfu_peak(const Config& cfg, const Backend& backend) {
 
 int run_train(const Config& cfg_in) {
     const double t_start = now_seconds();
+    if (cfg_in.run.backend == "cuda") {
+        // MPI moves the arena's managed memory from the host. Open MPI's single-copy shared-memory transports (CMA,
+        // XPMEM, KNEM) pin the peer's pages, which fails for pages resident on a GPU ("process_vm_readv: Bad
+        // address"); copy-in/copy-out through the shared segment works for any. Set before MPI_Init, on every rank;
+        // a value the user set wins.
+        setenv("OMPI_MCA_btl_vader_single_copy_mechanism", "none", 0);  // Open MPI 4
+        setenv("OMPI_MCA_smsc", "^cma,knem,xpmem", 0);                  // Open MPI 5
+    }
     MpiRuntime mpi;
     Communicator& world = mpi.world();
     // Everything that can be wrong with the input is checked before any large allocation. The ranks agree on the

@@ -99,9 +99,10 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b, size_
 // relative per op (test_cuda_emu_ops.cpp; on an H200 test_cuda_device passed its 1e-6 / 2e-6 bounds); the whole
 // trainer on the same kernels (cuda-emulated) against the fast CPU backend at most 4.5e-7 per gradient tensor after
 // step 1 and 6.1e-8 in the loss (tests/e2e/test_train_cuda_emu.cpp, a cut-down tiny.yaml, 6 steps); the CPU layouts
-// of test_equivalence.cpp on this very config at most 4.4e-7 and 1.9e-7 over 10 steps. nvcc contracts multiply-adds
-// into FMAs, which rounds every one differently from the emulation, so the bounds are ~20x the largest of these. A
-// missing synchronization or a wrong buffer gives errors of order 1 (or NaN).
+// of test_equivalence.cpp on this very config at most 4.4e-7 and 1.9e-7 over 10 steps. On the device nvcc contracts
+// multiply-adds into FMAs and the GEMMs are cuBLAS's (fp32, another summation order, as OpenBLAS's is on the CPU),
+// which round differently from the emulation, so the bounds are ~20x the largest of these. A missing
+// synchronization or a wrong buffer gives errors of order 1 (or NaN).
 constexpr double kGradTolerance = 1e-5;
 constexpr double kLossTolerance = 1e-5;
 

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""gpt2_bench.py: GPT-2 124M training throughput on one GPU, mindspeed-train against PyTorch, in one run.
+
+  python3 bench/gpu/gpt2_bench.py --binary build-gpu/mindspeed-train --out DIR [--budget 200] [--batch 4] [--steps 20]
+
+The model is configs/gpt2-124m.yaml (12 layers, hidden 768, 12 heads, seq 1024, vocab 50257 padded to 50304), one
+micro-batch of --batch sequences per step (no accumulation), synthetic tokens (data.source: synthetic; throughput
+does not depend on the data). Runs, one after another, each bounded by its share of --budget seconds:
+  1. mindspeed-train, run.backend: cuda, fp32 (the CUDA backend's kernels and GEMMs, no TF32), --steps steps;
+  2. PyTorch fp32 (TF32 off), torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
+  3. PyTorch bf16 autocast, the same.
+A PyTorch run whose compile fails is repeated in eager mode if time is left, and labelled so. Each is timed as the
+median step after the first warm-up steps (3 for mindspeed-train, 3 for PyTorch: torch.compile happens there).
+
+MFU = model FLOPs per token (Megatron's formula, as the trainer's: 3 x forward, attention included) x tokens/s over
+the device's dense peak from the table below (NVIDIA datasheets; the C++ trainer's is engine/train/device_peak.cpp),
+reported against both the fp32 non-tensor peak and the bf16 tensor-core peak, labelled. An unknown device gets
+"n/a" and a loud line. Prints one table; writes it to DIR/gpt2_bench.md, the numbers to DIR/gpt2_bench.json and
+each run's log to DIR/*.log. Exit status 0 when mindspeed-train produced a number, 1 otherwise.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+# Dense FLOP/s: name (substring of the CUDA device name; more specific first) -> fp32 non-tensor, tf32, bf16.
+PEAKS = [
+    ("H200 NVL", 60.0e12, 417.5e12, 835.5e12),
+    ("H200", 66.9e12, 494.7e12, 989.4e12),
+    ("H100 NVL", 60.0e12, 417.5e12, 835.5e12),
+    ("H100 PCIe", 51.2e12, 378.0e12, 756.0e12),
+    ("H100", 66.9e12, 494.7e12, 989.4e12),
+    ("A100", 19.5e12, 156.0e12, 312.0e12),
+]
+L, C, NH, F, T, V, VP = 12, 768, 12, 3072, 1024, 50257, 50304
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def flops_per_token():
+    """Megatron's num_floating_point_operations per token (engine/model/gpt.cpp gpt_train_flops_per_token)."""
+    per_layer = 2.0 * (3 * C * C + C * C + 2 * C * F) + 2.0 * 2.0 * T * C
+    return 3.0 * (L * per_layer + 2.0 * C * VP)
+
+
+def device_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout.strip().splitlines()
+        return out[0].strip() if out else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def find_peak(name):
+    for key, fp32, tf32, bf16 in PEAKS:
+        if key in name:
+            return {"device": key, "fp32": fp32, "tf32": tf32, "bf16": bf16}
+    return None
+
+
+def run(cmd, log_path, seconds, env=None):
+    """Runs cmd with stdout+stderr to log_path, killed after `seconds`. Returns (exit code or 'timeout', seconds)."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=max(seconds, 1), cwd=ROOT,
+                                env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return rc, time.time() - t0
+
+
+def mindspeed(binary, out, batch, steps, seconds):
+    run_dir = os.path.join(out, "mindspeed-run")
+    sets = {
+        "run.backend": "cuda", "run.output_dir": run_dir, "data.source": "synthetic",
+        "data.synthetic.vocab_size": V, "data.synthetic.num_tokens": 1 << 20, "model.vocab_size": V,
+        "training.micro_batch_size": batch, "training.global_batch_size": batch, "training.train_iters": steps,
+        "lr_schedule.lr_warmup_iters": 2, "logging.log_interval": 1, "eval.eval_interval": 0,
+        "eval.sample_tokens": 0,
+    }
+    cmd = [binary, "train", "--config", "configs/gpt2-124m.yaml"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    rc, wall = run(cmd, os.path.join(out, "mindspeed-train.log"), seconds)
+    its, losses = [], []
+    try:
+        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+            for line in f:
+                j = json.loads(line)
+                if "iteration-time" in j:
+                    its.append(j["iteration-time"] * 1e3)
+                    losses.append(j.get("lm loss"))
+    except OSError:
+        pass
+    timed = its[3:] if len(its) > 3 else its[1:]
+    note = "" if rc == 0 else f"exit {rc} after {len(its)} steps"
+    return {"name": "mindspeed-train (run.backend: cuda)", "precision": "fp32 (TF32 off)", "rc": rc, "wall_s": round(wall, 1),
+            "steps": len(its), "timed_steps": len(timed),
+            "ms_per_step": statistics.median(timed) if timed else None,
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None, "note": note,
+            "log": "mindspeed-train.log"}
+
+
+def torch_peer(python, out, batch, dtype, seconds, compiled=True):
+    label = f"torch-{dtype}-{'compile' if compiled else 'eager'}"
+    cmd = [python, "bench/torch_gpt2_bench.py", "--device", "cuda", "--dtype", dtype, "--seq", str(T),
+           "--positions", str(T), "--batch", str(batch), "--steps", "50", "--warmup", "3", "--threads", "8",
+           "--max-seconds", str(max(seconds - 15, 5))]
+    if compiled:
+        cmd.append("--compile")
+    rc, wall = run(cmd, os.path.join(out, label + ".log"), seconds)
+    result = {}
+    try:
+        with open(os.path.join(out, label + ".log")) as f:
+            lines = [l for l in f if l.startswith("{")]
+        result = json.loads(lines[-1]) if lines else {}
+    except (OSError, ValueError):
+        pass
+    ms = result.get("median_ms_per_step")
+    how = "torch.compile" if compiled else "eager"
+    return {"name": f"PyTorch {result.get('torch', '')} {how} + SDPA".replace("  ", " "),
+            "precision": "fp32 (TF32 off)" if dtype == "fp32" else "bf16 autocast", "rc": rc,
+            "wall_s": round(wall, 1), "timed_steps": result.get("steps", 0), "ms_per_step": ms,
+            "note": "" if rc == 0 and ms else f"exit {rc}, no timed step (see {label}.log)", "log": label + ".log"}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--binary", default="build-gpu/mindspeed-train")
+    ap.add_argument("--out", default="gpt2-bench-out")
+    ap.add_argument("--budget", type=float, default=200, help="seconds for all runs together")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--python", default=sys.executable, help="the Python with PyTorch for the peer")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    deadline = time.time() + a.budget
+    left = lambda: deadline - time.time()  # noqa: E731
+
+    dev = device_name()
+    peak = find_peak(dev)
+    rows = [mindspeed(a.binary, a.out, a.batch, a.steps, min(0.35 * a.budget, left()))]
+    for i, dtype in enumerate(("fp32", "bf16")):
+        share = left() / (2 - i)  # what is left, split between the remaining peers
+        if share < 20:
+            rows.append({"name": "PyTorch", "precision": dtype, "ms_per_step": None, "note": "no time left"})
+            continue
+        row = torch_peer(a.python, a.out, a.batch, dtype, share)
+        if row["ms_per_step"] is None and left() > 25:  # compile failed or was too slow: eager, if time allows
+            eager = torch_peer(a.python, a.out, a.batch, dtype, min(left(), 40), compiled=False)
+            eager["note"] = f"torch.compile: {row['note']}; eager instead"
+            row = eager if eager["ms_per_step"] else row
+        rows.append(row)
+
+    fpt = flops_per_token()
+    tokens = a.batch * T
+    for r in rows:
+        ms = r.get("ms_per_step")
+        r["tokens_per_s"] = tokens / (ms / 1e3) if ms else None
+        for kind in ("fp32", "bf16"):
+            r[f"mfu_{kind}"] = (fpt * r["tokens_per_s"] / peak[kind]) if (ms and peak) else None
+
+    fmt = lambda v, f: ("n/a" if v is None else f.format(v))  # noqa: E731
+    lines = [
+        f"GPT-2 124M (L{L} C{C} NH{NH} T{T} Vp{VP}), micro-batch {a.batch} = {tokens} tokens/step, one GPU: "
+        f"{dev or 'unknown (nvidia-smi gave no name)'}",
+        f"model FLOPs/token {fpt / 1e9:.3f} GFLOP (Megatron's formula); peaks (dense): "
+        + (f"fp32 {peak['fp32'] / 1e12:.1f}, bf16 {peak['bf16'] / 1e12:.1f} TFLOP/s ({peak['device']} in the table)"
+           if peak else "UNKNOWN DEVICE: not in the peak table of bench/gpu/gpt2_bench.py, MFU n/a"),
+        "",
+        "| run | precision | ms/step | tokens/s | MFU vs fp32 peak | MFU vs bf16 peak | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['precision']} | {fmt(r.get('ms_per_step'), '{:.1f}')} | "
+                     f"{fmt(r.get('tokens_per_s'), '{:.0f}')} | {fmt(r.get('mfu_fp32'), '{:.1%}')} | "
+                     f"{fmt(r.get('mfu_bf16'), '{:.2%}')} | {r.get('note', '')} |")
+    ms_row = rows[0]
+    if ms_row.get("loss_first") is not None:
+        lines.append(f"\nmindspeed-train lm loss {ms_row['loss_first']:.4f} -> {ms_row['loss_last']:.4f} over "
+                     f"{ms_row['steps']} steps (synthetic data; a sanity check, not a result)")
+    if not peak:
+        lines.append("\n!!! UNKNOWN DEVICE: add it to PEAKS (and engine/train/device_peak.cpp) to get MFU !!!")
+    table = "\n".join(lines)
+    print(table, flush=True)
+    with open(os.path.join(a.out, "gpt2_bench.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(a.out, "gpt2_bench.json"), "w") as f:
+        json.dump({"device": dev, "peak": peak, "flops_per_token": fpt, "tokens_per_step": tokens, "rows": rows},
+                  f, indent=1, default=str)
+    return 0 if ms_row.get("ms_per_step") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
