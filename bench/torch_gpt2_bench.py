@@ -6,8 +6,8 @@ on random tokens. Prints one line per step "step N ms M" and a final JSON line w
 timed steps.
   CPU (the default): fp32, foreach AdamW (the fastest CPU path in torch 1.13), masked-matmul attention, on the given
        number of threads. Run with Debian's /usr/bin/python3 (python3-torch).
-  GPU (--device cuda): F.scaled_dot_product_attention (causal), fused AdamW, optionally torch.compile (--compile) and
-       bf16 autocast (--dtype bf16); fp32 is strict fp32 (TF32 off), like mindspeed-train's fp32 kernels. Each step
+  GPU (--device cuda): F.scaled_dot_product_attention (causal), fused AdamW, optionally torch.compile (--compile),
+       TF32 matmuls (--dtype tf32) or bf16 autocast (--dtype bf16); fp32 is strict fp32 (TF32 off). Each step
        ends with torch.cuda.synchronize(). --max-seconds stops after the step that crosses it (torch.compile
        happens in the first steps, so the warm-up steps absorb it); the JSON line then says how many steps ran.
 """
@@ -87,16 +87,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast, fp32 master weights")
+    ap.add_argument("--dtype", choices=["fp32", "tf32", "bf16"], default="fp32",
+                    help="tf32: fp32 with TF32 matmuls (GPU); bf16: autocast, fp32 master weights")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (GPU)")
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after the step that crosses this (0: never)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     cuda = a.device == "cuda"
-    if cuda:  # strict fp32 matmuls, as mindspeed-train's kernels compute (TF32 would be a different precision)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    if cuda:  # strict fp32 matmuls, as mindspeed-train's by default, unless --dtype tf32 (MS_CUDA_TF32=1 there)
+        torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
     sdpa = cuda and hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
     model = GPT(a.layers, a.hidden, a.heads, a.positions, a.padded_vocab, sdpa=sdpa).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,

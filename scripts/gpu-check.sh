@@ -8,8 +8,8 @@
 #   2. ctest -L gpu: every CUDA kernel on the device against the CPU backend (cuda_device_kernels), the trainer on
 #      the GPU against the CPU on tests/parallel/tiny.yaml, one rank and tp2 x pp2 x dp2 as 8 ranks on the one GPU
 #      (test_gpu: GpuTrain.*, which print their measured errors);
-#   3. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda, fp32) against PyTorch fp32 and bf16 with
-#      torch.compile (bench/gpu/gpt2_bench.py);
+#   3. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda, fp32 and TF32 GEMMs) against PyTorch fp32, bf16
+#      and TF32 with torch.compile (bench/gpu/gpt2_bench.py);
 #   4. the kernel benchmark (bench/gpu/kernel_bench.cpp);
 #   5. the CUDA kernels and the whole model on the CPU emulation (test_ops Cuda*, test_model *Cuda*).
 # Writes ${OUT:-gpu-check-out}/gpu-check.txt (the summary: one table of steps, the benchmark table, the GPU tests'
@@ -87,7 +87,8 @@ for row in "${steps_table[@]}"; do log "$row"; done
 log ""
 if [ -f "$out/ctest-gpu.log" ]; then
   log "== ctest -L gpu"
-  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped|vs cpu: worst' "$out/ctest-gpu.log" | tee -a "$summary"
+  grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped|vs cpu: worst|Error|error' "$out/ctest-gpu.log" |
+    head -30 | tee -a "$summary"
 fi
 if [ -f "$out/bench/gpt2_bench.md" ]; then
   log "== GPT-2 124M, one GPU (bench/gpu/gpt2_bench.py)"

@@ -6,16 +6,18 @@
 The model is configs/gpt2-124m.yaml (12 layers, hidden 768, 12 heads, seq 1024, vocab 50257 padded to 50304), one
 micro-batch of --batch sequences per step (no accumulation), synthetic tokens (data.source: synthetic; throughput
 does not depend on the data). Runs, one after another, each bounded by its share of --budget seconds:
-  1. mindspeed-train, run.backend: cuda, fp32 (the CUDA backend's kernels and GEMMs, no TF32), --steps steps;
-  2. PyTorch fp32 (TF32 off), torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
-  3. PyTorch bf16 autocast, the same.
+  1. mindspeed-train, run.backend: cuda, fp32 (the CUDA backend's kernels and cuBLAS GEMMs, TF32 off), --steps steps;
+  2. the same with MS_CUDA_TF32=1 (the GEMMs on TF32 tensor cores);
+  3. PyTorch fp32 (TF32 off), torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
+  4. PyTorch bf16 autocast, the same;
+  5. PyTorch with TF32 matmuls, the same (last: the run that gets squeezed when time runs short).
 A PyTorch run whose compile fails is repeated in eager mode if time is left, and labelled so. Each is timed as the
 median step after the first warm-up steps (3 for mindspeed-train, 3 for PyTorch: torch.compile happens there).
 
 MFU = model FLOPs per token (Megatron's formula, as the trainer's: 3 x forward, attention included) x tokens/s over
-the device's dense peak from the table below (NVIDIA datasheets; the C++ trainer's is engine/train/device_peak.cpp),
-reported against both the fp32 non-tensor peak and the bf16 tensor-core peak, labelled. An unknown device gets
-"n/a" and a loud line. Prints one table; writes it to DIR/gpt2_bench.md, the numbers to DIR/gpt2_bench.json and
+the device's dense peak from the table below (NVIDIA datasheets; the C++ trainer's is engine/train/device_peak.cpp):
+against the peak of the run's own precision (fp32 without tensor cores, TF32 or bf16), and against the bf16
+tensor-core peak, labelled. An unknown device gets "n/a" and a loud line. Prints one table; writes it to DIR/gpt2_bench.md, the numbers to DIR/gpt2_bench.json and
 each run's log to DIR/*.log. Exit status 0 when mindspeed-train produced a number, 1 otherwise.
 """
 import argparse
@@ -75,8 +77,13 @@ def run(cmd, log_path, seconds, env=None):
     return rc, time.time() - t0
 
 
-def mindspeed(binary, out, batch, steps, seconds):
-    run_dir = os.path.join(out, "mindspeed-run")
+PRECISION = {"fp32": "fp32 (TF32 off)", "tf32": "fp32, TF32 GEMMs", "bf16": "bf16 autocast"}
+
+
+def mindspeed(binary, out, batch, steps, seconds, kind):
+    """mindspeed-train on run.backend: cuda; kind tf32 sets MS_CUDA_TF32=1 (the CUDA backend's cuBLAS GEMMs)."""
+    label = "mindspeed-train" + ("" if kind == "fp32" else "-" + kind)
+    run_dir = os.path.join(out, label + "-run")
     sets = {
         "run.backend": "cuda", "run.output_dir": run_dir, "data.source": "synthetic",
         "data.synthetic.vocab_size": V, "data.synthetic.num_tokens": 1 << 20, "model.vocab_size": V,
@@ -87,7 +94,8 @@ def mindspeed(binary, out, batch, steps, seconds):
     cmd = [binary, "train", "--config", "configs/gpt2-124m.yaml"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    rc, wall = run(cmd, os.path.join(out, "mindspeed-train.log"), seconds)
+    env = dict(os.environ, MS_CUDA_TF32="1" if kind == "tf32" else "0")
+    rc, wall = run(cmd, os.path.join(out, label + ".log"), seconds, env=env)
     its, losses = [], []
     try:
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -99,17 +107,16 @@ def mindspeed(binary, out, batch, steps, seconds):
     except OSError:
         pass
     timed = its[3:] if len(its) > 3 else its[1:]
-    note = "" if rc == 0 else f"exit {rc} after {len(its)} steps"
-    return {"name": "mindspeed-train (run.backend: cuda)", "precision": "fp32 (TF32 off)", "rc": rc, "wall_s": round(wall, 1),
-            "steps": len(its), "timed_steps": len(timed),
+    return {"name": "mindspeed-train (run.backend: cuda)", "kind": kind, "precision": PRECISION[kind], "rc": rc,
+            "wall_s": round(wall, 1), "steps": len(its), "timed_steps": len(timed),
             "ms_per_step": statistics.median(timed) if timed else None,
-            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None, "note": note,
-            "log": "mindspeed-train.log"}
+            "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+            "note": "" if rc == 0 else f"exit {rc} after {len(its)} steps (see {label}.log)", "log": label + ".log"}
 
 
-def torch_peer(python, out, batch, dtype, seconds, compiled=True):
-    label = f"torch-{dtype}-{'compile' if compiled else 'eager'}"
-    cmd = [python, "bench/torch_gpt2_bench.py", "--device", "cuda", "--dtype", dtype, "--seq", str(T),
+def torch_peer(python, out, batch, kind, seconds, compiled=True):
+    label = f"torch-{kind}-{'compile' if compiled else 'eager'}"
+    cmd = [python, "bench/torch_gpt2_bench.py", "--device", "cuda", "--dtype", kind, "--seq", str(T),
            "--positions", str(T), "--batch", str(batch), "--steps", "50", "--warmup", "3", "--threads", "8",
            "--max-seconds", str(max(seconds - 15, 5))]
     if compiled:
@@ -118,16 +125,16 @@ def torch_peer(python, out, batch, dtype, seconds, compiled=True):
     result = {}
     try:
         with open(os.path.join(out, label + ".log")) as f:
-            lines = [l for l in f if l.startswith("{")]
+            lines = [line for line in f if line.startswith("{")]
         result = json.loads(lines[-1]) if lines else {}
     except (OSError, ValueError):
         pass
     ms = result.get("median_ms_per_step")
     how = "torch.compile" if compiled else "eager"
-    return {"name": f"PyTorch {result.get('torch', '')} {how} + SDPA".replace("  ", " "),
-            "precision": "fp32 (TF32 off)" if dtype == "fp32" else "bf16 autocast", "rc": rc,
-            "wall_s": round(wall, 1), "timed_steps": result.get("steps", 0), "ms_per_step": ms,
-            "note": "" if rc == 0 and ms else f"exit {rc}, no timed step (see {label}.log)", "log": label + ".log"}
+    return {"name": f"PyTorch {result.get('torch', '')} {how} + SDPA".replace("  ", " "), "kind": kind,
+            "precision": PRECISION[kind], "rc": rc, "wall_s": round(wall, 1), "timed_steps": result.get("steps", 0),
+            "ms_per_step": ms, "note": "" if rc == 0 and ms else f"exit {rc}, no timed step (see {label}.log)",
+            "log": label + ".log"}
 
 
 def main():
@@ -145,15 +152,18 @@ def main():
 
     dev = device_name()
     peak = find_peak(dev)
-    rows = [mindspeed(a.binary, a.out, a.batch, a.steps, min(0.35 * a.budget, left()))]
-    for i, dtype in enumerate(("fp32", "bf16")):
-        share = left() / (2 - i)  # what is left, split between the remaining peers
+    rows = [mindspeed(a.binary, a.out, a.batch, a.steps, min(0.2 * a.budget, left()), "fp32"),
+            mindspeed(a.binary, a.out, a.batch, a.steps, min(0.15 * a.budget, left()), "tf32")]
+    peers = ("fp32", "bf16", "tf32")  # the last is the one squeezed when time runs short
+    for i, kind in enumerate(peers):
+        share = left() / (len(peers) - i)  # what is left, split between the remaining peers
         if share < 20:
-            rows.append({"name": "PyTorch", "precision": dtype, "ms_per_step": None, "note": "no time left"})
+            rows.append({"name": "PyTorch", "kind": kind, "precision": PRECISION[kind], "ms_per_step": None,
+                         "note": "no time left"})
             continue
-        row = torch_peer(a.python, a.out, a.batch, dtype, share)
+        row = torch_peer(a.python, a.out, a.batch, kind, share)
         if row["ms_per_step"] is None and left() > 25:  # compile failed or was too slow: eager, if time allows
-            eager = torch_peer(a.python, a.out, a.batch, dtype, min(left(), 40), compiled=False)
+            eager = torch_peer(a.python, a.out, a.batch, kind, min(left(), 40), compiled=False)
             eager["note"] = f"torch.compile: {row['note']}; eager instead"
             row = eager if eager["ms_per_step"] else row
         rows.append(row)
@@ -163,23 +173,26 @@ def main():
     for r in rows:
         ms = r.get("ms_per_step")
         r["tokens_per_s"] = tokens / (ms / 1e3) if ms else None
-        for kind in ("fp32", "bf16"):
-            r[f"mfu_{kind}"] = (fpt * r["tokens_per_s"] / peak[kind]) if (ms and peak) else None
+        # against the peak of the precision the run computes in, and against the bf16 tensor-core peak
+        r["mfu_own"] = (fpt * r["tokens_per_s"] / peak[r["kind"]]) if (ms and peak) else None
+        r["mfu_bf16"] = (fpt * r["tokens_per_s"] / peak["bf16"]) if (ms and peak) else None
 
     fmt = lambda v, f: ("n/a" if v is None else f.format(v))  # noqa: E731
     lines = [
         f"GPT-2 124M (L{L} C{C} NH{NH} T{T} Vp{VP}), micro-batch {a.batch} = {tokens} tokens/step, one GPU: "
         f"{dev or 'unknown (nvidia-smi gave no name)'}",
         f"model FLOPs/token {fpt / 1e9:.3f} GFLOP (Megatron's formula); peaks (dense): "
-        + (f"fp32 {peak['fp32'] / 1e12:.1f}, bf16 {peak['bf16'] / 1e12:.1f} TFLOP/s ({peak['device']} in the table)"
+        + (f"fp32 (no tensor cores) {peak['fp32'] / 1e12:.1f}, TF32 {peak['tf32'] / 1e12:.1f}, "
+           f"bf16 {peak['bf16'] / 1e12:.1f} TFLOP/s ({peak['device']} in the table)"
            if peak else "UNKNOWN DEVICE: not in the peak table of bench/gpu/gpt2_bench.py, MFU n/a"),
+        "MFU (own precision's peak) divides by the dense peak of what the run computes in (its precision column)",
         "",
-        "| run | precision | ms/step | tokens/s | MFU vs fp32 peak | MFU vs bf16 peak | note |",
+        "| run | precision | ms/step | tokens/s | MFU (own precision's peak) | MFU vs bf16 peak | note |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['name']} | {r['precision']} | {fmt(r.get('ms_per_step'), '{:.1f}')} | "
-                     f"{fmt(r.get('tokens_per_s'), '{:.0f}')} | {fmt(r.get('mfu_fp32'), '{:.1%}')} | "
+                     f"{fmt(r.get('tokens_per_s'), '{:.0f}')} | {fmt(r.get('mfu_own'), '{:.1%}')} | "
                      f"{fmt(r.get('mfu_bf16'), '{:.2%}')} | {r.get('note', '')} |")
     ms_row = rows[0]
     if ms_row.get("loss_first") is not None:
