@@ -16,20 +16,6 @@
 #endif
 #include "engine/train/reliability.h"
 
-namespace {
-
-// UserError texts already say what kind of error they are ("config error: ...", "data error: ..."); others get
-// the plain "error: " prefix.
-std::string user_error_line(const std::string& what) {
-    const size_t colon = what.find(": ");
-    const std::string head = what.substr(0, colon == std::string::npos ? 0 : colon);
-    const bool has_kind = head.size() >= 5 && head.size() <= 24 && head.compare(head.size() - 5, 5, "error") == 0 &&
-                          head.find_first_not_of("abcdefghijklmnopqrstuvwxyz ") == std::string::npos;
-    return has_kind ? what : "error: " + what;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
 #if defined(MS_HAVE_CUDA_BACKEND)
     // Built with a CUDA backend (CMakeLists.txt: ms_cuda_backend; ms_cuda_emu for mindspeed-train-cuda-emu, the
@@ -53,7 +39,7 @@ int main(int argc, char** argv) {
         return rc == 0 ? ms::kExitOk : ms::kExitConfigError;
     } catch (const ms::RunError& e) {  // UserError (2, 19), NumericalError (17), CollectiveTimeoutError (18)
         std::fflush(stdout);
-        std::cerr << user_error_line(e.what()) << std::endl;
+        if (!e.reported()) std::cerr << ms::user_error_line(e.what()) << std::endl;
         ms::record_exit(e.exit_code(), e.what());  // exit_status.json, events.jsonl, once a run has an output dir
         return e.exit_code();
     }

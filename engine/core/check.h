@@ -30,10 +30,24 @@ class RunError : public std::runtime_error {
 public:
     RunError(const std::string& what, int exit_code) : std::runtime_error(what), exit_code_(exit_code) {}
     int exit_code() const { return exit_code_; }
+    // Already printed to stderr where it was raised (before ranks agreed to stop): main() does not print it again.
+    bool reported() const { return reported_; }
+    void set_reported() { reported_ = true; }
 
 private:
     int exit_code_;
+    bool reported_ = false;
 };
+
+// The line an error is reported with: texts that already say what kind of error they are ("config error: ...",
+// "data error: ...") as they are, others with the plain "error: " prefix.
+inline std::string user_error_line(const std::string& what) {
+    const size_t colon = what.find(": ");
+    const std::string head = what.substr(0, colon == std::string::npos ? 0 : colon);
+    const bool has_kind = head.size() >= 5 && head.size() <= 24 && head.compare(head.size() - 5, 5, "error") == 0 &&
+                          head.find_first_not_of("abcdefghijklmnopqrstuvwxyz ") == std::string::npos;
+    return has_kind ? what : "error: " + what;
+}
 
 class UserError : public RunError {
 public:

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <ctime>
@@ -12,6 +13,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <span>
 
 #include "comm/bootstrap.h"
@@ -140,21 +142,31 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
         largest, format_bytes(static_cast<size_t>(need)), verdict, cfg.parallel.zero_stage, table));
 }
 
-// Runs `step` on every rank. When it throws a UserError on some rank (no GPU visible on one node, say), every rank
-// throws -- the failing ones their own sentence, the others one pointing at it -- instead of the others waiting
-// forever in the next collective for a rank that has left.
+// Runs `step` on every rank. When it throws a UserError on some rank (a data file missing on one node, no GPU visible
+// on another), every rank throws -- the failing ones their own sentence, the others one pointing at it -- instead of
+// the others waiting forever in the next collective for a rank that has left. The failing ranks print their sentence
+// before a barrier that the others must pass before throwing: mpirun kills every rank as soon as one exits non-zero,
+// so a rank that printed only on its way out could be killed before saying why.
 template <class Step>
-void on_every_rank_or_none(Communicator& world, const char* what, Step&& step) {
-    std::exception_ptr error;
+void on_every_rank_or_none(Communicator& world, const std::string& what, Step&& step) {
+    std::optional<UserError> error;
     try {
         step();
-    } catch (const UserError&) {
-        error = std::current_exception();
+    } catch (const UserError& e) {
+        error = e;
     }
     int32_t failed = error ? 1 : 0;
     world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
-    if (error) std::rethrow_exception(error);
-    if (failed) throw UserError(fmt::format("another rank could not {} (its error is printed above)", what));
+    if (!failed) return;
+    if (error) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "%s\n", user_error_line(error->what()).c_str());
+        std::fflush(stderr);
+        error->set_reported();
+    }
+    world.barrier();
+    if (error) throw *error;
+    throw UserError(fmt::format("another rank could not {} (its error is printed above); nothing was run", what));
 }
 
 // The MFU denominator: logging.peak_flops when set; on the CPU an sgemm probe; on a GPU the device's dense fp32
@@ -210,20 +222,13 @@ int run_train(const Config& cfg_in) {
     std::unique_ptr<TokenSource> source;
     Config cfg;
     DerivedConfig d;
-    std::exception_ptr input_error;
-    try {
+    on_every_rank_or_none(world, "pass its input checks", [&] {
         source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
         cfg = resolve_vocab(cfg_in, *source);
         // MS_INJECT wins over reliability.inject; the resolved config (and its hash) records the one that applies
         cfg.reliability.inject = resolve_fault_injection(cfg.reliability, world.size(), cfg.training.train_iters).spec;
         d = validate_config(cfg, world.size());
-    } catch (const UserError&) {
-        input_error = std::current_exception();
-    }
-    int32_t failed = input_error ? 1 : 0;
-    world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
-    if (input_error) std::rethrow_exception(input_error);
-    if (failed) throw UserError("another rank's input checks failed (its error is printed above); nothing was run");
+    });
     check_same_config(world, name_hash(config_to_yaml(cfg)));
     ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
                                                cfg.parallel.pipeline_model_parallel_size, d.dp);
