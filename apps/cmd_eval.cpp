@@ -49,7 +49,8 @@ int run_eval(const EvalArgs& a) {
     const GptShape shape = gpt_shape(cfg, d);
     const std::string dir = resolve_checkpoint(a.load);
     const CheckpointReader reader(dir);
-    check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path);
+    check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
+                           "make the model settings match it, or pass a checkpoint of that model");
 
     const Split split = a.split == "train" ? Split::kTrain : a.split == "test" ? Split::kTest : Split::kValid;
     const int T = cfg.model.seq_length, mbs = cfg.training.micro_batch_size;

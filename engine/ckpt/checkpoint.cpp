@@ -27,11 +27,6 @@ using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& msg) { throw UserError("checkpoint error: " + msg, kExitCheckpoint); }
 
-// The checkpoint is intact but the configured model is not the one it holds: the config is what must change.
-[[noreturn]] void mismatch(const std::string& msg) {
-    throw UserError("config error: the configured model does not match the checkpoint: " + msg, kExitConfigError);
-}
-
 // Runs fn on this rank, then one all-reduce (MAX of a failed rank's exit code, 0 when fine) turns a failure on any
 // rank into a failure on all: the failing rank rethrows its own error, the others throw one saying so. Peers
 // never wait forever in the next collective for a rank that gave up.
@@ -234,37 +229,6 @@ bool holds_committed_name(const std::string& dir) {
 // The model table of the whole model at tp 1 (canonical names and global shapes in model order).
 std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s, 0.02f, 1); }
 
-// The first disagreement between the configured model and the checkpoint's tensors, as a config error.
-void check_shapes(const CheckpointReader& r, const GptShape& shape) {
-    const std::vector<ParamInfo> table = canonical_table(shape);
-    const std::string hint = fmt::format(
-        "\n---> HINT: the checkpoint was saved for model {}; set model.* to match it, or point "
-        "checkpoint.load at a checkpoint of this model (or at an empty directory to start from scratch)",
-        r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"));
-    for (const ParamInfo& p : table) {
-        if (!r.contains(p.name))
-            mismatch(fmt::format("'{}' has no tensor '{}', which the configured model has (global shape {}){}", r.dir(),
-                                 p.name, json(p.global_shape).dump(), hint));
-        const std::vector<int64_t>& saved = r.global_shape(p.name);
-        bool same = saved == p.global_shape;
-        if (p.name == "wte.weight" && saved.size() == 2 && p.global_shape.size() == 2) {
-            // the padded vocabulary depends on tp; the real one must agree
-            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
-        }
-        if (!same)
-            mismatch(fmt::format(
-                "tensor '{}' has global shape {} (vocabulary {}) in '{}', but the configured model "
-                "expects {} (vocabulary {}){}",
-                p.name, json(saved).dump(), r.vocab_size(), r.dir(), json(p.global_shape).dump(), shape.V, hint));
-    }
-    for (const std::string& name : r.names()) {
-        const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
-        if (!known)
-            mismatch(fmt::format("'{}' holds tensor '{}' (global shape {}), which the configured model does not have{}",
-                                 r.dir(), name, json(r.global_shape(name)).dump(), hint));
-    }
-}
-
 void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;
     const bool with_optimizer = r.has_optimizer_state();
@@ -466,7 +430,9 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
         if (reader.iteration() != pick[1])
             fail(fmt::format("'{}/{}' says iteration {}, but the directory is iteration {}", dir, kTrainStateFile,
                              reader.iteration(), pick[1]));
-        check_shapes(reader, c.shape);
+        check_checkpoint_shape(reader, c.shape, "the configured model",
+                               "set model.* to match it, or point checkpoint.load at a checkpoint of this model (or "
+                               "at an empty directory to start from scratch)");
         load_rank_state(reader, c);
         state = reader.train_state();
         manifest = reader.manifest();
@@ -501,6 +467,34 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
         manifest.value("pp", 0), manifest.value("dp", 0), manifest.value("zero_stage", 0), now_seconds() - t0,
         c.cfg.checkpoint.verify_on_load);
     return state;
+}
+
+void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what,
+                            const std::string& hint) {
+    const std::vector<ParamInfo> table = canonical_table(shape);
+    const std::string tail = fmt::format("\n---> HINT: the checkpoint holds model {}; {}",
+                                         r.manifest().contains("model") ? r.manifest()["model"].dump() : "(unknown)",
+                                         hint);
+    const auto fail_config = [](const std::string& msg) { throw UserError("config error: " + msg, kExitConfigError); };
+    for (const ParamInfo& p : table) {
+        if (!r.contains(p.name))
+            fail_config(fmt::format("'{}' has no tensor '{}', which {} has (global shape {}){}", r.dir(), p.name, what,
+                                    json(p.global_shape).dump(), tail));
+        const std::vector<int64_t>& saved = r.global_shape(p.name);
+        bool same = saved == p.global_shape;
+        if (p.name == "wte.weight" && saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
+            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
+        if (!same)
+            fail_config(fmt::format("tensor '{}' has global shape {} (vocabulary {}) in '{}', but {} expects {} "
+                                    "(vocabulary {}){}",
+                                    p.name, json(saved).dump(), r.vocab_size(), r.dir(), what,
+                                    json(p.global_shape).dump(), shape.V, tail));
+    }
+    for (const std::string& name : r.names()) {
+        if (std::none_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; }))
+            fail_config(fmt::format("'{}' holds tensor '{}' (global shape {}), which {} does not have{}", r.dir(), name,
+                                    json(r.global_shape(name)).dump(), what, tail));
+    }
 }
 
 }  // namespace ms

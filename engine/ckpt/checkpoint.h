@@ -157,6 +157,14 @@ struct ShardBox {
 };
 ShardBox shard_box(const ParamInfo& p, int tp_rank, int tp_size);
 
+class CheckpointReader;
+// The first tensor, in model order, that the whole model of `shape` and the checkpoint disagree on (missing on
+// either side, or another global shape; wte compares the real vocabulary and the width, not the padding) as
+// UserError(kExitConfigError) naming it with both shapes. `what` names the model in the message ("the configured
+// model"); `hint` is what the user should do, after "HINT: the checkpoint holds model {...}; ".
+void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what,
+                            const std::string& hint);
+
 struct CanonicalTensor {
     std::string name;
     std::vector<int64_t> shape;  // global shape, e.g. (3C, C); wte: (Vp of the saving layout, C)

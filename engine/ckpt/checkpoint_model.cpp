@@ -81,35 +81,9 @@ GptShape checkpoint_shape(const CheckpointReader& r) {
     if (s.L < 1 || s.C < 1 || s.NH < 1 || s.C % s.NH != 0 || s.F < 1 || s.T < 1 || s.V < 1 || s.Vp < s.V)
         fail(fmt::format("'{}/{}' describes an impossible model {}", r.dir(), kManifestFile,
                          r.manifest()["model"].dump()));
-    check_checkpoint_shape(r, s, fmt::format("the model its manifest describes ({})", r.manifest()["model"].dump()));
+    check_checkpoint_shape(r, s, fmt::format("the model its manifest describes ({})", r.manifest()["model"].dump()),
+                           "the checkpoint's files disagree with its manifest: re-export or re-save it");
     return s;
-}
-
-void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what) {
-    const std::vector<ParamInfo> table = gpt_param_table(shape, 0.02f, 1);
-    const std::string hint = fmt::format(
-        "\n---> HINT: the checkpoint holds model {}; make the model settings match it, or pass a checkpoint of "
-        "{}",
-        r.manifest().contains("model") ? r.manifest()["model"].dump() : std::string("(unknown)"), what);
-    for (const ParamInfo& p : table) {
-        if (!r.contains(p.name))
-            throw UserError(fmt::format("config error: '{}' has no tensor '{}', which {} has (shape {}){}", r.dir(),
-                                        p.name, what, json(p.global_shape).dump(), hint));
-        const std::vector<int64_t>& saved = r.global_shape(p.name);
-        bool same = saved == p.global_shape;
-        if (p.name == "wte.weight" && saved.size() == 2)  // the padding may differ; the real vocabulary may not
-            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
-        if (!same)
-            throw UserError(fmt::format(
-                "config error: tensor '{}' has shape {} (vocabulary {}) in '{}', but {} has "
-                "{} (vocabulary {}){}",
-                p.name, json(saved).dump(), r.vocab_size(), r.dir(), what, json(p.global_shape).dump(), shape.V, hint));
-    }
-    for (const std::string& name : r.names()) {
-        if (std::none_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; }))
-            throw UserError(fmt::format("config error: '{}' holds tensor '{}' (shape {}), which {} does not have{}",
-                                        r.dir(), name, json(r.global_shape(name)).dump(), what, hint));
-    }
 }
 
 void read_whole_model(const CheckpointReader& r, Gpt& model) {

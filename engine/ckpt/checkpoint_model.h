@@ -26,11 +26,6 @@ std::string resolve_checkpoint(const std::string& path);
 // against the tensors (check_checkpoint_shape). UserError(kExitCheckpoint) when the manifest lacks a dim.
 GptShape checkpoint_shape(const CheckpointReader& r);
 
-// The first tensor, in model order, that the whole model of `shape` and the checkpoint disagree on (missing on
-// either side, or another global shape; wte compares the real vocabulary and the width, not the padding) as
-// UserError(kExitConfigError) naming it with both shapes. `what` names the model's origin in the message.
-void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what);
-
 // Copies every tensor of the checkpoint into a whole model (model.params_info() at tp 1: one part holding
 // everything). wte rows >= the checkpoint's padded vocabulary, if the model's is larger, are zero.
 void read_whole_model(const CheckpointReader& r, Gpt& model);
