@@ -10,6 +10,19 @@
 //   - activation gradients (dinp) follow the `Accumulate` field of their op: kOverwrite (=) or kAdd (+=).
 //     kAdd is used where an activation feeds two consumers (the residual stream).
 // Every op is deterministic: the same inputs give bit-identical outputs on the same machine and thread count.
+//
+// Precision contract (mixed precision, DESIGN.md §6). An op computes on one "activation dtype" D, fp32, bf16 or
+// fp16 (engine/core/half.h), taken from its activation tensors:
+//   - activations and their gradients (inp, out, dout, dinp, qkv, logits/dlogits, a, b) and the model weights an op
+//     reads (weight, bias, table, pos) are D;
+//   - parameter gradients (dweight, dbias, dtable, dpos) are always fp32, whatever D is: they accumulate over
+//     micro-batches in fp32 (Megatron's main_grad), and the optimizer reads them;
+//   - statistics (mean, rstd, lse, row_max, sum_exp, target_logit, dloss) and the optimizer's tensors (AdamWArgs)
+//     are always fp32;
+//   - values are loaded as fp32 (to_float), every sum and product is fp32, and each D output element is rounded
+//     once, on store (from_float<D>: round-to-nearest-even). kAdd on a D output rounds the fp32 sum of the old value
+//     and the new term. A GEMM rounds its fp32 accumulator (plus the bias) once.
+// So for D = fp32 nothing changes, and a CPU and a CUDA op on the same D inputs differ only by summation order.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +54,7 @@ enum class OpKind : uint16_t {
     kCrossEntropyBackward,
     kAdamW,
     kSumSquares,
+    kCast,
     kCount
 };
 
@@ -173,13 +187,21 @@ struct CrossEntropyBackwardArgs {
 //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   param -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * param )
 struct AdamWArgs {
-    Tensor param;  // (n) fp32
-    Tensor grad;   // (n)
+    Tensor param;  // (n) fp32: the master weights
+    Tensor grad;   // (n) fp32
     Tensor m;      // (n) fp32
     Tensor v;      // (n) fp32
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale;  // clipping factor folded into the pass
     int64_t step;      // t >= 1, for the bias corrections
+    Tensor param_copy;  // (n) bf16 / fp16 (optional): = from_float<D>(updated param), the model's weights (fused cast)
+};
+
+// dst[i] = src[i] converted to dst's dtype (fp32 <-> bf16 / fp16, or a copy when the dtypes agree): the model's
+// 16-bit weights from the fp32 master weights after each optimizer step. Rounds to nearest even (half.h).
+struct CastArgs {
+    Tensor src;  // (n)
+    Tensor dst;  // (n) must not overlap src unless both are the same tensor of the same dtype
 };
 
 enum class BackendKind : uint8_t { kCPU, kCUDA };
@@ -216,8 +238,9 @@ public:
     virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
     virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
     virtual void adamw(const AdamWArgs& a) = 0;
-    // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm).
+    // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm). x is fp32.
     virtual double sum_squares(const Tensor& x) = 0;
+    virtual void cast(const CastArgs& a) = 0;
     // x[:] = 0
     virtual void zero(const Tensor& x) = 0;
 };

@@ -31,4 +31,21 @@ constexpr std::string_view dtype_name(DType t) {
     return "?";
 }
 
+// The DType of a storage type (engine/core/half.h defines bf16 and fp16).
+struct bf16;
+struct fp16;
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::kF32; }
+template <>
+constexpr DType dtype_of<bf16>() { return DType::kBF16; }
+template <>
+constexpr DType dtype_of<fp16>() { return DType::kF16; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+
+// fp32, bf16 or fp16: the dtypes an op computes on (mixed precision, backends/backend.h).
+constexpr bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
+
 }  // namespace ms

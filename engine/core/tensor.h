@@ -7,6 +7,7 @@
 
 #include "engine/core/check.h"
 #include "engine/core/dtype.h"
+#include "engine/core/half.h"
 
 namespace ms {
 
@@ -42,6 +43,12 @@ struct Tensor {
     float* f32() const {
         MS_CHECK(dtype == DType::kF32, "tensor dtype is {}, expected fp32", dtype_name(dtype));
         return static_cast<float*>(data);
+    }
+    // The data as T*, checking that T is the tensor's dtype (float, bf16, fp16, int32_t).
+    template <class T>
+    T* as() const {
+        MS_CHECK(dtype == dtype_of<T>(), "tensor dtype is {}, expected {}", dtype_name(dtype), dtype_name(dtype_of<T>()));
+        return static_cast<T*>(data);
     }
     int32_t* i32() const {
         MS_CHECK(dtype == DType::kI32, "tensor dtype is {}, expected int32", dtype_name(dtype));

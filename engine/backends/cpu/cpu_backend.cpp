@@ -32,6 +32,7 @@ public:
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override { cpu::cross_entropy_backward(a, mode_); }
     void adamw(const AdamWArgs& a) override { cpu::adamw(a, mode_); }
     double sum_squares(const Tensor& x) override { return cpu::sum_squares(x, mode_); }
+    void cast(const CastArgs& a) override { cpu::cast(a, mode_); }
     void zero(const Tensor& x) override { std::memset(x.data, 0, x.bytes()); }
 
 private:

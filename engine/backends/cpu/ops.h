@@ -26,6 +26,7 @@ void cross_entropy_forward(const CrossEntropyForwardArgs& a, OpMode mode);
 void cross_entropy_backward(const CrossEntropyBackwardArgs& a, OpMode mode);
 void adamw(const AdamWArgs& a, OpMode mode);
 double sum_squares(const Tensor& x, OpMode mode);
+void cast(const CastArgs& a, OpMode mode);
 
 // The CPU Backend in options.mode (cpu_backend.cpp); make_backend() is the public way in.
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

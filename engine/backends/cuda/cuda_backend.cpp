@@ -14,6 +14,7 @@
 #include "engine/backends/cuda/cublas_gemm.h"
 #include "engine/backends/cuda/kernels/adamw.cuh"
 #include "engine/backends/cuda/kernels/attention.cuh"
+#include "engine/backends/cuda/kernels/cast.cuh"
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
 #include "engine/backends/cuda/kernels/embedding.cuh"
 #include "engine/backends/cuda/kernels/gelu.cuh"
@@ -221,6 +222,27 @@ double CudaBackend::sum_squares(const Tensor& x) {
     result = scratch[0];
 #endif
     return result;
+}
+
+void CudaBackend::cast(const CastArgs& a) {
+    const int64_t n = a.src.numel();
+    check_numel(a.dst, n, "cast", "dst");
+    if (n == 0) return;
+    if (a.src.dtype == a.dst.dtype) {
+        if (a.src.data == a.dst.data) return;
+#if defined(MS_CUDA_RUNTIME)
+        MS_CUDA_CHECK(cudaMemcpyAsync(a.dst.data, a.src.data, a.src.bytes(), cudaMemcpyDefault, stream_));
+#else
+        std::memmove(a.dst.data, a.src.data, a.src.bytes());
+#endif
+        return;
+    }
+    const auto s = a.src.dtype, d = a.dst.dtype;
+    if (s == DType::kF32 && d == DType::kBF16) return cuda::cast(a.dst.as<bf16>(), a.src.as<float>(), n, stream_);
+    if (s == DType::kF32 && d == DType::kF16) return cuda::cast(a.dst.as<fp16>(), a.src.as<float>(), n, stream_);
+    if (s == DType::kBF16 && d == DType::kF32) return cuda::cast(a.dst.as<float>(), a.src.as<bf16>(), n, stream_);
+    if (s == DType::kF16 && d == DType::kF32) return cuda::cast(a.dst.as<float>(), a.src.as<fp16>(), n, stream_);
+    MS_UNREACHABLE("cast: {} -> {} is not a conversion the CUDA backend has", dtype_name(s), dtype_name(d));
 }
 
 // ---- ops ----

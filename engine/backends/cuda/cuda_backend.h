@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override;
     void adamw(const AdamWArgs& a) override;
     double sum_squares(const Tensor& x) override;
+    void cast(const CastArgs& a) override;
     void zero(const Tensor& x) override;
 
     // True in the host build (kernels on fibers), false when the kernels run on a GPU.
