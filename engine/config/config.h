@@ -21,6 +21,7 @@ struct RunConfig {
     std::string output_dir = "runs/${run.name}";  // metrics.jsonl, resolved config, ...
     uint64_t seed = 1234;
     std::string backend = "cpu";  // cpu | cuda
+    std::string comm = "auto";    // auto | mpi | nccl (auto: nccl on cuda when this binary has NCCL, else mpi)
     int num_threads = 0;          // CPU backend threads; 0 = OpenMP default (OMP_NUM_THREADS or all cores)
     double memory_limit_gb = 0;   // GiB per rank train checks its plan against; 0 = physical memory / ranks on node
 };
@@ -60,8 +61,15 @@ struct TrainingConfig {
     std::string recompute_granularity = "none";
 };
 
+// Megatron's precision flags. bf16 / fp16: 16-bit model weights and activations, fp32 master weights, gradients and
+// optimizer state. fp16 scales the loss (dynamic unless loss_scale > 0) and skips steps whose gradients overflow.
 struct MixedPrecisionConfig {
-    std::string dtype = "fp32";  // fp32 | bf16 | fp16
+    std::string dtype = "fp32";            // fp32 | bf16 | fp16
+    double loss_scale = 0;                 // fp16: a fixed loss scale; 0 (or null) = dynamic loss scaling
+    double initial_loss_scale = 4294967296.0;  // fp16 dynamic: the first scale (2^32)
+    double min_loss_scale = 1.0;           // fp16 dynamic: the scale never drops below this
+    int loss_scale_window = 1000;          // fp16 dynamic: steps without overflow before the scale doubles
+    int hysteresis = 2;                    // fp16 dynamic: overflowing steps tolerated before the scale halves
 };
 
 struct OptimizerConfig {

@@ -101,6 +101,9 @@ std::vector<Field> config_fields(Config& c) {
         {"run.output_dir", &c.run.output_dir, Constraint{.custom = non_empty}},
         {"run.seed", &c.run.seed, {}},
         {"run.backend", &c.run.backend, one_of({"cpu", "cuda"})},
+        {"run.comm", &c.run.comm,
+         Constraint{.choices = {"auto", "mpi", "nccl"},
+                    .hint = "auto picks nccl on run.backend: cuda when this binary has NCCL, else mpi"}},
         {"run.num_threads", &c.run.num_threads, Constraint{.min = 0, .hint = "0 uses the OpenMP default"}},
         {"run.memory_limit_gb", &c.run.memory_limit_gb,
          Constraint{.min = 0, .hint = "0 means physical memory / ranks on the node"}},
@@ -145,6 +148,12 @@ std::vector<Field> config_fields(Config& c) {
          one_of({"none", "full", "selective"})},
 
         {"mixed_precision.dtype", &c.mixed_precision.dtype, one_of({"fp32", "bf16", "fp16"})},
+        {"mixed_precision.loss_scale", &c.mixed_precision.loss_scale,
+         Constraint{.min = 0, .hint = "0 or null means dynamic loss scaling (fp16 only)"}, true},
+        {"mixed_precision.initial_loss_scale", &c.mixed_precision.initial_loss_scale, positive()},
+        {"mixed_precision.min_loss_scale", &c.mixed_precision.min_loss_scale, positive()},
+        {"mixed_precision.loss_scale_window", &c.mixed_precision.loss_scale_window, at_least(1)},
+        {"mixed_precision.hysteresis", &c.mixed_precision.hysteresis, at_least(1)},
 
         {"optimizer.type", &c.optimizer.type,
          Constraint{.choices = {"adamw"}, .hint = "Megatron's 'adam' is AdamW: write adamw"}},

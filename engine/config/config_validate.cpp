@@ -8,6 +8,7 @@
 
 #include <limits>
 
+#include "comm/nccl/comm_choice.h"
 #include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
@@ -52,12 +53,24 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "toolkit, or was given -DMS_ENABLE_CUDA=OFF); hint: rebuild with the CUDA toolkit installed and "
             "-DMS_ENABLE_CUDA=ON, or set run.backend: cpu");
     }
-    if (cfg.mixed_precision.dtype != "fp32") {
+    // run.comm: nccl needs run.backend: cuda and a binary that registered NCCL (comm/nccl/comm_choice.h); auto
+    // resolves at start-up (make_process_groups): nccl on cuda when the binary has it and every rank has a GPU of
+    // its own, else mpi.
+    if (const std::string e =
+            comm_config_error(parse_comm_kind(cfg.run.comm), cfg.run.backend, nccl_registration() != nullptr);
+        !e.empty()) {
+        fail("{}", e);
+    }
+    if (cfg.mixed_precision.loss_scale > 0 && cfg.mixed_precision.dtype != "fp16") {
         fail(
-            "mixed_precision.dtype = '{}' is not available with run.backend = '{}' (the {} backend computes in "
-            "fp32{}); hint: set mixed_precision.dtype: fp32",
-            cfg.mixed_precision.dtype, cfg.run.backend, cfg.run.backend == "cuda" ? "CUDA" : "CPU",
-            cfg.run.backend == "cuda" ? " for now: bf16 and fp16 are not implemented yet" : "");
+            "mixed_precision.loss_scale = {} is set but mixed_precision.dtype = '{}': loss scaling is for fp16 only "
+            "(bf16 has fp32's exponent range); hint: remove loss_scale, or set mixed_precision.dtype: fp16",
+            cfg.mixed_precision.loss_scale, cfg.mixed_precision.dtype);
+    }
+    if (cfg.mixed_precision.min_loss_scale > cfg.mixed_precision.initial_loss_scale) {
+        fail("mixed_precision.min_loss_scale = {} exceeds mixed_precision.initial_loss_scale = {}; hint: lower "
+             "min_loss_scale (Megatron's default is 1) or raise initial_loss_scale",
+             cfg.mixed_precision.min_loss_scale, cfg.mixed_precision.initial_loss_scale);
     }
     if (m.untie_embeddings_and_output_weights) {
         fail(

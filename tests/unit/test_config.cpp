@@ -316,7 +316,11 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"model.hidden_dropout=0.1"}), 1, {"not supported on this backend yet"});
     validate_error(small({"training.recompute_granularity=full"}), 1,
                    {"training.recompute_granularity = 'full' is not supported yet (only 'none')"});
-    validate_error(small({"mixed_precision.bf16=true"}), 1, {"mixed_precision.dtype = 'bf16'", "fp32"});
+    validate_error(small({"mixed_precision.bf16=true", "mixed_precision.loss_scale=128"}), 1,
+                   {"mixed_precision.loss_scale = 128 is set but mixed_precision.dtype = 'bf16'", "fp16 only"});
+    validate_error(small({"mixed_precision.fp16=true", "mixed_precision.min_loss_scale=8",
+                          "mixed_precision.initial_loss_scale=4"}),
+                   1, {"mixed_precision.min_loss_scale = 8 exceeds mixed_precision.initial_loss_scale = 4"});
     // test_unit registers no CUDA backend, like a binary built without one
     validate_error(small({"run.backend=cuda"}), 1,
                    {"run.backend = 'cuda' but this binary was built without the CUDA backend", "-DMS_ENABLE_CUDA=ON"});
