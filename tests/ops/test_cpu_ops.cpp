@@ -287,7 +287,8 @@ MS_OP_TEST(OpExact, AdamW, kExact, OpKind::kAdamW) {
                             .eps = eps,
                             .weight_decay = weight_decay,
                             .grad_scale = grad_scale,
-                            .step = step});
+                            .step = step,
+                            .param_copy = {}});
             for (int64_t i = 0; i < n; ++i) {
                 const double g = static_cast<double>(grad[i]) * grad_scale;
                 m_ref[i] = beta1 * m_ref[i] + (1.0 - beta1) * g;

@@ -239,7 +239,8 @@ std::vector<OpCase> elementwise_cases() {
                       .eps = 1e-8f,
                       .weight_decay = 0.1f,
                       .grad_scale = 0.7f,
-                      .step = 3});
+                      .step = 3,
+                      .param_copy = {}});
              // Measured 6e-8 / 9.4e-8 / 1.7e-7 (param, m, v): float vs double arithmetic, then float rounding.
              return OpOutputs{collect("param", param, 1e-6), collect("m", m, 1e-6), collect("v", v, 2e-6)};
          }},

@@ -41,6 +41,10 @@ std::vector<Check> required_checks(OpKind op) {
         case OpKind::kSumSquares:
             checks.push_back(Check::kExact);
             break;
+        case OpKind::kCast:
+            checks.push_back(Check::kExact);     // round trips of representable values, ties to even
+            checks.push_back(Check::kContract);  // same dtype copies, in place is a no-op, half -> half rounds once
+            break;
         case OpKind::kCount:
             break;
     }

@@ -4,7 +4,8 @@
 //   kReference: naive loops, fp32 (double where noted) accumulation, single-threaded: the executable spec;
 //   kFast:      OpenBLAS sgemm for the GEMMs, OpenMP over independent rows, no per-call allocation of large
 //               buffers (scratch is thread-local and grows once).
-// Both follow the accumulation contract in backends/backend.h.
+// Both follow the accumulation and precision contracts in backends/backend.h: every op computes on an activation
+// dtype D of fp32, bf16 or fp16, its loops templated on the storage type (ops/precision.h).
 #pragma once
 
 #include "engine/backends/backend.h"

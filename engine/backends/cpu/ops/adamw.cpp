@@ -4,19 +4,28 @@
 //   param -= lr * ( (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + weight_decay * param )
 // param, m and v are updated in place; grad is only read. The pass is memory bound (7 floats of traffic per
 // element), so the fast path is a single vectorised OpenMP loop with the bias corrections hoisted out.
+// Precision: param, grad, m and v are fp32 (the master weights and their state). When param_copy is defined (bf16,
+// fp16 or fp32: the model's weights), it gets from_float<D>(updated param) in the same pass, the fused cast.
 #include <cmath>
 #include <cstdint>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/precision.h"
 #include "engine/backends/cpu/ops/vec_math.h"
 
 namespace ms::cpu {
+namespace {
 
-void adamw(const AdamWArgs& a, OpMode mode) {
-    const int64_t n = a.param.numel();
-    MS_CHECK(a.grad.numel() == n && a.m.numel() == n && a.v.numel() == n,
-             "adamw: param/grad/m/v have {}/{}/{}/{} elements", n, a.grad.numel(), a.m.numel(), a.v.numel());
-    MS_CHECK(a.step >= 1, "adamw: step is {}, must be >= 1 (bias corrections divide by 1 - beta^step)", a.step);
+// The storage type of "no param_copy": the loops below skip the store at compile time.
+struct NoCopy {};
+
+template <class D>
+inline void store_copy(D* copy, int64_t i, float p) {
+    if constexpr (!std::is_same_v<D, NoCopy>) copy[i] = from_float<D>(p);
+}
+
+template <class D>
+void adamw_pass(const AdamWArgs& a, int64_t n, OpMode mode, D* copy) {
     float* param = a.param.f32();
     const float* grad = a.grad.f32();
     float* m = a.m.f32();
@@ -30,6 +39,7 @@ void adamw(const AdamWArgs& a, OpMode mode) {
             const double vi = a.beta2 * static_cast<double>(v[i]) + (1.0 - a.beta2) * g * g;
             const double update = (mi / correction1) / (std::sqrt(vi / correction2) + a.eps);
             param[i] = static_cast<float>(param[i] - a.lr * (update + a.weight_decay * param[i]));
+            store_copy(copy, i, param[i]);
             m[i] = static_cast<float>(mi);
             v[i] = static_cast<float>(vi);
         }
@@ -46,7 +56,28 @@ void adamw(const AdamWArgs& a, OpMode mode) {
         m[i] = mi;
         v[i] = vi;
         param[i] -= lr * ((mi * inv_c1) / (sqrt_nonneg(vi * inv_c2) + eps) + wd * param[i]);
+        store_copy(copy, i, param[i]);
     }
+}
+
+}  // namespace
+
+void adamw(const AdamWArgs& a, OpMode mode) {
+    const int64_t n = a.param.numel();
+    MS_CHECK(a.grad.numel() == n && a.m.numel() == n && a.v.numel() == n,
+             "adamw: param/grad/m/v have {}/{}/{}/{} elements", n, a.grad.numel(), a.m.numel(), a.v.numel());
+    MS_CHECK(a.step >= 1, "adamw: step is {}, must be >= 1 (bias corrections divide by 1 - beta^step)", a.step);
+    expect_f32(a.param, "adamw", "param", "the master weights");
+    expect_f32(a.grad, "adamw", "grad", "parameter gradients");
+    expect_f32(a.m, "adamw", "m", "the optimizer's moments");
+    expect_f32(a.v, "adamw", "v", "the optimizer's moments");
+    if (!a.param_copy.defined()) return adamw_pass<NoCopy>(a, n, mode, nullptr);
+    MS_CHECK(a.param_copy.numel() == n, "adamw: param_copy has {} elements, param {}", a.param_copy.numel(), n);
+    const DType D = activation_dtype(a.param_copy, "adamw", "param_copy");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        adamw_pass<T>(a, n, mode, a.param_copy.as<T>());
+    });
 }
 
 }  // namespace ms::cpu

@@ -5,12 +5,15 @@
 // Accumulation: dtable and dpos are += (backend.h); rows of dtable whose token is not held here are not touched.
 // Determinism: the backward splits the C columns between threads and walks the rows in order, so every dtable
 // element is summed in the same order as the reference, with no atomics and no per-thread copies.
+// Precision: table, pos, out and dout are D; dtable and dpos are fp32 (parameter gradients). The forward's
+// table + pos is an fp32 add rounded once on store; a row without pos is a copy (exact).
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/precision.h"
 
 namespace ms::cpu {
 namespace {
@@ -37,63 +40,67 @@ inline int64_t local_row(int32_t tok, int64_t vocab_start, int64_t V_local) {
     return row >= 0 && row < V_local ? row : -1;
 }
 
+template <class D>
 void forward_reference(const EmbeddingForwardArgs& a, const EmbeddingShape& s) {
     const int32_t* tokens = a.tokens.i32();
-    const float* table = a.table.f32();
-    const float* pos = a.pos.defined() ? a.pos.f32() : nullptr;
-    float* out = a.out.f32();
+    const D* table = a.table.as<D>();
+    const D* pos = a.pos.defined() ? a.pos.as<D>() : nullptr;
+    D* out = a.out.as<D>();
     for (int64_t n = 0; n < s.N; ++n) {
         const int64_t row = local_row(tokens[n], a.vocab_start, s.V_local);
         for (int64_t c = 0; c < s.C; ++c) {
-            float x = row >= 0 ? table[row * s.C + c] : 0.0f;
-            if (pos) x += pos[(n % a.T) * s.C + c];
-            out[n * s.C + c] = x;
+            float x = row >= 0 ? to_float(table[row * s.C + c]) : 0.0f;
+            if (pos) x += to_float(pos[(n % a.T) * s.C + c]);
+            out[n * s.C + c] = from_float<D>(x);
         }
     }
 }
 
+template <class D>
 void forward_fast(const EmbeddingForwardArgs& a, const EmbeddingShape& s) {
     const int32_t* tokens = a.tokens.i32();
-    const float* table = a.table.f32();
-    const float* pos = a.pos.defined() ? a.pos.f32() : nullptr;
-    float* out = a.out.f32();
+    const D* table = a.table.as<D>();
+    const D* pos = a.pos.defined() ? a.pos.as<D>() : nullptr;
+    D* out = a.out.as<D>();
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < s.N; ++n) {
         const int64_t row = local_row(tokens[n], a.vocab_start, s.V_local);
-        float* o = out + n * s.C;
-        const float* p = pos ? pos + (n % a.T) * s.C : nullptr;
+        D* o = out + n * s.C;
+        const D* p = pos ? pos + (n % a.T) * s.C : nullptr;
         if (row >= 0 && p) {
-            const float* w = table + row * s.C;
+            const D* w = table + row * s.C;
 #pragma omp simd
-            for (int64_t c = 0; c < s.C; ++c) o[c] = w[c] + p[c];
+            for (int64_t c = 0; c < s.C; ++c) o[c] = from_float<D>(to_float(w[c]) + to_float(p[c]));
         } else if (row >= 0) {
             std::copy_n(table + row * s.C, s.C, o);
         } else if (p) {
             std::copy_n(p, s.C, o);
         } else {
-            std::fill_n(o, s.C, 0.0f);
+            std::fill_n(o, s.C, from_float<D>(0.0f));
         }
     }
 }
 
+template <class D>
 void backward_reference(const EmbeddingBackwardArgs& a, const EmbeddingShape& s) {
     const int32_t* tokens = a.tokens.i32();
-    const float* dout = a.dout.f32();
+    const D* dout = a.dout.as<D>();
     float* dtable = a.dtable.f32();
     float* dpos = a.dpos.defined() ? a.dpos.f32() : nullptr;
     for (int64_t n = 0; n < s.N; ++n) {
         const int64_t row = local_row(tokens[n], a.vocab_start, s.V_local);
         for (int64_t c = 0; c < s.C; ++c) {
-            const float d = dout[n * s.C + c];
+            const float d = to_float(dout[n * s.C + c]);
             if (row >= 0) dtable[row * s.C + c] += d;
             if (dpos) dpos[(n % a.T) * s.C + c] += d;
         }
     }
 }
 
+template <class D>
 void backward_fast(const EmbeddingBackwardArgs& a, const EmbeddingShape& s) {
     const int32_t* tokens = a.tokens.i32();
-    const float* dout = a.dout.f32();
+    const D* dout = a.dout.as<D>();
     float* dtable = a.dtable.f32();
     float* dpos = a.dpos.defined() ? a.dpos.f32() : nullptr;
 #pragma omp parallel
@@ -105,16 +112,16 @@ void backward_fast(const EmbeddingBackwardArgs& a, const EmbeddingShape& s) {
         const int64_t c1 = std::min(s.C, c0 + chunk);
         for (int64_t n = 0; n < s.N && c0 < c1; ++n) {
             const int64_t row = local_row(tokens[n], a.vocab_start, s.V_local);
-            const float* d = dout + n * s.C;
+            const D* d = dout + n * s.C;
             if (row >= 0) {
                 float* w = dtable + row * s.C;
 #pragma omp simd
-                for (int64_t c = c0; c < c1; ++c) w[c] += d[c];
+                for (int64_t c = c0; c < c1; ++c) w[c] += to_float(d[c]);
             }
             if (dpos) {
                 float* p = dpos + (n % a.T) * s.C;
 #pragma omp simd
-                for (int64_t c = c0; c < c1; ++c) p[c] += d[c];
+                for (int64_t c = c0; c < c1; ++c) p[c] += to_float(d[c]);
             }
         }
     }
@@ -124,20 +131,32 @@ void backward_fast(const EmbeddingBackwardArgs& a, const EmbeddingShape& s) {
 
 void embedding_forward(const EmbeddingForwardArgs& a, OpMode mode) {
     const EmbeddingShape s = check_shapes(a.tokens, a.table, a.pos, a.out, a.T);
-    if (mode == OpMode::kReference) {
-        forward_reference(a, s);
-    } else {
-        forward_fast(a, s);
-    }
+    const DType D = activation_dtype(a.out, "embedding_forward", "out");
+    expect_d(a.table, D, "embedding_forward", "table", "out");
+    expect_d(a.pos, D, "embedding_forward", "pos", "out");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            forward_reference<T>(a, s);
+        } else {
+            forward_fast<T>(a, s);
+        }
+    });
 }
 
 void embedding_backward(const EmbeddingBackwardArgs& a, OpMode mode) {
     const EmbeddingShape s = check_shapes(a.tokens, a.dtable, a.dpos, a.dout, a.T);
-    if (mode == OpMode::kReference) {
-        backward_reference(a, s);
-    } else {
-        backward_fast(a, s);
-    }
+    const DType D = activation_dtype(a.dout, "embedding_backward", "dout");
+    expect_f32(a.dtable, "embedding_backward", "dtable", "parameter gradients");
+    expect_f32(a.dpos, "embedding_backward", "dpos", "parameter gradients");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            backward_reference<T>(a, s);
+        } else {
+            backward_fast<T>(a, s);
+        }
+    });
 }
 
 }  // namespace ms::cpu

@@ -7,6 +7,9 @@
 //           dweight += sum_n dout * norm;  dbias += sum_n dout.
 // The fast backward does the rows in parallel for dinp, then the columns in parallel for dweight/dbias (each
 // thread sums its columns over all rows in order): deterministic, no per-thread partial buffers.
+// Precision: inp, weight, bias, out, dout and dinp are D; mean, rstd, dweight and dbias are fp32. Values are
+// loaded with to_float and every D output element is rounded once on store (kAdd: the fp32 sum of the old value
+// and the new term).
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <cstdint>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/precision.h"
 
 namespace ms::cpu {
 namespace {
@@ -22,100 +26,107 @@ void check_row_vector(const Tensor& t, int64_t C, const char* what) {
     MS_CHECK(t.numel() == C, "layernorm: {} has {} elements, expected C = {}", what, t.numel(), C);
 }
 
+template <class D>
 void forward_reference(const LayerNormForwardArgs& a, int64_t N, int64_t C) {
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
-    const float* bias = a.bias.f32();
-    float* out = a.out.f32();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
+    const D* bias = a.bias.as<D>();
+    D* out = a.out.as<D>();
     for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
+        const D* x = inp + n * C;
         double mean = 0.0;
-        for (int64_t c = 0; c < C; ++c) mean += x[c];
+        for (int64_t c = 0; c < C; ++c) mean += to_float(x[c]);
         mean /= static_cast<double>(C);
         double var = 0.0;
-        for (int64_t c = 0; c < C; ++c) var += (x[c] - mean) * (x[c] - mean);
+        for (int64_t c = 0; c < C; ++c) var += (to_float(x[c]) - mean) * (to_float(x[c]) - mean);
         var /= static_cast<double>(C);
         const double rstd = 1.0 / std::sqrt(var + a.eps);
         for (int64_t c = 0; c < C; ++c) {
-            out[n * C + c] = static_cast<float>((x[c] - mean) * rstd * weight[c] + bias[c]);
+            out[n * C + c] = from_float<D>(
+                static_cast<float>((to_float(x[c]) - mean) * rstd * to_float(weight[c]) + to_float(bias[c])));
         }
         a.mean.f32()[n] = static_cast<float>(mean);
         a.rstd.f32()[n] = static_cast<float>(rstd);
     }
 }
 
+template <class D>
 void forward_fast(const LayerNormForwardArgs& a, int64_t N, int64_t C) {
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
-    const float* bias = a.bias.f32();
-    float* out = a.out.f32();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
+    const D* bias = a.bias.as<D>();
+    D* out = a.out.as<D>();
     float* mean_out = a.mean.f32();
     float* rstd_out = a.rstd.f32();
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
+        const D* x = inp + n * C;
         float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < C; ++c) sum += x[c];
+        for (int64_t c = 0; c < C; ++c) sum += to_float(x[c]);
         const float mean = sum / static_cast<float>(C);
         float sq = 0.0f;
 #pragma omp simd reduction(+ : sq)
-        for (int64_t c = 0; c < C; ++c) sq += (x[c] - mean) * (x[c] - mean);
+        for (int64_t c = 0; c < C; ++c) sq += (to_float(x[c]) - mean) * (to_float(x[c]) - mean);
         const float rstd = 1.0f / std::sqrt(sq / static_cast<float>(C) + a.eps);
-        float* o = out + n * C;
+        D* o = out + n * C;
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - mean) * rstd * weight[c] + bias[c];
+        for (int64_t c = 0; c < C; ++c) {
+            o[c] = from_float<D>((to_float(x[c]) - mean) * rstd * to_float(weight[c]) + to_float(bias[c]));
+        }
         mean_out[n] = mean;
         rstd_out[n] = rstd;
     }
 }
 
+template <class D>
 void backward_reference(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
-    const float* dout = a.dout.f32();
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
+    const D* dout = a.dout.as<D>();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
     const float* mean = a.mean.f32();
     const float* rstd = a.rstd.f32();
-    float* dinp = a.dinp.f32();
+    D* dinp = a.dinp.as<D>();
     float* dweight = a.dweight.f32();
     float* dbias = a.dbias.f32();
     for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
-        const float* d = dout + n * C;
+        const D* x = inp + n * C;
+        const D* d = dout + n * C;
         double g_mean = 0.0, g_norm_mean = 0.0;
         for (int64_t c = 0; c < C; ++c) {
-            const double norm = (x[c] - static_cast<double>(mean[n])) * rstd[n];
-            g_mean += static_cast<double>(d[c]) * weight[c];
-            g_norm_mean += static_cast<double>(d[c]) * weight[c] * norm;
+            const double norm = (to_float(x[c]) - static_cast<double>(mean[n])) * rstd[n];
+            g_mean += static_cast<double>(to_float(d[c])) * to_float(weight[c]);
+            g_norm_mean += static_cast<double>(to_float(d[c])) * to_float(weight[c]) * norm;
         }
         g_mean /= static_cast<double>(C);
         g_norm_mean /= static_cast<double>(C);
         for (int64_t c = 0; c < C; ++c) {
-            const double norm = (x[c] - static_cast<double>(mean[n])) * rstd[n];
-            const double g = static_cast<double>(d[c]) * weight[c];
+            const double norm = (to_float(x[c]) - static_cast<double>(mean[n])) * rstd[n];
+            const double g = static_cast<double>(to_float(d[c])) * to_float(weight[c]);
             const float di = static_cast<float>((g - g_mean - norm * g_norm_mean) * rstd[n]);
-            dinp[n * C + c] = a.accumulate == Accumulate::kAdd ? dinp[n * C + c] + di : di;
+            dinp[n * C + c] = from_float<D>(a.accumulate == Accumulate::kAdd ? to_float(dinp[n * C + c]) + di : di);
         }
     }
     for (int64_t c = 0; c < C; ++c) {
         double dw = 0.0, db = 0.0;
         for (int64_t n = 0; n < N; ++n) {
-            const double norm = (inp[n * C + c] - static_cast<double>(mean[n])) * rstd[n];
-            dw += dout[n * C + c] * norm;
-            db += dout[n * C + c];
+            const double norm = (to_float(inp[n * C + c]) - static_cast<double>(mean[n])) * rstd[n];
+            dw += to_float(dout[n * C + c]) * norm;
+            db += to_float(dout[n * C + c]);
         }
         dweight[c] += static_cast<float>(dw);
         dbias[c] += static_cast<float>(db);
     }
 }
 
+template <class D>
 void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
-    const float* dout = a.dout.f32();
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
+    const D* dout = a.dout.as<D>();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
     const float* mean = a.mean.f32();
     const float* rstd = a.rstd.f32();
-    float* dinp = a.dinp.f32();
+    D* dinp = a.dinp.as<D>();
     float* dweight = a.dweight.f32();
     float* dbias = a.dbias.f32();
     const bool add = a.accumulate == Accumulate::kAdd;
@@ -123,28 +134,32 @@ void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
     {
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
-            const float* x = inp + n * C;
-            const float* d = dout + n * C;
+            const D* x = inp + n * C;
+            const D* d = dout + n * C;
             const float mu = mean[n], rs = rstd[n];
             float g_sum = 0.0f, g_norm_sum = 0.0f;
 #pragma omp simd reduction(+ : g_sum, g_norm_sum)
             for (int64_t c = 0; c < C; ++c) {
-                const float g = d[c] * weight[c];
+                const float g = to_float(d[c]) * to_float(weight[c]);
                 g_sum += g;
-                g_norm_sum += g * (x[c] - mu) * rs;
+                g_norm_sum += g * (to_float(x[c]) - mu) * rs;
             }
             const float g_mean = g_sum / static_cast<float>(C);
             const float g_norm_mean = g_norm_sum / static_cast<float>(C);
-            float* di = dinp + n * C;
+            D* di = dinp + n * C;
             if (add) {
 #pragma omp simd
                 for (int64_t c = 0; c < C; ++c) {
-                    di[c] += (d[c] * weight[c] - g_mean - (x[c] - mu) * rs * g_norm_mean) * rs;
+                    di[c] = from_float<D>(to_float(di[c]) + (to_float(d[c]) * to_float(weight[c]) - g_mean -
+                                                             (to_float(x[c]) - mu) * rs * g_norm_mean) *
+                                                                rs);
                 }
             } else {
 #pragma omp simd
                 for (int64_t c = 0; c < C; ++c) {
-                    di[c] = (d[c] * weight[c] - g_mean - (x[c] - mu) * rs * g_norm_mean) * rs;
+                    di[c] = from_float<D>(
+                        (to_float(d[c]) * to_float(weight[c]) - g_mean - (to_float(x[c]) - mu) * rs * g_norm_mean) *
+                        rs);
                 }
             }
         }
@@ -155,13 +170,13 @@ void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
             const int64_t c0 = blk * 16, c1 = std::min(C, c0 + 16);
             float dw[16] = {}, db[16] = {};
             for (int64_t n = 0; n < N; ++n) {
-                const float* x = inp + n * C;
-                const float* d = dout + n * C;
+                const D* x = inp + n * C;
+                const D* d = dout + n * C;
                 const float mu = mean[n], rs = rstd[n];
 #pragma omp simd
                 for (int64_t c = c0; c < c1; ++c) {
-                    dw[c - c0] += d[c] * (x[c] - mu) * rs;
-                    db[c - c0] += d[c];
+                    dw[c - c0] += to_float(d[c]) * (to_float(x[c]) - mu) * rs;
+                    db[c - c0] += to_float(d[c]);
                 }
             }
             for (int64_t c = c0; c < c1; ++c) {
@@ -182,11 +197,20 @@ void layernorm_forward(const LayerNormForwardArgs& a, OpMode mode) {
     check_row_vector(a.bias, C, "bias");
     MS_CHECK(a.mean.numel() == N && a.rstd.numel() == N, "layernorm: mean/rstd have {}/{} elements, expected N = {}",
              a.mean.numel(), a.rstd.numel(), N);
-    if (mode == OpMode::kReference) {
-        forward_reference(a, N, C);
-    } else {
-        forward_fast(a, N, C);
-    }
+    const DType D = activation_dtype(a.inp, "layernorm_forward", "inp");
+    expect_d(a.weight, D, "layernorm_forward", "weight", "inp");
+    expect_d(a.bias, D, "layernorm_forward", "bias", "inp");
+    expect_d(a.out, D, "layernorm_forward", "out", "inp");
+    expect_f32(a.mean, "layernorm_forward", "mean", "statistics");
+    expect_f32(a.rstd, "layernorm_forward", "rstd", "statistics");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            forward_reference<T>(a, N, C);
+        } else {
+            forward_fast<T>(a, N, C);
+        }
+    });
 }
 
 void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode) {
@@ -199,11 +223,22 @@ void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode) {
     check_row_vector(a.dbias, C, "dbias");
     MS_CHECK(a.mean.numel() == N && a.rstd.numel() == N, "layernorm: mean/rstd have {}/{} elements, expected N = {}",
              a.mean.numel(), a.rstd.numel(), N);
-    if (mode == OpMode::kReference) {
-        backward_reference(a, N, C);
-    } else {
-        backward_fast(a, N, C);
-    }
+    const DType D = activation_dtype(a.inp, "layernorm_backward", "inp");
+    expect_d(a.dout, D, "layernorm_backward", "dout", "inp");
+    expect_d(a.weight, D, "layernorm_backward", "weight", "inp");
+    expect_d(a.dinp, D, "layernorm_backward", "dinp", "inp");
+    expect_f32(a.mean, "layernorm_backward", "mean", "statistics");
+    expect_f32(a.rstd, "layernorm_backward", "rstd", "statistics");
+    expect_f32(a.dweight, "layernorm_backward", "dweight", "parameter gradients");
+    expect_f32(a.dbias, "layernorm_backward", "dbias", "parameter gradients");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            backward_reference<T>(a, N, C);
+        } else {
+            backward_fast<T>(a, N, C);
+        }
+    });
 }
 
 }  // namespace ms::cpu

@@ -10,6 +10,10 @@
 // OpenBLAS alone with OMP_WAIT_POLICY=passive. Every output element is still the dot product of one
 // single-threaded sgemm, so the result does not depend on the thread count.
 // Reference path: triple loops with double accumulators.
+// Precision: inp, weight, bias, out, dout and dinp are D; dweight and dbias are fp32. For D = fp32 sgemm reads and
+// writes the tensors themselves. For bf16 / fp16 the fast path first converts the D operands into thread-local fp32
+// scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for kAdd,
+// old value plus new term) once into the D output; dweight and dbias accumulate straight into their fp32 tensors.
 #include <cblas.h>
 #include <omp.h>
 
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/precision.h"
 
 namespace ms::cpu {
 namespace {
@@ -40,16 +45,19 @@ MatmulShape check_shapes(const Tensor& inp, const Tensor& weight, const Tensor& 
     return s;
 }
 
+template <class D>
 void forward_reference(const MatmulForwardArgs& a, const MatmulShape& s) {
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
-    const float* bias = a.bias.defined() ? a.bias.f32() : nullptr;
-    float* out = a.out.f32();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
+    const D* bias = a.bias.defined() ? a.bias.as<D>() : nullptr;
+    D* out = a.out.as<D>();
     for (int64_t n = 0; n < s.N; ++n) {
         for (int64_t m = 0; m < s.M; ++m) {
-            double acc = bias ? bias[m] : 0.0;
-            for (int64_t k = 0; k < s.K; ++k) acc += static_cast<double>(inp[n * s.K + k]) * weight[m * s.K + k];
-            out[n * s.M + m] = static_cast<float>(acc);
+            double acc = bias ? to_float(bias[m]) : 0.0;
+            for (int64_t k = 0; k < s.K; ++k) {
+                acc += static_cast<double>(to_float(inp[n * s.K + k])) * to_float(weight[m * s.K + k]);
+            }
+            out[n * s.M + m] = from_float<D>(static_cast<float>(acc));
         }
     }
 }
@@ -77,54 +85,81 @@ Slice thread_slice(int64_t n) {
     return {begin, std::min(n, begin + chunk)};
 }
 
+// The calling thread's columns `cols` of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
+template <class B>
+void forward_slice(const float* inp, const float* weight, const B* bias, float* out, const MatmulShape& s,
+                   const Slice& cols) {
+    if (cols.size() == 0) return;
+    // Seed the slice with the bias, then let sgemm add the product into it (beta = 1).
+    if (bias) {
+        for (int64_t n = 0; n < s.N; ++n) {
+            if constexpr (kIsF32<B>) {
+                std::copy(bias + cols.begin, bias + cols.end, out + n * s.M + cols.begin);
+            } else {
+                for (int64_t m = cols.begin; m < cols.end; ++m) out[n * s.M + m] = to_float(bias[m]);
+            }
+        }
+    }
+    // out[:, cols] (N, m) = inp (N, K) @ weight[cols, :]^T (K, m)
+    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, cols.size(), K, 1.0f, inp, K, weight + cols.begin * s.K, K,
+                bias ? 1.0f : 0.0f, out + cols.begin, M);
+}
+
+template <class D>
 void forward_fast(const MatmulForwardArgs& a, const MatmulShape& s) {
     use_single_threaded_blas();
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
-    const float* bias = a.bias.defined() ? a.bias.f32() : nullptr;
-    float* out = a.out.f32();
-    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
+    const D* bias = a.bias.defined() ? a.bias.as<D>() : nullptr;
+    D* out = a.out.as<D>();
+    if constexpr (kIsF32<D>) {
 #pragma omp parallel
-    {
-        const Slice cols = thread_slice(s.M);
-        if (cols.size() > 0) {
-            // Seed the slice with the bias, then let sgemm add the product into it (beta = 1).
-            if (bias) {
-                for (int64_t n = 0; n < s.N; ++n)
-                    std::copy(bias + cols.begin, bias + cols.end, out + n * s.M + cols.begin);
+        forward_slice(inp, weight, bias, out, s, thread_slice(s.M));
+    } else {
+        float* inp_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.K));
+        float* weight_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.M * s.K));
+        float* out_f = scratch_f32(Scratch::kC, static_cast<size_t>(s.N * s.M));
+#pragma omp parallel
+        {
+            convert_to_f32_team(inp, inp_f, s.N * s.K);
+            convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: both complete below
+            const Slice cols = thread_slice(s.M);
+            forward_slice(inp_f, weight_f, bias, out_f, s, cols);
+            for (int64_t n = 0; n < s.N; ++n) {
+                for (int64_t m = cols.begin; m < cols.end; ++m) out[n * s.M + m] = from_float<D>(out_f[n * s.M + m]);
             }
-            // out[:, cols] (N, m) = inp (N, K) @ weight[cols, :]^T (K, m)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, cols.size(), K, 1.0f, inp, K,
-                        weight + cols.begin * s.K, K, bias ? 1.0f : 0.0f, out + cols.begin, M);
         }
     }
 }
 
+template <class D>
 void backward_reference(const MatmulBackwardArgs& a, const MatmulShape& s) {
-    const float* dout = a.dout.f32();
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
+    const D* dout = a.dout.as<D>();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
     float* dweight = a.dweight.f32();
     std::vector<double> acc(static_cast<size_t>(s.K));
     if (a.dinp.defined()) {
-        float* dinp = a.dinp.f32();
+        D* dinp = a.dinp.as<D>();
         for (int64_t n = 0; n < s.N; ++n) {
             std::fill(acc.begin(), acc.end(), 0.0);
             for (int64_t m = 0; m < s.M; ++m) {
-                const double d = dout[n * s.M + m];
-                for (int64_t k = 0; k < s.K; ++k) acc[k] += d * weight[m * s.K + k];
+                const double d = to_float(dout[n * s.M + m]);
+                for (int64_t k = 0; k < s.K; ++k) acc[k] += d * to_float(weight[m * s.K + k]);
             }
             for (int64_t k = 0; k < s.K; ++k) {
                 const float g = static_cast<float>(acc[k]);
-                dinp[n * s.K + k] = a.accumulate == Accumulate::kAdd ? dinp[n * s.K + k] + g : g;
+                dinp[n * s.K + k] =
+                    from_float<D>(a.accumulate == Accumulate::kAdd ? to_float(dinp[n * s.K + k]) + g : g);
             }
         }
     }
     for (int64_t m = 0; m < s.M; ++m) {
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t n = 0; n < s.N; ++n) {
-            const double d = dout[n * s.M + m];
-            for (int64_t k = 0; k < s.K; ++k) acc[k] += d * inp[n * s.K + k];
+            const double d = to_float(dout[n * s.M + m]);
+            for (int64_t k = 0; k < s.K; ++k) acc[k] += d * to_float(inp[n * s.K + k]);
         }
         for (int64_t k = 0; k < s.K; ++k) dweight[m * s.K + k] += static_cast<float>(acc[k]);
     }
@@ -132,7 +167,7 @@ void backward_reference(const MatmulBackwardArgs& a, const MatmulShape& s) {
         float* dbias = a.dbias.f32();
         for (int64_t m = 0; m < s.M; ++m) {
             double sum = 0.0;
-            for (int64_t n = 0; n < s.N; ++n) sum += dout[n * s.M + m];
+            for (int64_t n = 0; n < s.N; ++n) sum += to_float(dout[n * s.M + m]);
             dbias[m] += static_cast<float>(sum);
         }
     }
@@ -153,30 +188,59 @@ void bias_backward_slice(const float* dout, float* dbias, int64_t N, int64_t M, 
     }
 }
 
+// The calling thread's share of the backward on fp32 operands: columns k_cols of dinp (= or += per dinp_beta,
+// skipped when dinp is null) and rows m_rows of dweight and dbias (+=).
+void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta,
+                     float* dweight, float* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
+    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
+    if (dinp && k_cols.size() > 0) {
+        // dinp[:, k_cols] (N, k) = dout (N, M) @ weight[:, k_cols] (M, k)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k_cols.size(), M, 1.0f, dout, M,
+                    weight + k_cols.begin, K, dinp_beta, dinp + k_cols.begin, K);
+    }
+    if (m_rows.size() > 0) {
+        // dweight[m_rows, :] (m, K) += dout[:, m_rows]^T (m, N) @ inp (N, K)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m_rows.size(), K, N, 1.0f, dout + m_rows.begin, M, inp, K,
+                    1.0f, dweight + m_rows.begin * s.K, K);
+        if (dbias) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
+    }
+}
+
+template <class D>
 void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
     use_single_threaded_blas();
-    const float* dout = a.dout.f32();
-    const float* inp = a.inp.f32();
-    const float* weight = a.weight.f32();
-    float* dinp = a.dinp.defined() ? a.dinp.f32() : nullptr;
+    const D* dout = a.dout.as<D>();
+    const D* inp = a.inp.as<D>();
+    const D* weight = a.weight.as<D>();
+    D* dinp = a.dinp.defined() ? a.dinp.as<D>() : nullptr;
     float* dweight = a.dweight.f32();
     float* dbias = a.dbias.defined() ? a.dbias.f32() : nullptr;
-    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
-    const float dinp_beta = a.accumulate == Accumulate::kAdd ? 1.0f : 0.0f;
+    const bool add = a.accumulate == Accumulate::kAdd;
+    if constexpr (kIsF32<D>) {
 #pragma omp parallel
-    {
-        const Slice k_cols = thread_slice(s.K);
-        if (dinp && k_cols.size() > 0) {
-            // dinp[:, k_cols] (N, k) = dout (N, M) @ weight[:, k_cols] (M, k)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k_cols.size(), M, 1.0f, dout, M,
-                        weight + k_cols.begin, K, dinp_beta, dinp + k_cols.begin, K);
-        }
-        const Slice m_rows = thread_slice(s.M);
-        if (m_rows.size() > 0) {
-            // dweight[m_rows, :] (m, K) += dout[:, m_rows]^T (m, N) @ inp (N, K)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m_rows.size(), K, N, 1.0f, dout + m_rows.begin, M, inp,
-                        K, 1.0f, dweight + m_rows.begin * s.K, K);
-            if (dbias) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
+        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dbias, s, thread_slice(s.K),
+                        thread_slice(s.M));
+    } else {
+        float* dout_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.M));
+        float* inp_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.N * s.K));
+        float* weight_f = scratch_f32(Scratch::kC, static_cast<size_t>(s.M * s.K));
+        // The new term of dinp in fp32, rounded (after adding the old value for kAdd) once below.
+        float* dinp_f = dinp ? scratch_f32(Scratch::kD, static_cast<size_t>(s.N * s.K)) : nullptr;
+#pragma omp parallel
+        {
+            convert_to_f32_team(dout, dout_f, s.N * s.M);
+            convert_to_f32_team(inp, inp_f, s.N * s.K);
+            convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: all complete below
+            const Slice k_cols = thread_slice(s.K);
+            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dbias, s, k_cols, thread_slice(s.M));
+            if (dinp) {
+                for (int64_t n = 0; n < s.N; ++n) {
+                    for (int64_t k = k_cols.begin; k < k_cols.end; ++k) {
+                        const float g = dinp_f[n * s.K + k];
+                        dinp[n * s.K + k] = from_float<D>(add ? to_float(dinp[n * s.K + k]) + g : g);
+                    }
+                }
+            }
         }
     }
 }
@@ -185,11 +249,18 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
 
 void matmul_forward(const MatmulForwardArgs& a, OpMode mode) {
     const MatmulShape s = check_shapes(a.inp, a.weight, a.bias, a.out);
-    if (mode == OpMode::kReference) {
-        forward_reference(a, s);
-    } else {
-        forward_fast(a, s);
-    }
+    const DType D = activation_dtype(a.inp, "matmul_forward", "inp");
+    expect_d(a.weight, D, "matmul_forward", "weight", "inp");
+    expect_d(a.bias, D, "matmul_forward", "bias", "inp");
+    expect_d(a.out, D, "matmul_forward", "out", "inp");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            forward_reference<T>(a, s);
+        } else {
+            forward_fast<T>(a, s);
+        }
+    });
 }
 
 void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
@@ -200,11 +271,20 @@ void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
         MS_CHECK(a.dinp.numel() == s.N * s.K, "matmul: dinp has {} elements, expected N({}) * K({})", a.dinp.numel(),
                  s.N, s.K);
     }
-    if (mode == OpMode::kReference) {
-        backward_reference(a, s);
-    } else {
-        backward_fast(a, s);
-    }
+    const DType D = activation_dtype(a.inp, "matmul_backward", "inp");
+    expect_d(a.dout, D, "matmul_backward", "dout", "inp");
+    expect_d(a.weight, D, "matmul_backward", "weight", "inp");
+    expect_d(a.dinp, D, "matmul_backward", "dinp", "inp");
+    expect_f32(a.dweight, "matmul_backward", "dweight", "parameter gradients");
+    expect_f32(a.dbias, "matmul_backward", "dbias", "parameter gradients");
+    dispatch_float(D, [&](auto tag) {
+        using T = decltype(tag);
+        if (mode == OpMode::kReference) {
+            backward_reference<T>(a, s);
+        } else {
+            backward_fast<T>(a, s);
+        }
+    });
 }
 
 }  // namespace ms::cpu

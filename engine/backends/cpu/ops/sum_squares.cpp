@@ -18,6 +18,10 @@ constexpr int64_t kBlock = 1 << 16;
 
 double sum_squares(const Tensor& x, OpMode mode) {
     const int64_t n = x.numel();
+    MS_CHECK(x.dtype == DType::kF32,
+             "sum_squares: x is {}, but it takes parameter gradients, which are always fp32 (precision contract, "
+             "backend.h)",
+             dtype_name(x.dtype));
     const float* data = x.f32();
     if (mode == OpMode::kReference) {
         double sum = 0.0;
