@@ -14,6 +14,9 @@
 #if defined(MS_HAVE_CUDA_BACKEND)
 #include "engine/backends/cuda/cuda_backend.h"
 #endif
+#if defined(MS_HAVE_NCCL)
+#include "comm/nccl/nccl_communicator.h"
+#endif
 #include "engine/train/reliability.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +24,11 @@ int main(int argc, char** argv) {
     // Built with a CUDA backend (CMakeLists.txt: ms_cuda_backend; ms_cuda_emu for mindspeed-train-cuda-emu, the
     // tests' binary): run.backend: cuda becomes valid (engine/backends/backend.h).
     ms::install_cuda_backend();
+#endif
+#if defined(MS_HAVE_NCCL)
+    // Built with NCCL (CMakeLists.txt: ms_nccl): run.comm: nccl becomes valid, and auto picks it on run.backend:
+    // cuda when every rank has a GPU of its own (comm/nccl/comm_choice.h).
+    ms::install_nccl_communicator();
 #endif
     CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on CPUs and NVIDIA GPUs"};
     app.set_version_flag("--version", std::string("mindspeed-train ") + MS_VERSION);

@@ -12,19 +12,31 @@
 // collectives are no-ops, so tp = 1 and pp = 1 run the same code as any other layout.
 // The coordinate math repeats engine/parallel/topology's in a few lines so comm/ does not depend on it; the
 // tests check both against the formula above.
+//
+// Which communicator (CommOptions, run.comm; comm/nccl/comm_choice.h): with MPI every group is an MpiCommunicator
+// split from world. With NCCL, tp, dp, mp and embd are NcclCommunicators split (ncclCommSplit, same color and key)
+// from an NCCL communicator over world that lives only while the groups are made; collectives on host memory
+// still go through MPI inside them (comm/nccl/nccl_communicator.h). world stays MPI (the trainer's host-side
+// collectives, checkpoints), and so does pp: the pipeline posts its sends without waiting and matches messages by
+// tag, while NCCL matches point-to-point messages in issue order and a send may block until its receive is
+// posted, so pp moves to NCCL only once the schedule batches each send with its receive (Megatron's
+// send_forward_recv_backward).
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "comm/communicator.h"
+#include "comm/nccl/comm_choice.h"
 
 namespace ms {
 
 struct ProcessGroups {
-    Communicator* world = nullptr;  // not owned
+    Communicator* world = nullptr;                       // not owned
     std::unique_ptr<Communicator> tp, pp, dp, mp, embd;  // embd: nullptr on middle pipeline stages
     int tp_size = 1, pp_size = 1, dp_size = 1;
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+    CommKind comm = CommKind::kMpi;  // of tp, dp, mp, embd: kMpi or kNccl (world and pp are MPI either way)
 
     bool is_first_stage() const { return pp_rank == 0; }
     bool is_last_stage() const { return pp_rank == pp_size - 1; }
@@ -34,8 +46,17 @@ struct ProcessGroups {
     int prev_stage_rank() const { return (pp_rank + pp_size - 1) % pp_size; }
 };
 
+// What the groups are made of (the trainer passes run.comm, run.backend and MpiRuntime's node layout).
+struct CommOptions {
+    CommKind comm = CommKind::kMpi;    // run.comm; kAuto and kNccl resolve through resolve_comm (comm_choice.h)
+    std::string_view backend = "cpu";  // run.backend
+    int local_rank = 0;  // among the ranks of this node: NCCL runs on device local_rank % devices, as CudaBackend
+    int local_size = 1;  // ranks on this node: more than its devices means ranks share a GPU (no NCCL)
+};
+
 // Throws ms::UserError unless tp, pp, dp >= 1 and tp * pp * dp == world.size() (checked identically on every rank
-// before any split). Collective over world.
-ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp);
+// before any split), and when run.comm: nccl cannot run here (resolve_comm). Collective over world (an
+// MpiCommunicator when options.comm is not kMpi). Logs the communicator it chose.
+ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp, const CommOptions& options = {});
 
 }  // namespace ms

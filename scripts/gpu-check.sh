@@ -7,7 +7,9 @@
 #   1. configure + build with CUDA for the GPU present (CMAKE_CUDA_ARCHITECTURES=native; MS_CUDA_ARCH overrides);
 #   2. ctest -L gpu: every CUDA kernel on the device against the CPU backend (cuda_device_kernels), the trainer on
 #      the GPU against the CPU on tests/parallel/tiny.yaml, one rank and tp2 x pp2 x dp2 as 8 ranks on the one GPU
-#      (test_gpu: GpuTrain.*, which print their measured errors);
+#      (test_gpu: GpuTrain.*, which print their measured errors; the one-rank run trains on NCCL, run.comm: auto,
+#      the 8-rank one on MPI), and the NCCL communicator as one rank, every collective in fp32/bf16/fp16/int32
+#      (nccl_one_rank: tests/gpu/test_nccl.cpp);
 #   3. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda, fp32 and TF32 GEMMs) against PyTorch fp32, bf16
 #      and TF32 with torch.compile (bench/gpu/gpt2_bench.py);
 #   4. the kernel benchmark (bench/gpu/kernel_bench.cpp);
@@ -60,13 +62,14 @@ run_step configure 90 "$out/configure.log" \
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
 # -k 0: a target that fails to build does not stop the others; each step below needs only its own binaries.
 run_step build 240 "$out/build.log" ninja -C build-gpu -k 0 -j"$(nproc)" mindspeed-train test_gpu ms_has_gpu \
-  test_cuda_device gpu_kernel_bench test_ops test_model || grep -B2 -A12 'FAILED:' "$out/build.log" | head -40 |
-  tee -a "$summary"
+  test_cuda_device test_nccl gpu_kernel_bench test_ops test_model ||
+  grep -B2 -A12 'FAILED:' "$out/build.log" | head -40 | tee -a "$summary"
 log "ptxas: $(grep -c 'spill stores' "$out/build.log" 2>/dev/null) kernel reports, \
 $(grep 'spill stores' "$out/build.log" 2>/dev/null | grep -vc ' 0 bytes spill stores') with spills"
 have() { for f in "$@"; do [ -x "build-gpu/$f" ] || { steps_table+=("| ($f) | NOT BUILT | 0 |"); status=1; return 1; }; done; }
 
 # -V: the GPU tests print their measured errors, which go to the summary below.
+have tests/test_nccl  # a row when it did not build; ctest then reports nccl_one_rank as not run
 have mindspeed-train tests/test_gpu tests/ms_has_gpu tests/test_cuda_device &&
   run_step "ctest -L gpu" 180 "$out/ctest-gpu.log" bash -c 'cd build-gpu && exec ctest -L gpu -V --timeout 170'
 have mindspeed-train &&
@@ -89,6 +92,11 @@ if [ -f "$out/ctest-gpu.log" ]; then
   log "== ctest -L gpu"
   grep -E 'tests passed|tests failed|\(Failed\)|\(Timeout\)|Skipped|vs cpu: worst|Error|error' "$out/ctest-gpu.log" |
     head -30 | tee -a "$summary"
+fi
+if [ -f "$out/ctest-gpu.log" ]; then
+  log "== NCCL communicator, one rank (nccl_one_rank)"
+  grep -E 'nccl_one_rank|NcclOneRank.*(FAILED|SKIPPED)|NCCL error|comm: (NCCL|MPI)' "$out/ctest-gpu.log" |
+    sed 's/^[0-9]*: //' | sort | uniq -c | head -20 | tee -a "$summary"
 fi
 if [ -f "$out/bench/gpt2_bench.md" ]; then
   log "== GPT-2 124M, one GPU (bench/gpu/gpt2_bench.py)"

@@ -230,8 +230,10 @@ int run_train(const Config& cfg_in) {
         d = validate_config(cfg, world.size());
     });
     check_same_config(world, name_hash(config_to_yaml(cfg)));
-    ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
-                                               cfg.parallel.pipeline_model_parallel_size, d.dp);
+    ProcessGroups groups = make_process_groups(
+        world, cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size, d.dp,
+        {.comm = parse_comm_kind(cfg.run.comm), .backend = cfg.run.backend, .local_rank = mpi.local_rank(),
+         .local_size = mpi.local_size()});
     // Stop signals, the NaN policy, fault injection, collective timeouts with flight recorders, and the run's
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     Reliability reliability(cfg, groups, mpi.hostname());
