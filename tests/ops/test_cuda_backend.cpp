@@ -65,12 +65,15 @@ void expect_close(const char* what, double err, double tol) {
     EXPECT_LE(err, tol) << what;
 }
 
-TEST(CudaBackend, NameAndFp32Only) {
+TEST(CudaBackend, NameAndDtypes) {
     auto cuda = make_cuda();
     EXPECT_EQ(cuda->name(), CudaBackend::emulated() ? "cuda-emulated" : "cuda");
+    // Every op on the three activation dtypes of the precision contract (test_cuda_emu_mixed.cpp tests bf16, fp16).
     for (int op = 0; op < static_cast<int>(OpKind::kCount); ++op) {
-        EXPECT_TRUE(cuda->supports(static_cast<OpKind>(op), DType::kF32)) << "OpKind " << op;
-        EXPECT_FALSE(cuda->supports(static_cast<OpKind>(op), DType::kBF16)) << "OpKind " << op;
+        for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+            EXPECT_TRUE(cuda->supports(static_cast<OpKind>(op), d)) << "OpKind " << op << " " << dtype_name(d);
+        }
+        EXPECT_FALSE(cuda->supports(static_cast<OpKind>(op), DType::kI32)) << "OpKind " << op;
     }
     // make_backend_with_cuda forwards the other kinds; make_backend itself still builds only the CPU backend.
     BackendOptions cpu;
@@ -456,6 +459,29 @@ MS_CUDA_BACKEND_TEST(SumSquaresAndZero, OpKind::kSumSquares) {
     cuda->synchronize();
     EXPECT_EQ(z.values(), std::vector<float>(777, 0.0f));
     EXPECT_TRUE(z.guards_intact());
+}
+
+// ---- cast ----
+
+MS_CUDA_BACKEND_TEST(CastMatchesTheCpuBitForBit, OpKind::kCast) {
+    const int64_t n = 1001;
+    auto x = random_floats(static_cast<size_t>(n), 1, -70000.0f, 70000.0f);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    // fp32 -> 16 bits -> fp32 for both 16-bit types; the 16-bit buffers are raw uint16_t storage (std::vector, so
+    // managed memory in test_cuda_device).
+    for (DType d : {DType::kBF16, DType::kF16}) {
+        SCOPED_TRACE(dtype_name(d));
+        std::vector<uint16_t> half(static_cast<size_t>(n)), half_ref(static_cast<size_t>(n));
+        std::vector<float> back(static_cast<size_t>(n)), back_ref(static_cast<size_t>(n));
+        cuda->cast({.src = view(x, {n}), .dst = Tensor(half.data(), d, {n})});
+        cuda->cast({.src = Tensor(half.data(), d, {n}), .dst = view(back, {n})});
+        cuda->synchronize();
+        cpu->cast({.src = view(x, {n}), .dst = Tensor(half_ref.data(), d, {n})});
+        cpu->cast({.src = Tensor(half_ref.data(), d, {n}), .dst = view(back_ref, {n})});
+        EXPECT_EQ(half, half_ref);
+        EXPECT_TRUE(bit_identical(back, back_ref));
+    }
 }
 
 // Registered at static-initialisation time, so this holds when ctest runs each test in its own process.

@@ -8,6 +8,12 @@
 // The .cu files stay free of engine headers: nvcc's C++20 front end rejects fmt 9's consteval format strings, so
 // launchers take raw pointers and sizes (llm.c style) and check them with the printf-style MS_ASSERT.
 //
+// Storage types (mixed precision, backend.h's precision contract): every kernel is a template on the storage type T
+// of its activations and weights, float, bf16 or fp16 (engine/core/half.h), instantiated for the three
+// (MS_FOR_EACH_DTYPE). It loads with to_float, computes in fp32 and rounds once on store with from_float<T>; parameter
+// gradients and statistics stay fp32. For T = float both conversions are the identity, so the fp32 kernels compute
+// exactly what they computed before they were templates.
+//
 // A third way in: a host file of the real backend (cuda_backend.cpp in ms_cuda_backend) defines MS_CUDA_RUNTIME to
 // include the launcher declarations against <cuda_runtime.h>; it sees no kernels, so ms_launch and the warp
 // reductions are left out of it.
@@ -28,6 +34,11 @@
 #else
 #include "engine/backends/cuda/emu/cuda_emu.h"
 #endif
+
+#include "engine/core/half.h"
+
+// X(float) X(bf16) X(fp16): a .cu file's explicit instantiations of its templated launchers, one per storage type.
+#define MS_FOR_EACH_DTYPE(X) X(float) X(::ms::bf16) X(::ms::fp16)
 
 namespace ms {
 
@@ -58,6 +69,15 @@ inline int grid_stride_blocks(int64_t n, int block_size, int max_blocks = 4096) 
 namespace cuda {
 // How a backward writes an activation gradient: ms::Accumulate (backend.h), which nvcc cannot include.
 enum class DinpWrite : uint8_t { kOverwrite, kAdd };
+
+// NoDeduce<T>* (std::type_identity_t, which C++17 nvcc lacks): a launcher's optional pointer that takes no part in
+// deducing T, so it accepts nullptr while T comes from the other arguments.
+template <class T>
+struct NoDeduceImpl {
+    using type = T;
+};
+template <class T>
+using NoDeduce = typename NoDeduceImpl<T>::type;
 }  // namespace cuda
 
 }  // namespace ms

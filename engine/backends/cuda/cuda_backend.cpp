@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "engine/backends/cuda/cublas_gemm.h"
@@ -43,6 +44,54 @@ cuda::DinpWrite dinp_write(Accumulate a) {
 
 void check_numel(const Tensor& t, int64_t expected, const char* op, const char* what) {
     MS_CHECK(t.numel() == expected, "{}: {} has {} elements, expected {}", op, what, t.numel(), expected);
+}
+
+// ---- the precision contract (backend.h): one activation dtype D per op, fp32 gradients and statistics ----
+
+// D, taken from the op's `from` tensor; the CUDA kernels are built for fp32, bf16 and fp16.
+DType activation_dtype(const Tensor& from, const char* op, const char* what) {
+    MS_CHECK(is_float(from.dtype),
+             "{}: {} is {}, but the CUDA kernels compute on fp32, bf16 or fp16 (the activation dtype is taken from {})",
+             op, what, dtype_name(from.dtype), what);
+    return from.dtype;
+}
+
+// An activation, or a weight the op reads, of an op computing on D (skipped when undefined: optional tensors).
+void check_d(const Tensor& t, DType D, const char* op, const char* what) {
+    if (!t.defined()) return;
+    MS_CHECK(t.dtype == D,
+             "{}: {} is {} but the op's activation dtype is {}: activations and the weights an op reads share one "
+             "dtype (backend.h precision contract)",
+             op, what, dtype_name(t.dtype), dtype_name(D));
+}
+
+// A parameter gradient (`kind` "parameter gradient") or a statistic: fp32 whatever D is.
+void check_fp32(const Tensor& t, const char* op, const char* what, const char* kind) {
+    if (!t.defined()) return;
+    MS_CHECK(t.dtype == DType::kF32,
+             "{}: {} is {}, but a {} is fp32 whatever the activation dtype is (backend.h precision contract)", op, what,
+             dtype_name(t.dtype), kind);
+}
+
+// f(T{}) for the storage type T of D (float, bf16, fp16): the one place a run-time dtype becomes a kernel template.
+template <class F>
+void dispatch(DType D, F&& f) {
+    switch (D) {
+        case DType::kF32:
+            return f(float{});
+        case DType::kBF16:
+            return f(bf16{});
+        case DType::kF16:
+            return f(fp16{});
+        default:
+            MS_UNREACHABLE("dispatch: {} is not an activation dtype", dtype_name(D));
+    }
+}
+
+// t's data as T*, or nullptr when t is undefined (optional tensors).
+template <class T>
+T* opt(const Tensor& t) {
+    return t.defined() ? t.as<T>() : nullptr;
 }
 
 }  // namespace
@@ -194,8 +243,8 @@ bool CudaBackend::emulated() {
 
 std::string_view CudaBackend::name() const { return emulated() ? "cuda-emulated" : "cuda"; }
 
-// Every kernel is fp32 (bf16 comes with the mixed-precision work).
-bool CudaBackend::supports(OpKind op, DType dtype) const { return op < OpKind::kCount && dtype == DType::kF32; }
+// Every kernel is built for the three activation dtypes (backend.h precision contract).
+bool CudaBackend::supports(OpKind op, DType dtype) const { return op < OpKind::kCount && is_float(dtype); }
 
 void CudaBackend::synchronize() { MS_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -212,7 +261,8 @@ double CudaBackend::sum_squares(const Tensor& x) {
     const int64_t n = x.numel();
     const size_t doubles = 1 + cuda::sum_squares_scratch_doubles(n);
     double* scratch = static_cast<double*>(sum_squares_scratch_.reserve(doubles * sizeof(double)));
-    cuda::sum_squares(scratch, scratch + 1, x.f32(), n, stream_);
+    dispatch(activation_dtype(x, "sum_squares", "x"),
+             [&]<class T>(T) { cuda::sum_squares(scratch, scratch + 1, x.as<T>(), n, stream_); });
     MS_CUDA_LAUNCH_CHECK();
     double result = 0.0;
 #if defined(MS_CUDA_RUNTIME)
@@ -237,15 +287,17 @@ void CudaBackend::cast(const CastArgs& a) {
 #endif
         return;
     }
-    const auto s = a.src.dtype, d = a.dst.dtype;
-    if (s == DType::kF32 && d == DType::kBF16) return cuda::cast(a.dst.as<bf16>(), a.src.as<float>(), n, stream_);
-    if (s == DType::kF32 && d == DType::kF16) return cuda::cast(a.dst.as<fp16>(), a.src.as<float>(), n, stream_);
-    if (s == DType::kBF16 && d == DType::kF32) return cuda::cast(a.dst.as<float>(), a.src.as<bf16>(), n, stream_);
-    if (s == DType::kF16 && d == DType::kF32) return cuda::cast(a.dst.as<float>(), a.src.as<fp16>(), n, stream_);
-    MS_UNREACHABLE("cast: {} -> {} is not a conversion the CUDA backend has", dtype_name(s), dtype_name(d));
+    // Different dtypes, both of them fp32, bf16 or fp16: the kernel for the pair.
+    dispatch(activation_dtype(a.src, "cast", "src"), [&]<class S>(S) {
+        dispatch(activation_dtype(a.dst, "cast", "dst"), [&]<class D>(D) {
+            if constexpr (!std::is_same_v<S, D>) cuda::cast(a.dst.as<D>(), a.src.as<S>(), n, stream_);
+        });
+    });
 }
 
 // ---- ops ----
+// Each op takes its activation dtype D from one tensor, checks every other tensor against the precision contract
+// (D, or fp32 for parameter gradients and statistics), then runs the launcher instantiated for D.
 
 void CudaBackend::embedding_forward(const EmbeddingForwardArgs& a) {
     const int64_t C = a.table.dim(-1), N = a.tokens.numel();
@@ -253,10 +305,15 @@ void CudaBackend::embedding_forward(const EmbeddingForwardArgs& a) {
     check_numel(a.out, N * C, "embedding", "out (N * C)");
     MS_CHECK(a.T > 0 && N % a.T == 0, "embedding: N({}) is not a multiple of T({})", N, a.T);
     if (a.pos.defined()) check_numel(a.pos, a.T * C, "embedding", "pos (T * C)");
-    cuda::embedding_forward(a.out.f32(), a.tokens.i32(), a.table.f32(), a.pos.defined() ? a.pos.f32() : nullptr,
-                            to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
-                            to_int(a.table.numel() / C, "embedding", "V_local"), a.vocab_start,
-                            to_int(a.T, "embedding", "T"), stream_);
+    const DType D = activation_dtype(a.out, "embedding", "out");
+    check_d(a.table, D, "embedding", "table");
+    check_d(a.pos, D, "embedding", "pos");
+    dispatch(D, [&]<class T>(T) {
+        cuda::embedding_forward(a.out.as<T>(), a.tokens.i32(), a.table.as<T>(), opt<T>(a.pos),
+                                to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
+                                to_int(a.table.numel() / C, "embedding", "V_local"), a.vocab_start,
+                                to_int(a.T, "embedding", "T"), stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -266,10 +323,15 @@ void CudaBackend::embedding_backward(const EmbeddingBackwardArgs& a) {
     check_numel(a.dout, N * C, "embedding", "dout (N * C)");
     MS_CHECK(a.T > 0 && N % a.T == 0, "embedding: N({}) is not a multiple of T({})", N, a.T);
     if (a.dpos.defined()) check_numel(a.dpos, a.T * C, "embedding", "dpos (T * C)");
-    cuda::embedding_backward(a.dtable.f32(), a.dpos.defined() ? a.dpos.f32() : nullptr, a.tokens.i32(), a.dout.f32(),
-                             to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
-                             to_int(a.dtable.numel() / C, "embedding", "V_local"), a.vocab_start,
-                             to_int(a.T, "embedding", "T"), stream_);
+    const DType D = activation_dtype(a.dout, "embedding", "dout");
+    check_fp32(a.dtable, "embedding", "dtable", "parameter gradient");
+    check_fp32(a.dpos, "embedding", "dpos", "parameter gradient");
+    dispatch(D, [&]<class T>(T) {
+        cuda::embedding_backward(a.dtable.f32(), opt<float>(a.dpos), a.tokens.i32(), a.dout.as<T>(),
+                                 to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
+                                 to_int(a.dtable.numel() / C, "embedding", "V_local"), a.vocab_start,
+                                 to_int(a.T, "embedding", "T"), stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -282,8 +344,17 @@ void CudaBackend::layernorm_forward(const LayerNormForwardArgs& a) {
     check_numel(a.bias, C, "layernorm", "bias (C)");
     check_numel(a.mean, N, "layernorm", "mean (N)");
     check_numel(a.rstd, N, "layernorm", "rstd (N)");
-    cuda::layernorm_forward(a.out.f32(), a.mean.f32(), a.rstd.f32(), a.inp.f32(), a.weight.f32(), a.bias.f32(),
-                            to_int(N, "layernorm", "N"), to_int(C, "layernorm", "C"), a.eps, stream_);
+    const DType D = activation_dtype(a.inp, "layernorm", "inp");
+    check_d(a.out, D, "layernorm", "out");
+    check_d(a.weight, D, "layernorm", "weight");
+    check_d(a.bias, D, "layernorm", "bias");
+    check_fp32(a.mean, "layernorm", "mean", "statistic");
+    check_fp32(a.rstd, "layernorm", "rstd", "statistic");
+    dispatch(D, [&]<class T>(T) {
+        cuda::layernorm_forward(a.out.as<T>(), a.mean.f32(), a.rstd.f32(), a.inp.as<T>(), a.weight.as<T>(),
+                                a.bias.as<T>(), to_int(N, "layernorm", "N"), to_int(C, "layernorm", "C"), a.eps,
+                                stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -298,11 +369,21 @@ void CudaBackend::layernorm_backward(const LayerNormBackwardArgs& a) {
     check_numel(a.dbias, C, "layernorm", "dbias (C)");
     check_numel(a.mean, N, "layernorm", "mean (N)");
     check_numel(a.rstd, N, "layernorm", "rstd (N)");
+    const DType D = activation_dtype(a.dout, "layernorm", "dout");
+    check_d(a.inp, D, "layernorm", "inp");
+    check_d(a.dinp, D, "layernorm", "dinp");
+    check_d(a.weight, D, "layernorm", "weight");
+    check_fp32(a.mean, "layernorm", "mean", "statistic");
+    check_fp32(a.rstd, "layernorm", "rstd", "statistic");
+    check_fp32(a.dweight, "layernorm", "dweight", "parameter gradient");
+    check_fp32(a.dbias, "layernorm", "dbias", "parameter gradient");
     const int n = to_int(N, "layernorm", "N"), c = to_int(C, "layernorm", "C");
     float* scratch =
         static_cast<float*>(layernorm_scratch_.reserve(cuda::layernorm_backward_scratch_floats(n, c) * sizeof(float)));
-    cuda::layernorm_backward(a.dinp.f32(), a.dweight.f32(), a.dbias.f32(), scratch, a.dout.f32(), a.inp.f32(),
-                             a.weight.f32(), a.mean.f32(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
+    dispatch(D, [&]<class T>(T) {
+        cuda::layernorm_backward(a.dinp.as<T>(), a.dweight.f32(), a.dbias.f32(), scratch, a.dout.as<T>(), a.inp.as<T>(),
+                                 a.weight.as<T>(), a.mean.f32(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -313,14 +394,19 @@ void CudaBackend::matmul_forward(const MatmulForwardArgs& a) {
     const int64_t N = a.inp.numel() / K, M = a.weight.numel() / K;
     check_numel(a.out, N * M, "matmul", "out (N * M)");
     if (a.bias.defined()) check_numel(a.bias, M, "matmul", "bias (M)");
+    const DType D = activation_dtype(a.inp, "matmul", "inp");
+    check_d(a.weight, D, "matmul", "weight");
+    check_d(a.bias, D, "matmul", "bias");
+    check_d(a.out, D, "matmul", "out");
+    const int n = to_int(N, "matmul", "N"), k = to_int(K, "matmul", "K"), m = to_int(M, "matmul", "M");
+    dispatch(D, [&]<class T>(T) {
 #if defined(MS_CUDA_RUNTIME)
-    gemm_->forward(a.out.f32(), a.inp.f32(), a.weight.f32(), a.bias.defined() ? a.bias.f32() : nullptr,
-                   to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"));
+        gemm_->forward(a.out.as<T>(), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m);
 #else
-    cuda::matmul_forward(a.out.f32(), a.inp.f32(), a.weight.f32(), a.bias.defined() ? a.bias.f32() : nullptr,
-                         to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"), stream_);
-    MS_CUDA_LAUNCH_CHECK();
+        cuda::matmul_forward(a.out.as<T>(), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m, stream_);
 #endif
+    });
+    MS_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
@@ -332,18 +418,23 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
     check_numel(a.dweight, M * K, "matmul", "dweight (M * K)");
     if (a.dinp.defined()) check_numel(a.dinp, N * K, "matmul", "dinp (N * K)");
     if (a.dbias.defined()) check_numel(a.dbias, M, "matmul", "dbias (M)");
+    const DType D = activation_dtype(a.dout, "matmul", "dout");
+    check_d(a.inp, D, "matmul", "inp");
+    check_d(a.weight, D, "matmul", "weight");
+    check_d(a.dinp, D, "matmul", "dinp");
+    check_fp32(a.dweight, "matmul", "dweight", "parameter gradient");
+    check_fp32(a.dbias, "matmul", "dbias", "parameter gradient");
+    const int n = to_int(N, "matmul", "N"), k = to_int(K, "matmul", "K"), m = to_int(M, "matmul", "M");
+    dispatch(D, [&]<class T>(T) {
 #if defined(MS_CUDA_RUNTIME)
-    gemm_->backward(a.dinp.defined() ? a.dinp.f32() : nullptr, a.dweight.f32(),
-                    a.dbias.defined() ? a.dbias.f32() : nullptr, a.dout.f32(), a.inp.f32(), a.weight.f32(),
-                    to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"),
-                    dinp_write(a.accumulate));
+        gemm_->backward(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
+                        a.weight.as<T>(), n, k, m, dinp_write(a.accumulate));
 #else
-    cuda::matmul_backward(a.dinp.defined() ? a.dinp.f32() : nullptr, a.dweight.f32(),
-                          a.dbias.defined() ? a.dbias.f32() : nullptr, a.dout.f32(), a.inp.f32(), a.weight.f32(),
-                          to_int(N, "matmul", "N"), to_int(K, "matmul", "K"), to_int(M, "matmul", "M"),
-                          dinp_write(a.accumulate), stream_);
-    MS_CUDA_LAUNCH_CHECK();
+        cuda::matmul_backward<T>(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
+                                 a.weight.as<T>(), n, k, m, dinp_write(a.accumulate), stream_);
 #endif
+    });
+    MS_CUDA_LAUNCH_CHECK();
 }
 
 namespace {
@@ -361,6 +452,7 @@ AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor
              cuda::kAttentionMaxHS);
     check_numel(out, B * T * NH * HS, "attention", "out/dout (B * T * C)");
     check_numel(lse, B * NH * T, "attention", "lse (B * NH * T)");
+    check_fp32(lse, "attention", "lse", "statistic");
     return {to_int(B, "attention", "B"), to_int(T, "attention", "T"), to_int(NH, "attention", "NH"),
             static_cast<int>(HS)};
 }
@@ -369,7 +461,11 @@ AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor
 
 void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
     const AttentionDims d = check_attention(a.qkv, a.out, a.lse, a.NH);
-    cuda::attention_forward(a.out.f32(), a.lse.f32(), a.qkv.f32(), d.B, d.T, d.NH, d.HS, stream_);
+    const DType D = activation_dtype(a.qkv, "attention", "qkv");
+    check_d(a.out, D, "attention", "out");
+    dispatch(D, [&]<class T>(T) {
+        cuda::attention_forward(a.out.as<T>(), a.lse.f32(), a.qkv.as<T>(), d.B, d.T, d.NH, d.HS, stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -377,8 +473,14 @@ void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
     const AttentionDims d = check_attention(a.qkv, a.dout, a.lse, a.NH);
     check_numel(a.out, a.dout.numel(), "attention", "out (B * T * C)");
     check_numel(a.dqkv, a.qkv.numel(), "attention", "dqkv (B * T * 3C)");
-    cuda::attention_backward(a.dqkv.f32(), a.dout.f32(), a.qkv.f32(), a.out.f32(), a.lse.f32(), d.B, d.T, d.NH, d.HS,
-                             stream_);
+    const DType D = activation_dtype(a.qkv, "attention", "qkv");
+    check_d(a.dout, D, "attention", "dout");
+    check_d(a.out, D, "attention", "out");
+    check_d(a.dqkv, D, "attention", "dqkv");
+    dispatch(D, [&]<class T>(T) {
+        cuda::attention_backward(a.dqkv.as<T>(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(), a.lse.f32(), d.B, d.T,
+                                 d.NH, d.HS, stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -386,7 +488,9 @@ void CudaBackend::gelu_forward(const GeluForwardArgs& a) {
     const int64_t n = a.inp.numel();
     check_numel(a.out, n, "gelu", "out (n = inp's)");
     MS_CHECK(a.out.data != a.inp.data, "gelu: out must not alias inp (the backward reads inp)");
-    cuda::gelu_forward(a.out.f32(), a.inp.f32(), n, stream_);
+    const DType D = activation_dtype(a.inp, "gelu", "inp");
+    check_d(a.out, D, "gelu", "out");
+    dispatch(D, [&]<class T>(T) { cuda::gelu_forward(a.out.as<T>(), a.inp.as<T>(), n, stream_); });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -394,7 +498,10 @@ void CudaBackend::gelu_backward(const GeluBackwardArgs& a) {
     const int64_t n = a.inp.numel();
     check_numel(a.dout, n, "gelu", "dout (n = inp's)");
     check_numel(a.dinp, n, "gelu", "dinp (n = inp's)");
-    cuda::gelu_backward(a.dinp.f32(), a.inp.f32(), a.dout.f32(), n, stream_);
+    const DType D = activation_dtype(a.inp, "gelu", "inp");
+    check_d(a.dout, D, "gelu", "dout");
+    check_d(a.dinp, D, "gelu", "dinp");
+    dispatch(D, [&]<class T>(T) { cuda::gelu_backward(a.dinp.as<T>(), a.inp.as<T>(), a.dout.as<T>(), n, stream_); });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -407,7 +514,13 @@ void CudaBackend::residual_forward(const ResidualForwardArgs& a) {
         M = a.bias.numel();
         MS_CHECK(M > 0 && n % M == 0, "residual: bias has {} elements, which does not divide n = {}", M, n);
     }
-    cuda::residual_forward(a.out.f32(), a.a.f32(), a.b.f32(), a.bias.defined() ? a.bias.f32() : nullptr, n, M, stream_);
+    const DType D = activation_dtype(a.a, "residual", "a");
+    check_d(a.b, D, "residual", "b");
+    check_d(a.out, D, "residual", "out");
+    check_d(a.bias, D, "residual", "bias");
+    dispatch(D, [&]<class T>(T) {
+        cuda::residual_forward(a.out.as<T>(), a.a.as<T>(), a.b.as<T>(), opt<T>(a.bias), n, M, stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -428,12 +541,18 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
         check_numel(a.targets, N, "cross_entropy", "targets (N)");
         check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
         check_numel(a.target_logit, N, "cross_entropy", "target_logit (N)");
+        check_fp32(a.sum_exp, "cross_entropy", "sum_exp", "statistic");
+        check_fp32(a.target_logit, "cross_entropy", "target_logit", "statistic");
     }
-    cuda::cross_entropy_forward(
-        a.row_max.f32(), sum_phase ? a.sum_exp.f32() : nullptr, sum_phase ? a.target_logit.f32() : nullptr,
-        a.logits.f32(), sum_phase ? a.targets.i32() : nullptr, to_int(N, "cross_entropy", "N"),
-        to_int(Vp, "cross_entropy", "Vp_local"), a.vocab_start, static_cast<int>(a.vocab_valid_local),
-        sum_phase ? cuda::CrossEntropyPhase::kSumExp : cuda::CrossEntropyPhase::kMax, stream_);
+    check_fp32(a.row_max, "cross_entropy", "row_max", "statistic");
+    const DType D = activation_dtype(a.logits, "cross_entropy", "logits");
+    dispatch(D, [&]<class T>(T) {
+        cuda::cross_entropy_forward(
+            a.row_max.f32(), sum_phase ? a.sum_exp.f32() : nullptr, sum_phase ? a.target_logit.f32() : nullptr,
+            a.logits.as<T>(), sum_phase ? a.targets.i32() : nullptr, to_int(N, "cross_entropy", "N"),
+            to_int(Vp, "cross_entropy", "Vp_local"), a.vocab_start, static_cast<int>(a.vocab_valid_local),
+            sum_phase ? cuda::CrossEntropyPhase::kSumExp : cuda::CrossEntropyPhase::kMax, stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -443,9 +562,15 @@ void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
     check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
     check_numel(a.dloss, N, "cross_entropy", "dloss (N)");
-    cuda::cross_entropy_backward(a.logits.f32(), a.targets.i32(), a.row_max.f32(), a.sum_exp.f32(), a.dloss.f32(),
-                                 to_int(N, "cross_entropy", "N"), to_int(Vp, "cross_entropy", "Vp_local"),
-                                 a.vocab_start, static_cast<int>(a.vocab_valid_local), stream_);
+    check_fp32(a.row_max, "cross_entropy", "row_max", "statistic");
+    check_fp32(a.sum_exp, "cross_entropy", "sum_exp", "statistic");
+    check_fp32(a.dloss, "cross_entropy", "dloss", "statistic");
+    const DType D = activation_dtype(a.logits, "cross_entropy", "logits");
+    dispatch(D, [&]<class T>(T) {
+        cuda::cross_entropy_backward(a.logits.as<T>(), a.targets.i32(), a.row_max.f32(), a.sum_exp.f32(), a.dloss.f32(),
+                                     to_int(N, "cross_entropy", "N"), to_int(Vp, "cross_entropy", "Vp_local"),
+                                     a.vocab_start, static_cast<int>(a.vocab_valid_local), stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -455,8 +580,19 @@ void CudaBackend::adamw(const AdamWArgs& a) {
     check_numel(a.m, n, "adamw", "m (n = param's)");
     check_numel(a.v, n, "adamw", "v (n = param's)");
     MS_CHECK(a.step >= 1, "adamw: step is {}, must be >= 1 (bias corrections divide by 1 - beta^step)", a.step);
+    check_fp32(a.param, "adamw", "param", "master weight");
+    check_fp32(a.grad, "adamw", "grad", "parameter gradient");
+    check_fp32(a.m, "adamw", "m", "optimizer state");
+    check_fp32(a.v, "adamw", "v", "optimizer state");
     const cuda::AdamWHyper h{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
-    cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), n, h, stream_);
+    if (!a.param_copy.defined()) {
+        cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), n, h, stream_);
+    } else {
+        check_numel(a.param_copy, n, "adamw", "param_copy (n = param's)");
+        dispatch(activation_dtype(a.param_copy, "adamw", "param_copy"), [&]<class T>(T) {
+            cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), a.param_copy.as<T>(), n, h, stream_);
+        });
+    }
     MS_CUDA_LAUNCH_CHECK();
 }
 

@@ -3,6 +3,8 @@ Causal multi-head self-attention, forward and backward, as tiled flash attention
 matrix in memory, lse saved, the backward recomputes the probabilities from lse. Twin: cpu/ops/attention.cpp.
 Layout: qkv/dqkv (B, T, 3*C) with C = NH*HS, rows [Q | K | V], each block head-major (head h owns columns
 h*HS .. (h+1)*HS of its block); out/dout (B, T, C) head-major; lse (B, NH, T) fp32. HS <= kAttentionMaxHS.
+qkv, dqkv, out, dout are T, the activation dtype (float, bf16, fp16): rows are converted to fp32 as they are staged
+into shared memory (which holds fp32 tiles for every T), all math is fp32, and each output element is rounded once.
 Per (b, h), with scale = 1/sqrt(HS), query row t, key row u <= t:
   forward:  S = Q K^T * scale;  running max m and sum l per row over key tiles (l *= exp(m_old - m_new) when the
             max grows, the output accumulator likewise);  O = acc / l;  lse = m + log l
@@ -46,16 +48,18 @@ __device__ __forceinline__ float dot_hs(const float* a, const float* b, int HS) 
     return acc;
 }
 
-// Copies row `row` of the (T, *) matrix at src (row stride `stride`) into dst; the calling tile row's threads split
-// the HS columns.
-__device__ __forceinline__ void load_row(float* dst, const float* src, int64_t row, int64_t stride, int HS) {
-    for (int d = threadIdx.x; d < HS; d += kTile) dst[d] = src[row * stride + d];
+// Copies row `row` of the (T, *) matrix at src (row stride `stride`) into dst as fp32; the calling tile row's threads
+// split the HS columns.
+template <class S>
+__device__ __forceinline__ void load_row(float* dst, const S* src, int64_t row, int64_t stride, int HS) {
+    for (int d = threadIdx.x; d < HS; d += kTile) dst[d] = to_float(src[row * stride + d]);
 }
 
 // D = dO . O for one query row, over the calling tile row's threads.
-__device__ __forceinline__ float row_dot(const float* dout_row, const float* out_row, int HS) {
+template <class S>
+__device__ __forceinline__ float row_dot(const S* dout_row, const S* out_row, int HS) {
     float acc = 0.0f;
-    for (int d = threadIdx.x; d < HS; d += kTile) acc += dout_row[d] * out_row[d];
+    for (int d = threadIdx.x; d < HS; d += kTile) acc += to_float(dout_row[d]) * to_float(out_row[d]);
     return row_reduce_sum(acc);
 }
 
@@ -63,8 +67,9 @@ __device__ __forceinline__ float row_dot(const float* dout_row, const float* out
 // CUDA kernels
 
 // grid (query tiles, NH, B), block (kTile, kTile): threadIdx.y is the query row of the tile, threadIdx.x the key.
-__global__ void attention_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
-                                         const float* __restrict__ qkv, int T, int NH, int HS, float scale) {
+template <class S>
+__global__ void attention_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T,
+                                         int NH, int HS, float scale) {
     __shared__ float s_q[kTile][kMaxHS];
     __shared__ float s_k[kTile][kMaxHS];
     __shared__ float s_v[kTile][kMaxHS];
@@ -72,7 +77,7 @@ __global__ void attention_forward_kernel(float* __restrict__ out, float* __restr
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int h = blockIdx.y, b = blockIdx.z;
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const int q0 = blockIdx.x * kTile;
     const int query = q0 + ty < T ? q0 + ty : T - 1;
     load_row(s_q[ty], q_base, query, stride, HS);
@@ -102,17 +107,18 @@ __global__ void attention_forward_kernel(float* __restrict__ out, float* __restr
         __syncthreads();  // every read of s_k, s_v, s_p is done before the next tile overwrites them
     }
     if (q0 + ty >= T) return;
-    float* o = out + (static_cast<int64_t>(b) * T + query) * C + static_cast<int64_t>(h) * HS;
+    S* o = out + (static_cast<int64_t>(b) * T + query) * C + static_cast<int64_t>(h) * HS;
     for (int i = 0; i < kDPerThread; ++i) {
         const int d = tx + i * kTile;
-        if (d < HS) o[d] = acc[i] / l;
+        if (d < HS) o[d] = from_float<S>(acc[i] / l);
     }
     if (tx == 0) lse[(static_cast<int64_t>(b) * NH + h) * T + query] = m + logf(l);
 }
 
 // dQ for one query tile: grid (query tiles, NH, B), block (kTile, kTile), threadIdx.y the query row.
-__global__ void attention_backward_dq_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
-                                             const float* __restrict__ qkv, const float* __restrict__ out,
+template <class S>
+__global__ void attention_backward_dq_kernel(S* __restrict__ dqkv, const S* __restrict__ dout,
+                                             const S* __restrict__ qkv, const S* __restrict__ out,
                                              const float* __restrict__ lse, int T, int NH, int HS, float scale) {
     __shared__ float s_q[kTile][kMaxHS];
     __shared__ float s_do[kTile][kMaxHS];
@@ -122,9 +128,9 @@ __global__ void attention_backward_dq_kernel(float* __restrict__ dqkv, const flo
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int h = blockIdx.y, b = blockIdx.z;
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
-    const float* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const float* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const int q0 = blockIdx.x * kTile;
     const int query = q0 + ty < T ? q0 + ty : T - 1;
     load_row(s_q[ty], q_base, query, stride, HS);
@@ -153,17 +159,18 @@ __global__ void attention_backward_dq_kernel(float* __restrict__ dqkv, const flo
         __syncthreads();
     }
     if (q0 + ty >= T) return;
-    float* dq = dqkv + (static_cast<int64_t>(b) * T + query) * stride + static_cast<int64_t>(h) * HS;
+    S* dq = dqkv + (static_cast<int64_t>(b) * T + query) * stride + static_cast<int64_t>(h) * HS;
     for (int i = 0; i < kDPerThread; ++i) {
         const int d = tx + i * kTile;
-        if (d < HS) dq[d] = acc[i] * scale;
+        if (d < HS) dq[d] = from_float<S>(acc[i] * scale);
     }
 }
 
 // dK and dV for one key tile: grid (key tiles, NH, B), block (kTile, kTile). While P and dS are formed
 // threadIdx.y is the query row and threadIdx.x the key; while they are accumulated threadIdx.y is the key.
-__global__ void attention_backward_dkv_kernel(float* __restrict__ dqkv, const float* __restrict__ dout,
-                                              const float* __restrict__ qkv, const float* __restrict__ out,
+template <class S>
+__global__ void attention_backward_dkv_kernel(S* __restrict__ dqkv, const S* __restrict__ dout,
+                                              const S* __restrict__ qkv, const S* __restrict__ out,
                                               const float* __restrict__ lse, int T, int NH, int HS, float scale) {
     __shared__ float s_k[kTile][kMaxHS];
     __shared__ float s_v[kTile][kMaxHS];
@@ -174,9 +181,9 @@ __global__ void attention_backward_dkv_kernel(float* __restrict__ dqkv, const fl
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int h = blockIdx.y, b = blockIdx.z;
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const float* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
-    const float* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const float* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
     const int k0 = blockIdx.x * kTile;
     load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
@@ -209,12 +216,12 @@ __global__ void attention_backward_dkv_kernel(float* __restrict__ dqkv, const fl
         __syncthreads();
     }
     if (k0 + ty >= T) return;
-    float* dk = dqkv + (static_cast<int64_t>(b) * T + k0 + ty) * stride + C + static_cast<int64_t>(h) * HS;
+    S* dk = dqkv + (static_cast<int64_t>(b) * T + k0 + ty) * stride + C + static_cast<int64_t>(h) * HS;
     for (int i = 0; i < kDPerThread; ++i) {
         const int d = tx + i * kTile;
         if (d >= HS) break;
-        dk[d] = acc_k[i] * scale;
-        dk[C + d] = acc_v[i];
+        dk[d] = from_float<S>(acc_k[i] * scale);
+        dk[C + d] = from_float<S>(acc_v[i]);
     }
 }
 
@@ -230,27 +237,36 @@ void check_shape(int B, int T, int NH, int HS) {
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+template <class S>
+void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
-    ms_launch(attention_forward_kernel, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
+    ms_launch(attention_forward_kernel<S>, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
               1.0f / sqrtf(static_cast<float>(HS)));
     MS_CUDA_LAUNCH_CHECK();
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int NH, int HS, cudaStream_t stream) {
+template <class S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
+                        int HS, cudaStream_t stream) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-    ms_launch(attention_backward_dq_kernel, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, HS,
-              scale);
+    ms_launch(attention_backward_dq_kernel<S>, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH,
+              HS, scale);
     MS_CUDA_LAUNCH_CHECK();
-    ms_launch(attention_backward_dkv_kernel, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, HS,
-              scale);
+    ms_launch(attention_backward_dkv_kernel<S>, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH,
+              HS, scale);
     MS_CUDA_LAUNCH_CHECK();
 }
+
+#define MS_INSTANTIATE(S)                                                                                   \
+    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);             \
+    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int, \
+                                        cudaStream_t);
+MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

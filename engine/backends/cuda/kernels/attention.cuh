@@ -8,11 +8,14 @@ namespace ms::cuda {
 // Largest head size the kernels take (their shared-memory tiles are sized for it).
 inline constexpr int kAttentionMaxHS = 64;
 
+// S: the activation dtype of qkv, out, dout, dqkv (float, bf16, fp16), computed in fp32; lse is fp32 whatever S is.
 // out = softmax(Q K^T / sqrt(HS) + causal mask) V per head; lse (B, NH, T) = log-sum-exp of each softmax row.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
+template <class S>
+void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
 
 // dqkv (B, T, 3*NH*HS) overwritten, the probabilities recomputed from lse; `out` is the forward's output.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int NH, int HS, cudaStream_t stream);
+template <class S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
+                        int HS, cudaStream_t stream);
 
 }  // namespace ms::cuda

@@ -37,5 +37,7 @@ template void cast<float, bf16>(bf16*, const float*, int64_t, cudaStream_t);
 template void cast<float, fp16>(fp16*, const float*, int64_t, cudaStream_t);
 template void cast<bf16, float>(float*, const bf16*, int64_t, cudaStream_t);
 template void cast<fp16, float>(float*, const fp16*, int64_t, cudaStream_t);
+template void cast<bf16, fp16>(fp16*, const bf16*, int64_t, cudaStream_t);
+template void cast<fp16, bf16>(bf16*, const fp16*, int64_t, cudaStream_t);
 
 }  // namespace ms::cuda

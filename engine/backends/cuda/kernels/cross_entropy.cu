@@ -2,14 +2,14 @@
 Vocab-parallel softmax cross-entropy in pieces (backend.h, DESIGN.md §5), so that tensor parallelism can all-reduce
 between them: kMax (then an all-reduce max), kSumExp (then all-reduce sums), backward. The twin is
 cpu/ops/cross_entropy.cpp.
-Layout: logits/dlogits (N, Vp) row-major fp32 (Vp = this shard's padded vocab), targets (N) int32 global ids,
-row_max/sum_exp/target_logit/dloss (N) fp32. Column j of the shard is global id vocab_start + j; columns
-j >= valid (the padded tail) take no part in max or sum and get exactly 0 gradient.
-Kernels: one block of kBlockSize threads per row; each thread strides over the columns, then a block reduction
-(xor butterflies inside each warp, the warp results through shared memory, warp 0 combines them in warp order),
-so every run sums in the same order. The exp-sum is float per thread (Vp / 256 ~ 200 terms at GPT-2's 50k vocab)
-and float across the block tree; the CPU reference works in double.
-Accumulation contract: row statistics are overwritten; the backward overwrites logits with dlogits.
+Layout: logits/dlogits (N, Vp) row-major T, the activation dtype (float, bf16, fp16; Vp = this shard's padded vocab),
+targets (N) int32 global ids, row_max/sum_exp/target_logit/dloss (N) fp32. Column j of the shard is global id
+vocab_start + j; columns j >= valid (the padded tail) take no part in max or sum and get exactly 0 gradient. Kernels:
+one block of kBlockSize threads per row; each thread strides over the columns, then a block reduction (xor butterflies
+inside each warp, the warp results through shared memory, warp 0 combines them in warp order), so every run sums in the
+same order. The exp-sum is float per thread (Vp / 256 ~ 200 terms at GPT-2's 50k vocab) and float across the block tree;
+the CPU reference works in double. Logits are loaded as fp32, every statistic is fp32, and each dlogit is rounded once
+to T. Accumulation contract: row statistics are overwritten; the backward overwrites logits with dlogits.
 */
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
 
@@ -44,43 +44,45 @@ __device__ __forceinline__ int target_column(int32_t target, int64_t vocab_start
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-__global__ void cross_entropy_max_kernel(float* __restrict__ row_max, const float* __restrict__ logits, int Vp,
-                                         int valid) {
-    const float* l = logits + static_cast<int64_t>(blockIdx.x) * Vp;
+template <class T>
+__global__ void cross_entropy_max_kernel(float* __restrict__ row_max, const T* __restrict__ logits, int Vp, int valid) {
+    const T* l = logits + static_cast<int64_t>(blockIdx.x) * Vp;
     float best = -INFINITY;
-    for (int j = threadIdx.x; j < valid; j += kBlockSize) best = fmaxf(best, l[j]);
+    for (int j = threadIdx.x; j < valid; j += kBlockSize) best = fmaxf(best, to_float(l[j]));
     best = block_reduce<Reduce::kMax>(best);
     if (threadIdx.x == 0) row_max[blockIdx.x] = best;
 }
 
+template <class T>
 __global__ void cross_entropy_sum_exp_kernel(float* __restrict__ sum_exp, float* __restrict__ target_logit,
-                                             const float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                             const T* __restrict__ logits, const int32_t* __restrict__ targets,
                                              const float* __restrict__ row_max, int Vp, int64_t vocab_start,
                                              int valid) {
     const int n = blockIdx.x;
-    const float* l = logits + static_cast<int64_t>(n) * Vp;
+    const T* l = logits + static_cast<int64_t>(n) * Vp;
     const float max = row_max[n];
     float sum = 0.0f;
-    for (int j = threadIdx.x; j < valid; j += kBlockSize) sum += expf(l[j] - max);
+    for (int j = threadIdx.x; j < valid; j += kBlockSize) sum += expf(to_float(l[j]) - max);
     sum = block_reduce<Reduce::kSum>(sum);
     if (threadIdx.x == 0) {
         sum_exp[n] = sum;
         const int tj = target_column(targets[n], vocab_start, valid);
-        target_logit[n] = tj >= 0 ? l[tj] : 0.0f;
+        target_logit[n] = tj >= 0 ? to_float(l[tj]) : 0.0f;
     }
 }
 
-__global__ void cross_entropy_backward_kernel(float* __restrict__ logits, const int32_t* __restrict__ targets,
+template <class T>
+__global__ void cross_entropy_backward_kernel(T* __restrict__ logits, const int32_t* __restrict__ targets,
                                               const float* __restrict__ row_max, const float* __restrict__ sum_exp,
                                               const float* __restrict__ dloss, int Vp, int64_t vocab_start, int valid) {
     const int n = blockIdx.x;
-    float* l = logits + static_cast<int64_t>(n) * Vp;
+    T* l = logits + static_cast<int64_t>(n) * Vp;
     const float max = row_max[n], d = dloss[n];
     const float scale = d / sum_exp[n];
     const int tj = target_column(targets[n], vocab_start, valid);
     for (int j = threadIdx.x; j < Vp; j += kBlockSize) {
         // Each thread reads its element before it writes it, so the in-place update needs no barrier.
-        l[j] = j < valid ? expf(l[j] - max) * scale - (j == tj ? d : 0.0f) : 0.0f;
+        l[j] = from_float<T>(j < valid ? expf(to_float(l[j]) - max) * scale - (j == tj ? d : 0.0f) : 0.0f);
     }
 }
 
@@ -95,27 +97,37 @@ void check_shape(int N, int Vp, int valid) {
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-void cross_entropy_forward(float* row_max, float* sum_exp, float* target_logit, const float* logits,
-                           const int32_t* targets, int N, int Vp, int64_t vocab_start, int valid,
-                           CrossEntropyPhase phase, cudaStream_t stream) {
+template <class T>
+void cross_entropy_forward(float* row_max, float* sum_exp, float* target_logit, const T* logits, const int32_t* targets,
+                           int N, int Vp, int64_t vocab_start, int valid, CrossEntropyPhase phase,
+                           cudaStream_t stream) {
     check_shape(N, Vp, valid);
     if (N == 0) return;
     if (phase == CrossEntropyPhase::kMax) {
-        ms_launch(cross_entropy_max_kernel, N, kBlockSize, 0, stream, row_max, logits, Vp, valid);
+        ms_launch(cross_entropy_max_kernel<T>, N, kBlockSize, 0, stream, row_max, logits, Vp, valid);
     } else {
-        ms_launch(cross_entropy_sum_exp_kernel, N, kBlockSize, 0, stream, sum_exp, target_logit, logits, targets,
+        ms_launch(cross_entropy_sum_exp_kernel<T>, N, kBlockSize, 0, stream, sum_exp, target_logit, logits, targets,
                   row_max, Vp, vocab_start, valid);
     }
     MS_CUDA_LAUNCH_CHECK();
 }
 
-void cross_entropy_backward(float* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
+template <class T>
+void cross_entropy_backward(T* logits, const int32_t* targets, const float* row_max, const float* sum_exp,
                             const float* dloss, int N, int Vp, int64_t vocab_start, int valid, cudaStream_t stream) {
     check_shape(N, Vp, valid);
     if (N == 0) return;
-    ms_launch(cross_entropy_backward_kernel, N, kBlockSize, 0, stream, logits, targets, row_max, sum_exp, dloss, Vp,
+    ms_launch(cross_entropy_backward_kernel<T>, N, kBlockSize, 0, stream, logits, targets, row_max, sum_exp, dloss, Vp,
               vocab_start, valid);
     MS_CUDA_LAUNCH_CHECK();
 }
+
+#define MS_INSTANTIATE(T)                                                                                            \
+    template void cross_entropy_forward<T>(float*, float*, float*, const T*, const int32_t*, int, int, int64_t, int, \
+                                           CrossEntropyPhase, cudaStream_t);                                         \
+    template void cross_entropy_backward<T>(T*, const int32_t*, const float*, const float*, const float*, int, int,  \
+                                            int64_t, int, cudaStream_t);
+MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

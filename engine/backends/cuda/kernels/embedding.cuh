@@ -7,13 +7,17 @@
 
 namespace ms::cuda {
 
-// out[n] = (table[tokens[n] - vocab_start] if held here, else 0) + (pos ? pos[n % T] : 0). N must be a multiple of T.
-void embedding_forward(float* out, const int32_t* tokens, const float* table, const float* pos, int N, int C,
-                       int V_local, int64_t vocab_start, int T, cudaStream_t stream);
+// D: the activation dtype, float, bf16 or fp16 (out, table, pos, dout); dtable and dpos are fp32 whatever D is.
+// out[n] = (table[tokens[n] - vocab_start] if held here, else 0) + (pos ? pos[n % T] : 0), summed in fp32 and rounded
+// once to D. N must be a multiple of T.
+template <class D>
+void embedding_forward(D* out, const int32_t* tokens, const D* table, const NoDeduce<D>* pos, int N, int C, int V_local,
+                       int64_t vocab_start, int T, cudaStream_t stream);
 
 // dtable[tokens[n] - vocab_start] += dout[n] for the tokens held here; dpos[n % T] += dout[n] when dpos is given.
 // Deterministic and bit-identical to cpu/ops/embedding.cpp: every element is summed in token order, no atomics.
-void embedding_backward(float* dtable, float* dpos, const int32_t* tokens, const float* dout, int N, int C, int V_local,
+template <class D>
+void embedding_backward(float* dtable, float* dpos, const int32_t* tokens, const D* dout, int N, int C, int V_local,
                         int64_t vocab_start, int T, cudaStream_t stream);
 
 }  // namespace ms::cuda

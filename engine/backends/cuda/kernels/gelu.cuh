@@ -7,9 +7,12 @@
 
 namespace ms::cuda {
 
+// T: float, bf16 or fp16 (common.cuh), computed in fp32.
 // out[i] = gelu(inp[i]) over n values; out must not alias inp (the backward needs inp).
-void gelu_forward(float* out, const float* inp, int64_t n, cudaStream_t stream);
+template <class T>
+void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t stream);
 // dinp[i] = gelu'(inp[i]) * dout[i]; dinp is overwritten and may alias dout.
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n, cudaStream_t stream);
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t stream);
 
 }  // namespace ms::cuda

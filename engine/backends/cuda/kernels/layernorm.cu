@@ -1,6 +1,7 @@
 /*
 LayerNorm over the last dim (GPT-2 style), forward and backward.
-Layout: inp/out/dout/dinp (N, C) row-major fp32, weight/bias/dweight/dbias (C), mean/rstd (N) fp32.
+Layout: inp/out/dout/dinp (N, C) row-major T, weight/bias (C) T, dweight/dbias (C) fp32, mean/rstd (N) fp32, where
+T (float, bf16, fp16) is the activation dtype; every sum is fp32 and each T output is rounded once.
 Forward:  one warp per row: mean, then the biased variance of (x - mean) (two passes, as cpu/ops/layernorm.cpp),
           rstd = 1 / sqrt(var + eps), out = (x - mean) * rstd * weight + bias; mean and rstd are saved.
 Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd, one warp per row;
@@ -22,32 +23,34 @@ constexpr int kRowsPerChunk = 64;
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-__global__ void layernorm_forward_kernel(float* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                         const float* __restrict__ inp, const float* __restrict__ weight,
-                                         const float* __restrict__ bias, int N, int C, float eps) {
+template <class T>
+__global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                         const T* __restrict__ inp, const T* __restrict__ weight,
+                                         const T* __restrict__ bias, int N, int C, float eps) {
     const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
-    const float* x = inp + static_cast<int64_t>(row) * C;
+    const T* x = inp + static_cast<int64_t>(row) * C;
     float sum = 0.0f;
-    for (int c = lane; c < C; c += 32) sum += x[c];
+    for (int c = lane; c < C; c += 32) sum += to_float(x[c]);
     const float m = warp_reduce_sum(sum) / C;
     float sq = 0.0f;
-    for (int c = lane; c < C; c += 32) sq += (x[c] - m) * (x[c] - m);
+    for (int c = lane; c < C; c += 32) sq += (to_float(x[c]) - m) * (to_float(x[c]) - m);
     const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
-    float* o = out + static_cast<int64_t>(row) * C;
-    for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    T* o = out + static_cast<int64_t>(row) * C;
+    for (int c = lane; c < C; c += 32) {
+        o[c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+    }
     if (lane == 0) {
         mean[row] = m;
         rstd[row] = s;
     }
 }
 
-template <DinpWrite kWrite>
-__global__ void layernorm_backward_kernel(float* __restrict__ dinp, const float* __restrict__ dout,
-                                          const float* __restrict__ inp, const float* __restrict__ weight,
-                                          const float* __restrict__ mean, const float* __restrict__ rstd, int N,
-                                          int C) {
+template <DinpWrite kWrite, class T>
+__global__ void layernorm_backward_kernel(T* __restrict__ dinp, const T* __restrict__ dout, const T* __restrict__ inp,
+                                          const T* __restrict__ weight, const float* __restrict__ mean,
+                                          const float* __restrict__ rstd, int N, int C) {
     const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;
@@ -55,25 +58,28 @@ __global__ void layernorm_backward_kernel(float* __restrict__ dinp, const float*
     const float mu = mean[row], rs = rstd[row];
     float g_sum = 0.0f, g_norm_sum = 0.0f;
     for (int c = lane; c < C; c += 32) {
-        const float g = dout[base + c] * weight[c];
+        const float g = to_float(dout[base + c]) * to_float(weight[c]);
         g_sum += g;
-        g_norm_sum += g * (inp[base + c] - mu) * rs;
+        g_norm_sum += g * (to_float(inp[base + c]) - mu) * rs;
     }
     const float g_mean = warp_reduce_sum(g_sum) / C;
     const float g_norm_mean = warp_reduce_sum(g_norm_sum) / C;
     for (int c = lane; c < C; c += 32) {
-        const float d = (dout[base + c] * weight[c] - g_mean - (inp[base + c] - mu) * rs * g_norm_mean) * rs;
+        const float d = (to_float(dout[base + c]) * to_float(weight[c]) - g_mean -
+                         (to_float(inp[base + c]) - mu) * rs * g_norm_mean) *
+                        rs;
         if constexpr (kWrite == DinpWrite::kAdd) {
-            dinp[base + c] += d;
+            dinp[base + c] = from_float<T>(to_float(dinp[base + c]) + d);
         } else {
-            dinp[base + c] = d;
+            dinp[base + c] = from_float<T>(d);
         }
     }
 }
 
 // Block (32, kRowLanes) sums rows [blockIdx.y * kRowsPerChunk, +kRowsPerChunk) of 32 columns into partials.
-__global__ void layernorm_backward_partials_kernel(float* __restrict__ partials, const float* __restrict__ dout,
-                                                   const float* __restrict__ inp, const float* __restrict__ mean,
+template <class T>
+__global__ void layernorm_backward_partials_kernel(float* __restrict__ partials, const T* __restrict__ dout,
+                                                   const T* __restrict__ inp, const float* __restrict__ mean,
                                                    const float* __restrict__ rstd, int N, int C) {
     __shared__ float s_dw[kRowLanes][32];
     __shared__ float s_db[kRowLanes][32];
@@ -83,8 +89,8 @@ __global__ void layernorm_backward_partials_kernel(float* __restrict__ partials,
     float dw = 0.0f, db = 0.0f;
     if (c < C) {
         for (int r = row0 + threadIdx.y; r < row1; r += kRowLanes) {
-            const float d = dout[static_cast<int64_t>(r) * C + c];
-            dw += d * (inp[static_cast<int64_t>(r) * C + c] - mean[r]) * rstd[r];
+            const float d = to_float(dout[static_cast<int64_t>(r) * C + c]);
+            dw += d * (to_float(inp[static_cast<int64_t>(r) * C + c]) - mean[r]) * rstd[r];
             db += d;
         }
     }
@@ -123,41 +129,51 @@ int num_chunks(int N) { return static_cast<int>(ceil_div(N, kRowsPerChunk)); }
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, cudaStream_t stream) {
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                       float eps, cudaStream_t stream) {
     MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
     if (N == 0) return;
-    ms_launch(layernorm_forward_kernel, static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlockSize, 0, stream, out, mean,
-              rstd, inp, weight, bias, N, C, eps);
+    ms_launch(layernorm_forward_kernel<T>, static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlockSize, 0, stream, out,
+              mean, rstd, inp, weight, bias, N, C, eps);
     MS_CUDA_LAUNCH_CHECK();
 }
 
 size_t layernorm_backward_scratch_floats(int N, int C) { return 2 * static_cast<size_t>(num_chunks(N)) * C; }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, float* scratch, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
+template <class T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
                         cudaStream_t stream) {
     MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
     if (N == 0) return;
     const int row_blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
     if (write == DinpWrite::kAdd) {
-        ms_launch(layernorm_backward_kernel<DinpWrite::kAdd>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
+        ms_launch(layernorm_backward_kernel<DinpWrite::kAdd, T>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
                   weight, mean, rstd, N, C);
     } else {
-        ms_launch(layernorm_backward_kernel<DinpWrite::kOverwrite>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
-                  weight, mean, rstd, N, C);
+        ms_launch(layernorm_backward_kernel<DinpWrite::kOverwrite, T>, row_blocks, kBlockSize, 0, stream, dinp, dout,
+                  inp, weight, mean, rstd, N, C);
     }
     MS_CUDA_LAUNCH_CHECK();
     const int chunks = num_chunks(N);
     MS_ASSERT(chunks <= 65535, "layernorm: N = %d rows make %d chunks of %d, over the grid's y limit of 65535", N,
               chunks, kRowsPerChunk);
     const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, 32)), static_cast<unsigned>(chunks));
-    ms_launch(layernorm_backward_partials_kernel, partial_grid, dim3(32, kRowLanes), 0, stream, scratch, dout, inp,
+    ms_launch(layernorm_backward_partials_kernel<T>, partial_grid, dim3(32, kRowLanes), 0, stream, scratch, dout, inp,
               mean, rstd, N, C);
     MS_CUDA_LAUNCH_CHECK();
     ms_launch(layernorm_backward_reduce_kernel, static_cast<int>(ceil_div(C, kBlockSize)), kBlockSize, 0, stream,
               dweight, dbias, scratch, chunks, C);
     MS_CUDA_LAUNCH_CHECK();
 }
+
+#define MS_INSTANTIATE(T)                                                                                       \
+    template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, float,       \
+                                       cudaStream_t);                                                           \
+    template void layernorm_backward<T>(T*, float*, float*, float*, const T*, const T*, const T*, const float*, \
+                                        const float*, int, int, DinpWrite, cudaStream_t);
+MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

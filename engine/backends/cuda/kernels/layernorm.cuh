@@ -7,16 +7,21 @@
 
 namespace ms::cuda {
 
+// T: the activation dtype, float, bf16 or fp16 (inp, out, weight, bias, dout, dinp); mean, rstd, dweight, dbias and
+// the scratch are fp32 whatever T is.
 // out = (inp - mean) * rstd * weight + bias per row; mean and rstd (N) are saved for the backward.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       int N, int C, float eps, cudaStream_t stream);
+template <class T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                       float eps, cudaStream_t stream);
 
 // Floats of scratch layernorm_backward needs (per-chunk partial sums of dweight and dbias); the caller owns it.
 size_t layernorm_backward_scratch_floats(int N, int C);
 
 // dinp = or += per `write`; dweight += sum_n dout * norm; dbias += sum_n dout. Deterministic (no atomics).
-void layernorm_backward(float* dinp, float* dweight, float* dbias, float* scratch, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
+// kAdd rounds the fp32 sum of the old dinp and the new term once.
+template <class T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
+                        const T* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
                         cudaStream_t stream);
 
 }  // namespace ms::cuda

@@ -1,11 +1,15 @@
 /*
 The Linear layer, out = inp @ weight^T + bias, and its backward. Twin: cpu/ops/matmul.cpp.
-Layout (row-major fp32): inp/dinp (N, K), weight/dweight (M, K) (Linear orientation), bias/dbias (M), out/dout (N, M).
+Layout (row-major): inp/dinp (N, K) T, weight (M, K) T (Linear orientation), bias (M) T, out/dout (N, M) T, where T is
+the activation dtype (float, bf16, fp16); dweight (M, K) and dbias (M) are fp32 whatever T is.
 Backward: dinp = dout @ weight (= or += per DinpWrite), dweight += dout^T @ inp, dbias += sum_n dout[n, :].
 One plain tiled SGEMM kernel serves all three products: C (R, Q) = or += A (R, I) @ B (I, Q) (+ a bias per column),
 with A and B addressed through (row, column) strides, so a transposed operand is only a swap of strides. Blocks
 of (kTile, kTile) threads each own a kTile x kTile tile of C, one element per thread, and walk the inner dim in
-kTile steps through shared memory; every element is one thread's float sum in k order, so runs are bit-identical.
+kTile steps through shared memory (fp32 tiles, converted on load); every element is one thread's float sum in k
+order, so runs are bit-identical. The kernel is a template on the operands' type TA and the output's TC: the
+forward and dinp are (T, T), dweight (T, float); the fp32 accumulator (plus the bias, plus the old value for kAdd) is
+rounded to TC once.
 dbias is one thread per column summing the rows in order.
 Status: the spec on the CPU emulation, not the GPU path: on H100/H200 the products will go to cuBLASLt (bf16/tf32
 tensor cores, the bias and GELU epilogues fused); this kernel is a correctness fallback and nothing more.
@@ -20,8 +24,9 @@ constexpr int kTile = 16;
 constexpr int kBlockSize = 256;
 
 // A (R, I) or B (I, Q) element (row, col) at p[row * row_stride + col * col_stride].
+template <class TA>
 struct Strided {
-    const float* p;
+    const TA* p;
     int64_t row_stride, col_stride;
 };
 
@@ -29,9 +34,9 @@ struct Strided {
 // CUDA kernels
 
 // grid (ceil(Q / kTile), ceil(R / kTile)), block (kTile, kTile): threadIdx.x the column of C, threadIdx.y the row.
-template <DinpWrite kWrite>
-__global__ void matmul_kernel(float* __restrict__ c, Strided a, Strided b, const float* __restrict__ bias, int R, int I,
-                              int Q) {
+template <DinpWrite kWrite, class TA, class TC>
+__global__ void matmul_kernel(TC* __restrict__ c, Strided<TA> a, Strided<TA> b, const TC* __restrict__ bias, int R,
+                              int I, int Q) {
     __shared__ float s_a[kTile][kTile + 1];  // +1: the column reads of s_a stay free of bank conflicts
     __shared__ float s_b[kTile][kTile];
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -39,41 +44,44 @@ __global__ void matmul_kernel(float* __restrict__ c, Strided a, Strided b, const
     float acc = 0.0f;
     for (int i0 = 0; i0 < I; i0 += kTile) {
         const int a_row = row, a_col = i0 + tx;
-        s_a[ty][tx] = a_row < R && a_col < I ? a.p[a_row * a.row_stride + a_col * a.col_stride] : 0.0f;
+        s_a[ty][tx] = a_row < R && a_col < I ? to_float(a.p[a_row * a.row_stride + a_col * a.col_stride]) : 0.0f;
         const int b_row = i0 + ty, b_col = col;
-        s_b[ty][tx] = b_row < I && b_col < Q ? b.p[b_row * b.row_stride + b_col * b.col_stride] : 0.0f;
+        s_b[ty][tx] = b_row < I && b_col < Q ? to_float(b.p[b_row * b.row_stride + b_col * b.col_stride]) : 0.0f;
         __syncthreads();
         for (int i = 0; i < kTile; ++i) acc += s_a[ty][i] * s_b[i][tx];
         __syncthreads();
     }
     if (row >= R || col >= Q) return;
-    if (bias != nullptr) acc += bias[col];
-    float* out = c + static_cast<int64_t>(row) * Q + col;
+    if (bias != nullptr) acc += to_float(bias[col]);
+    TC* out = c + static_cast<int64_t>(row) * Q + col;
     if constexpr (kWrite == DinpWrite::kAdd) {
-        *out += acc;
+        *out = from_float<TC>(to_float(*out) + acc);
     } else {
-        *out = acc;
+        *out = from_float<TC>(acc);
     }
 }
 
-__global__ void matmul_backward_bias_kernel(float* __restrict__ dbias, const float* __restrict__ dout, int N, int M) {
+template <class T>
+__global__ void matmul_backward_bias_kernel(float* __restrict__ dbias, const T* __restrict__ dout, int N, int M) {
     const int m = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
     float sum = 0.0f;
-    for (int n = 0; n < N; ++n) sum += dout[static_cast<int64_t>(n) * M + m];
+    for (int n = 0; n < N; ++n) sum += to_float(dout[static_cast<int64_t>(n) * M + m]);
     dbias[m] += sum;
 }
 
 // c (R, Q) = or += a @ b (+ bias).
-void gemm(float* c, Strided a, Strided b, const float* bias, int R, int I, int Q, DinpWrite write,
+template <class TA, class TC>
+void gemm(TC* c, Strided<TA> a, Strided<TA> b, const TC* bias, int R, int I, int Q, DinpWrite write,
           cudaStream_t stream) {
     MS_ASSERT(ceil_div(R, kTile) <= 65535, "matmul: %d output rows make %lld row tiles, over the grid's y limit", R,
               static_cast<long long>(ceil_div(R, kTile)));
     const dim3 grid(static_cast<unsigned>(ceil_div(Q, kTile)), static_cast<unsigned>(ceil_div(R, kTile)));
     if (write == DinpWrite::kAdd) {
-        ms_launch(matmul_kernel<DinpWrite::kAdd>, grid, dim3(kTile, kTile), 0, stream, c, a, b, bias, R, I, Q);
+        ms_launch(matmul_kernel<DinpWrite::kAdd, TA, TC>, grid, dim3(kTile, kTile), 0, stream, c, a, b, bias, R, I, Q);
     } else {
-        ms_launch(matmul_kernel<DinpWrite::kOverwrite>, grid, dim3(kTile, kTile), 0, stream, c, a, b, bias, R, I, Q);
+        ms_launch(matmul_kernel<DinpWrite::kOverwrite, TA, TC>, grid, dim3(kTile, kTile), 0, stream, c, a, b, bias, R,
+                  I, Q);
     }
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -87,27 +95,36 @@ void check_shape(int N, int K, int M) {
 // ----------------------------------------------------------------------------
 // kernel launchers
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int K, int M,
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, const NoDeduce<T>* bias, int N, int K, int M,
                     cudaStream_t stream) {
     check_shape(N, K, M);
     if (N == 0) return;
     // A = inp (N, K); B(k, m) = weight[m, k].
-    gemm(out, {inp, K, 1}, {weight, 1, K}, bias, N, K, M, DinpWrite::kOverwrite, stream);
+    gemm<T, T>(out, {inp, K, 1}, {weight, 1, K}, bias, N, K, M, DinpWrite::kOverwrite, stream);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int K, int M, DinpWrite write, cudaStream_t stream) {
+template <class T>
+void matmul_backward(NoDeduce<T>* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                     int N, int K, int M, DinpWrite write, cudaStream_t stream) {
     check_shape(N, K, M);
     if (N == 0) return;
     // dinp (N, K): A = dout (N, M), B = weight (M, K).
-    if (dinp != nullptr) gemm(dinp, {dout, M, 1}, {weight, K, 1}, nullptr, N, M, K, write, stream);
-    // dweight (M, K): A(m, n) = dout[n, m], B = inp (N, K).
-    gemm(dweight, {dout, 1, M}, {inp, K, 1}, nullptr, M, N, K, DinpWrite::kAdd, stream);
+    if (dinp != nullptr) gemm<T, T>(dinp, {dout, M, 1}, {weight, K, 1}, nullptr, N, M, K, write, stream);
+    // dweight (M, K) fp32: A(m, n) = dout[n, m], B = inp (N, K).
+    gemm<T, float>(dweight, {dout, 1, M}, {inp, K, 1}, nullptr, M, N, K, DinpWrite::kAdd, stream);
     if (dbias != nullptr) {
-        ms_launch(matmul_backward_bias_kernel, static_cast<int>(ceil_div(M, kBlockSize)), kBlockSize, 0, stream, dbias,
-                  dout, N, M);
+        ms_launch(matmul_backward_bias_kernel<T>, static_cast<int>(ceil_div(M, kBlockSize)), kBlockSize, 0, stream,
+                  dbias, dout, N, M);
         MS_CUDA_LAUNCH_CHECK();
     }
 }
+
+#define MS_INSTANTIATE(T)                                                                                        \
+    template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, cudaStream_t);              \
+    template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, int, DinpWrite, \
+                                     cudaStream_t);
+MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

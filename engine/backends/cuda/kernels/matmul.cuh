@@ -5,13 +5,18 @@
 
 namespace ms::cuda {
 
+// T: the activation dtype (float, bf16, fp16) of inp, weight, bias, out, dout, dinp; dweight and dbias are fp32
+// whatever T is. Products accumulate in fp32; each T output is rounded once (the forward after adding the bias).
+
 // out (N, M) = inp (N, K) @ weight (M, K)^T + bias (M) (bias optional: nullptr).
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int K, int M,
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* weight, const NoDeduce<T>* bias, int N, int K, int M,
                     cudaStream_t stream);
 
 // dinp (N, K) = or += dout @ weight per `write` (skipped when dinp is nullptr); dweight (M, K) += dout^T @ inp;
 // dbias (M) += sum_n dout[n, :] (skipped when dbias is nullptr). Deterministic (no atomics).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int K, int M, DinpWrite write, cudaStream_t stream);
+template <class T>
+void matmul_backward(NoDeduce<T>* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                     int N, int K, int M, DinpWrite write, cudaStream_t stream);
 
 }  // namespace ms::cuda

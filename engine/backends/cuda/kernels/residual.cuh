@@ -7,8 +7,10 @@
 
 namespace ms::cuda {
 
-// out[i] = a[i] + (b[i] + bias[i % M]) over n values; bias may be null (then M is ignored). out may alias a.
-void residual_forward(float* out, const float* a, const float* b, const float* bias, int64_t n, int64_t M,
+// out[i] = a[i] + (b[i] + bias[i % M]) over n values, in fp32, rounded once to T (float, bf16, fp16); bias may be
+// null (then M is ignored). out may alias a.
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, const NoDeduce<T>* bias, int64_t n, int64_t M,
                       cudaStream_t stream);
 
 }  // namespace ms::cuda
