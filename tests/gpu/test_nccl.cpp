@@ -69,8 +69,11 @@ class DeviceBuffer {
     ~DeviceBuffer() { cudaFree(p_); }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    // Complete on the device before it returns: the communicator's stream is non-blocking, so it would not wait for
+    // a copy still in flight on the legacy stream (a pageable cudaMemcpy may return before its DMA is done).
     void upload(const std::vector<T>& v) {
         EXPECT_EQ(cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     }
     void fill(int v) { upload(std::vector<T>(n_, from_int<T>(v))); }
     std::vector<double> download() const {
