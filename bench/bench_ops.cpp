@@ -274,7 +274,8 @@ int main(int argc, char** argv) {
                                      .eps = 1e-8f,
                                      .weight_decay = 0.1f,
                                      .grad_scale = 1.0f,
-                                     .step = 1});
+                                     .step = 1,
+                                     .param_copy = {}});
                        }),
                0, 28.0 * kParams, 1, false);
         report("sum_squares (124M)", time_op(reps, [&] { be.sum_squares(t(grad, {kParams})); }), 0, 4.0 * kParams, 1,

@@ -107,13 +107,6 @@ private:
     double* waited_ = nullptr;
 };
 
-template <typename T>
-constexpr DType dtype_of() {
-    if constexpr (std::is_same_v<T, float>) return DType::kF32;
-    else if constexpr (std::is_same_v<T, int32_t>) return DType::kI32;
-    else static_assert(sizeof(T) == 0, "unsupported element type for a collective");
-}
-
 // One side of a point-to-point exchange for batch_send_recv().
 struct P2POp {
     enum class Kind : uint8_t { kSend, kRecv } kind;

@@ -4,12 +4,14 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
 #include "engine/core/check.h"
+#include "engine/core/half.h"
 
 namespace ms {
 namespace {
@@ -18,7 +20,7 @@ MPI_Datatype mpi_type(DType t) {
     switch (t) {
         case DType::kF32: return MPI_FLOAT;
         case DType::kI32: return MPI_INT32_T;
-        // Moved as bits only; check_reducible keeps them out of reductions.
+        // 16-bit floats travel as their bits; reductions on them use the user ops of half_op() below.
         case DType::kBF16:
         case DType::kF16:
         case DType::kU16: return MPI_UINT16_T;
@@ -26,7 +28,32 @@ MPI_Datatype mpi_type(DType t) {
     MS_UNREACHABLE("dtype {}", static_cast<int>(t));
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// MPI has no bf16 / fp16 arithmetic: sum and max of 16-bit floats as user ops, each element widened to fp32 and the
+// result rounded once (half.h), as NCCL reduces them. Registered on first use, after MPI_Init; never freed
+// (MPI_Finalize releases them).
+template <class T, bool kMax>
+void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+    const T* a = static_cast<const T*>(in);
+    T* b = static_cast<T*>(inout);
+    for (int i = 0; i < *len; ++i) {
+        const float x = to_float(a[i]), y = to_float(b[i]);
+        b[i] = from_float<T>(kMax ? (x > y ? x : y) : x + y);
+    }
+}
+MPI_Op make_op(MPI_User_function* fn) {
+    MPI_Op op = MPI_OP_NULL;
+    MS_MPI_CHECK(MPI_Op_create(fn, /*commute=*/1, &op));
+    return op;
+}
+MPI_Op half_op(DType t, ReduceOp op) {
+    static const MPI_Op bf16_sum = make_op(half_reduce<bf16, false>), bf16_max = make_op(half_reduce<bf16, true>);
+    static const MPI_Op fp16_sum = make_op(half_reduce<fp16, false>), fp16_max = make_op(half_reduce<fp16, true>);
+    const bool max = op == ReduceOp::kMax;
+    return t == DType::kBF16 ? (max ? bf16_max : bf16_sum) : (max ? fp16_max : fp16_sum);
+}
+
+MPI_Op mpi_op(ReduceOp op, DType t) {
+    if (t == DType::kBF16 || t == DType::kF16) return half_op(t, op);
     switch (op) {
         case ReduceOp::kSum:
         case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides on completion
@@ -36,8 +63,8 @@ MPI_Op mpi_op(ReduceOp op) {
 }
 
 void check_reducible(std::string_view comm, DType t) {
-    MS_CHECK(t == DType::kF32 || t == DType::kI32, "{}: the MPI communicator reduces fp32 and int32 only, not {}",
-             comm, dtype_name(t));
+    MS_CHECK(t != DType::kU16, "{}: the MPI communicator reduces fp32, bf16, fp16 and int32, not {}", comm,
+             dtype_name(t));
 }
 
 // Calls fn(off, len) for the pieces [off, off + len) that cover [0, n) in steps of `chunk`.
@@ -61,8 +88,12 @@ int as_int(size_t n) { return static_cast<int>(n); }  // callers keep n <= chunk
 template <typename T>
 void divide(void* buf, size_t count, int divisor) {
     T* x = static_cast<T*>(buf);
-    const T d = static_cast<T>(divisor);
-    for (size_t i = 0; i < count; ++i) x[i] /= d;
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+        for (size_t i = 0; i < count; ++i) x[i] = from_float<T>(to_float(x[i]) / static_cast<float>(divisor));
+    } else {
+        const T d = static_cast<T>(divisor);
+        for (size_t i = 0; i < count; ++i) x[i] /= d;
+    }
 }
 
 class MpiOpState;
@@ -171,8 +202,16 @@ private:
         for (auto& [len, type] : block_types) MS_MPI_CHECK(MPI_Type_free(&type));
         block_types.clear();
         if (avg_buf == nullptr || avg_divisor == 1) return;
-        if (avg_dtype == DType::kF32) divide<float>(avg_buf, avg_count, avg_divisor);
-        else divide<int32_t>(avg_buf, avg_count, avg_divisor);  // C++ integer division: truncates toward zero
+        switch (avg_dtype) {
+            case DType::kF32:
+                return divide<float>(avg_buf, avg_count, avg_divisor);
+            case DType::kBF16:
+                return divide<bf16>(avg_buf, avg_count, avg_divisor);
+            case DType::kF16:
+                return divide<fp16>(avg_buf, avg_count, avg_divisor);
+            default:
+                return divide<int32_t>(avg_buf, avg_count, avg_divisor);  // C++ integer division: toward zero
+        }
     }
     bool done_ = false;
     std::shared_ptr<MpiOpStatePool> pool_;
@@ -255,7 +294,8 @@ Handle MpiCommunicator::all_reduce_impl(void* buf, size_t count, DType t, Reduce
     MpiOpState::Ptr s = MpiOpState::acquire(states_);
     for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
-        MS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, at(buf, off, es), as_int(len), mpi_type(t), mpi_op(op), comm_, &r));
+        MS_MPI_CHECK(
+            MPI_Iallreduce(MPI_IN_PLACE, at(buf, off, es), as_int(len), mpi_type(t), mpi_op(op, t), comm_, &r));
         ++mpi_calls_;
     });
     if (op == ReduceOp::kAvg) {
@@ -287,7 +327,7 @@ Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t ou
     const MPI_Datatype type = mpi_type(t);
     if (out_count <= block_chunk() && !into_own_block) {
         MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
-        MS_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, as_int(out_count), type, mpi_op(op), comm_, &r));
+        MS_MPI_CHECK(MPI_Ireduce_scatter_block(in, out, as_int(out_count), type, mpi_op(op, t), comm_, &r));
         ++mpi_calls_;
     } else {
         // One reduce per destination rank and piece: block r of every rank's input, summed into rank r's output.
@@ -299,7 +339,7 @@ Handle MpiCommunicator::reduce_scatter_impl(const void* in, void* out, size_t ou
                 const void* send = at(in, static_cast<size_t>(root) * out_count + off, es);
                 if (root == rank_ && into_own_block) send = MPI_IN_PLACE;
                 MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
-                MS_MPI_CHECK(MPI_Ireduce(send, at(out, off, es), as_int(len), type, mpi_op(op), root, comm_, &r));
+                MS_MPI_CHECK(MPI_Ireduce(send, at(out, off, es), as_int(len), type, mpi_op(op, t), root, comm_, &r));
                 ++mpi_calls_;
             });
         }

@@ -195,8 +195,11 @@ json manifest_fields(const CheckpointContext& c) {
             {"zero_stage", c.optimizer.zero_stage()},
             {"sequence_parallel", c.cfg.parallel.sequence_parallel},
             {"config_hash", xxh64_hex(name_hash(config_to_yaml(c.cfg)))},
-            {"dtype", "fp32"},
-            {"master_weights", "none: fp32 training, the parameters in model/ are the master weights"},
+            {"dtype", c.cfg.mixed_precision.dtype},
+            {"master_weights", c.cfg.mixed_precision.dtype == "fp32"
+                                   ? "none: fp32 training, the parameters in model/ are the master weights"
+                                   : "in model/: the fp32 master weights; the " + c.cfg.mixed_precision.dtype +
+                                         " weights the run computes with are these rounded to nearest even"},
             {"model",
              {{"num_layers", s.L},
               {"hidden_size", s.C},
@@ -276,7 +279,11 @@ nlohmann::json train_state_to_json(const TrainState& s) {
               {"lr_decay_iters", s.lr_decay_iters},
               {"last_lr", s.last_lr}}},
             {"seed", s.seed},
-            {"data", {{"fingerprint", s.data_fingerprint}, {"describe", s.data_describe}}}};
+            {"data", {{"fingerprint", s.data_fingerprint}, {"describe", s.data_describe}}},
+            {"loss_scaler",
+             {{"scale", s.loss_scaler.scale},
+              {"growth_tracker", s.loss_scaler.growth_tracker},
+              {"hysteresis_tracker", s.loss_scaler.hysteresis_tracker}}}};
 }
 
 TrainState train_state_from_json(const nlohmann::json& j, const std::string& where) {
@@ -297,6 +304,12 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& whe
         s.seed = j.at("seed").get<uint64_t>();
         s.data_fingerprint = j.at("data").at("fingerprint").get<std::string>();
         s.data_describe = j.at("data").at("describe").get<std::string>();
+        if (j.contains("loss_scaler")) {  // absent in checkpoints written before mixed precision
+            const json& ls = j.at("loss_scaler");
+            s.loss_scaler.scale = ls.at("scale").get<double>();
+            s.loss_scaler.growth_tracker = ls.at("growth_tracker").get<int64_t>();
+            s.loss_scaler.hysteresis_tracker = ls.at("hysteresis_tracker").get<int64_t>();
+        }
     } catch (const json::exception& e) {
         fail(fmt::format("'{}' is not a train state: {}", where, e.what()));
     }

@@ -42,9 +42,12 @@
 // anywhere, so its state is stored per parameter as the 1-D slices "exp_avg/<name>" and "exp_avg_sq/<name>" with
 // "range" = the slice's elements within the parameter's local shard (the box above). Any other layout finds the
 // elements of its own range by intersecting boxes and ranges (CheckpointReader). zero_stage 0 holds the whole
-// state replicated on every dp rank, so dp rank 0 saves it (range = the whole shard). No fp32 master copy is
-// stored: in fp32 training the parameters are the master weights (the model files); bf16/fp16 runs will add
-// "master/<name>" slices here. The AdamW step count (bias correction) is TrainState::optimizer_step.
+// state replicated on every dp rank, so dp rank 0 saves it (range = the whole shard). No separate master copy is
+// stored: the model files hold the fp32 parameters, which are the master weights in every precision; a bf16/fp16
+// run's 16-bit weights are those rounded to nearest even (Gpt::refresh_weights), so nothing is lost, a resume is
+// exact, and the files load as fp32 into any precision (2 bytes per parameter more than 16-bit model files, 2 less
+// than 16-bit model files plus Megatron's separate fp32 master slices). The AdamW step count (bias correction) is
+// TrainState::optimizer_step.
 //
 // No RNG state is saved: weights are initialised from Philox by global element index, there is no dropout, and the
 // data order is a pure function of (seed, source fingerprint, global sample index), so the whole data state is
@@ -79,6 +82,7 @@
 #include "comm/process_groups.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
+#include "engine/optim/loss_scaler.h"
 
 namespace ms {
 
@@ -108,6 +112,8 @@ struct TrainState {
     // message when it changes.
     std::string data_fingerprint;
     std::string data_describe;
+    // fp16's dynamic loss scaling (engine/optim/loss_scaler.h); {1, 0, 0} otherwise
+    LossScalerState loss_scaler;
 };
 
 nlohmann::json train_state_to_json(const TrainState& s);

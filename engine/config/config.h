@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/dtype.h"
+
 namespace ms {
 
 struct RunConfig {
@@ -71,6 +73,11 @@ struct MixedPrecisionConfig {
     int loss_scale_window = 1000;          // fp16 dynamic: steps without overflow before the scale doubles
     int hysteresis = 2;                    // fp16 dynamic: overflowing steps tolerated before the scale halves
 };
+
+// The model's activation and weight dtype for mixed_precision.dtype (fp32, bf16 or fp16).
+inline DType model_dtype(const MixedPrecisionConfig& mp) {
+    return mp.dtype == "bf16" ? DType::kBF16 : mp.dtype == "fp16" ? DType::kF16 : DType::kF32;
+}
 
 struct OptimizerConfig {
     std::string type = "adamw";

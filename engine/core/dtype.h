@@ -35,7 +35,10 @@ constexpr std::string_view dtype_name(DType t) {
 struct bf16;
 struct fp16;
 template <class T>
-constexpr DType dtype_of();
+constexpr DType dtype_of() {
+    static_assert(sizeof(T) == 0, "no DType for this element type");
+    return DType::kF32;
+}
 template <>
 constexpr DType dtype_of<float>() { return DType::kF32; }
 template <>

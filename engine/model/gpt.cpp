@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <utility>
@@ -122,67 +123,74 @@ double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
 // Everything one forward/backward needs besides parameters and gradients; sized for max_batch * T rows (N). Under
 // sequence parallelism the residual stream and LayerNorm statistics hold this rank's N / tp rows. Pointers into a
 // slot block or the shared scratch block, as engine/model/gpt_activations.h plans them; nullptr when not held.
-struct Gpt::Activations {
+struct Gpt::Activations {  // void*: the activation dtype; float*: fp32 statistics
     struct Layer {
-        float* ln1 = nullptr;       // (N, C)
+        void* ln1 = nullptr;        // (N, C)
         float* ln1_mean = nullptr;  // (N)
         float* ln1_rstd = nullptr;  // (N)
-        float* qkv = nullptr;       // (N, 3C/tp)
-        float* atty = nullptr;      // (N, C/tp)
+        void* qkv = nullptr;        // (N, 3C/tp)
+        void* atty = nullptr;       // (N, C/tp)
         float* lse = nullptr;       // (B, NH/tp, T)
-        float* res2 = nullptr;      // (N, C) residual after attention
-        float* ln2 = nullptr;       // (N, C)
+        void* res2 = nullptr;       // (N, C) residual after attention
+        void* ln2 = nullptr;        // (N, C)
         float* ln2_mean = nullptr;  // (N)
         float* ln2_rstd = nullptr;  // (N)
-        float* fch = nullptr;       // (N, F/tp) pre-GELU
-        float* fch_gelu = nullptr;  // (N, F/tp)
-        float* res3 = nullptr;      // (N, C) residual after the MLP = the layer's output
+        void* fch = nullptr;        // (N, F/tp) pre-GELU
+        void* fch_gelu = nullptr;   // (N, F/tp)
+        void* res3 = nullptr;       // (N, C) residual after the MLP = the layer's output
         // backward scratch of this layer (the plan lets dfch share memory with datty and dqkv)
-        float* dfch = nullptr;   // (N, F/tp)
-        float* datty = nullptr;  // (N, C/tp)
-        float* dqkv = nullptr;   // (N, 3C/tp)
+        void* dfch = nullptr;   // (N, F/tp)
+        void* datty = nullptr;  // (N, C/tp)
+        void* dqkv = nullptr;   // (N, 3C/tp)
     };
     std::vector<Layer> layers;
-    float* encoded = nullptr;       // (N, C)
-    float* lnf = nullptr;           // (N, C)               head only
+    void* encoded = nullptr;        // (N, C)
+    void* lnf = nullptr;            // (N, C)               head only
     float* lnf_mean = nullptr;      // (N)                  head only
     float* lnf_rstd = nullptr;      // (N)                  head only
-    float* logits = nullptr;        // (N, Vp/tp), dlogits after backward; head only
+    void* logits = nullptr;         // (N, Vp/tp), dlogits after backward; head only
     float* losses = nullptr;        // (N)                  head only
     float* row_max = nullptr;       // (N)                  head only
     float* sum_exp = nullptr;       // (N) followed by target_logit: one all-reduce for both; head only
     float* target_logit = nullptr;  // (N)
     int32_t* tokens = nullptr;      // (N) the last forward's inputs (for the embedding backward); embedding only
     int32_t* targets = nullptr;     // (N)                  head only
-    float* dout = nullptr;          // (N, C) gradient of the output; parts without the head
-    float* dinp = nullptr;          // (N, C) gradient of the input; parts without the embedding
+    void* dout = nullptr;           // (N, C) gradient of the output; parts without the head
+    void* dinp = nullptr;           // (N, C) gradient of the input; parts without the embedding
     // scratch shared by all slots
-    float* proj_out = nullptr;  // (N, C) c_proj outputs before the residual add (forward)
-    float* dres = nullptr;      // (N, C) gradient of the residual stream
-    float* dln = nullptr;       // (N, C)
+    void* proj_out = nullptr;   // (N, C) c_proj outputs before the residual add (forward)
+    void* dres = nullptr;       // (N, C) gradient of the residual stream
+    void* dln = nullptr;        // (N, C)
     float* dloss = nullptr;     // (N) head only
     // sequence parallelism only: staging around the all-gathers and reduce-scatters
-    float* sp_local = nullptr;  // (N / tp, C) a LayerNorm's local output, a reduce-scatter's result
-    float* sp_full = nullptr;   // (N, C) a gathered gradient, the embedding's partial sums
+    void* sp_local = nullptr;  // (N / tp, C) a LayerNorm's local output, a reduce-scatter's result
+    void* sp_full = nullptr;   // (N, C) a gathered gradient, the embedding's partial sums
 };
 
 // Points the field of `a` that `buf` names at p.
 void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N) {
     using L = Activations::Layer;
-    static constexpr std::pair<GptBuf, float * L::*> kLayerFields[] = {
-        {GptBuf::kLn1, &L::ln1},          {GptBuf::kLn1Mean, &L::ln1_mean}, {GptBuf::kLn1Rstd, &L::ln1_rstd},
-        {GptBuf::kQkv, &L::qkv},          {GptBuf::kAtty, &L::atty},        {GptBuf::kLse, &L::lse},
-        {GptBuf::kRes2, &L::res2},        {GptBuf::kLn2, &L::ln2},          {GptBuf::kLn2Mean, &L::ln2_mean},
-        {GptBuf::kLn2Rstd, &L::ln2_rstd}, {GptBuf::kFch, &L::fch},          {GptBuf::kFchGelu, &L::fch_gelu},
-        {GptBuf::kRes3, &L::res3},        {GptBuf::kDfch, &L::dfch},        {GptBuf::kDatty, &L::datty},
-        {GptBuf::kDqkv, &L::dqkv}};
     using A = Activations;
-    static constexpr std::pair<GptBuf, float * A::*> kChunkFields[] = {
-        {GptBuf::kEncoded, &A::encoded},  {GptBuf::kLnf, &A::lnf},          {GptBuf::kLnfMean, &A::lnf_mean},
-        {GptBuf::kLnfRstd, &A::lnf_rstd}, {GptBuf::kLogits, &A::logits},    {GptBuf::kLosses, &A::losses},
-        {GptBuf::kRowMax, &A::row_max},   {GptBuf::kDout, &A::dout},        {GptBuf::kDinp, &A::dinp},
-        {GptBuf::kProjOut, &A::proj_out}, {GptBuf::kDres, &A::dres},        {GptBuf::kDln, &A::dln},
-        {GptBuf::kDloss, &A::dloss},      {GptBuf::kSpLocal, &A::sp_local}, {GptBuf::kSpFull, &A::sp_full}};
+    static constexpr std::pair<GptBuf, void * L::*> kLayerActs[] = {
+        {GptBuf::kLn1, &L::ln1},          {GptBuf::kQkv, &L::qkv},   {GptBuf::kAtty, &L::atty},
+        {GptBuf::kRes2, &L::res2},        {GptBuf::kLn2, &L::ln2},   {GptBuf::kFch, &L::fch},
+        {GptBuf::kFchGelu, &L::fch_gelu}, {GptBuf::kRes3, &L::res3}, {GptBuf::kDfch, &L::dfch},
+        {GptBuf::kDatty, &L::datty},      {GptBuf::kDqkv, &L::dqkv}};
+    static constexpr std::pair<GptBuf, float * L::*> kLayerStats[] = {{GptBuf::kLn1Mean, &L::ln1_mean},
+                                                                      {GptBuf::kLn1Rstd, &L::ln1_rstd},
+                                                                      {GptBuf::kLse, &L::lse},
+                                                                      {GptBuf::kLn2Mean, &L::ln2_mean},
+                                                                      {GptBuf::kLn2Rstd, &L::ln2_rstd}};
+    static constexpr std::pair<GptBuf, void * A::*> kChunkActs[] = {
+        {GptBuf::kEncoded, &A::encoded}, {GptBuf::kLnf, &A::lnf},   {GptBuf::kLogits, &A::logits},
+        {GptBuf::kDout, &A::dout},       {GptBuf::kDinp, &A::dinp}, {GptBuf::kProjOut, &A::proj_out},
+        {GptBuf::kDres, &A::dres},       {GptBuf::kDln, &A::dln},   {GptBuf::kSpLocal, &A::sp_local},
+        {GptBuf::kSpFull, &A::sp_full}};
+    static constexpr std::pair<GptBuf, float * A::*> kChunkStats[] = {{GptBuf::kLnfMean, &A::lnf_mean},
+                                                                      {GptBuf::kLnfRstd, &A::lnf_rstd},
+                                                                      {GptBuf::kLosses, &A::losses},
+                                                                      {GptBuf::kRowMax, &A::row_max},
+                                                                      {GptBuf::kDloss, &A::dloss}};
     float* f = reinterpret_cast<float*>(p);
     if (buf.id == GptBuf::kTokens) {
         a.tokens = reinterpret_cast<int32_t*>(p);
@@ -197,26 +205,29 @@ void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N) {
         a.target_logit = f + N;
         return;
     }
-    if (buf.layer >= 0) {
-        for (const auto& [id, field] : kLayerFields) {
+    auto assign = [&](auto& object, const auto& acts, const auto& stats) {
+        for (const auto& [id, field] : acts) {
             if (id == buf.id) {
-                a.layers.at(static_cast<size_t>(buf.layer)).*field = f;
-                return;
+                object.*field = p;
+                return true;
             }
         }
-    } else {
-        for (const auto& [id, field] : kChunkFields) {
+        for (const auto& [id, field] : stats) {
             if (id == buf.id) {
-                a.*field = f;
-                return;
+                object.*field = f;
+                return true;
             }
         }
-    }
-    MS_UNREACHABLE("activation buffer '{}' (layer {}) has no field", gpt_buf_name(buf.id), buf.layer);
+        return false;
+    };
+    const bool bound = buf.layer >= 0 ? assign(a.layers.at(static_cast<size_t>(buf.layer)), kLayerActs, kLayerStats)
+                                      : assign(a, kChunkActs, kChunkStats);
+    if (!bound) MS_UNREACHABLE("activation buffer '{}' (layer {}) has no field", gpt_buf_name(buf.id), buf.layer);
 }
 
 Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
-    : shape_(shape), backend_(backend), tp_(tp), max_batch_(o.max_batch), part_(o.part) {
+    : shape_(shape), backend_(backend), tp_(tp), max_batch_(o.max_batch), part_(o.part), dtype_(o.dtype) {
+    MS_CHECK(is_float(dtype_), "model dtype {} is not fp32, bf16 or fp16", dtype_name(dtype_));
     MS_CHECK(shape.C % shape.NH == 0, "hidden {} not divisible by heads {}", shape.C, shape.NH);
     MS_CHECK(shape.Vp >= shape.V, "padded vocab {} < vocab {}", shape.Vp, shape.V);
     MS_CHECK(o.num_slots >= 1, "num_slots {} < 1", o.num_slots);
@@ -243,18 +254,29 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     // allocation names: "layers 0-5 slot 1", ...
     const std::string what = fmt::format("layers {}-{}", part_.first_layer, part_.first_layer + num_layers - 1);
     MS_CHECK((o.params == nullptr) == (o.grads == nullptr), "external params and grads: both or neither");
+    const bool mixed = dtype_ != DType::kF32;
     if (o.params) {
+        MS_CHECK(!mixed || o.weights != nullptr, "external params in {} need external weights too", dtype_name(dtype_));
         params_ptr_ = o.params;
         grads_ptr_ = o.grads;
+        weights_ptr_ = mixed ? o.weights : o.params;
     } else {
-        const size_t flat = static_cast<size_t>(std::max(flat_size(), o.flat_capacity)) * sizeof(float);
-        params_ = MemoryBlock(flat, o.arena, MemCategory::kParameter, what + " params");
-        grads_ = MemoryBlock(flat, o.arena, MemCategory::kGradient, what + " grads");
+        const size_t elems = static_cast<size_t>(std::max(flat_size(), o.flat_capacity));
+        params_ = MemoryBlock(elems * sizeof(float), o.arena, MemCategory::kParameter, what + " params");
+        grads_ = MemoryBlock(elems * sizeof(float), o.arena, MemCategory::kGradient, what + " grads");
         params_ptr_ = params_.as<float>();
         grads_ptr_ = grads_.as<float>();
+        if (mixed) {
+            weights_ = MemoryBlock(elems * dtype_size(dtype_), o.arena, MemCategory::kParameter,
+                                   fmt::format("{} weights {}", what, dtype_name(dtype_)));
+            weights_ptr_ = weights_.as<std::byte>();
+        } else {
+            weights_ptr_ = params_ptr_;
+        }
     }
 
-    const GptActivationPlan plan = plan_gpt_activations(shape, part_, tp.size(), o.max_batch, o.sequence_parallel);
+    const GptActivationPlan plan =
+        plan_gpt_activations(shape, part_, tp.size(), o.max_batch, o.sequence_parallel, dtype_);
     const int64_t N = static_cast<int64_t>(o.max_batch) * shape.T;
     scratch_block_ =
         MemoryBlock(static_cast<size_t>(plan.scratch_bytes()), o.arena, MemCategory::kWorkspace, what + " scratch");
@@ -300,39 +322,72 @@ void Gpt::init_weights(uint64_t seed) {
             dst[i] = g < live ? p.init_std * philox_normal(seed, stream, static_cast<uint64_t>(g)) : 0.0f;
         }
     }
+    refresh_weights();
+}
+
+void Gpt::refresh_weights() {
+    if (dtype_ == DType::kF32) return;
+    backend_.cast({Tensor::f32(params(), {flat_size()}), Tensor(weights_ptr_, dtype_, {flat_size()})});
 }
 
 void Gpt::zero_grads() { backend_.zero(Tensor::f32(grads(), {table_.back().offset + table_.back().numel})); }
 
-const float* Gpt::logits() const { return slots_[0]->logits; }
+Tensor Gpt::logits_tensor() const {
+    const int64_t N = static_cast<int64_t>(B_ > 0 ? B_ : max_batch_) * (T_ > 0 ? T_ : shape_.T);
+    return Tensor(slots_[0]->logits, dtype_, {N, Vp_local_});
+}
 const float* Gpt::losses() const { return slots_[0]->losses; }
-float* Gpt::input(int slot) { return slots_.at(static_cast<size_t>(slot))->encoded; }
-const float* Gpt::output(int slot) const {
+void* Gpt::input(int slot) { return slots_.at(static_cast<size_t>(slot))->encoded; }
+const void* Gpt::output(int slot) const {
     const Activations& a = *slots_.at(static_cast<size_t>(slot));
     return a.layers.empty() ? a.encoded : a.layers.back().res3;
 }
 int64_t Gpt::activation_elems(int B, int T) const {
     return static_cast<int64_t>(B) * T * shape_.C / (sp_ ? tp_.size() : 1);
 }
-float* Gpt::grad_output(int slot) { return slots_.at(static_cast<size_t>(slot))->dout; }
-const float* Gpt::grad_input(int slot) const { return slots_.at(static_cast<size_t>(slot))->dinp; }
+void* Gpt::grad_output(int slot) { return slots_.at(static_cast<size_t>(slot))->dout; }
+const void* Gpt::grad_input(int slot) const { return slots_.at(static_cast<size_t>(slot))->dinp; }
 
 namespace {
-// all-reduce (sum) of an fp32 activation over the tensor-parallel group
-void tp_all_reduce(Communicator& tp, float* data, int64_t n, ReduceOp op = ReduceOp::kSum) {
-    tp.all_reduce(std::span<float>(data, static_cast<size_t>(n)), op, Priority::kHigh).wait();
+// Calls fn(T{}) with T the storage type of dtype t (float, bf16, fp16): typed collectives on activations.
+template <class Fn>
+void with_float_type(DType t, Fn&& fn) {
+    switch (t) {
+        case DType::kF32:
+            return fn(float{});
+        case DType::kBF16:
+            return fn(bf16{});
+        case DType::kF16:
+            return fn(fp16{});
+        default:
+            MS_UNREACHABLE("dtype {} is not a float type", dtype_name(t));
+    }
+}
+// all-reduce of n elements of dtype t over the tensor-parallel group
+void tp_all_reduce(Communicator& tp, void* data, DType t, int64_t n, ReduceOp op = ReduceOp::kSum) {
+    with_float_type(t, [&](auto z) {
+        using T = decltype(z);
+        tp.all_reduce(std::span<T>(static_cast<T*>(data), static_cast<size_t>(n)), op, Priority::kHigh).wait();
+    });
 }
 // sequence parallelism: local rows (n_local) of every TP rank -> all rows, in rank order
-void tp_all_gather(Communicator& tp, const float* local, float* full, int64_t n_local) {
-    tp.all_gather(std::span<const float>(local, static_cast<size_t>(n_local)),
-                  std::span<float>(full, static_cast<size_t>(n_local * tp.size())), Priority::kHigh)
-        .wait();
+void tp_all_gather(Communicator& tp, const void* local, void* full, DType t, int64_t n_local) {
+    with_float_type(t, [&](auto z) {
+        using T = decltype(z);
+        tp.all_gather(std::span<const T>(static_cast<const T*>(local), static_cast<size_t>(n_local)),
+                      std::span<T>(static_cast<T*>(full), static_cast<size_t>(n_local * tp.size())), Priority::kHigh)
+            .wait();
+    });
 }
 // partial sums of all rows -> this rank's rows of the sum
-void tp_reduce_scatter(Communicator& tp, const float* partial, float* local, int64_t n_local) {
-    tp.reduce_scatter(std::span<const float>(partial, static_cast<size_t>(n_local * tp.size())),
-                      std::span<float>(local, static_cast<size_t>(n_local)), ReduceOp::kSum, Priority::kHigh)
-        .wait();
+void tp_reduce_scatter(Communicator& tp, const void* partial, void* local, DType t, int64_t n_local) {
+    with_float_type(t, [&](auto z) {
+        using T = decltype(z);
+        tp.reduce_scatter(std::span<const T>(static_cast<const T*>(partial), static_cast<size_t>(n_local * tp.size())),
+                          std::span<T>(static_cast<T*>(local), static_cast<size_t>(n_local)), ReduceOp::kSum,
+                          Priority::kHigh)
+            .wait();
+    });
 }
 }  // namespace
 
@@ -346,19 +401,21 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
     const int64_t Nl = sp_ ? N / tp_.size() : N;  // rows of the residual stream held here
-    float* w = params();
+    std::byte* w = static_cast<std::byte*>(weights_ptr_);
+    const size_t ws = dtype_size(dtype_);
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
-        return Tensor::f32(w + table_[index].offset, dims);
+        return Tensor(w + static_cast<size_t>(table_[index].offset) * ws, dtype_, dims);
     };
-    auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
+    auto A = [this](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dtype_, dims); };
+    auto S = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
     // a row-parallel output's partial sums -> this rank's rows of the sum (all rows without sequence parallelism)
-    auto reduce_rows = [&](float* partial) {
+    auto reduce_rows = [&](void* partial) {
         if (!sp_) {
-            tp_all_reduce(tp_, partial, N * C);
+            tp_all_reduce(tp_, partial, dtype_, N * C);
             return partial;
         }
-        tp_reduce_scatter(tp_, partial, a.sp_local, Nl * C);
+        tp_reduce_scatter(tp_, partial, a.sp_local, dtype_, Nl * C);
         return a.sp_local;
     };
 
@@ -372,49 +429,49 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
         }
         // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
         Tensor tok(a.tokens, DType::kI32, {N});
-        float* partial = sp_ ? a.sp_full : a.encoded;
+        void* partial = sp_ ? a.sp_full : a.encoded;
         be.embedding_forward({tok, P(wte_, {Vl, C}), tp_.rank() == 0 ? P(wpe_, {T, C}) : Tensor(),
                               A(partial, {N, C}), vocab_start, T});
         if (sp_) {
-            tp_reduce_scatter(tp_, partial, a.encoded, Nl * C);
+            tp_reduce_scatter(tp_, partial, a.encoded, dtype_, Nl * C);
         } else {
-            tp_all_reduce(tp_, a.encoded, N * C);
+            tp_all_reduce(tp_, a.encoded, dtype_, N * C);
         }
     }
 
-    const float* res = a.encoded;
+    const void* res = a.encoded;
     for (int l = 0; l < num_layers; ++l) {
         auto& x = a.layers[l];
         const int lp = first_layer_param_ + l * kParamsPerLayer;
-        float* ln_out = sp_ ? a.sp_local : x.ln1;
-        be.layernorm_forward({A(const_cast<float*>(res), {Nl, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(ln_out, {Nl, C}),
-                              A(x.ln1_mean, {Nl}), A(x.ln1_rstd, {Nl}), shape_.eps});
-        if (sp_) tp_all_gather(tp_, ln_out, x.ln1, Nl * C);
+        void* ln_out = sp_ ? a.sp_local : x.ln1;
+        be.layernorm_forward({A(const_cast<void*>(res), {Nl, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(ln_out, {Nl, C}),
+                              S(x.ln1_mean, {Nl}), S(x.ln1_rstd, {Nl}), shape_.eps});
+        if (sp_) tp_all_gather(tp_, ln_out, x.ln1, dtype_, Nl * C);
         be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), P(lp + 3, {3 * Cl}), A(x.qkv, {N, 3 * Cl})});
-        be.attention_forward({A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}), A(x.lse, {B, NH, T}), NH});
+        be.attention_forward({A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}), S(x.lse, {B, NH, T}), NH});
         // row-parallel projection: partial sums, all-reduced, then the bias inside the residual add
         be.matmul_forward({A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), Tensor(), A(a.proj_out, {N, C})});
-        const float* attn_out = reduce_rows(a.proj_out);
-        be.residual_forward({A(const_cast<float*>(res), {Nl * C}), A(const_cast<float*>(attn_out), {Nl * C}),
+        const void* attn_out = reduce_rows(a.proj_out);
+        be.residual_forward({A(const_cast<void*>(res), {Nl * C}), A(const_cast<void*>(attn_out), {Nl * C}),
                              A(x.res2, {Nl * C}), P(lp + 5, {C})});
         ln_out = sp_ ? a.sp_local : x.ln2;
         be.layernorm_forward({A(x.res2, {Nl, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(ln_out, {Nl, C}),
-                              A(x.ln2_mean, {Nl}), A(x.ln2_rstd, {Nl}), shape_.eps});
-        if (sp_) tp_all_gather(tp_, ln_out, x.ln2, Nl * C);
+                              S(x.ln2_mean, {Nl}), S(x.ln2_rstd, {Nl}), shape_.eps});
+        if (sp_) tp_all_gather(tp_, ln_out, x.ln2, dtype_, Nl * C);
         be.matmul_forward({A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F})});
         be.gelu_forward({A(x.fch, {N * F}), A(x.fch_gelu, {N * F})});
         be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), Tensor(), A(a.proj_out, {N, C})});
-        const float* mlp_out = reduce_rows(a.proj_out);
-        be.residual_forward({A(x.res2, {Nl * C}), A(const_cast<float*>(mlp_out), {Nl * C}), A(x.res3, {Nl * C}),
-                             P(lp + 11, {C})});
+        const void* mlp_out = reduce_rows(a.proj_out);
+        be.residual_forward(
+            {A(x.res2, {Nl * C}), A(const_cast<void*>(mlp_out), {Nl * C}), A(x.res3, {Nl * C}), P(lp + 11, {C})});
         res = x.res3;
     }
     if (!part_.head) return std::numeric_limits<float>::quiet_NaN();
     const int ln_f = ln_f_;
-    float* lnf_out = sp_ ? a.sp_local : a.lnf;
-    be.layernorm_forward({A(const_cast<float*>(res), {Nl, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(lnf_out, {Nl, C}),
-                          A(a.lnf_mean, {Nl}), A(a.lnf_rstd, {Nl}), shape_.eps});
-    if (sp_) tp_all_gather(tp_, lnf_out, a.lnf, Nl * C);
+    void* lnf_out = sp_ ? a.sp_local : a.lnf;
+    be.layernorm_forward({A(const_cast<void*>(res), {Nl, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(lnf_out, {Nl, C}),
+                          S(a.lnf_mean, {Nl}), S(a.lnf_rstd, {Nl}), shape_.eps});
+    if (sp_) tp_all_gather(tp_, lnf_out, a.lnf, dtype_, Nl * C);
     be.matmul_forward({A(a.lnf, {N, C}), P(wte_, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
@@ -427,13 +484,14 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     // vocab-parallel cross-entropy: global row max, then global sum-exp and target logit (one all-reduce for both)
     const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
     Tensor tgt(a.targets, DType::kI32, {N});
-    CrossEntropyForwardArgs ce{A(a.logits, {N, Vl}),   tgt,         A(a.row_max, {N}), A(a.sum_exp, {N}),
-                               A(a.target_logit, {N}), vocab_start, valid,             CrossEntropyPhase::kMax};
+    CrossEntropyForwardArgs ce{
+        A(a.logits, {N, Vl}), tgt,   S(a.row_max, {N}),      S(a.sum_exp, {N}), S(a.target_logit, {N}),
+        vocab_start,          valid, CrossEntropyPhase::kMax};
     be.cross_entropy_forward(ce);
-    tp_all_reduce(tp_, a.row_max, N, ReduceOp::kMax);
+    tp_all_reduce(tp_, a.row_max, DType::kF32, N, ReduceOp::kMax);
     ce.phase = CrossEntropyPhase::kSumExp;
     be.cross_entropy_forward(ce);
-    tp_all_reduce(tp_, a.sum_exp, 2 * N);  // sum_exp and target_logit are adjacent
+    tp_all_reduce(tp_, a.sum_exp, DType::kF32, 2 * N);  // sum_exp and target_logit are adjacent
 
     be.synchronize();  // the host reads the kernels' statistics below
     double total = 0;
@@ -452,28 +510,30 @@ void Gpt::backward(float loss_scale, int slot) {
     const int64_t N = static_cast<int64_t>(B) * T, C = shape_.C, Cl = C_local_, F = F_local_, Vl = Vp_local_;
     const int64_t NH = NH_local_, vocab_start = tp_.rank() * Vl;
     const int64_t Nl = sp_ ? N / tp_.size() : N;
-    float* w = params();
+    std::byte* w = static_cast<std::byte*>(weights_ptr_);
+    const size_t ws = dtype_size(dtype_);
     float* g = grads();
     auto P = [&](int index, std::initializer_list<int64_t> dims) {
-        return Tensor::f32(w + table_[index].offset, dims);
+        return Tensor(w + static_cast<size_t>(table_[index].offset) * ws, dtype_, dims);
     };
     auto G = [&](int index, std::initializer_list<int64_t> dims) {
         return Tensor::f32(g + table_[index].offset, dims);
     };
-    auto A = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
+    auto A = [this](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dtype_, dims); };
+    auto S = [](float* p, std::initializer_list<int64_t> dims) { return Tensor::f32(p, dims); };
     Backend& be = backend_;
     // see forward(): partial sums of all rows -> this rank's rows; and this rank's rows -> all rows
-    auto reduce_rows = [&](float* partial) {
+    auto reduce_rows = [&](void* partial) {
         if (!sp_) {
-            tp_all_reduce(tp_, partial, N * C);
+            tp_all_reduce(tp_, partial, dtype_, N * C);
             return partial;
         }
-        tp_reduce_scatter(tp_, partial, a.sp_local, Nl * C);
+        tp_reduce_scatter(tp_, partial, a.sp_local, dtype_, Nl * C);
         return a.sp_local;
     };
-    auto gather_rows = [&](float* local) {
+    auto gather_rows = [&](void* local) {
         if (!sp_) return local;
-        tp_all_gather(tp_, local, a.sp_full, Nl * C);
+        tp_all_gather(tp_, local, a.sp_full, dtype_, Nl * C);
         return a.sp_full;
     };
 
@@ -485,23 +545,23 @@ void Gpt::backward(float loss_scale, int slot) {
         const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
         Tensor tgt(a.targets, DType::kI32, {N});
         be.cross_entropy_backward(
-            {A(a.logits, {N, Vl}), tgt, A(a.row_max, {N}), A(a.sum_exp, {N}), A(a.dloss, {N}), vocab_start, valid});
-        const float* res_last = num_layers > 0 ? a.layers.back().res3 : a.encoded;
+            {A(a.logits, {N, Vl}), tgt, S(a.row_max, {N}), S(a.sum_exp, {N}), S(a.dloss, {N}), vocab_start, valid});
+        const void* res_last = num_layers > 0 ? a.layers.back().res3 : a.encoded;
         // the head is column-parallel over the vocabulary: its input gradient is a partial sum
         be.matmul_backward({A(a.logits, {N, Vl}), A(a.lnf, {N, C}), P(wte_, {Vl, C}), A(a.dln, {N, C}),
                             G(wte_, {Vl, C}), Tensor(), Accumulate::kOverwrite});
-        float* dln = reduce_rows(a.dln);
-        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<float*>(res_last), {Nl, C}), P(ln_f, {C}),
-                               A(a.lnf_mean, {Nl}), A(a.lnf_rstd, {Nl}), A(a.dres, {Nl, C}), G(ln_f, {C}),
+        void* dln = reduce_rows(a.dln);
+        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<void*>(res_last), {Nl, C}), P(ln_f, {C}),
+                               S(a.lnf_mean, {Nl}), S(a.lnf_rstd, {Nl}), A(a.dres, {Nl, C}), G(ln_f, {C}),
                                G(ln_f + 1, {C}), Accumulate::kOverwrite});
     } else {
         be.synchronize();  // dres is scratch that the previous call's kernels may still use
-        std::copy(a.dout, a.dout + Nl * C, a.dres);
+        std::memcpy(a.dres, a.dout, static_cast<size_t>(Nl * C) * ws);
     }
 
     for (int l = num_layers - 1; l >= 0; --l) {
         auto& x = a.layers[l];
-        const float* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
+        const void* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
         const int lp = first_layer_param_ + l * kParamsPerLayer;
         // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
         be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}),
@@ -509,20 +569,20 @@ void Gpt::backward(float loss_scale, int slot) {
         be.gelu_backward({A(x.fch, {N * F}), A(x.dfch, {N * F}), A(x.dfch, {N * F})});
         be.matmul_backward({A(x.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}), G(lp + 8, {F, C}),
                             G(lp + 9, {F}), Accumulate::kOverwrite});
-        float* dln = reduce_rows(a.dln);
-        be.layernorm_backward({A(dln, {Nl, C}), A(x.res2, {Nl, C}), P(lp + 6, {C}), A(x.ln2_mean, {Nl}),
-                               A(x.ln2_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 6, {C}), G(lp + 7, {C}),
+        void* dln = reduce_rows(a.dln);
+        be.layernorm_backward({A(dln, {Nl, C}), A(x.res2, {Nl, C}), P(lp + 6, {C}), S(x.ln2_mean, {Nl}),
+                               S(x.ln2_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 6, {C}), G(lp + 7, {C}),
                                Accumulate::kAdd});
         // attention: res2 = res_in + c_proj(attn(c_attn(ln_1(res_in)))) + bias
         be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), A(x.datty, {N, Cl}),
                             G(lp + 4, {C, Cl}), G(lp + 5, {C}), Accumulate::kOverwrite});
         be.attention_backward({A(x.datty, {B, T, Cl}), A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}),
-                               A(x.lse, {B, NH, T}), A(x.dqkv, {B, T, 3 * Cl}), NH});
+                               S(x.lse, {B, NH, T}), A(x.dqkv, {B, T, 3 * Cl}), NH});
         be.matmul_backward({A(x.dqkv, {N, 3 * Cl}), A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), A(a.dln, {N, C}),
                             G(lp + 2, {3 * Cl, C}), G(lp + 3, {3 * Cl}), Accumulate::kOverwrite});
         dln = reduce_rows(a.dln);
-        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<float*>(res_in), {Nl, C}), P(lp + 0, {C}),
-                               A(x.ln1_mean, {Nl}), A(x.ln1_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 0, {C}),
+        be.layernorm_backward({A(dln, {Nl, C}), A(const_cast<void*>(res_in), {Nl, C}), P(lp + 0, {C}),
+                               S(x.ln1_mean, {Nl}), S(x.ln1_rstd, {Nl}), A(a.dres, {Nl, C}), G(lp + 0, {C}),
                                G(lp + 1, {C}), Accumulate::kAdd});
     }
     if (part_.embedding) {
@@ -530,14 +590,14 @@ void Gpt::backward(float loss_scale, int slot) {
                                G(wpe_, {T, C}), vocab_start, T});
     } else {
         be.synchronize();  // the host reads dres, written by the kernels above
-        std::copy(a.dres, a.dres + Nl * C, a.dinp);
+        std::memcpy(a.dinp, a.dres, static_cast<size_t>(Nl * C) * ws);
     }
 }
 
 void Gpt::finish_gradients() {
     if (!sp_) return;
     // Each TP rank's LayerNorm gradients cover only its rows: sum them (Megatron's sequence-parallel all-reduce).
-    for (int i : layernorm_params_) tp_all_reduce(tp_, grads() + table_[i].offset, table_[i].numel);
+    for (int i : layernorm_params_) tp_all_reduce(tp_, grads() + table_[i].offset, DType::kF32, table_[i].numel);
 }
 
 }  // namespace ms

@@ -2,7 +2,11 @@
 // GELU-tanh MLP, biases everywhere, final LayerNorm, output head tied to the token embedding, vocabulary padded
 // to Vp with the padded logits masked), forward and backward over a Backend.
 //
-// Parameters live in one contiguous fp32 buffer in the order of param_table(); gradients mirror it. Names are
+// Parameters live in one contiguous fp32 buffer in the order of param_table(); gradients mirror it. Mixed precision
+// (Options::dtype bf16 or fp16, DESIGN.md §6): the fp32 buffer holds the master weights the optimizer updates, a
+// second flat buffer of the same layout holds the 16-bit weights the ops read (refresh_weights() rounds the master
+// into it), activations and their gradients are 16-bit, and gradients, statistics and the loss stay fp32
+// (backends/backend.h's precision contract). With fp32 the two buffers are one. Names are
 // Hugging Face GPT-2's (`wte.weight`, `h.3.attn.c_attn.weight`, ...) but weights are stored in Linear
 // orientation (out_features, in_features); HF's Conv1D stores the transpose. c_attn's rows are [Q | K | V],
 // each block head-major. Activations for up to `max_batch` sequences are allocated once at construction, laid out
@@ -110,11 +114,14 @@ public:
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
         bool sequence_parallel = false;
         Arena* arena = nullptr;  // where activations (and owned params/grads) come from; nullptr: HostBuffers
+        DType dtype = DType::kF32;  // activations and the weights the ops read: fp32, bf16 or fp16
+        void* weights = nullptr;    // external storage of the 16-bit weights (>= flat_size() elements of dtype), with
+                                    //   external params when dtype is not fp32; unused for fp32
     };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, int max_batch, int64_t flat_capacity = 0)
-        : Gpt(shape, backend, tp, Options{max_batch, flat_capacity, GptPart{}, 1, nullptr, nullptr, false, nullptr}) {}
+        : Gpt(shape, backend, tp, options(max_batch, flat_capacity)) {}
     ~Gpt();
 
     const GptShape& shape() const { return shape_; }
@@ -124,6 +131,12 @@ public:
     int64_t flat_size() const { return table_.back().offset + table_.back().numel; }
     float* params() { return params_ptr_; }
     float* grads() { return grads_ptr_; }
+    DType dtype() const { return dtype_; }
+    // The weights the ops read: params() itself in fp32, else the 16-bit copy (flat, params()'s layout).
+    void* weights() { return weights_ptr_; }
+    // weights = params rounded to dtype(), over this chunk's flat range (a no-op in fp32). init_weights() calls it;
+    // whoever else writes params() (an optimizer step, a checkpoint load) calls it, or casts the whole flat buffer.
+    void refresh_weights();
     const GptPart& part() const { return part_; }
     const ParamInfo& param(const std::string& name) const;
 
@@ -145,20 +158,28 @@ public:
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
     // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
     void finish_gradients();
-    // Pipeline hand-offs: activation_elems() elements each, B*T*C, or B*T*C/tp rows with sequence parallelism.
+    // Pipeline hand-offs: activation_elems() elements of dtype() each, B*T*C, or B*T*C/tp rows with sequence
+    // parallelism.
     int64_t activation_elems(int B, int T) const;
-    float* input(int slot);              // (B, T, C) the activation entering the first layer
-    const float* output(int slot) const;  // (B, T, C) the last layer's output
-    float* grad_output(int slot);        // (B, T, C)
-    const float* grad_input(int slot) const;  // (B, T, C)
+    void* input(int slot);                   // (B, T, C) the activation entering the first layer
+    const void* output(int slot) const;      // (B, T, C) the last layer's output
+    void* grad_output(int slot);             // (B, T, C)
+    const void* grad_input(int slot) const;  // (B, T, C)
     void zero_grads();
-    // (B, T, Vp/tp) this rank's vocabulary shard of the logits of the last forward() (valid until backward(),
-    // which overwrites them with dlogits). Columns from tp_rank * Vp/tp.
-    const float* logits() const;
+    // (B, T, Vp/tp) this rank's vocabulary shard of the logits of the last forward(), in dtype() (valid until
+    // backward(), which overwrites them with dlogits). Columns from tp_rank * Vp/tp.
+    Tensor logits_tensor() const;
+    const float* logits() const { return logits_tensor().f32(); }  // fp32 models only
     // per-position losses (B*T) of the last forward()
     const float* losses() const;
 
 private:
+  static Options options(int max_batch, int64_t flat_capacity) {
+      Options o;
+      o.max_batch = max_batch;
+      o.flat_capacity = flat_capacity;
+      return o;
+  }
     struct Activations;
     static void bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N);
     GptShape shape_;
@@ -172,12 +193,15 @@ private:
     bool sp_ = false;                       // sequence parallelism (with tp > 1)
     std::vector<int> layernorm_params_;     // table indices summed over tp after the backward when sp_
     int64_t num_params_ = 0;
+    DType dtype_ = DType::kF32;
     MemoryBlock params_;                    // (flat) when owned
+    MemoryBlock weights_;                   // (flat, dtype_) when owned and dtype_ is not fp32
     MemoryBlock grads_;                     // (flat) when owned
     std::vector<MemoryBlock> slot_blocks_;  // (num_slots) the slots' buffers, laid out by the activation plan
     MemoryBlock scratch_block_;             // forward/backward scratch shared by the slots
     float* params_ptr_ = nullptr;
     float* grads_ptr_ = nullptr;
+    void* weights_ptr_ = nullptr;
     std::vector<std::unique_ptr<Activations>> slots_;
     int B_ = 0, T_ = 0;  // shape of the last forward
 };

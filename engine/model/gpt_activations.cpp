@@ -18,12 +18,15 @@ namespace {
 
 class Builder {
   public:
-    // A buffer of `elems` fp32 (or int32) elements; -1 (touching it is a no-op) when elems == 0, i.e. not held.
+    explicit Builder(DType act) : act_size_(dtype_size(act)) {}
+    // A buffer of `elems` elements; -1 (touching it is a no-op) when elems == 0, i.e. not held. Activations (and
+    // their gradients) are in the activation dtype, statistics, tokens and targets 4-byte fp32 / int32.
     int add(GptBuf id, int layer, GptBufGroup group, int64_t elems) {
         if (elems == 0) return -1;
         auto& requests = group == GptBufGroup::kSlot ? plan_.slot_requests : plan_.scratch_requests;
         const std::string name = layer >= 0 ? fmt::format("h.{}.{}", layer, gpt_buf_name(id)) : gpt_buf_name(id);
-        requests.push_back(BufferRequest{name, static_cast<size_t>(elems) * 4, INT_MAX, -1, -1});
+        const size_t elem_size = gpt_buf_is_activation(id) ? act_size_ : 4;
+        requests.push_back(BufferRequest{name, static_cast<size_t>(elems) * elem_size, INT_MAX, -1, -1});
         plan_.buffers.push_back(GptBuffer{id, layer, group, static_cast<int>(requests.size()) - 1});
         return static_cast<int>(plan_.buffers.size()) - 1;
     }
@@ -52,11 +55,33 @@ class Builder {
     }
 
   private:
+    size_t act_size_;
     GptActivationPlan plan_;
     int ops_ = 0;
 };
 
 }  // namespace
+
+bool gpt_buf_is_activation(GptBuf buf) {
+    switch (buf) {
+        case GptBuf::kLn1Mean:
+        case GptBuf::kLn1Rstd:
+        case GptBuf::kLse:
+        case GptBuf::kLn2Mean:
+        case GptBuf::kLn2Rstd:
+        case GptBuf::kLnfMean:
+        case GptBuf::kLnfRstd:
+        case GptBuf::kLosses:
+        case GptBuf::kRowMax:
+        case GptBuf::kSumExp:
+        case GptBuf::kTokens:
+        case GptBuf::kTargets:
+        case GptBuf::kDloss:
+            return false;
+        default:
+            return true;
+    }
+}
 
 const char* gpt_buf_name(GptBuf buf) {
     switch (buf) {
@@ -133,7 +158,7 @@ const char* gpt_buf_name(GptBuf buf) {
 }
 
 GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, int tp, int max_batch,
-                                       bool sequence_parallel) {
+                                       bool sequence_parallel, DType act) {
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0, "tp {} does not divide NH {}, F {}, Vp {}",
              tp, s.NH, s.F, s.Vp);
     const bool sp = sequence_parallel && tp > 1;
@@ -144,7 +169,8 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
     const bool emb = part.embedding, head = part.head;
     constexpr GptBufGroup kSlot = GptBufGroup::kSlot, kScratch = GptBufGroup::kScratch;
 
-    Builder b;
+    MS_CHECK(is_float(act), "activation dtype {} is not fp32, bf16 or fp16", dtype_name(act));
+    Builder b(act);
     struct Layer {
         int ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
         int dfch, datty, dqkv;

@@ -22,8 +22,8 @@
 // statistics hold only this rank's N / tp rows (Megatron's activation saving); gathered inputs of the
 // column-parallel layers and everything inside the tensor-parallel regions hold all N.
 //
-// The plan is a pure function of (shape, part, tp, max_batch, sequence_parallel): Gpt lays its buffers out from it
-// and `mindspeed-train plan` (engine/train/plan.cpp) reports the same bytes from it.
+// The plan is a pure function of (shape, part, tp, max_batch, sequence_parallel, activation dtype): Gpt lays its
+// buffers out from it and `mindspeed-train plan` (engine/train/plan.cpp) reports the same bytes from it.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +76,9 @@ enum class GptBuf : uint8_t {
     kSpFull,
 };
 const char* gpt_buf_name(GptBuf buf);  // "ln1", "dfch", ...
+// True for the buffers held in the activation dtype (activations and their gradients); false for the fp32
+// statistics (LayerNorm mean/rstd, lse, losses, cross-entropy sums, dloss) and the int32 tokens and targets.
+bool gpt_buf_is_activation(GptBuf buf);
 
 enum class GptBufGroup : uint8_t { kSlot, kScratch };
 
@@ -102,7 +105,8 @@ struct GptActivationPlan {
 // Offsets are multiples of kGptActivationAlign bytes (16 floats: Gpt's parameter alignment).
 inline constexpr size_t kGptActivationAlign = 64;
 
+// act: the activation dtype (mixed_precision.dtype): fp32, bf16 or fp16.
 GptActivationPlan plan_gpt_activations(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
-                                       bool sequence_parallel);
+                                       bool sequence_parallel, DType act = DType::kF32);
 
 }  // namespace ms

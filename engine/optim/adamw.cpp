@@ -19,7 +19,7 @@ void AdamW::step(float* params, const float* grads, float lr, float grad_scale) 
         backend_.adamw({Tensor::f32(params + p.offset, {n}), Tensor::f32(const_cast<float*>(grads) + p.offset, {n}),
                         Tensor::f32(m_.as<float>() + p.offset, {n}), Tensor::f32(v_.as<float>() + p.offset, {n}), lr,
                         cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps, p.weight_decay ? cfg_.weight_decay : 0.0f,
-                        grad_scale, step_});
+                        grad_scale, step_, Tensor()});
     }
 }
 

@@ -45,7 +45,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
 }
 
-OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {
+OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale) {
     OptimizerStepResult r;
     const std::span<float> all(grads_, static_cast<size_t>(padded_));
     const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
@@ -60,26 +60,38 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad) {
     for (const Segment& s : norm_segments_) {
         if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
     }
-    float partial = static_cast<float>(sq);
+    // in double first: squares of loss-scaled gradients may exceed fp32's range where their unscaled sum does not
+    float partial = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
     dp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
     mp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
     r.grad_norm = std::sqrt(static_cast<double>(partial));
     if (!std::isfinite(r.grad_norm)) return r;
 
     ++step_;
-    const float scale = clip_coefficient(r.grad_norm, clip_grad);
+    const float scale = clip_coefficient(r.grad_norm, clip_grad) * unscale;
     float* m = m_.as<float>();
     float* v = v_.as<float>();
+    const bool mixed = weights_ != nullptr && weights_dtype_ != DType::kF32;
+    const size_t ws = dtype_size(weights_dtype_);
     for (const Segment& s : update_segments_) {
         const int64_t n = s.end - s.begin, k = s.begin - state_base_;
+        // zero_stage 0 writes the 16-bit weights in the same pass; zero_stage 1 casts once the params are gathered
+        const Tensor copy =
+            mixed && zero_stage_ == 0
+                ? Tensor(static_cast<std::byte*>(weights_) + static_cast<size_t>(s.begin) * ws, weights_dtype_, {n})
+                : Tensor();
         backend_.adamw({Tensor::f32(params_ + s.begin, {n}), Tensor::f32(grads_ + s.begin, {n}),
                         Tensor::f32(m + k, {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1, cfg_.adam_beta2,
-                        cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_});
+                        cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_, copy});
     }
     if (zero_stage_ == 1) {
+        // The fp32 params, not the 16-bit weights, are gathered: every rank keeps whole master weights, which the
+        // checkpoint writes (twice the bytes of gathering the weights: Megatron's distributed optimizer gathers
+        // the 16-bit ones and keeps only its shard of the master).
         dp_.all_gather(std::span<const float>(params_ + shard_begin_, static_cast<size_t>(shard_size_)),
                        std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
             .wait();
+        if (mixed) backend_.cast({Tensor::f32(params_, {padded_}), Tensor(weights_, weights_dtype_, {padded_})});
     }
     r.stepped = true;
     return r;

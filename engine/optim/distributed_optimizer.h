@@ -42,8 +42,17 @@ public:
                          const OptimizerConfig& cfg, int zero_stage, Backend& backend, Communicator& dp,
                          Communicator& mp, int tp_rank, Arena* arena = nullptr);
 
+    // Mixed precision: the 16-bit weights (flat, the params' layout, dtype bf16 / fp16) that every step refreshes
+    // from the updated fp32 params (the master weights): fused into AdamW for zero_stage 0, a cast after the
+    // all-gather for zero_stage 1.
+    void set_weights(void* weights, DType dtype) {
+        weights_ = weights;
+        weights_dtype_ = dtype;
+    }
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
-    OptimizerStepResult step(float lr, float clip_grad);
+    // unscale multiplies the gradients first (1 / the loss scale with fp16): the norm reported and clipped is the
+    // unscaled one. A non-finite norm (an fp16 overflow, a NaN) skips the update: stepped = false.
+    OptimizerStepResult step(float lr, float clip_grad, float unscale = 1.0f);
 
     int64_t shard_begin() const { return shard_begin_; }
     int64_t shard_size() const { return shard_size_; }
@@ -81,6 +90,8 @@ private:
     size_t state_len_ = 0;
     int64_t state_base_ = 0;  // flat index of exp_avg[0]
     MemoryBlock m_, v_;       // (state_len) exp_avg, exp_avg_sq
+    void* weights_ = nullptr;  // set_weights()
+    DType weights_dtype_ = DType::kF32;
     int64_t step_ = 0;
 };
 

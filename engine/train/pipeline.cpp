@@ -1,6 +1,7 @@
 #include "engine/train/pipeline.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <span>
 
@@ -84,13 +85,14 @@ int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int 
 
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
-                             Arena* arena)
+                             Arena* arena, DType dtype)
     : shape_(shape),
       backend_(backend),
       groups_(groups),
       micro_batch_(micro_batch),
       num_microbatches_(num_microbatches),
-      virtual_stages_(virtual_stages) {
+      virtual_stages_(virtual_stages),
+      dtype_(dtype) {
     const int pp = groups.pp_size, v = virtual_stages, K = pp * v;
     MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
     schedule_ = make_schedule(kind, pp, num_microbatches, v);
@@ -114,6 +116,11 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
     params_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kParameter, "params");
     grads_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kGradient, "grads");
+    const size_t es = dtype_size(dtype);
+    if (dtype != DType::kF32) {
+        weights_ = MemoryBlock(static_cast<size_t>(capacity) * es, arena, MemCategory::kParameter,
+                               fmt::format("weights {}", dtype_name(dtype)));
+    }
     for (int c = 0; c < v; ++c) {
         Gpt::Options o;
         o.max_batch = micro_batch;
@@ -123,6 +130,8 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.grads = grads() + bases[static_cast<size_t>(c)];
         o.sequence_parallel = sequence_parallel;
         o.arena = arena;
+        o.dtype = dtype;
+        o.weights = static_cast<std::byte*>(weights()) + static_cast<size_t>(bases[static_cast<size_t>(c)]) * es;
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
     if (pp > 1) {
@@ -138,13 +147,19 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     const int sends = pipeline_send_buffers(schedule_, groups.pp_rank, v);
     send_elems_ = static_cast<size_t>((chunks_[0]->activation_elems(micro_batch, shape.T) + kChunkAlign - 1) /
                                       kChunkAlign * kChunkAlign);
-    send_block_ = MemoryBlock(static_cast<size_t>(sends) * send_elems_ * sizeof(float), arena, MemCategory::kComm,
-                              "pipeline send buffers");
-    for (int i = 0; i < sends; ++i) send_pool_.push_back({send_block_.as<float>() + i * send_elems_, Handle()});
+    send_block_ =
+        MemoryBlock(static_cast<size_t>(sends) * send_elems_ * es, arena, MemCategory::kComm, "pipeline send buffers");
+    for (int i = 0; i < sends; ++i)
+        send_pool_.push_back({send_block_.as<std::byte>() + i * send_elems_ * es, Handle()});
 }
 
 void PipelineModel::init_weights(uint64_t seed) {
     for (auto& c : chunks_) c->init_weights(seed);
+}
+
+void PipelineModel::refresh_weights() {
+    if (dtype_ == DType::kF32) return;
+    backend_.cast({Tensor::f32(params(), {flat_}), Tensor(weights(), dtype_, {flat_})});
 }
 
 int PipelineModel::tag(int microbatch, int edge, int direction) const {
@@ -158,7 +173,12 @@ void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int micro
     (void)T;
 }
 
-void PipelineModel::post_send(const float* data, size_t n, int peer, int tag) {
+void PipelineModel::receive(void* data, size_t n, int peer, int tag) {
+    const P2POp op{P2POp::Kind::kRecv, peer, data, n, dtype_, tag};
+    groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+}
+
+void PipelineModel::post_send(const void* data, size_t n, int peer, int tag) {
     MS_CHECK(n <= send_elems_, "pipeline: a send of {} elements exceeds the send buffers' {}", n, send_elems_);
     PendingSend* slot = nullptr;
     for (PendingSend& p : send_pool_) {
@@ -173,8 +193,8 @@ void PipelineModel::post_send(const float* data, size_t n, int peer, int tag) {
     for (size_t i = 0; !slot; i = (i + 1) % send_pool_.size())
         if (send_pool_[i].handle.test()) slot = &send_pool_[i];
     backend_.synchronize();  // the host reads `data`, which kernels wrote (asynchronous backend)
-    std::copy(data, data + n, slot->buffer);
-    const P2POp op = P2POp::send(std::span<const float>(slot->buffer, n), peer, tag);
+    std::memcpy(slot->buffer, data, n * dtype_size(dtype_));
+    const P2POp op{P2POp::Kind::kSend, peer, slot->buffer, n, dtype_, tag};
     slot->handle = groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
 }
 
@@ -182,7 +202,7 @@ void PipelineModel::wait_sends() {
     for (PendingSend& p : send_pool_) p.handle.wait();
 }
 
-float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T) {
+float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale_in) {
     backend_.zero(Tensor::f32(grads(), {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
@@ -202,15 +222,14 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
         return s;
     };
     float loss = 0;
-    const float loss_scale = 1.0f / static_cast<float>(num_microbatches_);
+    const float loss_scale = loss_scale_in / static_cast<float>(num_microbatches_);
     for (const Action& a : schedule_[static_cast<size_t>(groups_.pp_rank)]) {
         const int c = a.chunk, mb = a.microbatch, k = model_chunk(c);
         Gpt& chunk = *chunks_[static_cast<size_t>(c)];
         switch (a.kind) {
             case Action::Kind::kRecvActivation: {
                 const int s = acquire(c, mb);
-                const P2POp op = P2POp::recv(std::span<float>(chunk.input(s), act), a.peer_stage, tag(mb, k - 1, 0));
-                pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+                receive(chunk.input(s), act, a.peer_stage, tag(mb, k - 1, 0));
                 break;
             }
             case Action::Kind::kForward: {
@@ -227,9 +246,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kRecvGrad: {
                 const int s = slot_of[c][mb];
-                const P2POp op =
-                    P2POp::recv(std::span<float>(chunk.grad_output(s), act), a.peer_stage, tag(mb, k, 1));
-                pp.batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+                receive(chunk.grad_output(s), act, a.peer_stage, tag(mb, k, 1));
                 break;
             }
             case Action::Kind::kBackward: {
@@ -275,8 +292,7 @@ float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int
             if (k % pp_size != groups_.pp_rank) continue;
             Gpt& chunk = *chunks_[static_cast<size_t>(k / pp_size)];
             if (k > 0) {
-                const P2POp op = P2POp::recv(std::span<float>(chunk.input(0), act), (k - 1) % pp_size, tag(0, k - 1, 0));
-                pp.batch_send_recv(std::span<const P2POp>(&op, 1)).wait();
+                receive(chunk.input(0), act, (k - 1) % pp_size, tag(0, k - 1, 0));
             }
             const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0);
             if (chunk.part().head) total += l;

@@ -6,8 +6,8 @@
 // of the tied wte, whose gradient is summed over the embd group before the optimizer step. All local chunks share
 // one flat parameter buffer and one flat gradient buffer (the optimizer's range map spans them).
 //
-// Point-to-point messages carry (micro_batch, T, C) fp32 activations or gradients. Each is tagged with its
-// micro-batch, the model-chunk edge it crosses and its direction, so matching never depends on arrival order.
+// Point-to-point messages carry (micro_batch, T, C) activations or gradients in the model's dtype. Each is tagged with
+// its micro-batch, the model-chunk edge it crosses and its direction, so matching never depends on arrival order.
 // Receives block right before the compute that needs them; sends are non-blocking and never waited on inside the
 // schedule (the simulator proves exactly these semantics cannot deadlock): each outgoing tensor is copied into a
 // send buffer of its own from a pool, so a slot can be reused while its last send is still in flight. (Waiting
@@ -39,38 +39,47 @@ int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int 
 
 class PipelineModel {
 public:
-    // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
-    // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
-    // order: parameters, gradients, per local chunk its scratch block and slot blocks, the send buffers (plan.h's
-    // StagePlan::allocations() lists the same sequence).
-    PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                  ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
-                  Arena* arena = nullptr);
+  // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
+  // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
+  // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
+  // slot blocks, the send buffers (plan.h's StagePlan::allocations() lists the same sequence).
+  PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
+                ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
+                Arena* arena = nullptr, DType dtype = DType::kF32);
 
-    const std::vector<ParamInfo>& params_info() const { return table_; }
-    int64_t flat_size() const { return flat_; }
-    float* params() { return params_.as<float>(); }
-    float* grads() { return grads_.as<float>(); }
-    void init_weights(uint64_t seed);
+  const std::vector<ParamInfo>& params_info() const { return table_; }
+  int64_t flat_size() const { return flat_; }
+  float* params() { return params_.as<float>(); }
+  float* grads() { return grads_.as<float>(); }
+  DType dtype() const { return dtype_; }
+  // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
+  void* weights() { return dtype_ == DType::kF32 ? static_cast<void*>(params()) : weights_.as<std::byte>(); }
+  // weights = params rounded to dtype() over the whole flat range (no-op in fp32): after anything writes params()
+  // other than an optimizer that writes the copy itself (AdamWArgs::param_copy).
+  void refresh_weights();
+  void init_weights(uint64_t seed);
 
-    // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
-    // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the
-    // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
-    float train_step(const Sampler& sampler, int64_t first_sample, int T);
-    // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
-    float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
-    // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
-    Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
-    // Activation slots per local chunk (micro-batches in flight): the schedule's peak.
-    const std::vector<int>& slots_per_chunk() const { return slots_; }
+  // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
+  // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the
+  // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
+  // loss_scale multiplies the loss the backward starts from (fp16's loss scaling; 1 otherwise).
+  float train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale = 1.0f);
+  // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
+  float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
+  // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
+  Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
+  // Activation slots per local chunk (micro-batches in flight): the schedule's peak.
+  const std::vector<int>& slots_per_chunk() const { return slots_; }
 
 private:
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
     void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
-    // Copies n floats into a free send buffer and starts sending it. The buffers are allocated at construction,
-    // as many as pipeline_send_buffers() says, so a step allocates nothing.
-    void post_send(const float* data, size_t n, int peer, int tag);
+    // Copies n elements of dtype() into a free send buffer and starts sending it. The buffers are allocated at
+    // construction, as many as pipeline_send_buffers() says, so a step allocates nothing.
+    void post_send(const void* data, size_t n, int peer, int tag);
+    // Receives n elements of dtype() into data, blocking.
+    void receive(void* data, size_t n, int peer, int tag);
     void wait_sends();
 
     GptShape shape_;
@@ -83,16 +92,18 @@ private:
     std::vector<ParamInfo> table_;              // every local chunk's parameters, offsets in the shared buffers
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
+    DType dtype_ = DType::kF32;
     MemoryBlock params_, grads_;  // (padded) flat fp32
+    MemoryBlock weights_;         // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;
     // train_step()'s bookkeeping, sized once here so that a step allocates nothing
     std::vector<std::vector<int>> slot_of_;     // (v, micro-batches) slot of a chunk's micro-batch, or -1
     std::vector<std::vector<int>> free_slots_;  // (v) free slots of each chunk
     struct PendingSend {
-        float* buffer;  // (send_elems_) in send_block_
+        std::byte* buffer;  // (send_elems_ of dtype_) in send_block_
         Handle handle;
     };
-    MemoryBlock send_block_;  // (send buffers, send_elems_) fp32
+    MemoryBlock send_block_;  // (send buffers, send_elems_) of dtype_
     size_t send_elems_ = 0;   // one hand-off, B*T*C (or B*T*C/tp rows with sequence parallelism), 16-aligned
     std::vector<PendingSend> send_pool_;
 };

@@ -76,7 +76,8 @@ PlanShape plan_shape(const Config& cfg, const DerivedConfig& d) {
                      d.num_microbatches,
                      cfg.training.micro_batch_size,
                      par.zero_stage,
-                     par.sequence_parallel};
+                     par.sequence_parallel,
+                     model_dtype(cfg.mixed_precision)};
 }
 
 std::vector<size_t> StagePlan::allocations() const {
@@ -86,6 +87,7 @@ std::vector<size_t> StagePlan::allocations() const {
     };
     add(param_bytes);
     add(grad_bytes);
+    add(weight_bytes);
     for (size_t c = 0; c < slots.size(); ++c) {
         add(scratch_bytes[c]);
         for (int i = 0; i < slots[c]; ++i) add(slot_bytes[c]);
@@ -116,15 +118,17 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             const auto table = gpt_param_table(shape, 0.02f, p.tp, part);
             for (const ParamInfo& info : table) st.params += info.numel;
             flat = align_up(flat + table.back().offset + table.back().numel, kAlign);
-            const GptActivationPlan act = plan_gpt_activations(shape, part, p.tp, p.micro_batch, p.sequence_parallel);
+            const GptActivationPlan act =
+                plan_gpt_activations(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
             st.slot_bytes.push_back(act.slot_bytes());
             st.scratch_bytes.push_back(act.scratch_bytes());
             st.activation_bytes += act.bytes(st.slots[static_cast<size_t>(c)]);
         }
         st.padded = padded_flat_size(flat, p.dp);
         st.param_bytes = st.grad_bytes = 4 * st.padded;
+        st.weight_bytes = p.dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(p.dtype)) * st.padded;
         st.optimizer_bytes = 8 * (p.zero_stage == 1 ? st.padded / p.dp : st.padded);
-        st.send_bytes = 4 * send_elems * pipeline_send_buffers(schedule, s, v);
+        st.send_bytes = static_cast<int64_t>(dtype_size(p.dtype)) * send_elems * pipeline_send_buffers(schedule, s, v);
     }
     return stages;
 }
@@ -137,7 +141,10 @@ std::vector<std::string> stage_table(const std::vector<StagePlan>& stages) {
         for (size_t c = 0; c < st.slots.size(); ++c)
             acts += fmt::format("{}{} x {} + {}", c ? " + " : "", bytes_cell(st.slot_bytes[c]), st.slots[c],
                                 bytes_cell(st.scratch_bytes[c]));
-        rows.push_back({fmt::format("{}", s), st.layers, fmt::format("{}", st.params), bytes_cell(st.param_bytes),
+        const std::string params = st.weight_bytes == 0
+                                       ? bytes_cell(st.param_bytes)
+                                       : bytes_cell(st.param_bytes) + " + " + bytes_cell(st.weight_bytes);
+        rows.push_back({fmt::format("{}", s), st.layers, fmt::format("{}", st.params), params,
                         bytes_cell(st.grad_bytes), bytes_cell(st.optimizer_bytes), bytes_cell(st.comm_bytes()), acts,
                         bytes_cell(st.total_bytes())});
     }
@@ -201,7 +208,10 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
 
     const PlanShape ps = plan_shape(cfg, d);
     const auto stages = plan_stages(gpt_shape(cfg, d), ps);
-    log_info("\nmemory per rank by pipeline stage (fp32; parameters are one tp rank's shard; zero_stage {}, dp {})",
+    log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {})",
+             ps.dtype == DType::kF32
+                 ? std::string("fp32")
+                 : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype)),
              par.zero_stage, d.dp);
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
     const SimResult sim = simulate(make_schedule(ps.kind, pp, ps.num_microbatches, ps.virtual_stages), 1, 2);

@@ -2,10 +2,11 @@
 // arithmetic over the config: no MPI, nothing large allocated. Every byte count is an allocation the trainer makes
 // from its per-rank arena (engine/train/trainer.cpp), with the same function computing it where one exists:
 //   parameters, gradients  the flat buffers of PipelineModel: padded_flat_size(flat, dp) fp32 elements each, flat
-//                          being the stage's local chunks laid out back to back, each 16-element aligned
+//                          being the stage's local chunks laid out back to back, each 16-element aligned; with
+//                          mixed_precision bf16 / fp16 also the 16-bit weights, the same elements at 2 bytes
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
-//   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C fp32, or B*T*C/tp
-//                          with sequence parallelism); zero_stage 1's reduce-scatter works in place and needs none
+//   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C activations, or
+//                          B*T*C/tp with sequence parallelism); zero_stage 1's reduce-scatter works in place
 //   activations            per local chunk, plan_gpt_activations(): slot bytes times the chunk's slots (the peak of
 //                          its micro-batches in flight in the stage's schedule) plus one scratch block
 // Not in the arena, so not here: token buffers (B*T int32 each) and small per-call bookkeeping. The MPI
@@ -37,15 +38,19 @@ struct StagePlan {
     int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+    int64_t weight_bytes = 0;            // the 16-bit weights (mixed precision; 0 in fp32)
     int64_t send_bytes = 0;              // the pipeline's send buffers
     std::vector<int64_t> slot_bytes;     // (v) one activation slot of each local chunk
     std::vector<int> slots;              // (v) activation slots of each local chunk
     std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
     int64_t activation_bytes = 0;        // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return send_bytes; }  // zero_stage 1 reduce-scatters in place: no buffer
-    int64_t total_bytes() const { return param_bytes + grad_bytes + optimizer_bytes + comm_bytes() + activation_bytes; }
-    // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, per
-    // chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq); no empty ones.
+    int64_t total_bytes() const {
+        return param_bytes + grad_bytes + weight_bytes + optimizer_bytes + comm_bytes() + activation_bytes;
+    }
+    // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, 16-bit
+    // weights, per chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq); no empty
+    // ones.
     std::vector<size_t> allocations() const;
 };
 
@@ -54,6 +59,7 @@ struct PlanShape {
     ScheduleKind kind = ScheduleKind::k1F1B;
     int num_microbatches = 1, micro_batch = 1, zero_stage = 0;
     bool sequence_parallel = false;
+    DType dtype = DType::kF32;  // mixed_precision.dtype: activations and the weights the ops read
 };
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).

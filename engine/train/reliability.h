@@ -126,8 +126,10 @@ class Reliability {
     // After the backward of `it`, before any data-parallel reduction: fires a nan injection, checks this rank's
     // loss (last pipeline stage; pass the step's loss everywhere, others ignore it) and gradients, and agrees with
     // every rank on NaNs and signals (one int32[3] all-reduce over world). Throws NumericalError with nan_policy
-    // fail. Allocates nothing unless it throws.
-    StepVerdict step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads, Backend& backend);
+    // fail. Allocates nothing unless it throws. check_grads = false (fp16 loss scaling, whose overflows the loss
+    // scaler handles): only the loss is checked.
+    StepVerdict step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads, Backend& backend,
+                              bool check_grads = true);
     // After the step (outside the allocation guard): logs and records what step_boundary found.
     void after_step(int64_t it);
     // The signal stop: logs, records exit code 3 and returns it. checkpoint_dir: what was saved ("" for nothing).

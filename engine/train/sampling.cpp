@@ -18,13 +18,33 @@ std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t>
     std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
     const int64_t Vl = s.Vp / tp.size();
     std::vector<float> full(static_cast<size_t>(s.Vp));
+    // the last row's logits of every TP rank, in the model's dtype (the all-gather follows the backend's kernels)
+    std::vector<std::byte> gathered(static_cast<size_t>(s.Vp) * dtype_size(model.dtype()));
     for (int i = 0; i < num_tokens; ++i) {
         const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.T)));
         const int32_t* window = context.data() + context.size() - T;
         model.forward(window, nullptr, 1, T);
-        tp.all_gather(std::span<const float>(model.logits() + static_cast<size_t>(T - 1) * Vl, static_cast<size_t>(Vl)),
-                      std::span<float>(full))
-            .wait();
+        const std::byte* row = static_cast<const std::byte*>(model.logits_tensor().data) +
+                               static_cast<size_t>(T - 1) * Vl * dtype_size(model.dtype());
+        auto gather = [&](auto z) {
+            using E = decltype(z);
+            tp.all_gather(std::span<const E>(reinterpret_cast<const E*>(row), static_cast<size_t>(Vl)),
+                          std::span<E>(reinterpret_cast<E*>(gathered.data()), static_cast<size_t>(s.Vp)))
+                .wait();
+            const E* g = reinterpret_cast<const E*>(gathered.data());
+            for (int64_t v = 0; v < s.Vp; ++v) full[static_cast<size_t>(v)] = to_float(g[v]);
+        };
+        switch (model.dtype()) {
+            case DType::kBF16:
+                gather(bf16{});
+                break;
+            case DType::kF16:
+                gather(fp16{});
+                break;
+            default:
+                gather(float{});
+                break;
+        }
         const float* logits = full.data();
         for (int v = 0; v < s.V; ++v) probs[v] = {logits[v] / std::max(temperature, 1e-6f), v};
         size_t keep = probs.size();

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -29,6 +29,7 @@
 #include "engine/model/gpt.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/distributed_optimizer.h"
+#include "engine/optim/loss_scaler.h"
 #include "engine/parallel/schedule.h"
 #include "engine/train/device_peak.h"
 #include "engine/train/pipeline.h"
@@ -298,15 +299,33 @@ int run_train(const Config& cfg_in) {
              format_bytes(arena.capacity()), arena.memory().describe(), format_bytes(planned),
              100.0 * (static_cast<double>(arena.capacity()) / static_cast<double>(planned) - 1.0));
 
+    const DType dtype = model_dtype(cfg.mixed_precision);
     PipelineModel model(shape, *backend, groups, mbs, parse_schedule_kind(cfg.parallel.pipeline_schedule), num_mb,
-                        cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel, &arena);
+                        cfg.parallel.virtual_pipeline_model_parallel_size, cfg.parallel.sequence_parallel, &arena,
+                        dtype);
     model.init_weights(cfg.run.seed);
     const int64_t flat = model.flat_size();
     DistributedOptimizer optimizer(model.params_info(), flat, model.params(), model.grads(), cfg.optimizer,
                                    cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank, &arena);
-    log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
+    if (dtype != DType::kF32) optimizer.set_weights(model.weights(), dtype);
+    LossScaler scaler(cfg.mixed_precision);
+    log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {}){}",
              human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
-             human_bytes(static_cast<double>(optimizer.state_bytes())), cfg.parallel.zero_stage);
+             human_bytes(static_cast<double>(optimizer.state_bytes())), cfg.parallel.zero_stage,
+             dtype == DType::kF32
+                 ? std::string()
+                 : fmt::format(" | {} weights {} (activations in {}; fp32 master weights, gradients, optimizer "
+                               "state)",
+                               dtype_name(dtype), human_bytes(static_cast<double>(dtype_size(dtype) * flat)),
+                               dtype_name(dtype)));
+    if (scaler.enabled()) {
+        log_info("fp16: {} loss scale {}{}", scaler.dynamic() ? "dynamic" : "constant", scaler.scale(),
+                 scaler.dynamic() ? fmt::format(" (min {}, window {}, hysteresis {}); steps whose gradients "
+                                                "overflow are skipped",
+                                                cfg.mixed_precision.min_loss_scale,
+                                                cfg.mixed_precision.loss_scale_window, cfg.mixed_precision.hysteresis)
+                                  : std::string());
+    }
     // Equal by construction (the plan calls the functions the model and optimizer allocate by); every training run
     // in the test suite checks it.
     MS_CHECK(arena.stats().live_bytes == planned,
@@ -327,7 +346,11 @@ int run_train(const Config& cfg_in) {
     const std::string data_id = data_fingerprint(source->fingerprint(), cfg.data, T, cfg.run.seed);
     const std::optional<TrainState> resumed = load_checkpoint(ckpt, data_id);
     const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
-    if (resumed) reliability.event("checkpoint_loaded", {{"iteration", resumed->iteration}});
+    if (resumed) {
+        model.refresh_weights();  // the loaded master weights, rounded into the 16-bit ones (no-op in fp32)
+        if (scaler.dynamic()) scaler.set_state(resumed->loss_scaler);
+        reliability.event("checkpoint_loaded", {{"iteration", resumed->iteration}});
+    }
     if (first_it > cfg.training.train_iters) {
         log_info("training: the checkpoint is at iteration {}, training.train_iters is {}: nothing left to train",
                  first_it - 1, cfg.training.train_iters);
@@ -366,6 +389,7 @@ int run_train(const Config& cfg_in) {
         s.seed = cfg.run.seed;
         s.data_fingerprint = data_id;
         s.data_describe = source->describe();
+        s.loss_scaler = scaler.state();
         return s;
     };
     double interval_loss = 0, interval_time = 0;
@@ -398,19 +422,25 @@ int run_train(const Config& cfg_in) {
         StepAllocGuard alloc_guard(it, /*arm=*/it > first_it + 1);
         // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
         // covers the same global samples under every data-parallel size.
-        float step_loss = model.train_step(train_sampler, consumed, T);
-        // Every rank's NaN/Inf check and stop signal, agreed before the data-parallel reduction spreads a NaN.
+        const float loss_scale = scaler.scale();
+        float step_loss = model.train_step(train_sampler, consumed, T, loss_scale);
+        // Every rank's NaN/Inf check and stop signal, agreed before the data-parallel reduction spreads a NaN. With
+        // fp16 loss scaling, gradients that overflow are the scaler's business (the step is skipped, the scale
+        // lowered): only the loss is checked.
         const StepVerdict verdict = reliability.step_boundary(
-            world, it, step_loss, std::span<float>(model.grads(), static_cast<size_t>(flat)), *backend);
+            world, it, step_loss, std::span<float>(model.grads(), static_cast<size_t>(flat)), *backend,
+            /*check_grads=*/!scaler.enabled());
         groups.dp->all_reduce(std::span<float>(&step_loss, 1), ReduceOp::kAvg).wait();
         if (it == 1 && std::getenv("MS_DUMP_GRADS")) {
             backend->synchronize();  // the host reads the gradients
             dump_gradients(model, groups, d.dp);
         }
         const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, cfg.training.train_iters, it);
-        const OptimizerStepResult step =
-            verdict.skip_step ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
-                              : optimizer.step(lr, cfg.training.clip_grad);
+        const OptimizerStepResult step = verdict.skip_step
+                                             ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
+                                             : optimizer.step(lr, cfg.training.clip_grad, 1.0f / loss_scale);
+        const bool overflow = scaler.enabled() && !verdict.skip_step && !step.stepped;
+        scaler.update(overflow);
         // The step's kernels complete inside its time, and what the host reads after it (logs, checkpoints) is its.
         backend->synchronize();
         alloc_guard.check();
@@ -428,6 +458,10 @@ int run_train(const Config& cfg_in) {
                 -100.0 * range[1], 100.0 * range[0]);
         }
         if (step.stepped && std::isfinite(step_loss)) {
+            interval_loss += step_loss;
+            ++interval_steps;
+        } else if (overflow && std::isfinite(step_loss)) {
+            ++skipped;  // Megatron counts an fp16 overflow as a skipped iteration, not a NaN one
             interval_loss += step_loss;
             ++interval_steps;
         } else {
@@ -455,17 +489,18 @@ int run_train(const Config& cfg_in) {
                                            static_cast<float>(interval_comm / interval_time)};
             world.all_reduce(std::span<float>(shares), ReduceOp::kSum).wait();
             const double bubble_pct = 100.0 * shares[0] / world.size(), comm_pct = 100.0 * shares[1] / world.size();
-            log_info(" [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
-                     "| learning rate: {:.6E} | global batch size: {:5d} | lm loss: {:.6E} | grad norm: {:.3f} | "
-                     "number of skipped iterations: {:3d} | number of nan iterations: {:3d} | tokens/s: {:.0f} | "
-                     "MFU: {:.1f}% |{}",
-                     timestamp(), it, cfg.training.train_iters, consumed, ms_per_iter, lr, global_batch, loss,
-                     grad_norm, skipped, nan_iters, tokens_per_s, mfu,
-                     world.size() == 1 ? std::string()
-                                       : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | bytes sent "
-                                                     "per step (rank 0): tp {} pp {} dp {} |",
-                                                     bubble_pct, comm_pct, step_bytes_tp, step_bytes_pp,
-                                                     step_bytes_dp));
+            log_info(
+                " [{}] iteration {:8d}/{:8d} | consumed samples: {:12d} | elapsed time per iteration (ms): {:.1f} "
+                "| learning rate: {:.6E} | global batch size: {:5d} | lm loss: {:.6E} | {}grad norm: {:.3f} | "
+                "number of skipped iterations: {:3d} | number of nan iterations: {:3d} | tokens/s: {:.0f} | "
+                "MFU: {:.1f}% |{}",
+                timestamp(), it, cfg.training.train_iters, consumed, ms_per_iter, lr, global_batch, loss,
+                scaler.enabled() ? fmt::format("loss scale: {:.1f} | ", scaler.scale()) : std::string(), grad_norm,
+                skipped, nan_iters, tokens_per_s, mfu,
+                world.size() == 1 ? std::string()
+                                  : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | bytes sent "
+                                                "per step (rank 0): tp {} pp {} dp {} |",
+                                                bubble_pct, comm_pct, step_bytes_tp, step_bytes_pp, step_bytes_dp));
             nlohmann::json j = {
                 {"iteration", it},
                 {"consumed_samples", consumed},
@@ -484,6 +519,7 @@ int run_train(const Config& cfg_in) {
                 {"memory_planned_bytes", planned},
                 {"memory_peak_bytes", memory_peak}};
             j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
+            if (scaler.enabled()) j["loss-scale"] = scaler.scale();
             if (writer) metrics << j.dump() << '\n' << std::flush;
             interval_loss = interval_time = interval_bubble = interval_comm = 0;
             interval_steps = 0;

@@ -426,7 +426,8 @@ MS_CUDA_BACKEND_TEST(AdamWMatchesTheCpuReference, OpKind::kAdamW) {
                          .eps = 1e-8f,
                          .weight_decay = 0.1f,
                          .grad_scale = 0.5f,
-                         .step = 3};
+                         .step = 3,
+                         .param_copy = {}};
     cpu->adamw(args);
     Guarded param(param0), m(m0), v(v0);
     AdamWArgs cargs = args;

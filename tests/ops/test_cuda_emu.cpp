@@ -319,7 +319,8 @@ TEST(CudaEmuKernels, AdamWMatchesTheCpuReference) {
                  .eps = h.eps,
                  .weight_decay = h.weight_decay,
                  .grad_scale = h.grad_scale,
-                 .step = h.step});
+                 .step = h.step,
+                 .param_copy = {}});
     Guarded param(param0), m(m0), v(v0);
     cuda::adamw(param.data(), m.data(), v.data(), grad.data(), n, h, kStream);
     EXPECT_TRUE(param.guards_intact() && m.guards_intact() && v.guards_intact());
