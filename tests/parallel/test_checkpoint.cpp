@@ -64,7 +64,7 @@ std::string ckpt_sets(const std::string& save, const std::string& load, int inte
 }
 
 struct Metrics {
-    std::map<int64_t, double> loss, grad_norm;
+    std::map<int64_t, double> loss, grad_norm, loss_scale;  // a non-finite grad norm (a skipped step) reads -1
 };
 
 // metrics.jsonl of a run directory; a resumed run appends to it, so one file holds both halves.
@@ -78,7 +78,8 @@ Metrics read_metrics(const std::string& dir) {
         const int64_t it = j["iteration"].get<int64_t>();
         EXPECT_FALSE(m.loss.count(it)) << "iteration " << it << " logged twice in " << dir;
         m.loss[it] = j["lm loss"].get<double>();
-        m.grad_norm[it] = j["grad-norm"].get<double>();
+        m.grad_norm[it] = j["grad-norm"].is_null() ? -1.0 : j["grad-norm"].get<double>();
+        if (j.contains("loss-scale")) m.loss_scale[it] = j["loss-scale"].get<double>();
     }
     return m;
 }
@@ -129,6 +130,62 @@ TEST(CheckpointResume, OneRankContinuesBitIdentically) {
     EXPECT_EQ(r.train_state().consumed_samples, 6 * 8);
     EXPECT_EQ(r.manifest()["tp"], 1);
 }
+
+// Mixed precision resumes bit for bit too: the model files hold the fp32 master weights, the 16-bit weights are
+// rounded from them on load, and train_state.json keeps fp16's loss scaler (scale, growth and hysteresis
+// trackers). fp16 starts at Megatron's 2^32 with a window of 2, so the 6 steps see overflows (skipped steps, the
+// scale halving) and growth, on both sides of the split. bf16 also runs tp2 x pp2 x dp2 ZeRO-1, whose 16-bit weights
+// come from a cast after the fp32 all-gather.
+struct MixedCase {
+    const char* name;
+    int ranks;
+    const char* sets;
+};
+class CheckpointResumeMixed : public ::testing::TestWithParam<MixedCase> {};
+
+TEST_P(CheckpointResumeMixed, ContinuesBitIdentically) {
+    const MixedCase& c = GetParam();
+    const std::string sets = std::string(c.sets) + " --set mixed_precision.loss_scale_window=2";
+    TempDir straight("ckpt_mixed_straight"), split("ckpt_mixed_split");
+    const TrainRun s = train(c.ranks, straight.path(), 6, sets + " " + ckpt_sets(straight / "ckpt", ""));
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    const TrainRun a = train(c.ranks, split.path(), 3, sets + " " + ckpt_sets(split / "ckpt", split / "ckpt"));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    const TrainRun b = train(c.ranks, split.path(), 6, sets + " " + ckpt_sets(split / "ckpt", split / "ckpt"));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_NE(b.output.find("resumed from " + iter_dir(split / "ckpt", 3)), std::string::npos) << b.output;
+    const Metrics straight_m = read_metrics(straight.path()), resumed_m = read_metrics(split.path());
+    ASSERT_EQ(straight_m.loss.size(), 6u);
+    EXPECT_EQ(resumed_m.loss, straight_m.loss);
+    EXPECT_EQ(resumed_m.grad_norm, straight_m.grad_norm);
+    EXPECT_EQ(resumed_m.loss_scale, straight_m.loss_scale);
+    expect_same_state(iter_dir(straight / "ckpt", 6), iter_dir(split / "ckpt", 6));
+    const CheckpointReader r(iter_dir(split / "ckpt", 6));
+    const CheckpointReader r3(iter_dir(split / "ckpt", 3));
+    EXPECT_EQ(r.manifest()["dtype"], std::string(c.name).substr(0, 4));
+    if (std::string(c.name).starts_with("fp16")) {
+        // 2^32 overflows at first: skipped steps, the scale halving; then growth. Both halves saw some of it.
+        ASSERT_EQ(straight_m.loss_scale.size(), 6u);
+        EXPECT_LT(straight_m.loss_scale.rbegin()->second, 4294967296.0);
+        EXPECT_GT(r.train_state().skipped_iterations, 0);
+        EXPECT_EQ(r.train_state().nan_iterations, 0);
+        EXPECT_EQ(r.train_state().optimizer_step, 6 - r.train_state().skipped_iterations);
+        EXPECT_NE(r3.train_state().loss_scaler.scale, 4294967296.0);
+        EXPECT_EQ(r.train_state().loss_scaler.scale, straight_m.loss_scale.rbegin()->second);
+    } else {
+        EXPECT_TRUE(straight_m.loss_scale.empty());
+        EXPECT_EQ(r.train_state().optimizer_step, 6);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, CheckpointResumeMixed,
+    ::testing::Values(MixedCase{"bf16_one_rank", 1, "--set mixed_precision.dtype=bf16"},
+                      MixedCase{"fp16_one_rank", 1, "--set mixed_precision.dtype=fp16"},
+                      MixedCase{"bf16_tp2_pp2_dp2_zero1", 8,
+                                "--set mixed_precision.dtype=bf16 --set parallel.tensor_model_parallel_size=2 "
+                                "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 // A model-only checkpoint (what `convert --from hf-gpt2` writes: no optim/ files) resumes the weights and starts
 // AdamW from zero moments: the first loss after it equals the full resume's (the loss depends on the weights only),
