@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "engine/core/check.h"
@@ -25,6 +27,9 @@ namespace {
 constexpr int kMaxThreads = 1024;
 constexpr int kMaxWarps = kMaxThreads / 32;
 constexpr size_t kStackBytes = 64 << 10;
+constexpr size_t kSharedAlign = 128;
+constexpr size_t kDefaultDynamicShared = 48 << 10;
+constexpr int kMaxDynamicShared = 227 << 10;
 
 struct Barrier {
     int arrived = 0;
@@ -36,6 +41,7 @@ struct Warp {
     int live = 0;  // lanes that have not returned
     uint32_t live_mask = 0;
     uint64_t slots[32];  // the shuffle exchange, one value per lane
+    float mma[2 * 256];  // wmma::mma_sync's exchange: the A and B operands, 16 x 16 each, row-major
 };
 
 struct Fiber {
@@ -55,7 +61,9 @@ struct Runner {
     int live = 0;         // threads of the block that have not returned
     int current = 0;      // linear id of the running fiber
     uint64_t progress = 0;
-    std::vector<unsigned char> dynamic_shared;
+    std::vector<unsigned char> dynamic_storage;  // dynamic shared memory, from the first kSharedAlign boundary in it
+    unsigned char* dynamic_shared = nullptr;
+    size_t dynamic_bytes = 0;
     void (*body)(const void*) = nullptr;
     const void* ctx = nullptr;
 
@@ -145,7 +153,7 @@ void run_block(Runner& r) {
     r.block_barrier = Barrier{};
     // poisoned, so a kernel that reads dynamic shared memory before writing it fails its test (data() of an empty
     // vector may be null, which memset must not get even for 0 bytes)
-    if (!r.dynamic_shared.empty()) std::memset(r.dynamic_shared.data(), 0xff, r.dynamic_shared.size());
+    if (r.dynamic_bytes > 0) std::memset(r.dynamic_shared, 0xff, r.dynamic_bytes);
     r.live = n;
     while (r.live > 0) {
         const uint64_t before = r.progress;
@@ -171,7 +179,10 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, void (*body)(const voi
              block.y, block.z, kMaxThreads);
     r.body = body;
     r.ctx = ctx;
-    r.dynamic_shared.assign(shared_bytes, 0);
+    r.dynamic_storage.assign(shared_bytes + kSharedAlign, 0);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(r.dynamic_storage.data());
+    r.dynamic_shared = r.dynamic_storage.data() + (kSharedAlign - base % kSharedAlign) % kSharedAlign;
+    r.dynamic_bytes = shared_bytes;
     gridDim = grid;
     blockDim = block;
     r.num_threads = static_cast<int>(threads);
@@ -186,7 +197,53 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, void (*body)(const voi
     r.num_threads = 0;
 }
 
-void* dynamic_shared() { return runner().dynamic_shared.data(); }
+void* dynamic_shared() { return runner().dynamic_shared; }
+
+namespace {
+struct SharedOptIns {
+    std::mutex mutex;
+    std::map<const void*, int> bytes;  // kernel -> cudaFuncAttributeMaxDynamicSharedMemorySize
+};
+SharedOptIns& shared_opt_ins() {
+    static SharedOptIns s;
+    return s;
+}
+}  // namespace
+
+void set_max_dynamic_shared(const void* kernel, int bytes) {
+    MS_CHECK(bytes >= 0 && bytes <= kMaxDynamicShared,
+             "cuda_emu: cudaFuncAttributeMaxDynamicSharedMemorySize {} is outside [0, {}] (a GPU refuses it)", bytes,
+             kMaxDynamicShared);
+    SharedOptIns& s = shared_opt_ins();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.bytes[kernel] = bytes;
+}
+
+void check_dynamic_shared(const void* kernel, size_t bytes) {
+    if (bytes <= kDefaultDynamicShared) return;
+    SharedOptIns& s = shared_opt_ins();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    const auto it = s.bytes.find(kernel);
+    const size_t allowed = it == s.bytes.end() ? kDefaultDynamicShared : static_cast<size_t>(it->second);
+    MS_CHECK(bytes <= allowed,
+             "cuda_emu: a launch with {} bytes of dynamic shared memory, over the kernel's limit of {} (more than 48 "
+             "KiB needs cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first)",
+             bytes, allowed);
+}
+
+float* warp_mma_staging() {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: a wmma operation outside a kernel");
+    return r.warps[r.current / 32].mma;
+}
+
+void wmma_check_pointer(const void* p, unsigned ldm, size_t element_bytes, const char* op) {
+    MS_CHECK(reinterpret_cast<uintptr_t>(p) % 32 == 0,
+             "cuda_emu: wmma::{} on the pointer {}, which is not 256-bit aligned (mma.h requires it)", op, p);
+    MS_CHECK(ldm * element_bytes % 16 == 0,
+             "cuda_emu: wmma::{} with ldm {} of {}-byte elements: ldm must be a multiple of 16 bytes", op, ldm,
+             element_bytes);
+}
 
 void syncthreads() {
     Runner& r = runner();

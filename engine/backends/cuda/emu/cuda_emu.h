@@ -23,9 +23,14 @@
 //     a plain read-modify-write, since fibers never interleave inside one. Their order is the fixed fiber order,
 //     so a kernel whose result depends on atomic order passes here and is still nondeterministic on a GPU.
 //   - math: __expf, __logf, __fdividef, rsqrtf (exact here, approximate on a GPU) and <cmath>'s float functions.
+//   - dynamic shared memory is 128-byte aligned; a launch asking for more than 48 KiB of it aborts unless
+//     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, n) allowed at least that much
+//     first (as on a GPU, where such a launch fails), and the opt-in is capped at 227 KiB (sm_90's limit).
+//   - nvcuda::wmma (mma.h) with __nv_bfloat16 / half operands and float accumulators, m16n16k16 only, and the two
+//     16-bit types with their float conversions: emu/wmma_emu.h.
 //   - cudaStream_t is opaque and launches are synchronous; cudaGetLastError() always returns cudaSuccess.
-// Not emulated: cooperative groups, __ballot/__any/match, half/bf16 and vector types, textures, clusters,
-// launches from inside a kernel, host-device memory separation (kernels dereference host pointers).
+// Not emulated: cooperative groups, __ballot/__any/match, half/bf16 arithmetic and vector types, textures,
+// clusters, launches from inside a kernel, host-device memory separation (kernels dereference host pointers).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -64,12 +69,16 @@ inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 namespace ms::cuda_emu {
 
 // Runs body(ctx) once per thread of every block of the grid.
 void run_grid(dim3 grid, dim3 block, size_t shared_bytes, void (*body)(const void*), const void* ctx);
 void* dynamic_shared();
+// The dynamic shared memory a kernel may launch with: 48 KiB, or what cudaFuncSetAttribute allowed.
+void set_max_dynamic_shared(const void* kernel, int bytes);
+void check_dynamic_shared(const void* kernel, size_t bytes);
 void syncthreads();
 void syncwarp(unsigned mask);
 // Exchanges `bits` across the calling warp; returns lane src's value, or the caller's own when src < 0 or src has
@@ -86,6 +95,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t shared_bytes
         void (*kernel)(KArgs...);
         std::tuple<std::decay_t<KArgs>...> params;
     };
+    check_dynamic_shared(reinterpret_cast<const void*>(kernel), shared_bytes);
     const Call call{kernel, {std::forward<Args>(args)...}};
     auto body = [](const void* ctx) {
         const Call* c = static_cast<const Call*>(ctx);
@@ -106,6 +116,14 @@ T shuffle_value(unsigned mask, T v, int src) {
 }
 
 }  // namespace ms::cuda_emu
+
+template <class... KArgs>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(KArgs...), cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        ms::cuda_emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), value);
+    }
+    return cudaSuccess;
+}
 
 inline void __syncthreads() { ms::cuda_emu::syncthreads(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ms::cuda_emu::syncwarp(mask); }
@@ -164,3 +182,5 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+#include "engine/backends/cuda/emu/wmma_emu.h"

@@ -15,12 +15,17 @@ memory. The forward and the dQ kernel own a query tile and walk the key tiles up
 owns a key tile and walks the query tiles from the diagonal on. dQ and dK/dV are separate kernels that both
 recompute P, so nothing is accumulated across blocks: no atomics, and every run gives the same bits.
 Rows past T (the last tile's tail) read row T-1 (keeping every softmax row non-empty, so no 0/0) and write nothing.
-Status: correct on the CPU emulation; NOT tuned. 16 x 16 tiles, fp32 scalar dot products from shared memory and
-two backward kernels that each recompute P are far from what an H100/H200 needs (bf16 tensor-core MMA, 64-128 row
-tiles, async copies, one fused backward): that is for a later session, against this file as the spec.
+Dispatch: bf16 / fp16 with HS in {16, 32, 48, 64} (and 16-byte aligned tensors) run the tensor-core kernels of
+attention_tc.cu, which compute the same equations with bf16 / fp16 mma operands (P and dS rounded to the storage
+type before their products); fp32, and every other HS, run the scalar kernels below (fp32 math from shared memory:
+16 x 16 tiles, slow, the spec).
 Accumulation contract: out and lse are overwritten; dqkv is overwritten (every element of it, Q, K and V columns).
 */
 #include "engine/backends/cuda/kernels/attention.cuh"
+
+#include <type_traits>
+
+#include "engine/backends/cuda/kernels/attention_tc.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -241,6 +246,9 @@ template <class S>
 void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
+    if constexpr (!std::is_same_v<S, float>) {
+        if (attention_tc_eligible(HS, {out, qkv})) return attention_tc_forward(out, lse, qkv, B, T, NH, HS, stream);
+    }
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
     ms_launch(attention_forward_kernel<S>, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
               1.0f / sqrtf(static_cast<float>(HS)));
@@ -252,6 +260,11 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
                         int HS, cudaStream_t stream) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
+    if constexpr (!std::is_same_v<S, float>) {
+        if (attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
+            return attention_tc_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream);
+        }
+    }
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
     ms_launch(attention_backward_dq_kernel<S>, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH,

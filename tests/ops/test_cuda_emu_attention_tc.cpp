@@ -1,0 +1,193 @@
+// test_cuda_emu_attention_tc.cpp: the tensor-core attention kernels (kernels/attention_tc.cu, nvcuda::wmma) on the
+// CPU emulation against the CPU backend in OpMode::kReference on the same bf16 / fp16 tensors.
+//
+// Per dtype (bf16, fp16) and head size (16, 64), for T = 1, 17, 70, 130 (one row; a partial tile; two tiles, the
+// second partial; three tiles) with B = 2, NH = 2: forward out and lse, and backward dQ, dK, dV (each third of dqkv
+// on its own scale) with the CPU's out and lse as the backward's inputs, so the two are checked separately. Outputs
+// start as NaN (every element must be written), guard elements around them must stay intact, and a second run must
+// give the same bits. One case also checks that attention_forward / attention_backward dispatch to these kernels.
+//
+// Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
+// over all T (values below). The reference computes in double and rounds once; the kernels round P (forward) and dS
+// (backward) to the storage type before their mma, so the error is a few units in the last place of the storage
+// type: bf16 has 8 bits of mantissa, fp16 11, hence the ~8x between the two.
+// lse is fp32 from fp32 sums of exact bf16/fp16 products: float rounding only.
+//   measured, bf16: out 4.0e-3, lse 1.1e-7, dQ 5.0e-3, dK 5.8e-3, dV 4.6e-3
+//   measured, fp16: out 5.0e-4, lse 1.9e-7, dQ 7.7e-4, dK 7.3e-4, dV 5.1e-4
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "engine/backends/cuda/kernels/attention.cuh"
+#include "engine/backends/cuda/kernels/attention_tc.cuh"
+#include "engine/core/half.h"
+#include "tests/ops/op_test_util.h"
+
+namespace ms::test {
+namespace {
+
+const cudaStream_t kStream = nullptr;  // the emulation runs launches synchronously
+
+template <class S>
+constexpr DType dtype_of() {
+    return std::is_same_v<S, bf16> ? DType::kBF16 : DType::kF16;
+}
+
+// n values of S with kGuard sentinel elements on each side; 16-byte aligned (operator new aligns to 16, the guard
+// is 128 bytes), as the tensor-core path needs.
+template <class S>
+class HalfBuf {
+  public:
+    static constexpr size_t kGuard = 64;
+    static constexpr uint16_t kSentinel = 0x5a5a;
+    static constexpr uint16_t kNaN = 0x7fff;  // a NaN in both bf16 and fp16
+
+    explicit HalfBuf(size_t n) : bits_(n + 2 * kGuard, kSentinel), n_(n) {
+        for (size_t i = 0; i < n; ++i) bits_[kGuard + i] = kNaN;
+    }
+    explicit HalfBuf(const std::vector<float>& init) : HalfBuf(init.size()) {
+        for (size_t i = 0; i < n_; ++i) bits_[kGuard + i] = from_float<S>(init[i]).bits;
+    }
+    S* data() { return reinterpret_cast<S*>(bits_.data() + kGuard); }
+    Tensor tensor(std::initializer_list<int64_t> dims) { return Tensor(data(), dtype_of<S>(), dims); }
+    std::vector<float> values() const {
+        std::vector<float> v(n_);
+        for (size_t i = 0; i < n_; ++i) v[i] = to_float(S{bits_[kGuard + i]});
+        return v;
+    }
+    bool guards_intact() const {
+        for (size_t i = 0; i < kGuard; ++i) {
+            if (bits_[i] != kSentinel || bits_[kGuard + n_ + i] != kSentinel) return false;
+        }
+        return true;
+    }
+
+  private:
+    std::vector<uint16_t> bits_;
+    size_t n_;
+};
+
+// Columns [part * C, (part + 1) * C) of every row of the (B * T, 3C) dqkv: dQ, dK or dV.
+std::vector<float> third(const std::vector<float>& dqkv, int64_t C, int part) {
+    std::vector<float> v;
+    for (size_t row = 0; row < dqkv.size() / (3 * C); ++row) {
+        const auto first = dqkv.begin() + static_cast<int64_t>(row) * 3 * C + part * C;
+        v.insert(v.end(), first, first + C);
+    }
+    return v;
+}
+
+// max |got - want| / max |scale|; infinite when got has a NaN.
+double error_on_scale(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& scale) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(got[i])) return INFINITY;
+        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+    }
+    for (float x : scale) ref = std::max(ref, std::fabs(static_cast<double>(x)));
+    return diff / std::max(ref, 1e-30);
+}
+
+void expect_close(const std::string& what, double err, double tol) {
+    if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-40s err %.2e (tol %.0e)\n", what.c_str(), err, tol);
+    EXPECT_LE(err, tol) << what;
+}
+
+struct Tolerances {
+    double out, lse, dq, dk, dv;
+};
+
+template <class S>
+void check_attention_tc(int HS, const Tolerances& tol) {
+    const int B = 2, NH = 2, C = NH * HS;
+    for (int T : {1, 17, 70, 130}) {
+        const std::string tag = std::string(dtype_name(dtype_of<S>())) + " HS " + std::to_string(HS) + " T " +
+                                std::to_string(T) + ": ";
+        SCOPED_TRACE(tag);
+        HalfBuf<S> qkv(random_floats(size_t{1} * B * T * 3 * C, 11 + T, -2.0f, 2.0f)),
+            dout(random_floats(size_t{1} * B * T * C, 12 + T));
+        auto cpu = make_cpu_backend(OpMode::kReference);
+        HalfBuf<S> out_ref(size_t{1} * B * T * C), dqkv_ref(size_t{1} * B * T * 3 * C);
+        Guarded lse_ref(int64_t{B} * NH * T, NAN);
+        cpu->attention_forward({.qkv = qkv.tensor({B, T, 3 * C}),
+                                .out = out_ref.tensor({B, T, C}),
+                                .lse = lse_ref.tensor({B, NH, T}),
+                                .NH = NH});
+        cpu->attention_backward({.dout = dout.tensor({B, T, C}),
+                                 .qkv = qkv.tensor({B, T, 3 * C}),
+                                 .out = out_ref.tensor({B, T, C}),
+                                 .lse = lse_ref.tensor({B, NH, T}),
+                                 .dqkv = dqkv_ref.tensor({B, T, 3 * C}),
+                                 .NH = NH});
+        const std::vector<float> dqkv_want = dqkv_ref.values();
+        ASSERT_TRUE(cuda::attention_tc_eligible(HS, {qkv.data(), dout.data(), out_ref.data()}));
+
+        std::vector<float> first_out, first_lse, first_dqkv;
+        for (int run = 0; run < 2; ++run) {
+            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C);
+            Guarded lse(int64_t{B} * NH * T, NAN);
+            cuda::attention_tc_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
+            cuda::attention_tc_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T,
+                                        NH, HS, kStream);
+            EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dqkv.guards_intact()) << "a write outside";
+            const std::vector<float> got = dqkv.values();
+            if (run == 0) {
+                expect_close(tag + "out", max_rel_error(out.values(), out_ref.values()), tol.out);
+                expect_close(tag + "lse", max_rel_error(lse.values(), lse_ref.values()), tol.lse);
+                // With one key (T = 1) P = 1 and dS = dP - D = 0: dQ and dK are rounding noise around 0, measured
+                // on dV's scale.
+                const auto scale_of = [&](int part) { return third(dqkv_want, C, T == 1 ? 2 : part); };
+                expect_close(tag + "dQ", error_on_scale(third(got, C, 0), third(dqkv_want, C, 0), scale_of(0)), tol.dq);
+                expect_close(tag + "dK", error_on_scale(third(got, C, 1), third(dqkv_want, C, 1), scale_of(1)), tol.dk);
+                expect_close(tag + "dV", error_on_scale(third(got, C, 2), third(dqkv_want, C, 2), scale_of(2)), tol.dv);
+                first_out = out.values();
+                first_lse = lse.values();
+                first_dqkv = got;
+            } else {
+                EXPECT_TRUE(bit_identical(out.values(), first_out)) << "forward out: two runs differ";
+                EXPECT_TRUE(bit_identical(lse.values(), first_lse)) << "forward lse: two runs differ";
+                EXPECT_TRUE(bit_identical(got, first_dqkv)) << "backward dqkv: two runs differ";
+            }
+        }
+
+        if (T == 70) {  // the generic launchers take this path for bf16 / fp16 with HS a multiple of 16
+            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C);
+            Guarded lse(int64_t{B} * NH * T, NAN);
+            cuda::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
+            cuda::attention_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T, NH,
+                                     HS, kStream);
+            EXPECT_TRUE(bit_identical(out.values(), first_out)) << "attention_forward did not dispatch to tensor cores";
+            EXPECT_TRUE(bit_identical(dqkv.values(), first_dqkv))
+                << "attention_backward did not dispatch to tensor cores";
+        }
+    }
+}
+
+constexpr Tolerances kBf16Tol{1.2e-2, 6e-7, 1.5e-2, 1.8e-2, 1.4e-2};
+constexpr Tolerances kFp16Tol{1.5e-3, 6e-7, 2.4e-3, 2.2e-3, 1.5e-3};
+
+TEST(CudaEmuAttentionTc, Bf16HeadSize16) { check_attention_tc<bf16>(16, kBf16Tol); }
+TEST(CudaEmuAttentionTc, Bf16HeadSize64) { check_attention_tc<bf16>(64, kBf16Tol); }
+TEST(CudaEmuAttentionTc, Fp16HeadSize16) { check_attention_tc<fp16>(16, kFp16Tol); }
+TEST(CudaEmuAttentionTc, Fp16HeadSize64) { check_attention_tc<fp16>(64, kFp16Tol); }
+
+TEST(CudaEmuAttentionTc, EligibilityFollowsHeadSizeAndAlignment) {
+    alignas(16) static unsigned char buf[64];
+    EXPECT_TRUE(cuda::attention_tc_eligible(16, {buf}));
+    EXPECT_TRUE(cuda::attention_tc_eligible(48, {buf}));
+    EXPECT_TRUE(cuda::attention_tc_eligible(64, {buf, buf + 32}));
+    EXPECT_FALSE(cuda::attention_tc_eligible(24, {buf}));  // not a multiple of the mma tile
+    EXPECT_FALSE(cuda::attention_tc_eligible(8, {buf}));
+    EXPECT_FALSE(cuda::attention_tc_eligible(80, {buf}));  // wider than the kernels are instantiated for
+    EXPECT_FALSE(cuda::attention_tc_eligible(64, {buf, buf + 2}));  // a misaligned tensor
+}
+
+}  // namespace
+}  // namespace ms::test
