@@ -56,4 +56,21 @@ struct Tensor {
     }
 };
 
+// f(T{}) with T the storage type of a float dtype (float, bf16, fp16): where a run-time DType becomes a template
+// argument (CPU ops, CUDA launchers, the model's typed collectives). Fatal for int32 / uint16.
+template <class F>
+decltype(auto) visit_float(DType t, F&& f) {
+    switch (t) {
+        case DType::kF32:
+            return f(float{});
+        case DType::kBF16:
+            return f(bf16{});
+        case DType::kF16:
+            return f(fp16{});
+        default:
+            break;
+    }
+    MS_UNREACHABLE("{} is not a float dtype (fp32, bf16, fp16)", dtype_name(t));
+}
+
 }  // namespace ms

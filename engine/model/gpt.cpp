@@ -349,30 +349,16 @@ void* Gpt::grad_output(int slot) { return slots_.at(static_cast<size_t>(slot))->
 const void* Gpt::grad_input(int slot) const { return slots_.at(static_cast<size_t>(slot))->dinp; }
 
 namespace {
-// Calls fn(T{}) with T the storage type of dtype t (float, bf16, fp16): typed collectives on activations.
-template <class Fn>
-void with_float_type(DType t, Fn&& fn) {
-    switch (t) {
-        case DType::kF32:
-            return fn(float{});
-        case DType::kBF16:
-            return fn(bf16{});
-        case DType::kF16:
-            return fn(fp16{});
-        default:
-            MS_UNREACHABLE("dtype {} is not a float type", dtype_name(t));
-    }
-}
 // all-reduce of n elements of dtype t over the tensor-parallel group
 void tp_all_reduce(Communicator& tp, void* data, DType t, int64_t n, ReduceOp op = ReduceOp::kSum) {
-    with_float_type(t, [&](auto z) {
+    visit_float(t, [&](auto z) {
         using T = decltype(z);
         tp.all_reduce(std::span<T>(static_cast<T*>(data), static_cast<size_t>(n)), op, Priority::kHigh).wait();
     });
 }
 // sequence parallelism: local rows (n_local) of every TP rank -> all rows, in rank order
 void tp_all_gather(Communicator& tp, const void* local, void* full, DType t, int64_t n_local) {
-    with_float_type(t, [&](auto z) {
+    visit_float(t, [&](auto z) {
         using T = decltype(z);
         tp.all_gather(std::span<const T>(static_cast<const T*>(local), static_cast<size_t>(n_local)),
                       std::span<T>(static_cast<T*>(full), static_cast<size_t>(n_local * tp.size())), Priority::kHigh)
@@ -381,7 +367,7 @@ void tp_all_gather(Communicator& tp, const void* local, void* full, DType t, int
 }
 // partial sums of all rows -> this rank's rows of the sum
 void tp_reduce_scatter(Communicator& tp, const void* partial, void* local, DType t, int64_t n_local) {
-    with_float_type(t, [&](auto z) {
+    visit_float(t, [&](auto z) {
         using T = decltype(z);
         tp.reduce_scatter(std::span<const T>(static_cast<const T*>(partial), static_cast<size_t>(n_local * tp.size())),
                           std::span<T>(static_cast<T*>(local), static_cast<size_t>(n_local)), ReduceOp::kSum,

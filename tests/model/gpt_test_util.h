@@ -41,6 +41,20 @@ inline GptShape tiny_shape() {
     return s;
 }
 
+// For the CUDA emulation, which is slow: smaller than tiny_shape(), and still no dimension a multiple of a block
+// (HS = 16 < 64, T = 9, V = 61 of Vp = 128).
+inline GptShape emu_shape() {
+    GptShape s;
+    s.L = 2;
+    s.C = 32;
+    s.NH = 2;
+    s.T = 9;
+    s.V = 61;
+    s.Vp = 128;
+    s.F = 4 * 32;
+    return s;
+}
+
 inline std::unique_ptr<Backend> make_cpu_backend(OpMode mode) {
     BackendOptions o;
     o.mode = mode;

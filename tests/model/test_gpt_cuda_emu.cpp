@@ -18,20 +18,8 @@ namespace {
 
 using test::rel_max_error;
 
-GptShape emu_shape() {
-    GptShape s;
-    s.L = 2;
-    s.C = 32;
-    s.NH = 2;
-    s.T = 9;
-    s.V = 61;
-    s.Vp = 128;
-    s.F = 4 * 32;
-    return s;
-}
-
 TEST(GptCudaEmu, MatchesTheCpuReferenceBackend) {
-    const GptShape s = emu_shape();
+    const GptShape s = test::emu_shape();
     constexpr int B = 2;
     constexpr int kSteps = 5;
     constexpr float kLr = 1e-3f, kClip = 1.0f;

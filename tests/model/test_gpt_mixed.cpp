@@ -2,8 +2,8 @@
 // gradients and optimizer state: backends/backend.h's precision contract), against the same model in fp32 and
 // across backends: the 16-bit weights are exactly the rounded master weights; the activation plan halves exactly
 // the 16-bit buffers; bf16 and fp16 follow fp32's loss curve within what 8 and 11 mantissa bits allow; and the
-// CUDA kernels on the CPU emulation match the CPU backend in bf16 far more tightly than bf16 matches fp32, since
-// both round at the same points and differ only in summation order.
+// CUDA kernels on the CPU emulation match the CPU backend in the same dtype (their tensor-core attention rounds P and
+// dS to 16 bits where the CPU keeps fp32, so bf16 differs about as much as bf16 differs from fp32).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -172,14 +172,7 @@ TEST(GptMixed, Bf16AndFp16FollowFp32) {
 
 // The CUDA kernels (CPU emulation) against the CPU reference backend, both in bf16 and fp16.
 TEST(GptMixed, CudaEmulatedMatchesTheCpuInBf16AndFp16) {
-    GptShape s;  // as test_gpt_cuda_emu.cpp: small, and no dimension a multiple of a block
-    s.L = 2;
-    s.C = 32;
-    s.NH = 2;
-    s.T = 9;
-    s.V = 61;
-    s.Vp = 128;
-    s.F = 128;
+    const GptShape s = test::emu_shape();
     constexpr int B = 2, kSteps = 4;
     auto ref = test::make_cpu_backend(OpMode::kReference);
     BackendOptions co;
@@ -208,10 +201,11 @@ TEST(GptMixed, CudaEmulatedMatchesTheCpuInBf16AndFp16) {
             worst_grad = std::max(worst_grad, rel_max_error(mc.grads() + p.offset, mr.grads() + p.offset, p.numel));
         std::printf("%s cuda-emulated vs cpu-reference: loss %.2e, logits %.2e, worst gradient %.2e\n",
                     std::string(dtype_name(dt)).c_str(), std::abs(loss_c - loss_r), logits_err, worst_grad);
-        // Measured (seed 21): loss and logits identical in both; worst gradient bf16 1.7e-3, fp16 6.3e-4 (an
-        // activation gradient rounding one 16-bit ulp apart after a differently ordered sum, then summed over
-        // rows). Tolerances ~3.5x.
-        const double tol = dt == DType::kBF16 ? 6e-3 : 2e-3;
+        // Measured (seed 21; HS = 16, so attention runs on the tensor-core kernels, which round P and dS to the
+        // 16-bit type before their products, as FlashAttention does; the CPU keeps them fp32): bf16 loss 5.6e-5,
+        // logits 6.4e-3, worst gradient 1.1e-2; fp16 4.8e-7, 8.0e-4, 1.1e-3 (3 more mantissa bits, ~8x closer).
+        // Tolerances ~3x.
+        const double tol = dt == DType::kBF16 ? 3e-2 : 3.5e-3;
         EXPECT_LE(std::abs(loss_c - loss_r), tol * 0.1);
         EXPECT_LE(logits_err, tol);
         EXPECT_LE(worst_grad, tol);

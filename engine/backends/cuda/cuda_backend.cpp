@@ -76,16 +76,7 @@ void check_fp32(const Tensor& t, const char* op, const char* what, const char* k
 // f(T{}) for the storage type T of D (float, bf16, fp16): the one place a run-time dtype becomes a kernel template.
 template <class F>
 void dispatch(DType D, F&& f) {
-    switch (D) {
-        case DType::kF32:
-            return f(float{});
-        case DType::kBF16:
-            return f(bf16{});
-        case DType::kF16:
-            return f(fp16{});
-        default:
-            MS_UNREACHABLE("dispatch: {} is not an activation dtype", dtype_name(D));
-    }
+    visit_float(D, std::forward<F>(f));
 }
 
 // t's data as T*, or nullptr when t is undefined (optional tensors).

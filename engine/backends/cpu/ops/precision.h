@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/backends/backend.h"
@@ -47,14 +48,7 @@ inline void expect_f32(const Tensor& t, const char* op, const char* name, const 
 // Calls f(D{}) with D the storage type of `dtype` (float, bf16, fp16); the caller checked is_float(dtype).
 template <class F>
 decltype(auto) dispatch_float(DType dtype, F&& f) {
-    switch (dtype) {
-        case DType::kBF16:
-            return f(bf16{});
-        case DType::kF16:
-            return f(fp16{});
-        default:
-            return f(float{});
-    }
+    return visit_float(dtype, std::forward<F>(f));
 }
 
 // Thread-local fp32 scratch, one buffer per slot: grows to the largest size asked for, then is reused, so a run
