@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/backends/backend.h"
+#include "engine/core/half.h"
 
 namespace ms::test {
 
@@ -161,6 +162,16 @@ inline std::unique_ptr<Backend> make_cpu_backend(OpMode mode) {
     options.kind = BackendKind::kCPU;
     options.mode = mode;
     return make_backend(options);
+}
+
+// x rounded through dtype d and back (fp32: x itself): what storing x in a d tensor keeps.
+inline float round_through(DType d, float x) {
+    return visit_float(d, [x](auto z) { return round_to<decltype(z)>(x); });
+}
+// every element of v rounded through d
+inline std::vector<float> rounded(DType d, std::vector<float> v) {
+    for (float& x : v) x = round_through(d, x);
+    return v;
 }
 
 }  // namespace ms::test

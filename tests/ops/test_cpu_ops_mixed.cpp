@@ -27,21 +27,6 @@ constexpr int64_t kB = 3, kT = 13, kN = 37, kC = 53, kNH = 3, kHS = 7, kVp = 67,
 constexpr DType kHalfTypes[] = {DType::kBF16, DType::kF16};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-float round_through(float x, DType d) {
-    switch (d) {
-        case DType::kBF16:
-            return round_to<bf16>(x);
-        case DType::kF16:
-            return round_to<fp16>(x);
-        default:
-            return x;
-    }
-}
-
-std::vector<float> rounded(std::vector<float> v, DType d) {
-    for (float& x : v) x = round_through(x, d);
-    return v;
-}
 
 // The spacing of D's values at the magnitude x (fp16: subnormals below 2^-14).
 double ulp_at(double x, DType d) {
@@ -127,7 +112,7 @@ struct Ctx {
     Backend& backend;
     DType store, round;
 
-    Buffer act(const std::vector<float>& v) const { return Buffer(store, rounded(v, round)); }
+    Buffer act(const std::vector<float>& v) const { return Buffer(store, rounded(round, v)); }
     Buffer act(int64_t n, float fill) const { return Buffer(store, n, fill); }
     static Buffer f32(const std::vector<float>& v) { return Buffer(DType::kF32, v); }
     static Buffer f32(int64_t n, float fill) { return Buffer(DType::kF32, n, fill); }
@@ -212,8 +197,8 @@ std::vector<MixedCase> layernorm_cases() {
          [=](const Ctx& x) {
              // mean and rstd from the fp32 reference on the rounded inputs: the same statistics for every run.
              auto ref = make_cpu_backend(OpMode::kReference);
-             Buffer inp32 = Ctx::f32(rounded(inp_values, x.round)), w32 = Ctx::f32(rounded(weight_values, x.round));
-             Buffer b32 = Ctx::f32(rounded(bias_values, x.round)), out32 = Ctx::f32(kN * kC, 0.0f);
+             Buffer inp32 = Ctx::f32(rounded(x.round, inp_values)), w32 = Ctx::f32(rounded(x.round, weight_values));
+             Buffer b32 = Ctx::f32(rounded(x.round, bias_values)), out32 = Ctx::f32(kN * kC, 0.0f);
              Buffer mean = Ctx::f32(kN, 0.0f), rstd = Ctx::f32(kN, 0.0f);
              ref->layernorm_forward({.inp = inp32.tensor({kN, kC}),
                                      .weight = w32.tensor({kC}),
@@ -288,7 +273,7 @@ std::vector<MixedCase> attention_cases() {
         {"attention_backward", OpKind::kAttentionBackward,
          [=](const Ctx& x) {
              // out and lse from the fp32 reference on the rounded qkv; out is an activation: rounded through D.
-             Buffer qkv32 = Ctx::f32(rounded(qkv_values, x.round)), out32 = Ctx::f32(kB * kT * C, 0.0f);
+             Buffer qkv32 = Ctx::f32(rounded(x.round, qkv_values)), out32 = Ctx::f32(kB * kT * C, 0.0f);
              Buffer lse = Ctx::f32(kB * kNH * kT, 0.0f);
              make_cpu_backend(OpMode::kReference)
                  ->attention_forward({.qkv = qkv32.tensor({kB, kT, 3 * C}),
@@ -341,7 +326,7 @@ std::vector<MixedCase> cross_entropy_cases() {
     // row_max, sum_exp (and target_logit) of the rounded logits by the fp32 reference.
     const auto stats = [=](DType round, Buffer& row_max, Buffer& sum_exp, Buffer& target_logit) {
         auto tgt = targets;
-        Buffer logits = Ctx::f32(rounded(logit_values, round));
+        Buffer logits = Ctx::f32(rounded(round, logit_values));
         auto ref = make_cpu_backend(OpMode::kReference);
         for (CrossEntropyPhase phase : {CrossEntropyPhase::kMax, CrossEntropyPhase::kSumExp}) {
             ref->cross_entropy_forward({.logits = logits.tensor({kN, kVp}),
@@ -429,7 +414,7 @@ TEST(MixedPrecision, ReferenceOnDIsFp32RoundedOnce) {
             for (size_t i = 0; i < got.size(); ++i) {
                 EXPECT_TRUE(got[i].guards_intact) << label(c, got[i], d) << ": wrote outside the tensor";
                 const std::vector<float> expected =
-                    got[i].dtype == DType::kF32 ? want[i].values : rounded(want[i].values, d);
+                    got[i].dtype == DType::kF32 ? want[i].values : rounded(d, want[i].values);
                 EXPECT_TRUE(bit_identical(got[i].values, expected))
                     << label(c, got[i], d) << ": " << ulps(got[i].values, expected, d) << " ulps from the fp32 op";
             }
@@ -446,7 +431,7 @@ TEST(MixedPrecision, FastOnDIsFp32RoundedOnce) {
             for (size_t i = 0; i < got.size(); ++i) {
                 EXPECT_TRUE(got[i].guards_intact) << label(c, got[i], d) << ": wrote outside the tensor";
                 const std::vector<float> expected =
-                    got[i].dtype == DType::kF32 ? want[i].values : rounded(want[i].values, d);
+                    got[i].dtype == DType::kF32 ? want[i].values : rounded(d, want[i].values);
                 expect_within(label(c, got[i], d) + " vs fp32 (ulps)", OpMode::kFast, ulps(got[i].values, expected, d),
                               tolerance(got[i]));
             }

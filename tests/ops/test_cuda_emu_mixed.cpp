@@ -41,21 +41,6 @@ std::unique_ptr<Backend> make_cuda() {
     return make_backend_with_cuda(o);
 }
 
-float round_through(DType d, float x) {
-    switch (d) {
-        case DType::kBF16:
-            return round_to<bf16>(x);
-        case DType::kF16:
-            return round_to<fp16>(x);
-        default:
-            return x;
-    }
-}
-
-std::vector<float> rounded(DType d, std::vector<float> v) {
-    for (float& x : v) x = round_through(d, x);
-    return v;
-}
 
 // n values of dtype fp32, bf16 or fp16, with kGuardBytes sentinel bytes on each side to catch stray writes.
 class Buf {
