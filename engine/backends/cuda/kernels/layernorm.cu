@@ -9,8 +9,15 @@ Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd
           row lanes) sum a chunk of kRowsPerChunk rows each into a scratch (2, chunks, C), then one thread per
           column adds the chunks in order. Atomics would be one pass, but their order, and so the bits, would vary.
 Accumulation contract: dinp per DinpWrite (kAdd: it feeds the residual stream); dweight and dbias +=.
+bf16 / fp16 (the *_16 kernels): lane l of a row's warp owns the packs p = l, l + 32, ... of 8 columns [8p, 8p + 8)
+and sums its elements in that order, read as one 16-byte load per pack (Access::kPacked: C % 8 == 0 and 16-byte
+aligned pointers, pack.cuh) or one element at a time (Access::kScalar: any other width or alignment), so both give
+the same bits; every multiply-add of a sum is an explicit fmaf (a host compiler that vectorises one loop and not the
+other would otherwise contract one and not the other). Each element's math and rounding are the fp32 kernels'. The
+partial sums of dweight and dbias take 8 columns per thread, each column's rows in the fp32 kernel's order.
 */
 #include "engine/backends/cuda/kernels/layernorm.cuh"
+#include "engine/backends/cuda/pack.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -109,6 +116,170 @@ __global__ void layernorm_backward_partials_kernel(float* __restrict__ partials,
     }
 }
 
+// ---- bf16 / fp16: packs of 8 columns
+
+enum class Access : uint8_t { kScalar, kPacked };
+
+// Columns of pack p of a row that exist: all K when packed (C % K == 0), fewer for the last pack of an odd width.
+template <Access kAccess, int K>
+__device__ __forceinline__ int pack_width(int p, int C) {
+    if constexpr (kAccess == Access::kPacked) {
+        return K;
+    } else {
+        return C - p * K < K ? C - p * K : K;
+    }
+}
+
+// f[k] = row[K p + k] as fp32 for k < pack_width (the rest untouched).
+template <Access kAccess, class T, int K>
+__device__ __forceinline__ void load_floats(float (&f)[K], const T* row, int p, int C) {
+    if constexpr (kAccess == Access::kPacked) {
+        const Pack<T> v = load_pack(row + p * K);
+        for (int k = 0; k < K; ++k) f[k] = to_float(v.v[k]);
+    } else {
+        const int w = pack_width<kAccess, K>(p, C);
+        for (int k = 0; k < w; ++k) f[k] = to_float(row[p * K + k]);
+    }
+}
+
+// row[K p + k] = f[k] rounded to T, for k < pack_width.
+template <Access kAccess, class T, int K>
+__device__ __forceinline__ void store_floats(T* row, int p, int C, const float (&f)[K]) {
+    if constexpr (kAccess == Access::kPacked) {
+        Pack<T> v;
+        for (int k = 0; k < K; ++k) v.v[k] = from_float<T>(f[k]);
+        store_pack(row + p * K, v);
+    } else {
+        const int w = pack_width<kAccess, K>(p, C);
+        for (int k = 0; k < w; ++k) row[p * K + k] = from_float<T>(f[k]);
+    }
+}
+
+template <Access kAccess, class T>
+__global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                            const T* __restrict__ inp, const T* __restrict__ weight,
+                                            const T* __restrict__ bias, int N, int C, float eps) {
+    constexpr int K = Pack<T>::kSize;
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
+    const int packs = (C + K - 1) / K;
+    const T* x = inp + static_cast<int64_t>(row) * C;
+    float f[K], w[K], b[K];
+    float sum = 0.0f;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sum += f[k];
+    }
+    const float m = warp_reduce_sum(sum) / C;
+    float sq = 0.0f;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sq = fmaf(f[k] - m, f[k] - m, sq);
+    }
+    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
+    T* o = out + static_cast<int64_t>(row) * C;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        load_floats<kAccess>(w, weight, p, C);
+        load_floats<kAccess>(b, bias, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) f[k] = (f[k] - m) * s * w[k] + b[k];
+        store_floats<kAccess>(o, p, C, f);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+template <DinpWrite kWrite, Access kAccess, class T>
+__global__ void layernorm_backward_kernel_16(T* __restrict__ dinp, const T* __restrict__ dout,
+                                             const T* __restrict__ inp, const T* __restrict__ weight,
+                                             const float* __restrict__ mean, const float* __restrict__ rstd, int N,
+                                             int C) {
+    constexpr int K = Pack<T>::kSize;
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const int packs = (C + K - 1) / K;
+    const int64_t base = static_cast<int64_t>(row) * C;
+    const float mu = mean[row], rs = rstd[row];
+    float dy[K], x[K], w[K], d[K];
+    float g_sum = 0.0f, g_norm_sum = 0.0f;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(dy, dout + base, p, C);
+        load_floats<kAccess>(x, inp + base, p, C);
+        load_floats<kAccess>(w, weight, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) {
+            g_sum = fmaf(dy[k], w[k], g_sum);
+            g_norm_sum = fmaf(dy[k] * w[k] * (x[k] - mu), rs, g_norm_sum);
+        }
+    }
+    const float g_mean = warp_reduce_sum(g_sum) / C;
+    const float g_norm_mean = warp_reduce_sum(g_norm_sum) / C;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(dy, dout + base, p, C);
+        load_floats<kAccess>(x, inp + base, p, C);
+        load_floats<kAccess>(w, weight, p, C);
+        if constexpr (kWrite == DinpWrite::kAdd) load_floats<kAccess>(d, dinp + base, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) {
+            const float t = (dy[k] * w[k] - g_mean - (x[k] - mu) * rs * g_norm_mean) * rs;
+            if constexpr (kWrite == DinpWrite::kAdd) {
+                d[k] = d[k] + t;
+            } else {
+                d[k] = t;
+            }
+        }
+        store_floats<kAccess>(dinp + base, p, C, d);
+    }
+}
+
+// layernorm_backward_partials_kernel with K columns per thread: block (32, kRowLanes) sums rows
+// [blockIdx.y * kRowsPerChunk, +kRowsPerChunk) of 32 K columns, each column's rows and row lanes in the fp32 kernel's
+// order; kPacked needs C % K == 0 and 16-byte aligned dout and inp.
+template <Access kAccess, class T>
+__global__ void layernorm_backward_partials_kernel_16(float* __restrict__ partials, const T* __restrict__ dout,
+                                                      const T* __restrict__ inp, const float* __restrict__ mean,
+                                                      const float* __restrict__ rstd, int N, int C) {
+    constexpr int K = Pack<T>::kSize;
+    __shared__ float s_dw[kRowLanes][K][32];  // [row lane][column within the pack][thread]: no bank conflicts
+    __shared__ float s_db[kRowLanes][K][32];
+    const int p = blockIdx.x * 32 + threadIdx.x;  // this thread's pack of columns [K p, K p + K)
+    const int row0 = blockIdx.y * kRowsPerChunk;
+    const int row1 = row0 + kRowsPerChunk < N ? row0 + kRowsPerChunk : N;
+    float dw[K], db[K], dy[K], x[K];
+    for (int k = 0; k < K; ++k) dw[k] = db[k] = 0.0f;
+    const int width = p * K < C ? pack_width<kAccess, K>(p, C) : 0;
+    if (width > 0) {
+        for (int r = row0 + threadIdx.y; r < row1; r += kRowLanes) {
+            load_floats<kAccess>(dy, dout + static_cast<int64_t>(r) * C, p, C);
+            load_floats<kAccess>(x, inp + static_cast<int64_t>(r) * C, p, C);
+            const float mu = mean[r], rs = rstd[r];
+            for (int k = 0; k < width; ++k) {
+                dw[k] = fmaf(dy[k] * (x[k] - mu), rs, dw[k]);
+                db[k] += dy[k];
+            }
+        }
+    }
+    for (int k = 0; k < K; ++k) {
+        s_dw[threadIdx.y][k][threadIdx.x] = dw[k];
+        s_db[threadIdx.y][k][threadIdx.x] = db[k];
+    }
+    __syncthreads();  // every column's kRowLanes sums are in shared memory
+    if (threadIdx.y == 0) {
+        const int chunks = gridDim.y;
+        for (int k = 0; k < width; ++k) {
+            float sum_dw = 0.0f, sum_db = 0.0f;
+            for (int y = 0; y < kRowLanes; ++y) {
+                sum_dw += s_dw[y][k][threadIdx.x];
+                sum_db += s_db[y][k][threadIdx.x];
+            }
+            partials[static_cast<int64_t>(blockIdx.y) * C + p * K + k] = sum_dw;
+            partials[static_cast<int64_t>(chunks + blockIdx.y) * C + p * K + k] = sum_db;
+        }
+    }
+}
+
 __global__ void layernorm_backward_reduce_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
                                                  const float* __restrict__ partials, int chunks, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -134,8 +305,19 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
                        float eps, cudaStream_t stream) {
     MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
     if (N == 0) return;
-    ms_launch(layernorm_forward_kernel<T>, static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlockSize, 0, stream, out,
-              mean, rstd, inp, weight, bias, N, C, eps);
+    const int blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
+    if constexpr (sizeof(T) == 2) {
+        if (C % Pack<T>::kSize == 0 && pack_aligned({out, inp, weight, bias})) {
+            ms_launch(layernorm_forward_kernel_16<Access::kPacked, T>, blocks, kBlockSize, 0, stream, out, mean, rstd,
+                      inp, weight, bias, N, C, eps);
+        } else {
+            ms_launch(layernorm_forward_kernel_16<Access::kScalar, T>, blocks, kBlockSize, 0, stream, out, mean, rstd,
+                      inp, weight, bias, N, C, eps);
+        }
+    } else {
+        ms_launch(layernorm_forward_kernel<T>, blocks, kBlockSize, 0, stream, out, mean, rstd, inp, weight, bias, N, C,
+                  eps);
+    }
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -148,21 +330,49 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
     MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
     if (N == 0) return;
     const int row_blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
-    if (write == DinpWrite::kAdd) {
-        ms_launch(layernorm_backward_kernel<DinpWrite::kAdd, T>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
-                  weight, mean, rstd, N, C);
-    } else {
-        ms_launch(layernorm_backward_kernel<DinpWrite::kOverwrite, T>, row_blocks, kBlockSize, 0, stream, dinp, dout,
-                  inp, weight, mean, rstd, N, C);
-    }
-    MS_CUDA_LAUNCH_CHECK();
     const int chunks = num_chunks(N);
     MS_ASSERT(chunks <= 65535, "layernorm: N = %d rows make %d chunks of %d, over the grid's y limit of 65535", N,
               chunks, kRowsPerChunk);
-    const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, 32)), static_cast<unsigned>(chunks));
-    ms_launch(layernorm_backward_partials_kernel<T>, partial_grid, dim3(32, kRowLanes), 0, stream, scratch, dout, inp,
-              mean, rstd, N, C);
-    MS_CUDA_LAUNCH_CHECK();
+    if constexpr (sizeof(T) == 2) {
+        constexpr int K = Pack<T>::kSize;
+        const bool packed = C % K == 0 && pack_aligned({dinp, dout, inp, weight});
+        if (packed && write == DinpWrite::kAdd) {
+            ms_launch(layernorm_backward_kernel_16<DinpWrite::kAdd, Access::kPacked, T>, row_blocks, kBlockSize, 0,
+                      stream, dinp, dout, inp, weight, mean, rstd, N, C);
+        } else if (packed) {
+            ms_launch(layernorm_backward_kernel_16<DinpWrite::kOverwrite, Access::kPacked, T>, row_blocks, kBlockSize,
+                      0, stream, dinp, dout, inp, weight, mean, rstd, N, C);
+        } else if (write == DinpWrite::kAdd) {
+            ms_launch(layernorm_backward_kernel_16<DinpWrite::kAdd, Access::kScalar, T>, row_blocks, kBlockSize, 0,
+                      stream, dinp, dout, inp, weight, mean, rstd, N, C);
+        } else {
+            ms_launch(layernorm_backward_kernel_16<DinpWrite::kOverwrite, Access::kScalar, T>, row_blocks, kBlockSize,
+                      0, stream, dinp, dout, inp, weight, mean, rstd, N, C);
+        }
+        MS_CUDA_LAUNCH_CHECK();
+        const dim3 grid(static_cast<unsigned>(ceil_div(C, 32 * K)), static_cast<unsigned>(chunks));
+        if (C % K == 0 && pack_aligned({dout, inp})) {
+            ms_launch(layernorm_backward_partials_kernel_16<Access::kPacked, T>, grid, dim3(32, kRowLanes), 0, stream,
+                      scratch, dout, inp, mean, rstd, N, C);
+        } else {
+            ms_launch(layernorm_backward_partials_kernel_16<Access::kScalar, T>, grid, dim3(32, kRowLanes), 0, stream,
+                      scratch, dout, inp, mean, rstd, N, C);
+        }
+        MS_CUDA_LAUNCH_CHECK();
+    } else {
+        if (write == DinpWrite::kAdd) {
+            ms_launch(layernorm_backward_kernel<DinpWrite::kAdd, T>, row_blocks, kBlockSize, 0, stream, dinp, dout, inp,
+                      weight, mean, rstd, N, C);
+        } else {
+            ms_launch(layernorm_backward_kernel<DinpWrite::kOverwrite, T>, row_blocks, kBlockSize, 0, stream, dinp,
+                      dout, inp, weight, mean, rstd, N, C);
+        }
+        MS_CUDA_LAUNCH_CHECK();
+        const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, 32)), static_cast<unsigned>(chunks));
+        ms_launch(layernorm_backward_partials_kernel<T>, partial_grid, dim3(32, kRowLanes), 0, stream, scratch, dout,
+                  inp, mean, rstd, N, C);
+        MS_CUDA_LAUNCH_CHECK();
+    }
     ms_launch(layernorm_backward_reduce_kernel, static_cast<int>(ceil_div(C, kBlockSize)), kBlockSize, 0, stream,
               dweight, dbias, scratch, chunks, C);
     MS_CUDA_LAUNCH_CHECK();
