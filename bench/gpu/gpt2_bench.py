@@ -5,20 +5,26 @@
 
 The model is configs/gpt2-124m.yaml (12 layers, hidden 768, 12 heads, seq 1024, vocab 50257 padded to 50304), one
 micro-batch of --batch sequences per step (no accumulation), synthetic tokens (data.source: synthetic; throughput
-does not depend on the data). Runs, one after another, each bounded by its share of --budget seconds:
+does not depend on the data). Runs, one after another, each bounded by its share of --budget seconds, in the order
+3, 4, 1, 5, 2, 6 (the bf16 pair first, the TF32 pair last: the one squeezed when time runs short):
   1. mindspeed-train, run.backend: cuda, fp32 (the CUDA backend's kernels and cuBLAS GEMMs, TF32 off), --steps steps;
   2. the same with MS_CUDA_TF32=1 (the GEMMs on TF32 tensor cores);
-  3. PyTorch fp32 (TF32 off), torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
-  4. PyTorch bf16 autocast, the same;
-  5. PyTorch with TF32 matmuls, the same (last: the run that gets squeezed when time runs short).
+  3. the same in mixed precision, mixed_precision.dtype: bf16 (bf16 activations and weights, bf16 GEMMs with fp32
+     accumulation, fp32 master weights, gradients and AdamW state);
+  4. PyTorch bf16 autocast, torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
+  5. PyTorch fp32 (TF32 off), the same;
+  6. PyTorch with TF32 matmuls, the same.
 A PyTorch run whose compile fails is repeated in eager mode if time is left, and labelled so. Each is timed as the
 median step after the first warm-up steps (3 for mindspeed-train, 3 for PyTorch: torch.compile happens there).
 
 MFU = model FLOPs per token (Megatron's formula, as the trainer's: 3 x forward, attention included) x tokens/s over
 the device's dense peak from the table below (NVIDIA datasheets; the C++ trainer's is engine/train/device_peak.cpp):
 against the peak of the run's own precision (fp32 without tensor cores, TF32 or bf16), and against the bf16
-tensor-core peak, labelled. An unknown device gets "n/a" and a loud line. Prints one table; writes it to DIR/gpt2_bench.md, the numbers to DIR/gpt2_bench.json and
-each run's log to DIR/*.log. Exit status 0 when mindspeed-train produced a number, 1 otherwise.
+tensor-core peak, labelled. An unknown device gets "n/a" and a loud line. The summary line under the table gives
+mindspeed-train bf16 over PyTorch torch.compile bf16 (tokens/s) as a ratio, and fp32 over fp32.
+Prints one table; writes it to DIR/gpt2_bench.md, the numbers to DIR/gpt2_bench.json, each run's log to DIR/*.log
+and each mindspeed-train run's metrics.jsonl under DIR/mindspeed-train*-run/. Exit status 0 when mindspeed-train
+produced a number in fp32 and in bf16, 1 otherwise.
 """
 import argparse
 import json
@@ -78,10 +84,12 @@ def run(cmd, log_path, seconds, env=None):
 
 
 PRECISION = {"fp32": "fp32 (TF32 off)", "tf32": "fp32, TF32 GEMMs", "bf16": "bf16 autocast"}
+OURS_PRECISION = dict(PRECISION, bf16="bf16 mixed precision (fp32 master)")
 
 
 def mindspeed(binary, out, batch, steps, seconds, kind):
-    """mindspeed-train on run.backend: cuda; kind tf32 sets MS_CUDA_TF32=1 (the CUDA backend's cuBLAS GEMMs)."""
+    """mindspeed-train on run.backend: cuda; kind tf32 sets MS_CUDA_TF32=1 (the CUDA backend's cuBLAS GEMMs), kind bf16
+    mixed_precision.dtype: bf16."""
     label = "mindspeed-train" + ("" if kind == "fp32" else "-" + kind)
     run_dir = os.path.join(out, label + "-run")
     sets = {
@@ -89,7 +97,7 @@ def mindspeed(binary, out, batch, steps, seconds, kind):
         "data.synthetic.vocab_size": V, "data.synthetic.num_tokens": 1 << 20, "model.vocab_size": V,
         "training.micro_batch_size": batch, "training.global_batch_size": batch, "training.train_iters": steps,
         "lr_schedule.lr_warmup_iters": 2, "logging.log_interval": 1, "eval.eval_interval": 0,
-        "eval.sample_tokens": 0,
+        "eval.sample_tokens": 0, "mixed_precision.dtype": "bf16" if kind == "bf16" else "fp32",
     }
     cmd = [binary, "train", "--config", "configs/gpt2-124m.yaml"]
     for k, v in sets.items():
@@ -107,7 +115,7 @@ def mindspeed(binary, out, batch, steps, seconds, kind):
     except OSError:
         pass
     timed = its[3:] if len(its) > 3 else its[1:]
-    return {"name": "mindspeed-train (run.backend: cuda)", "kind": kind, "precision": PRECISION[kind], "rc": rc,
+    return {"name": "mindspeed-train (run.backend: cuda)", "kind": kind, "precision": OURS_PRECISION[kind], "rc": rc,
             "wall_s": round(wall, 1), "steps": len(its), "timed_steps": len(timed),
             "ms_per_step": statistics.median(timed) if timed else None,
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
@@ -152,21 +160,36 @@ def main():
 
     dev = device_name()
     peak = find_peak(dev)
-    rows = [mindspeed(a.binary, a.out, a.batch, a.steps, min(0.2 * a.budget, left()), "fp32"),
-            mindspeed(a.binary, a.out, a.batch, a.steps, min(0.15 * a.budget, left()), "tf32")]
-    peers = ("fp32", "bf16", "tf32")  # the last is the one squeezed when time runs short
-    for i, kind in enumerate(peers):
-        share = left() / (len(peers) - i)  # what is left, split between the remaining peers
+    # In priority order: the bf16 pair (the headline ratio), then fp32, then TF32 (the pair squeezed when time runs
+    # short). Each run gets its weight's share of what is left (a torch.compile run costs about twice ours); a run
+    # whose share is under 20 s gets all that is left, or is skipped when that is under 20 s too.
+    jobs = [("ours", "bf16"), ("torch", "bf16"), ("ours", "fp32"), ("torch", "fp32"), ("ours", "tf32"),
+            ("torch", "tf32")]
+    weight = {"ours": 1.0, "torch": 2.0}
+    ours_cap = {"bf16": 0.15, "fp32": 0.2, "tf32": 0.12}  # of --budget: 20 steps take ~5 s, start-up the rest
+    done = {}
+    for i, (who, kind) in enumerate(jobs):
+        share = left() * weight[who] / sum(weight[w] for w, _ in jobs[i:])
+        if share < 20 and left() >= 20:
+            share = left()
         if share < 20:
-            rows.append({"name": "PyTorch", "kind": kind, "precision": PRECISION[kind], "ms_per_step": None,
-                         "note": "no time left"})
+            done[(who, kind)] = {"name": "mindspeed-train (run.backend: cuda)" if who == "ours" else "PyTorch",
+                                 "kind": kind, "precision": (OURS_PRECISION if who == "ours" else PRECISION)[kind],
+                                 "ms_per_step": None, "note": "no time left"}
+            continue
+        if who == "ours":
+            done[(who, kind)] = mindspeed(a.binary, a.out, a.batch, a.steps, min(ours_cap[kind] * a.budget, share),
+                                          kind)
             continue
         row = torch_peer(a.python, a.out, a.batch, kind, share)
         if row["ms_per_step"] is None and left() > 25:  # compile failed or was too slow: eager, if time allows
             eager = torch_peer(a.python, a.out, a.batch, kind, min(left(), 40), compiled=False)
             eager["note"] = f"torch.compile: {row['note']}; eager instead"
             row = eager if eager["ms_per_step"] else row
-        rows.append(row)
+        done[(who, kind)] = row
+    # the table: ours fp32, TF32, bf16, then PyTorch's
+    rows = [done[("ours", k)] for k in ("fp32", "tf32", "bf16")] + [done[("torch", k)] for k in ("bf16", "fp32",
+                                                                                                  "tf32")]
 
     fpt = flops_per_token()
     tokens = a.batch * T
@@ -195,9 +218,20 @@ def main():
                      f"{fmt(r.get('tokens_per_s'), '{:.0f}')} | {fmt(r.get('mfu_own'), '{:.1%}')} | "
                      f"{fmt(r.get('mfu_bf16'), '{:.2%}')} | {r.get('note', '')} |")
     ms_row = rows[0]
-    if ms_row.get("loss_first") is not None:
-        lines.append(f"\nmindspeed-train lm loss {ms_row['loss_first']:.4f} -> {ms_row['loss_last']:.4f} over "
-                     f"{ms_row['steps']} steps (synthetic data; a sanity check, not a result)")
+    ours = {r["kind"]: r for r in rows if r["name"].startswith("mindspeed")}
+    torch_rows = {r["kind"]: r for r in rows if not r["name"].startswith("mindspeed")}
+
+    def ratio(kind):
+        o, t = ours.get(kind, {}).get("tokens_per_s"), torch_rows.get(kind, {}).get("tokens_per_s")
+        how = "eager" if " eager " in torch_rows.get(kind, {}).get("name", "") else "torch.compile"
+        return (f"ours({kind})/{how}({kind}) = " + (f"{o / t:.3f}" if o and t else "n/a")), (o / t if o and t else None)
+
+    (bf16_line, bf16_ratio), (fp32_line, fp32_ratio) = ratio("bf16"), ratio("fp32")
+    lines.append(f"\nsummary: tokens/s {bf16_line}, {fp32_line}")
+    for r in ours.values():
+        if r.get("loss_first") is not None:
+            lines.append(f"mindspeed-train {r['kind']} lm loss {r['loss_first']:.4f} -> {r['loss_last']:.4f} over "
+                         f"{r['steps']} steps (synthetic data; a sanity check, not a result)")
     if not peak:
         lines.append("\n!!! UNKNOWN DEVICE: add it to PEAKS (and engine/train/device_peak.cpp) to get MFU !!!")
     table = "\n".join(lines)
@@ -205,9 +239,9 @@ def main():
     with open(os.path.join(a.out, "gpt2_bench.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(a.out, "gpt2_bench.json"), "w") as f:
-        json.dump({"device": dev, "peak": peak, "flops_per_token": fpt, "tokens_per_step": tokens, "rows": rows},
-                  f, indent=1, default=str)
-    return 0 if ms_row.get("ms_per_step") else 1
+        json.dump({"device": dev, "peak": peak, "flops_per_token": fpt, "tokens_per_step": tokens, "rows": rows,
+                   "ratio_bf16": bf16_ratio, "ratio_fp32": fp32_ratio}, f, indent=1, default=str)
+    return 0 if ms_row.get("ms_per_step") and ours.get("bf16", {}).get("ms_per_step") else 1
 
 
 if __name__ == "__main__":

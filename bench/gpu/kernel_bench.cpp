@@ -1,35 +1,56 @@
-// kernel_bench.cpp: first GPU numbers for the hand-written kernels through CudaBackend (issue #4's bench/gpu, part):
-// achieved bandwidth of the memory-bound kernels (LayerNorm forward, GELU forward, AdamW) against a device-to-device
-// copy of the same bytes, and causal attention forward + backward TFLOP/s at GPT-2 124M shapes (B=4, T=1024,
-// NH=12, HS=64). Times are medians of cudaEvent-timed repeats after a warm-up. The kernels are the emulation-first
-// versions (correct, not tuned), so these numbers are a baseline, not the goals.
+// kernel_bench.cpp: GPU numbers for the hand-written kernels through CudaBackend (the Backend API, so whatever kernel
+// the backend dispatches to is what is measured), in fp32 and in bf16 (mixed precision: 16-bit activations, fp32
+// statistics, master weights and optimizer state):
+//   - achieved bandwidth of the memory-bound kernels (LayerNorm forward and backward, GELU forward and backward, the
+//     residual add, AdamW, the fp32 -> bf16 cast) at GPT-2 124M shapes (B=4, T=1024, C=768), as a percentage of a
+//     device-to-device copy's measured bandwidth; bytes are the least each op must move (every input read once, every
+//     output written once), so 100% would be a copy's speed;
+//   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16.
+// Times are medians of cudaEvent-timed repeats after a warm-up. One line per row, "name | dtype | ms | GB/s | % of
+// copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the output into its summary.
 //   build-gpu/gpu_kernel_bench        (built only with MS_ENABLE_CUDA and a toolkit)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/backends/cuda/cuda_backend.h"
 
 namespace {
 
-#define CHECK(x)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_));                   \
-            std::exit(1);                                                                          \
-        }                                                                                          \
+using ms::DType;
+using ms::Tensor;
+
+#define CHECK(x)                                                                 \
+    do {                                                                         \
+        cudaError_t e_ = (x);                                                    \
+        if (e_ != cudaSuccess) {                                                 \
+            std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
+            std::exit(1);                                                        \
+        }                                                                        \
     } while (0)
 
 float* device_floats(size_t n, float value) {
     float* p = nullptr;
     CHECK(cudaMalloc(&p, n * sizeof(float)));
-    std::vector<float> h(n, value);
+    std::vector<float> h(n);
     for (size_t i = 0; i < n; ++i) h[i] = value * (1.0f + static_cast<float>(i % 97) / 97.0f);
     CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return p;
+}
+
+// n values near `value` in `dtype` on the device (16-bit ones through the backend's cast).
+void* device_values(ms::Backend& be, DType dtype, int64_t n, float value) {
+    float* f = device_floats(static_cast<size_t>(n), value);
+    if (dtype == DType::kF32) return f;
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, static_cast<size_t>(n) * ms::dtype_size(dtype)));
+    be.cast({Tensor(f, DType::kF32, {n}), Tensor(p, dtype, {n})});
+    be.synchronize();
+    CHECK(cudaFree(f));
     return p;
 }
 
@@ -52,14 +73,17 @@ double time_ms(ms::Backend& be, const std::function<void()>& fn, int repeats = 2
         CHECK(cudaEventElapsedTime(&ms, a, b));
         t.push_back(ms);
     }
+    CHECK(cudaEventDestroy(a));
+    CHECK(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }
 
+const char* name_of(DType d) { return d == DType::kF32 ? "fp32" : d == DType::kBF16 ? "bf16" : "fp16"; }
+
 }  // namespace
 
 int main() {
-    using ms::Tensor;
     cudaDeviceProp prop{};
     CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s\n", prop.name);
@@ -67,71 +91,156 @@ int main() {
     o.kind = ms::BackendKind::kCUDA;
     auto be = ms::make_backend_with_cuda(o);
 
-    const int64_t B = 4, T = 1024, C = 768, NH = 12, N = B * T;
+    const int64_t B = 4, T = 1024, C = 768, NH = 12, N = B * T, H = 4 * C;
     // copy reference: a device-to-device copy of 64 MiB
     const size_t copy_n = 16u << 20;
     float* src = device_floats(copy_n, 1.0f);
     float* dst = device_floats(copy_n, 0.0f);
     const double copy_ms = time_ms(*be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); });
     const double copy_gbs = 2.0 * copy_n * 4 / (copy_ms * 1e6);
-    std::printf("%-28s %9.3f ms %8.1f GB/s\n", "copy (d2d, 64 MiB)", copy_ms, copy_gbs);
+    std::printf("%-40s | %-4s | %8.3f ms | %7.1f GB/s | (the 100%% of the rows below)\n", "copy (d2d, 64 MiB)", "-",
+                copy_ms, copy_gbs);
+    CHECK(cudaFree(src));
+    CHECK(cudaFree(dst));
 
-    auto report = [&](const char* name, double ms, double bytes) {
+    auto report = [&](const std::string& name, DType d, double ms, double bytes) {
         const double gbs = bytes / (ms * 1e6);
-        std::printf("%-28s %9.3f ms %8.1f GB/s  %5.1f%% of copy\n", name, ms, gbs, 100.0 * gbs / copy_gbs);
+        std::printf("%-40s | %-4s | %8.3f ms | %7.1f GB/s | %5.1f%% of copy\n", name.c_str(), name_of(d), ms, gbs,
+                    100.0 * gbs / copy_gbs);
+        std::fflush(stdout);
     };
-    float* x = device_floats(N * C, 0.5f);
-    float* y = device_floats(N * C, 0.0f);
-    float* w = device_floats(C, 1.0f);
-    float* bias = device_floats(C, 0.0f);
-    float* mean = device_floats(N, 0.0f);
-    float* rstd = device_floats(N, 0.0f);
-    report("layernorm forward (N=4096,C=768)",
-           time_ms(*be, [&] {
-               be->layernorm_forward({Tensor::f32(x, {N, C}), Tensor::f32(w, {C}), Tensor::f32(bias, {C}),
-                                      Tensor::f32(y, {N, C}), Tensor::f32(mean, {N}), Tensor::f32(rstd, {N}), 1e-5f});
-           }),
-           2.0 * N * C * 4);
-    float* h = device_floats(N * 4 * C, 0.5f);
-    float* hg = device_floats(N * 4 * C, 0.0f);
-    report("gelu forward (N*4C)", time_ms(*be, [&] {
-               be->gelu_forward({Tensor::f32(h, {N * 4 * C}), Tensor::f32(hg, {N * 4 * C})});
-           }),
-           2.0 * N * 4 * C * 4);
-    const int64_t P = 124475904;
-    float* p = device_floats(P, 0.01f);
-    float* g = device_floats(P, 0.001f);
-    float* m = device_floats(P, 0.0f);
-    float* v = device_floats(P, 0.0f);
-    int64_t step = 0;
-    report("adamw (124M params)", time_ms(*be, [&] {
-               be->adamw({Tensor::f32(p, {P}), Tensor::f32(g, {P}), Tensor::f32(m, {P}), Tensor::f32(v, {P}), 1e-4f,
-                          0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, ++step});
-           }),
-           7.0 * P * 4);  // read p, g, m, v; write p, m, v
 
-    // attention: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T)
-    float* qkv = device_floats(N * 3 * C, 0.1f);
-    float* out = device_floats(N * C, 0.0f);
-    float* lse = device_floats(B * NH * T, 0.0f);
-    float* dout = device_floats(N * C, 0.01f);
-    float* dqkv = device_floats(N * 3 * C, 0.0f);
-    const double fwd_ms = time_ms(*be, [&] {
-        be->attention_forward({Tensor::f32(qkv, {B, T, 3 * C}), Tensor::f32(out, {B, T, C}),
-                               Tensor::f32(lse, {B, NH, T}), NH});
-    });
-    const double bwd_ms = time_ms(*be, [&] {
-        be->attention_backward({Tensor::f32(dout, {B, T, C}), Tensor::f32(qkv, {B, T, 3 * C}),
-                                Tensor::f32(out, {B, T, C}), Tensor::f32(lse, {B, NH, T}),
-                                Tensor::f32(dqkv, {B, T, 3 * C}), NH});
-    });
-    // causal FLOPs (half of the full T x T): forward 2 GEMMs, backward 5 (recompute S, dP, dV, dQ, dK)
+    for (DType d : {DType::kF32, DType::kBF16}) {
+        if (!be->supports(ms::OpKind::kLayerNormForward, d)) {
+            std::printf("(the backend does not support %s)\n", name_of(d));
+            continue;
+        }
+        const double s = static_cast<double>(ms::dtype_size(d));  // bytes of an activation
+        // LayerNorm: x, y, dy, dx (N, C) in d; weight, bias (C) in d; mean, rstd (N) and dweight, dbias (C) fp32.
+        void* x = device_values(*be, d, N * C, 0.5f);
+        void* y = device_values(*be, d, N * C, 0.0f);
+        void* dy = device_values(*be, d, N * C, 0.01f);
+        void* dx = device_values(*be, d, N * C, 0.0f);
+        void* w = device_values(*be, d, C, 1.0f);
+        void* bias = device_values(*be, d, C, 0.1f);
+        float* mean = device_floats(N, 0.0f);
+        float* rstd = device_floats(N, 0.0f);
+        float* dw = device_floats(C, 0.0f);
+        float* db = device_floats(C, 0.0f);
+        const ms::LayerNormForwardArgs ln{Tensor(x, d, {N, C}),
+                                          Tensor(w, d, {C}),
+                                          Tensor(bias, d, {C}),
+                                          Tensor(y, d, {N, C}),
+                                          Tensor::f32(mean, {N}),
+                                          Tensor::f32(rstd, {N}),
+                                          1e-5f};
+        report("layernorm forward (N=4096, C=768)", d, time_ms(*be, [&] { be->layernorm_forward(ln); }),
+               2.0 * N * C * s + 2.0 * N * 4);
+        const ms::LayerNormBackwardArgs lnb{Tensor(dy, d, {N, C}),  Tensor(x, d, {N, C}),   Tensor(w, d, {C}),
+                                            Tensor::f32(mean, {N}), Tensor::f32(rstd, {N}), Tensor(dx, d, {N, C}),
+                                            Tensor::f32(dw, {C}),   Tensor::f32(db, {C}),   ms::Accumulate::kAdd};
+        // reads dy, x, dx; writes dx (kAdd: the residual stream's gradient)
+        report("layernorm backward, dinp += (N=4096)", d, time_ms(*be, [&] { be->layernorm_backward(lnb); }),
+               4.0 * N * C * s + 2.0 * N * 4);
+        // residual: out = a + (b + bias), the attention / MLP projection's bias added after its all-reduce
+        report("residual a + (b + bias) (N, C)", d,
+               time_ms(*be,
+                       [&] {
+                           be->residual_forward({Tensor(x, d, {N * C}), Tensor(dy, d, {N * C}), Tensor(y, d, {N * C}),
+                                                 Tensor(bias, d, {C})});
+                       }),
+               3.0 * N * C * s);
+        for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
+        for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
+
+        // GELU over the MLP's (N, 4C)
+        void* h = device_values(*be, d, N * H, 0.5f);
+        void* hg = device_values(*be, d, N * H, 0.0f);
+        void* dh = device_values(*be, d, N * H, 0.01f);
+        report("gelu forward (N, 4C)", d,
+               time_ms(*be,
+                       [&] {
+                           be->gelu_forward({Tensor(h, d, {N * H}), Tensor(hg, d, {N * H})});
+                       }),
+               2.0 * N * H * s);
+        report("gelu backward, in place (N, 4C)", d,
+               time_ms(*be,
+                       [&] {
+                           be->gelu_backward({Tensor(h, d, {N * H}), Tensor(dh, d, {N * H}), Tensor(dh, d, {N * H})});
+                       }),
+               3.0 * N * H * s);
+        for (void* p : {h, hg, dh}) CHECK(cudaFree(p));
+    }
+
+    // AdamW on GPT-2 124M's fp32 master weights; in mixed precision with the fused bf16 param_copy (the model's
+    // 16-bit weights), and the separate cast that param_copy replaces.
+    {
+        const int64_t P = 124475904;
+        float* p = device_floats(P, 0.01f);
+        float* g = device_floats(P, 0.001f);
+        float* m = device_floats(P, 0.0f);
+        float* v = device_floats(P, 0.0f);
+        void* p16 = device_values(*be, DType::kBF16, P, 0.0f);
+        int64_t step = 0;
+        report("adamw (124M params)", DType::kF32,
+               time_ms(*be,
+                       [&] {
+                           be->adamw({Tensor::f32(p, {P}), Tensor::f32(g, {P}), Tensor::f32(m, {P}),
+                                      Tensor::f32(v, {P}), 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, ++step, Tensor{}});
+                       }),
+               7.0 * P * 4);  // read p, g, m, v; write p, m, v
+        report(
+            "adamw + bf16 param_copy (124M)", DType::kBF16,
+            time_ms(*be,
+                    [&] {
+                        be->adamw({Tensor::f32(p, {P}), Tensor::f32(g, {P}), Tensor::f32(m, {P}), Tensor::f32(v, {P}),
+                                   1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, ++step, Tensor(p16, DType::kBF16, {P})});
+                    }),
+            7.0 * P * 4 + 2.0 * P);
+        report("cast fp32 -> bf16 (124M)", DType::kBF16,
+               time_ms(*be,
+                       [&] {
+                           be->cast({Tensor::f32(p, {P}), Tensor(p16, DType::kBF16, {P})});
+                       }),
+               6.0 * P);
+        for (void* q :
+             {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m), static_cast<void*>(v), p16})
+            CHECK(cudaFree(q));
+    }
+
+    // attention: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T) fp32
     const double HS = static_cast<double>(C) / NH, full = 2.0 * B * NH * double(T) * T * HS;
+    // causal FLOPs (half of the full T x T): forward 2 GEMMs, backward 5 (recompute S, dP, dV, dQ, dK)
     const double fwd_flops = 2 * full / 2, bwd_flops = 5 * full / 2;
-    std::printf("%-28s %9.3f ms %8.2f TFLOP/s (fp32, causal FLOPs)\n", "attention forward", fwd_ms,
-                fwd_flops / (fwd_ms * 1e9));
-    std::printf("%-28s %9.3f ms %8.2f TFLOP/s\n", "attention backward", bwd_ms, bwd_flops / (bwd_ms * 1e9));
-    std::printf("%-28s %9.3f ms %8.2f TFLOP/s\n", "attention forward+backward", fwd_ms + bwd_ms,
-                (fwd_flops + bwd_flops) / ((fwd_ms + bwd_ms) * 1e9));
+    for (DType d : {DType::kF32, DType::kBF16}) {
+        if (!be->supports(ms::OpKind::kAttentionForward, d) || !be->supports(ms::OpKind::kAttentionBackward, d)) {
+            std::printf("attention (%s): not supported by the backend\n", name_of(d));
+            continue;
+        }
+        void* qkv = device_values(*be, d, N * 3 * C, 0.1f);
+        void* out = device_values(*be, d, N * C, 0.0f);
+        float* lse = device_floats(B * NH * T, 0.0f);
+        void* dout = device_values(*be, d, N * C, 0.01f);
+        void* dqkv = device_values(*be, d, N * 3 * C, 0.0f);
+        const double fwd_ms = time_ms(*be, [&] {
+            be->attention_forward(
+                {Tensor(qkv, d, {B, T, 3 * C}), Tensor(out, d, {B, T, C}), Tensor::f32(lse, {B, NH, T}), NH});
+        });
+        const double bwd_ms = time_ms(*be, [&] {
+            be->attention_backward({Tensor(dout, d, {B, T, C}), Tensor(qkv, d, {B, T, 3 * C}),
+                                    Tensor(out, d, {B, T, C}), Tensor::f32(lse, {B, NH, T}),
+                                    Tensor(dqkv, d, {B, T, 3 * C}), NH});
+        });
+        const char* dn = name_of(d);
+        std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s (causal FLOPs)\n", "attention forward (B4 T1024 HS64)", dn,
+                    fwd_ms, fwd_flops / (fwd_ms * 1e9));
+        std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention backward", dn, bwd_ms,
+                    bwd_flops / (bwd_ms * 1e9));
+        std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention forward+backward", dn, fwd_ms + bwd_ms,
+                    (fwd_flops + bwd_flops) / ((fwd_ms + bwd_ms) * 1e9));
+        std::fflush(stdout);
+        for (void* p : {qkv, out, dout, dqkv}) CHECK(cudaFree(p));
+        CHECK(cudaFree(lse));
+    }
     return 0;
 }
