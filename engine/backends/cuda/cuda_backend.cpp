@@ -525,7 +525,9 @@ static std::pair<int64_t, int64_t> cross_entropy_shape(const Tensor& logits, int
 }
 
 void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
-    const auto [N, Vp] = cross_entropy_shape(a.logits, a.vocab_valid_local);
+    // plain variables, not a structured binding: clang before 16 cannot capture one in the dispatch lambda
+    const std::pair<int64_t, int64_t> shape = cross_entropy_shape(a.logits, a.vocab_valid_local);
+    const int64_t N = shape.first, Vp = shape.second;
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
     const bool sum_phase = a.phase == CrossEntropyPhase::kSumExp;
     if (sum_phase) {
@@ -548,7 +550,9 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
 }
 
 void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
-    const auto [N, Vp] = cross_entropy_shape(a.logits, a.vocab_valid_local);
+    // plain variables, not a structured binding: clang before 16 cannot capture one in the dispatch lambda
+    const std::pair<int64_t, int64_t> shape = cross_entropy_shape(a.logits, a.vocab_valid_local);
+    const int64_t N = shape.first, Vp = shape.second;
     check_numel(a.targets, N, "cross_entropy", "targets (N)");
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
     check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
