@@ -53,10 +53,10 @@ namespace wmma = nvcuda::wmma;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBr = 16 * kWarps;  // rows a block owns, 16 per warp
-constexpr int kBc = 64;           // rows of the tiles it walks
-constexpr int kLdS = kBc + 4;     // row stride of a warp's (16, kBc) fp32 score tile
-constexpr int kLdP = kBc + 8;     // row stride of a warp's (16, kBc) P / dS tile in S
+constexpr int kBr = 16 * kWarps;     // rows a block owns, 16 per warp
+constexpr int kBc = 64;              // rows of the tiles it walks
+constexpr int kLdS = kBc + 4;        // row stride of a warp's (16, kBc) fp32 score tile
+constexpr int kLdP = kBc + 8;        // row stride of a warp's (16, kBc) P / dS tile in S
 constexpr int kLanePairs = kBc / 2;  // score columns per lane: lanes 2r and 2r+1 share row r, alternating columns
 static_assert(kBr == kBc, "the causal loops start and stop at tile boundaries of both sides");
 
@@ -97,6 +97,25 @@ using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 template <class S>
 __device__ __forceinline__ const typename WmmaType<S>::type* wmma_ptr(const S* p) {
     return reinterpret_cast<const typename WmmaType<S>::type*>(p);
+}
+
+// One warp's 16 rows of A B^T into fp32 shared memory: for each 16-column subtile j in [j_begin, j_end),
+// out[:, 16 j .. 16 j + 16) = sum over the kF 16-wide slices f of a[f] x (rows 16 j .. 16 j + 16 of B, slice f)^T,
+// B row-major with leading dimension ld_b (read as a col_major matrix_b: element (d, row) at b[row * ld_b + d]).
+// The S = Q K^T, dP = dO V^T, S^T = K Q^T and dP^T = V dO^T products of the kernels below.
+template <class S, int kF>
+__device__ __forceinline__ void warp_abt(float* out, int ld_out, const FragA<S> (&a)[kF], const S* b, int ld_b,
+                                         int j_begin, int j_end) {
+    for (int j = j_begin; j < j_end; ++j) {
+        FragAcc acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int f = 0; f < kF; ++f) {
+            FragBCol<S> b_frag;
+            wmma::load_matrix_sync(b_frag, wmma_ptr(b + 16 * j * ld_b + 16 * f), ld_b);
+            wmma::mma_sync(acc, a[f], b_frag, acc);
+        }
+        wmma::store_matrix_sync(out + 16 * j, acc, ld_out, wmma::mem_row_major);
+    }
 }
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
@@ -196,16 +215,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         // j: 16-key subtile; skipped where every key is after every query of the warp
         const int live_subtiles = k0 + kBc <= w0 ? kBc / 16 : (w0 + 16 - k0 + 15) / 16;
-        for (int j = 0; j < live_subtiles; ++j) {
-            FragAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int f = 0; f < kF; ++f) {
-                FragBCol<S> k_frag;  // K^T: element (d, key) at s_k[key * kLdT + d]
-                wmma::load_matrix_sync(k_frag, wmma_ptr(s_k + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(acc, q_frag[f], k_frag, acc);
-            }
-            wmma::store_matrix_sync(s_s + 16 * j, acc, kLdS, wmma::mem_row_major);
-        }
+        warp_abt<S, kF>(s_s, kLdS, q_frag, s_k, kLdT, 0, live_subtiles);
         __syncwarp();
 
         // online softmax of row r over this tile's visible keys (key k0 is visible to every row: m is finite)
@@ -265,8 +275,8 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kLdT = L::kLdT, kF = HS / 16;
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    S* s_k = reinterpret_cast<S*>(smem);  // (kBc, kLdT); stages Q first
-    S* s_v = reinterpret_cast<S*>(smem + L::kTile);  // stages dO first
+    S* s_k = reinterpret_cast<S*>(smem);                                            // (kBc, kLdT); stages Q first
+    S* s_v = reinterpret_cast<S*>(smem + L::kTile);                                 // stages dO first
     float* s_s = reinterpret_cast<float*>(smem + 2 * L::kTile + warp * L::kScore);  // (16, kLdS): S, then dP
     S* s_ds = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * L::kScore + warp * L::kProb);  // (16, kLdP)
     const int h = blockIdx.y, b = blockIdx.z;
@@ -298,16 +308,7 @@ __global__ void __launch_bounds__(kThreads)
         load_tile<S, HS>(s_v, q_base + 2 * C, k0, T, stride);
         __syncthreads();
         const int live_subtiles = k0 + kBc <= w0 ? kBc / 16 : (w0 + 16 - k0 + 15) / 16;
-        for (int j = 0; j < live_subtiles; ++j) {  // S = Q K^T
-            FragAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int f = 0; f < kF; ++f) {
-                FragBCol<S> k_frag;
-                wmma::load_matrix_sync(k_frag, wmma_ptr(s_k + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(acc, q_frag[f], k_frag, acc);
-            }
-            wmma::store_matrix_sync(s_s + 16 * j, acc, kLdS, wmma::mem_row_major);
-        }
+        warp_abt<S, kF>(s_s, kLdS, q_frag, s_k, kLdT, 0, live_subtiles);  // S = Q K^T
         __syncwarp();
         float p[kLanePairs];
         const float* s_row = s_s + r * kLdS;
@@ -317,16 +318,7 @@ __global__ void __launch_bounds__(kThreads)
             p[i] = query < T && k0 + c <= query ? __expf(s_row[c] * scale - row_lse) : 0.0f;
         }
         __syncwarp();  // every lane has read S before dP overwrites it
-        for (int j = 0; j < live_subtiles; ++j) {  // dP = dO V^T
-            FragAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int f = 0; f < kF; ++f) {
-                FragBCol<S> v_frag;
-                wmma::load_matrix_sync(v_frag, wmma_ptr(s_v + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(acc, do_frag[f], v_frag, acc);
-            }
-            wmma::store_matrix_sync(s_s + 16 * j, acc, kLdS, wmma::mem_row_major);
-        }
+        warp_abt<S, kF>(s_s, kLdS, do_frag, s_v, kLdT, 0, live_subtiles);  // dP = dO V^T
         __syncwarp();
         S* ds_row = s_ds + r * kLdP;
         MS_UNROLL
@@ -363,13 +355,13 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kLdT = L::kLdT, kF = HS / 16;
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    S* s_q = reinterpret_cast<S*>(smem);             // (kBr, kLdT); stages K first
-    S* s_do = reinterpret_cast<S*>(smem + L::kTile);  // stages V first
+    S* s_q = reinterpret_cast<S*>(smem);                                            // (kBr, kLdT); stages K first
+    S* s_do = reinterpret_cast<S*>(smem + L::kTile);                                // stages V first
     float* s_s = reinterpret_cast<float*>(smem + 2 * L::kTile + warp * L::kScore);  // (16, kLdS): S^T, then dP^T
     S* s_pt = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * L::kScore + warp * L::kProb);  // (16, kLdP)
     S* s_dst = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * (L::kScore + L::kProb) + warp * L::kProb);
     float* s_lse = reinterpret_cast<float*>(smem + 2 * L::kTile + kWarps * (L::kScore + 2 * L::kProb));  // (kBr)
-    float* s_d = s_lse + kBr;                                                                              // (kBr)
+    float* s_d = s_lse + kBr;                                                                            // (kBr)
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = blockIdx.x * kBc;  // the longest key tiles (most query tiles) have the lowest index
     const int w0 = k0 + 16 * warp;    // the warp's first key
@@ -401,8 +393,8 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         {  // lse and D of the tile's rows: row threadIdx.x / 2, over the lane pair
             const int row = threadIdx.x / 2, query = q0 + row;
-            const float D = pair_row_dot<S, HS>(s_do + row * kLdT, query < T ? o_base + query * C : nullptr,
-                                                threadIdx.x % 2);
+            const float D =
+                pair_row_dot<S, HS>(s_do + row * kLdT, query < T ? o_base + query * C : nullptr, threadIdx.x % 2);
             if (threadIdx.x % 2 == 0) {
                 s_d[row] = D;
                 s_lse[row] = query < T ? lse_row[query] : 0.0f;
@@ -411,16 +403,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
         // j: 16-query subtile; skipped where every query is before every key of the warp
         const int first_live = q0 + kBr <= w0 ? kBr / 16 : (w0 - q0 > 0 ? (w0 - q0) / 16 : 0);
-        for (int j = first_live; j < kBr / 16; ++j) {  // S^T = K Q^T
-            FragAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int f = 0; f < kF; ++f) {
-                FragBCol<S> q_frag;  // Q^T: element (d, query) at s_q[query * kLdT + d]
-                wmma::load_matrix_sync(q_frag, wmma_ptr(s_q + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(acc, k_frag[f], q_frag, acc);
-            }
-            wmma::store_matrix_sync(s_s + 16 * j, acc, kLdS, wmma::mem_row_major);
-        }
+        warp_abt<S, kF>(s_s, kLdS, k_frag, s_q, kLdT, first_live, kBr / 16);  // S^T = K Q^T
         __syncwarp();
         float p[kLanePairs];
         const float* s_row = s_s + r * kLdS;
@@ -432,16 +415,7 @@ __global__ void __launch_bounds__(kThreads)
             pt_row[c] = from_float<S>(p[i]);
         }
         __syncwarp();  // every lane has read S^T before dP^T overwrites it
-        for (int j = first_live; j < kBr / 16; ++j) {  // dP^T = V dO^T
-            FragAcc acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int f = 0; f < kF; ++f) {
-                FragBCol<S> do_frag;
-                wmma::load_matrix_sync(do_frag, wmma_ptr(s_do + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(acc, v_frag[f], do_frag, acc);
-            }
-            wmma::store_matrix_sync(s_s + 16 * j, acc, kLdS, wmma::mem_row_major);
-        }
+        warp_abt<S, kF>(s_s, kLdS, v_frag, s_do, kLdT, first_live, kBr / 16);  // dP^T = V dO^T
         __syncwarp();
         S* dst_row = s_dst + r * kLdP;
         MS_UNROLL
@@ -479,7 +453,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class Kernel>
 void opt_in_shared(Kernel kernel, size_t bytes) {
     if (bytes > (48u << 10)) {
-        MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+        MS_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     }
 }
 
@@ -527,10 +502,14 @@ void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH
     check_tc(B, T, NH, HS, {out, qkv});
     if (B == 0 || T == 0) return;
     switch (HS) {
-        case 16: return forward_hs<S, 16>(out, lse, qkv, B, T, NH, stream);
-        case 32: return forward_hs<S, 32>(out, lse, qkv, B, T, NH, stream);
-        case 48: return forward_hs<S, 48>(out, lse, qkv, B, T, NH, stream);
-        default: return forward_hs<S, 64>(out, lse, qkv, B, T, NH, stream);
+        case 16:
+            return forward_hs<S, 16>(out, lse, qkv, B, T, NH, stream);
+        case 32:
+            return forward_hs<S, 32>(out, lse, qkv, B, T, NH, stream);
+        case 48:
+            return forward_hs<S, 48>(out, lse, qkv, B, T, NH, stream);
+        default:
+            return forward_hs<S, 64>(out, lse, qkv, B, T, NH, stream);
     }
 }
 
@@ -540,10 +519,14 @@ void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, c
     check_tc(B, T, NH, HS, {dqkv, dout, qkv, out});
     if (B == 0 || T == 0) return;
     switch (HS) {
-        case 16: return backward_hs<S, 16>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        case 32: return backward_hs<S, 32>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        case 48: return backward_hs<S, 48>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        default: return backward_hs<S, 64>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        case 16:
+            return backward_hs<S, 16>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        case 32:
+            return backward_hs<S, 32>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        case 48:
+            return backward_hs<S, 48>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        default:
+            return backward_hs<S, 64>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
     }
 }
 
