@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/byte_ranges.h"
 #include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
 #include "engine/core/check.h"
@@ -71,16 +72,6 @@ void check_reducible(std::string_view comm, DType t) {
 template <typename Fn>
 void for_each_chunk(size_t n, size_t chunk, Fn&& fn) {
     for (size_t off = 0; off < n; off += chunk) fn(off, std::min(chunk, n - off));
-}
-
-std::byte* at(void* p, size_t elems, size_t elem_size) { return static_cast<std::byte*>(p) + elems * elem_size; }
-const std::byte* at(const void* p, size_t elems, size_t elem_size) {
-    return static_cast<const std::byte*>(p) + elems * elem_size;
-}
-
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-    const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-    return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
 int as_int(size_t n) { return static_cast<int>(n); }  // callers keep n <= chunk_elems <= INT_MAX

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/byte_ranges.h"
 #include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
 #include "comm/mpi/mpi_communicator.h"
@@ -104,16 +105,6 @@ Handle as_typed(DType t, Fn&& fn) {
             return fn(std::type_identity<fp16>{});
     }
     MS_UNREACHABLE("dtype {}", static_cast<int>(t));
-}
-
-std::byte* at(void* p, size_t elems, size_t elem_size) { return static_cast<std::byte*>(p) + elems * elem_size; }
-const std::byte* at(const void* p, size_t elems, size_t elem_size) {
-    return static_cast<const std::byte*>(p) + elems * elem_size;
-}
-
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-    const auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-    return a_bytes > 0 && b_bytes > 0 && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
 }  // namespace

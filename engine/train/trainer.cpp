@@ -457,16 +457,14 @@ int run_train(const Config& cfg_in) {
                 format_bytes(planned), planned, format_bytes(memory_peak), memory_peak, 100.0 * ratio,
                 -100.0 * range[1], 100.0 * range[0]);
         }
-        if (step.stepped && std::isfinite(step_loss)) {
+        // A step is stepped only with a finite loss, and an fp16 overflow only happens with one (step_boundary).
+        if (step.stepped || overflow) {  // an overflowing step's forward was fine: its loss counts
             interval_loss += step_loss;
             ++interval_steps;
-        } else if (overflow && std::isfinite(step_loss)) {
-            ++skipped;  // Megatron counts an fp16 overflow as a skipped iteration, not a NaN one
-            interval_loss += step_loss;
-            ++interval_steps;
-        } else {
+        }
+        if (!step.stepped) {
             ++skipped;
-            ++nan_iters;
+            if (!overflow) ++nan_iters;  // Megatron counts an fp16 overflow as skipped, not as NaN
         }
         consumed += global_batch;
         interval_time += now_seconds() - t0;

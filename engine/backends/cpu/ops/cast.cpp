@@ -15,16 +15,6 @@ void convert(const S* src, D* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dst[i] = from_float<D>(to_float(src[i]));
 }
 
-template <class S>
-void convert_from(const S* src, const Tensor& dst, int64_t n) {
-    switch (dst.dtype) {
-        case DType::kF32: return convert(src, dst.as<float>(), n);
-        case DType::kBF16: return convert(src, dst.as<bf16>(), n);
-        case DType::kF16: return convert(src, dst.as<fp16>(), n);
-        default: MS_UNREACHABLE("cast: destination dtype {} is not fp32, bf16 or fp16", dtype_name(dst.dtype));
-    }
-}
-
 }  // namespace
 
 void cast(const CastArgs& a, OpMode) {
@@ -34,12 +24,13 @@ void cast(const CastArgs& a, OpMode) {
         if (a.src.data != a.dst.data) std::memmove(a.dst.data, a.src.data, a.src.bytes());
         return;
     }
-    switch (a.src.dtype) {
-        case DType::kF32: return convert_from(a.src.as<float>(), a.dst, n);
-        case DType::kBF16: return convert_from(a.src.as<bf16>(), a.dst, n);
-        case DType::kF16: return convert_from(a.src.as<fp16>(), a.dst, n);
-        default: MS_UNREACHABLE("cast: source dtype {} is not fp32, bf16 or fp16", dtype_name(a.src.dtype));
-    }
+    visit_float(a.src.dtype, [&](auto s) {
+        visit_float(a.dst.dtype, [&](auto d) {
+            using S = decltype(s);
+            using D = decltype(d);
+            convert(a.src.as<S>(), a.dst.as<D>(), n);
+        });
+    });
 }
 
 }  // namespace ms::cpu
