@@ -32,6 +32,7 @@
 #include "engine/optim/loss_scaler.h"
 #include "engine/parallel/schedule.h"
 #include "engine/train/device_peak.h"
+#include "engine/train/metrics_log.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
@@ -366,7 +367,14 @@ int run_train(const Config& cfg_in) {
     if (writer) {
         std::filesystem::create_directories(cfg.run.output_dir);
         std::ofstream(std::filesystem::path(cfg.run.output_dir) / "config.resolved.yaml") << config_to_yaml(cfg);
-        metrics.open(cfg.logging.metrics_file, resumed ? std::ios::app : std::ios::trunc);  // a resume continues it
+        if (resumed) {  // a resume continues the file, without the lines the interrupted run logged past the checkpoint
+            const MetricsTrim trim = trim_metrics_log(cfg.logging.metrics_file, resumed->iteration);
+            if (trim.dropped > 0) {
+                log_info("metrics: dropped {} line(s) of {} logged after iteration {} (they are trained again)",
+                         trim.dropped, cfg.logging.metrics_file, resumed->iteration);
+            }
+        }
+        metrics.open(cfg.logging.metrics_file, resumed ? std::ios::app : std::ios::trunc);
     }
     if (writer && !metrics) {
         throw UserError(fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "

@@ -322,21 +322,26 @@ TEST(Faults, SigusrToMpirunStopsEveryRankWith3) {
 
 // ---- after a fault: auto-resume continues as if nothing had happened ----
 
-// iteration -> lm loss from metrics.jsonl; a resumed run appends, so a later line for an iteration wins.
+// iteration -> lm loss from metrics.jsonl. A resumed run first drops what the interrupted one logged past the
+// checkpoint (engine/train/metrics_log.h), so every iteration has exactly one line.
 std::map<int, double> losses(const std::string& run_dir) {
     std::map<int, double> out;
     std::ifstream f(run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(f, line);) {
         const auto j = nlohmann::json::parse(line);
-        if (j.contains("lm loss") && j["lm loss"].is_number()) out[j["iteration"].get<int>()] = j["lm loss"];
+        if (!j.contains("lm loss") || !j["lm loss"].is_number()) continue;
+        const int it = j["iteration"].get<int>();
+        EXPECT_EQ(out.count(it), 0u) << "iteration " << it << " logged twice in " << run_dir << "/metrics.jsonl";
+        out[it] = j["lm loss"];
     }
     return out;
 }
 
-// A crash (dp 2) and a hang (pp 2) at iteration 5, with a checkpoint every 2 iterations; then the same command
-// without the fault auto-resumes from iteration 4 and finishes: every loss from 5 on equals an undisturbed run's
-// bit for bit (same layout: exact resume), and no uncommitted checkpoint is ever loaded.
-void check_resume_after(const std::string& fault, int np, const std::string& layout) {
+// A crash (dp 2, at iteration 6: iteration 5 is already logged) and a hang (pp 2, at iteration 5), with a
+// checkpoint every 2 iterations; then the same command without the fault auto-resumes from iteration 4 and
+// finishes: every loss from 5 on equals an undisturbed run's bit for bit (same layout: exact resume), no uncommitted
+// checkpoint is ever loaded, and metrics.jsonl holds each iteration once (`dropped_lines`: what the resume trimmed).
+void check_resume_after(const std::string& fault, int np, const std::string& layout, int dropped_lines) {
     const std::string ckpt_sets = layout + " --set checkpoint.save_interval=2 --set checkpoint.save={0}/ckpt "
                                            "--set checkpoint.load={0}/ckpt";
     ms::test::TempDir clean("ms_faults_clean"), faulty("ms_faults_resume");
@@ -354,6 +359,8 @@ void check_resume_after(const std::string& fault, int np, const std::string& lay
     const TrainRun resumed = train(faulty, np, "", fmt::format(fmt::runtime(ckpt_sets), faulty.path()));
     ASSERT_EQ(resumed.code, 0) << resumed.output;
     EXPECT_TRUE(has(resumed.output, "iter_0000004")) << resumed.output;  // resumed from the last checkpoint
+    EXPECT_EQ(has(resumed.output, fmt::format("metrics: dropped {} line(s)", dropped_lines)), dropped_lines > 0)
+        << resumed.output;
     const auto want = losses(undisturbed.dir), got = losses(resumed.dir);
     ASSERT_EQ(want.size(), 6u) << undisturbed.output;
     for (int it = 5; it <= 6; ++it) {
@@ -363,11 +370,11 @@ void check_resume_after(const std::string& fault, int np, const std::string& lay
 }
 
 TEST(Faults, AutoResumeAfterACrashOnDp2ContinuesLikeAnUndisturbedRun) {
-    check_resume_after("crash@step=5,rank=1", 2, "");
+    check_resume_after("crash@step=6,rank=1", 2, "", 1);
 }
 
 TEST(Faults, AutoResumeAfterAHangOnPp2ContinuesLikeAnUndisturbedRun) {
-    check_resume_after("hang@step=5,rank=1", 2, "--set parallel.pipeline_model_parallel_size=2");
+    check_resume_after("hang@step=5,rank=1", 2, "--set parallel.pipeline_model_parallel_size=2", 0);
 }
 
 }  // namespace

@@ -1,0 +1,23 @@
+// metrics_log.h: keeping logging.metrics_file (metrics.jsonl) one line per event when a run resumes.
+//
+// A run that dies after its last checkpoint has already logged the iterations past it; the resumed run trains them
+// again and logs them again. Before a resume appends, trim_metrics_log keeps exactly the lines of iterations up to the
+// checkpoint's (the ones the resumed run will not repeat) and drops the rest, including a line torn by the crash, so
+// every iteration appears once and in order -- as Megatron's TensorBoard writer gets by purging steps past the load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ms {
+
+struct MetricsTrim {
+    int64_t kept = 0;
+    int64_t dropped = 0;  // lines past `last_iteration`, or not a JSON object with an integer "iteration"
+};
+
+// Rewrites `path` (atomically: a crash leaves the old or the new file) with its lines whose "iteration" is at most
+// last_iteration. A missing file is an empty one; nothing is written when nothing is dropped.
+MetricsTrim trim_metrics_log(const std::string& path, int64_t last_iteration);
+
+}  // namespace ms
