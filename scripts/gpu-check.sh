@@ -14,7 +14,9 @@
 #   3. the kernel benchmark, fp32 and bf16 (bench/gpu/kernel_bench.cpp: bandwidth as % of a device copy, attention
 #      TFLOP/s);
 #   4. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda) in bf16 mixed precision, fp32 and TF32 against
-#      PyTorch bf16 autocast, fp32 and TF32 with torch.compile (bench/gpu/gpt2_bench.py; the bf16 pair first);
+#      PyTorch bf16 autocast, fp32 and TF32 with torch.compile (bench/gpu/gpt2_bench.py; the bf16 pair first), at
+#      micro-batch MS_GPU_BENCH_BATCH (default 16 sequences of 1024: micro-batch 4's GEMMs and kernels are too small
+#      to keep an H200 busy, so its tokens/s says more about launch latency than about the kernels);
 #   5. optional, when more than 100 s are left (CI runs them without a GPU): the CUDA kernels and the whole model on
 #      the CPU emulation (test_ops Cuda*, test_model *Cuda*), built then.
 # Writes ${OUT:-gpu-check-out}/gpu-check.txt (the summary: the table of steps, the GPU tests by precision with their
@@ -89,7 +91,7 @@ have gpu_kernel_bench && run_step "kernel benchmark (fp32, bf16)" 60 "$out/kerne
 have mindspeed-train &&
   run_step "GPT-2 124M benchmark (bf16, fp32, TF32)" 230 "$out/gpt2-bench.log" \
     python3 bench/gpu/gpt2_bench.py --binary build-gpu/mindspeed-train --out "$out/bench" \
-    --budget $(( $(left) > 215 ? 200 : $(left) - 15 ))
+    --batch "${MS_GPU_BENCH_BATCH:-16}" --budget $(( $(left) > 215 ? 200 : $(left) - 15 ))
 # Optional (CI runs them without a GPU): built and run only when the budget has room left for them.
 if (( $(left) > 100 )) || [ "${MS_GPU_CHECK_DRY:-0}" = 1 ]; then
   run_step "build the emulation tests" 80 "$out/build-emu.log" ninja -C build-gpu -k 0 -j"$(nproc)" test_ops test_model
