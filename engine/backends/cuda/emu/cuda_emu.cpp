@@ -245,6 +245,11 @@ void wmma_check_pointer(const void* p, unsigned ldm, size_t element_bytes, const
              element_bytes);
 }
 
+void ldmatrix_check_row(const void* p) {
+    MS_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
+             "cuda_emu: ldmatrix row address {}, which is not 16-byte aligned (the PTX ISA requires it)", p);
+}
+
 void syncthreads() {
     Runner& r = runner();
     MS_CHECK(r.num_threads > 0, "cuda_emu: __syncthreads outside a kernel");
