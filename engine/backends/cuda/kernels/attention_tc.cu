@@ -1,46 +1,52 @@
 /*
-Causal multi-head self-attention on tensor cores (nvcuda::wmma, m16n16k16) for bf16 / fp16 activations, forward and
-backward, flash-attention 2 style. The spec is attention.cu (its layouts, equations and accumulation contract hold
-here unchanged); attention.cu's launchers dispatch here when attention_tc_eligible() (attention_tc.cuh) holds.
-Layout: qkv/dqkv (B, T, 3*C), out/dout (B, T, C), head-major; lse (B, NH, T) fp32; HS in {16, 32, 48, 64}.
+Causal multi-head self-attention on tensor cores for bf16 / fp16 activations, forward and backward, FlashAttention-2
+style on the PTX mma.sync m16n8k16 instruction (wrappers and fragment layouts: cuda/mma.cuh). The spec is
+attention.cu (its layouts, equations and accumulation contract hold here unchanged); attention.cu's launchers
+dispatch here when attention_tc_eligible() (attention_tc.cuh) holds.
+Layout: qkv/dqkv (B, T, 3*C), out/dout (B, T, C), head-major; lse (B, NH, T) fp32; HS in {16, 32, 48, 64}; any
+B, NH and T >= 1 (tiles past T are zero-filled and masked).
 
 Precision: every matrix product runs on the tensor cores with S (bf16 / fp16) operands and fp32 accumulators:
   S = Q K^T, dP = dO V^T     operands Q, K, V, dO as stored;
   O += P V, dV += P^T dO     P rounded to S first (as FlashAttention does);
   dQ += dS K, dK += dS^T Q   dS rounded to S first.
 Scale, causal mask, online softmax (running max m and sum l per row), exp, D = rowsum(dO * O) and dS = P (dP - D) are
-fp32, done by ordinary threads on the fp32 score tile the mma stored to shared memory: fragment elements are never
-indexed (their mapping is unspecified), so everything per row goes through shared memory. l sums the fp32 P (so lse
-is as exact as the fp32 kernels'), V is weighted by P rounded. out and dqkv are rounded once, on store.
+fp32 on the accumulator registers. The mma's documented fragment layout puts row g = lane / 4 and g + 8 of a 16-row
+tile in each lane and a row's columns in the 4 lanes of a quad, so a row max or sum is a lane-local loop plus two
+__shfl_xor_sync (1, 2); and the accumulator layout of two adjacent 8-column blocks, rounded and packed pairwise, is
+the A operand of the next product, so P and dS never leave registers (nor does O). exp is exp2f on scores pre-scaled
+by scale * log2(e). l sums the fp32 P (so lse is as exact as the fp32 kernels'); V is weighted by P rounded. out and
+dqkv are rounded once, on store.
 
-Tiles: a block of kWarps = 4 warps owns kBr = 64 rows (16 per warp) and walks kBc = 64-row tiles of the other side;
-K/V (forward, dQ) or Q/dO (dK/dV) tiles are staged in shared memory with 16-byte loads, rows past T zero-filled.
-  forward  (query tile): Q held as matrix_a fragments; per key tile each warp computes its (16, 64) scores into its
-           fp32 tile, the softmax rescales its (16, HS) fp32 O in shared memory by exp(m_old - m_new) and writes P,
-           then O is loaded as an accumulator, += P V, stored back. O / l and lse = m + log l at the end.
-  dQ       (query tile): Q, dO as fragments, dQ in accumulator fragments (no rescaling in the backward);
-           per key tile: S -> P = exp(S * scale - lse) (kept in registers), dP -> dS -> dQ += dS K.
-  dK/dV    (key tile): K, V as fragments, dK, dV in accumulators; per query tile from the diagonal on, the
-           transposed products S^T = K Q^T and dP^T = V dO^T, so each warp's P^T / dS^T rows are its own keys
-           and dV += P^T dO, dK += dS^T Q need nothing from other warps.
+Tiles: a block of kWarps = 4 warps owns kBr = 64 rows (16 per warp, one m16 tile) and walks kBc = 64-row tiles of
+the other side, staged in shared memory with 16-byte loads (rows past T zero). B operands come from shared memory by
+ldmatrix.x4 (K, V, Q, dO rows as the (n, k) operand of an A B^T product) or ldmatrix.x4.trans (V, K, dO, Q as the
+(k, n) operand of P V, dS K, P^T dO, dS^T Q); A operands (Q, dO, K, V of the warp's own rows) once per block.
+  forward  (query tile): per key tile S (16 x 64 per warp: 32 fp32 registers a lane), mask, online softmax, O (16 x
+           HS: HS / 2 registers) rescaled by exp(m_old - m_new) and += P V. O / l and lse = m + log l at the end.
+  dQ       (query tile): per 16-key block of each key tile S -> P = exp(S * scale - lse), dP = dO V^T,
+           dS = P (dP - D), dQ += dS K. No row reduction crosses blocks in the backward, so S and dP live one 16-wide
+           block at a time (16 registers, not 64).
+  dK/dV    (key tile): per 16-query block of each query tile from the diagonal on, the transposed products
+           S^T = K Q^T and dP^T = V dO^T, so each warp's P^T / dS^T rows are its own keys and dV += P^T dO,
+           dK += dS^T Q need nothing from other warps; lse and D of the query tile's rows go through shared memory.
 dQ and dK/dV are separate kernels that both recompute P: no atomics, every run gives the same bits.
-Query tiles run longest first (blockIdx.x reversed) so the causal triangle's long rows do not finish last.
-16-row mma subtiles a warp's causal mask hides entirely are skipped.
-Shared memory (bytes, HS = 64): forward 62464, dQ 45056, dK/dV 54784, dynamic (opted in past 48 KiB with
-cudaFuncSetAttribute). Row strides are padded (+8 elements for S tiles, +4 floats for fp32 tiles) against bank
-conflicts and keep every fragment pointer 256-bit aligned, as mma.h requires.
+Query tiles run longest first (blockIdx.x reversed) so the causal triangle's long rows do not finish last. Tiles
+and 16-row sub-blocks a warp's causal mask hides entirely are skipped; the mask is applied only on tiles that
+straddle the diagonal (and past T).
+Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row addresses hit distinct banks and stay
+16-byte aligned): forward 27648 (Q, K, V tiles), dQ 36864 (Q, dO, K, V), dK/dV 37376 (K, V, Q, dO, lse, D).
 Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp); not measured on a GPU. Room left:
-cp.async double buffering of the K/V tiles, keeping O in registers (needs the mma.sync PTX whose fragment layout is
-documented, instead of wmma), a fused dQ/dK/dV backward with a deterministic dQ reduction.
+cp.async double buffering of the K/V tiles, 128-row query tiles (8 warps), HS 128, a fused dQ/dK/dV backward with a
+deterministic dQ reduction. The former nvcuda::wmma version (scores through shared memory) is
+bench/gpu/attention_wmma.cu, for comparison in gpu_kernel_bench.
 */
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
+#include "engine/backends/cuda/mma.cuh"
 
 #if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <mma.h>
-#define MS_TC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
 #define MS_UNROLL _Pragma("unroll")
+#define MS_TC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
 #else
 #define MS_UNROLL
 #define MS_TC_SHARED(name) unsigned char* name = static_cast<unsigned char*>(::ms::cuda_emu::dynamic_shared())
@@ -49,74 +55,24 @@ documented, instead of wmma), a fused dQ/dK/dV backward with a deterministic dQ 
 namespace ms::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBr = 16 * kWarps;     // rows a block owns, 16 per warp
-constexpr int kBc = 64;              // rows of the tiles it walks
-constexpr int kLdS = kBc + 4;        // row stride of a warp's (16, kBc) fp32 score tile
-constexpr int kLdP = kBc + 8;        // row stride of a warp's (16, kBc) P / dS tile in S
-constexpr int kLanePairs = kBc / 2;  // score columns per lane: lanes 2r and 2r+1 share row r, alternating columns
-static_assert(kBr == kBc, "the causal loops start and stop at tile boundaries of both sides");
+constexpr int kBr = 16 * kWarps;  // rows a block owns, 16 per warp
+constexpr int kBc = 64;           // rows of the tiles it walks
+constexpr int kNb = kBc / 8;      // 8-column accumulator blocks of a warp's (16, kBc) score tile
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(kBr % kBc == 0 || kBc % kBr == 0, "the causal loops start at a tile boundary of both sides");
 
-// Shared-memory carve-up for head size HS; every piece a multiple of 128 bytes.
+// Shared-memory carve-up for head size HS.
 template <int HS>
 struct Smem {
-    static constexpr int kLdT = HS + 8;  // row stride of a (64, HS) tile in S
-    static constexpr int kLdO = HS + 4;  // row stride of a warp's (16, HS) fp32 O tile
-    static constexpr size_t kTile = size_t{kBc} * kLdT * 2;
-    static constexpr size_t kScore = 16 * kLdS * 4;  // per warp
-    static constexpr size_t kProb = 16 * kLdP * 2;   // per warp
-    static constexpr size_t kOut = 16 * kLdO * 4;    // per warp
-    static constexpr size_t kForward = 2 * kTile + kWarps * (kScore + kOut + kProb);
-    static constexpr size_t kBackwardDq = 2 * kTile + kWarps * (kScore + kProb);
-    static constexpr size_t kBackwardDkv = 2 * kTile + kWarps * (kScore + 2 * kProb) + 2 * kBr * 4;
+    static constexpr int kLd = HS + 8;  // row stride of a tile in S (elements)
+    static constexpr size_t kOwn = size_t{kBr} * kLd * 2;
+    static constexpr size_t kWalk = size_t{kBc} * kLd * 2;
+    static constexpr size_t kForward = kOwn + 2 * kWalk;
+    static constexpr size_t kBackwardDq = 2 * kOwn + 2 * kWalk;
+    static constexpr size_t kBackwardDkv = 2 * kOwn + 2 * kWalk + 2 * kBc * sizeof(float);
 };
-
-template <class S>
-struct WmmaType;
-template <>
-struct WmmaType<bf16> {
-    using type = __nv_bfloat16;
-};
-template <>
-struct WmmaType<fp16> {
-    using type = half;
-};
-
-template <class S>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, typename WmmaType<S>::type, wmma::row_major>;
-template <class S>
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, typename WmmaType<S>::type, wmma::row_major>;
-template <class S>
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, typename WmmaType<S>::type, wmma::col_major>;
-using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// ms::bf16 / fp16 storage seen as the CUDA type of the same bits.
-template <class S>
-__device__ __forceinline__ const typename WmmaType<S>::type* wmma_ptr(const S* p) {
-    return reinterpret_cast<const typename WmmaType<S>::type*>(p);
-}
-
-// One warp's 16 rows of A B^T into fp32 shared memory: for each 16-column subtile j in [j_begin, j_end),
-// out[:, 16 j .. 16 j + 16) = sum over the kF 16-wide slices f of a[f] x (rows 16 j .. 16 j + 16 of B, slice f)^T,
-// B row-major with leading dimension ld_b (read as a col_major matrix_b: element (d, row) at b[row * ld_b + d]).
-// The S = Q K^T, dP = dO V^T, S^T = K Q^T and dP^T = V dO^T products of the kernels below.
-template <class S, int kF>
-__device__ __forceinline__ void warp_abt(float* out, int ld_out, const FragA<S> (&a)[kF], const S* b, int ld_b,
-                                         int j_begin, int j_end) {
-    for (int j = j_begin; j < j_end; ++j) {
-        FragAcc acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int f = 0; f < kF; ++f) {
-            FragBCol<S> b_frag;
-            wmma::load_matrix_sync(b_frag, wmma_ptr(b + 16 * j * ld_b + 16 * f), ld_b);
-            wmma::mma_sync(acc, a[f], b_frag, acc);
-        }
-        wmma::store_matrix_sync(out + 16 * j, acc, ld_out, wmma::mem_row_major);
-    }
-}
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
 #if defined(__CUDACC__)
@@ -133,14 +89,14 @@ __device__ __forceinline__ void zero16(void* dst) {
 #endif
 }
 
-// Rows row0 .. row0+63 of the (T, HS) head slice at src (row stride `stride`) into the (64, kLdT) tile dst, in
-// 16-byte packs by the whole block; rows past T are zero, so they add nothing and make nothing NaN.
-template <class S, int HS>
+// Rows row0 .. row0 + kRows - 1 of the (T, HS) head slice at src (row stride `stride`) into the (kRows, HS + 8) tile
+// dst, in 16-byte packs by the whole block; rows past T are zero, so they add nothing and make nothing NaN.
+template <class S, int HS, int kRows>
 __device__ __forceinline__ void load_tile(S* dst, const S* src, int row0, int T, int64_t stride) {
     constexpr int kPacks = HS / 8;
-    for (int i = threadIdx.x; i < kBc * kPacks; i += kThreads) {
+    for (int i = threadIdx.x; i < kRows * kPacks; i += kThreads) {
         const int r = i / kPacks, c = (i % kPacks) * 8;
-        S* d = dst + r * Smem<HS>::kLdT + c;
+        S* d = dst + r * Smem<HS>::kLd + c;
         if (row0 + r < T) {
             copy16(d, src + static_cast<int64_t>(row0 + r) * stride + c);
         } else {
@@ -149,30 +105,111 @@ __device__ __forceinline__ void load_tile(S* dst, const S* src, int row0, int T,
     }
 }
 
-// dO . O of one row, split over the lane pair (2r, 2r+1): do_row in shared memory, o_row in global memory (null for
-// a row past T: 0). Every lane of the warp must call it (the shuffle).
+// The A fragments (16 rows from `rows`, kF = HS / 16 slices of 16 columns) of a row-major tile in shared memory.
 template <class S, int HS>
-__device__ __forceinline__ float pair_row_dot(const S* do_row, const S* o_row, int half) {
+__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const S* rows, int lane) {
+    constexpr int kLd = Smem<HS>::kLd;
+    MS_UNROLL
+    for (int f = 0; f < HS / 16; ++f) {
+        ldmatrix_x4(a[f], rows + (lane % 8 + 8 * ((lane / 8) % 2)) * kLd + 16 * f + 8 * (lane / 16));
+    }
+}
+
+// acc[2 jj], acc[2 jj + 1] += a x (rows 16 jj .. 16 jj + 15 of b)^T: b a row-major (n, k) tile in shared memory, so
+// the 16 rows of b are two 8-column accumulator blocks. The S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T
+// products, one 16-row block of the walked tile at a time.
+template <class S, int HS>
+__device__ __forceinline__ void mma_abt(float (&acc_lo)[4], float (&acc_hi)[4], const uint32_t (&a)[HS / 16][4],
+                                        const S* b_rows, int lane) {
+    constexpr int kLd = Smem<HS>::kLd;
+    MS_UNROLL
+    for (int f = 0; f < HS / 16; ++f) {
+        uint32_t b[4];
+        ldmatrix_x4(b, b_rows + (lane % 8 + 8 * (lane / 16)) * kLd + 16 * f + 8 * ((lane / 8) % 2));
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_m16n8k16<S>(acc_lo, a[f], b_lo, acc_lo);
+        mma_m16n8k16<S>(acc_hi, a[f], b_hi, acc_hi);
+    }
+}
+
+// acc (16 x HS: HS / 8 accumulator blocks) += a x (rows 0 .. 15 of b): a the A fragment of a 16-wide k-slice, b a
+// row-major (k, n) tile in shared memory read transposed. The P V, dS K, P^T dO, dS^T Q products.
+template <class S, int HS>
+__device__ __forceinline__ void mma_ab(float (&acc)[HS / 8][4], const uint32_t (&a)[4], const S* b_rows, int lane) {
+    constexpr int kLd = Smem<HS>::kLd;
+    MS_UNROLL
+    for (int f = 0; f < HS / 16; ++f) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows + (lane % 8 + 8 * ((lane / 8) % 2)) * kLd + 16 * f + 8 * (lane / 16));
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+        mma_m16n8k16<S>(acc[2 * f], a, b_lo, acc[2 * f]);
+        mma_m16n8k16<S>(acc[2 * f + 1], a, b_hi, acc[2 * f + 1]);
+    }
+}
+
+// The A fragment of k-slice jj (columns 16 jj .. 16 jj + 15) of a (16, kBc) accumulator tile, rounded to S.
+template <class S>
+__device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+    a[0] = pack2<S>(lo[0], lo[1]);
+    a[1] = pack2<S>(lo[2], lo[3]);
+    a[2] = pack2<S>(hi[0], hi[1]);
+    a[3] = pack2<S>(hi[2], hi[3]);
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+    MS_UNROLL
+    for (int j = 0; j < N; ++j) {
+        MS_UNROLL
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    }
+}
+
+// Rows g and g + 8 (r = 0, 1) of a warp's (16, HS) accumulator tile, times factor[r], rounded to S, into rows
+// row0 + g, row0 + 8 + g of dst (row stride `stride`), skipping rows at or past T.
+template <class S, int HS>
+__device__ __forceinline__ void store_rows(S* dst, int64_t stride, int row0, int T, const float (&acc)[HS / 8][4],
+                                           const float (&factor)[2], int lane) {
+    const int g = lane >> 2, t = lane % 4;
+    MS_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + g + 8 * r;
+        if (row >= T) continue;
+        S* d = dst + static_cast<int64_t>(row) * stride + 2 * t;
+        MS_UNROLL
+        for (int j = 0; j < HS / 8; ++j) {
+            const uint32_t v = pack2<S>(acc[j][2 * r] * factor[r], acc[j][2 * r + 1] * factor[r]);
+#if defined(__CUDACC__)
+            *reinterpret_cast<uint32_t*>(d + 8 * j) = v;
+#else
+            std::memcpy(d + 8 * j, &v, 4);
+#endif
+        }
+    }
+}
+
+// dO . O of global row `row` (0 past T), split over the 4 lanes of the quad: do_row in shared memory.
+template <class S, int HS>
+__device__ __forceinline__ float quad_row_dot(const S* do_row, const S* o_row, bool live, int t) {
     float acc = 0.0f;
-    if (o_row != nullptr) {
-        for (int c = 8 * half; c < HS; c += 16) {
+    if (live) {
+        for (int c = 8 * t; c < HS; c += 32) {
             alignas(16) S o[8];
             copy16(o, o_row + c);
             for (int e = 0; e < 8; ++e) acc += to_float(do_row[c + e]) * to_float(o[e]);
         }
     }
-    return acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    return acc + __shfl_xor_sync(0xffffffffu, acc, 2);
 }
 
-// Row r of a warp's (16, HS) fp32 tile (row stride ld) times `factor`, rounded to S, into dst (global, 16-byte
-// aligned), split over the lane pair.
-template <class S, int HS>
-__device__ __forceinline__ void pair_store_row(S* dst, const float* row, float factor, int half) {
-    for (int c = 8 * half; c < HS; c += 16) {
-        alignas(16) S v[8];
-        for (int e = 0; e < 8; ++e) v[e] = from_float<S>(row[c + e] * factor);
-        copy16(dst + c, v);
-    }
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // ----------------------------------------------------------------------------
@@ -184,85 +221,96 @@ __global__ void __launch_bounds__(kThreads)
     attention_tc_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T, int NH,
                                 float scale) {
     using L = Smem<HS>;
-    constexpr int kLdT = L::kLdT, kLdO = L::kLdO, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16;
     MS_TC_SHARED(smem);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    S* s_k = reinterpret_cast<S*>(smem);  // (kBc, kLdT); stages Q first
-    S* s_v = reinterpret_cast<S*>(smem + L::kTile);
-    float* s_s = reinterpret_cast<float*>(smem + 2 * L::kTile + warp * L::kScore);  // (16, kLdS) this warp's
-    float* s_o = reinterpret_cast<float*>(smem + 2 * L::kTile + kWarps * L::kScore + warp * L::kOut);  // (16, kLdO)
-    S* s_p = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * (L::kScore + L::kOut) + warp * L::kProb);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    S* s_q = reinterpret_cast<S*>(smem);  // (kBr, kLd)
+    S* s_k = reinterpret_cast<S*>(smem + L::kOwn);
+    S* s_v = reinterpret_cast<S*>(smem + L::kOwn + L::kWalk);
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
-    const int w0 = q0 + 16 * warp;  // the warp's first query row
+    const int w0 = q0 + 16 * warp;  // the warp's first query row; it owns rows w0 + g and w0 + g + 8
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const float scale_log2 = scale * kLog2e;
 
-    load_tile<S, HS>(s_k, q_base, q0, T, stride);
+    load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
     __syncthreads();
-    FragA<S> q_frag[kF];
-    for (int f = 0; f < kF; ++f) wmma::load_matrix_sync(q_frag[f], wmma_ptr(s_k + 16 * warp * kLdT + 16 * f), kLdT);
-    for (int i = lane; i < 16 * HS; i += 32) s_o[i / HS * kLdO + i % HS] = 0.0f;
+    uint32_t qa[kF][4];
+    load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
 
-    // softmax state of row r = lane / 2, both lanes of the pair keep the same copy
-    const int r = lane / 2, half = lane % 2;
-    const int query = w0 + r;
-    float m = -INFINITY, l = 0.0f;
-    for (int k0 = 0; k0 <= q0; k0 += kBc) {
-        __syncthreads();  // every warp is done with the previous K, V tiles (and the Q staging)
-        load_tile<S, HS>(s_k, q_base + C, k0, T, stride);
-        load_tile<S, HS>(s_v, q_base + 2 * C, k0, T, stride);
+    float o[HS / 8][4];
+    zero(o);
+    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, in units of scale_log2
+    float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums (the quad's add up at the end)
+    for (int k0 = 0; k0 < q0 + kBr && k0 < T; k0 += kBc) {
+        __syncthreads();  // every warp is done with the previous K, V tiles
+        load_tile<S, HS, kBc>(s_k, q_base + C, k0, T, stride);
+        load_tile<S, HS, kBc>(s_v, q_base + 2 * C, k0, T, stride);
         __syncthreads();
-        // j: 16-key subtile; skipped where every key is after every query of the warp
-        const int live_subtiles = k0 + kBc <= w0 ? kBc / 16 : (w0 + 16 - k0 + 15) / 16;
-        warp_abt<S, kF>(s_s, kLdS, q_frag, s_k, kLdT, 0, live_subtiles);
-        __syncwarp();
+        if (k0 > w0) continue;  // every key after every row of the warp (k0 <= w0 keeps key k0 visible: m finite)
 
-        // online softmax of row r over this tile's visible keys (key k0 is visible to every row: m is finite)
-        const float* s_row = s_s + r * kLdS;
-        float tile_max = -INFINITY;
+        float s[kNb][4];
+        zero(s);
         MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half;
-            if (k0 + c <= query) tile_max = fmaxf(tile_max, s_row[c]);
+        for (int jj = 0; jj < kBc / 16; ++jj) {
+            if (k0 + 16 * jj <= w0 + 15) mma_abt<S, HS>(s[2 * jj], s[2 * jj + 1], qa, s_k + 16 * jj * kLd, lane);
         }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        const float m_new = fmaxf(m, tile_max * scale);
-        const float correction = __expf(m - m_new);  // 0 on the first tile, where m = -inf and l = O = 0
-        S* p_row = s_p + r * kLdP;
-        float sum = 0.0f;
+        const bool diagonal = k0 + kBc - 1 > w0;
+        float tile_max[2] = {-INFINITY, -INFINITY};
         MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half;
-            const float p = k0 + c <= query ? __expf(s_row[c] * scale - m_new) : 0.0f;
-            p_row[c] = from_float<S>(p);
-            sum += p;
-        }
-        l = l * correction + sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-        m = m_new;
-        float* o_row = s_o + r * kLdO;
-        for (int c = half; c < HS; c += 2) o_row[c] *= correction;
-        __syncwarp();
-
-        // O += P V
-        FragAcc o_frag[kF];
-        for (int f = 0; f < kF; ++f) wmma::load_matrix_sync(o_frag[f], s_o + 16 * f, kLdO, wmma::mem_row_major);
-        for (int j = 0; j < live_subtiles; ++j) {
-            FragA<S> p_frag;
-            wmma::load_matrix_sync(p_frag, wmma_ptr(s_p + 16 * j), kLdP);
-            for (int f = 0; f < kF; ++f) {
-                FragBRow<S> v_frag;
-                wmma::load_matrix_sync(v_frag, wmma_ptr(s_v + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(o_frag[f], p_frag, v_frag, o_frag[f]);
+        for (int j = 0; j < kNb; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                const int row = w0 + g + 8 * (i / 2), key = k0 + 8 * j + 2 * t + i % 2;
+                s[j][i] = diagonal && key > row ? -INFINITY : s[j][i] * scale_log2;
+                tile_max[i / 2] = fmaxf(tile_max[i / 2], s[j][i]);
             }
         }
-        for (int f = 0; f < kF; ++f) wmma::store_matrix_sync(s_o + 16 * f, o_frag[f], kLdO, wmma::mem_row_major);
-        __syncwarp();  // the next tile's rescale (and the output below) read rows other lanes' stores wrote
+        float correction[2];
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+            correction[r] = exp2f(m[r] - m_new);  // 0 on the first tile, where m = -inf and l = O = 0
+            m[r] = m_new;
+            l[r] *= correction[r];
+        }
+        MS_UNROLL
+        for (int j = 0; j < kNb; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < 4; ++i) {
+                s[j][i] = exp2f(s[j][i] - m[i / 2]);  // masked: exp2(-inf) = 0
+                l[i / 2] += s[j][i];
+            }
+        }
+        MS_UNROLL
+        for (int j = 0; j < HS / 8; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < 4; ++i) o[j][i] *= correction[i / 2];
+        }
+        MS_UNROLL
+        for (int jj = 0; jj < kBc / 16; ++jj) {  // O += P V
+            if (k0 + 16 * jj > w0 + 15) continue;
+            uint32_t pa[4];
+            to_a<S>(pa, s[2 * jj], s[2 * jj + 1]);
+            mma_ab<S, HS>(o, pa, s_v + 16 * jj * kLd, lane);
+        }
     }
-    if (query >= T) return;
-    pair_store_row<S, HS>(out + (static_cast<int64_t>(b) * T + query) * C + static_cast<int64_t>(h) * HS,
-                          s_o + r * kLdO, 1.0f / l, half);
-    if (half == 0) lse[(static_cast<int64_t>(b) * NH + h) * T + query] = m + logf(l);
+    float inv_l[2];
+    MS_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        l[r] = quad_sum(l[r]);
+        inv_l[r] = 1.0f / l[r];
+    }
+    store_rows<S, HS>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS, C, w0, T, o, inv_l, lane);
+    if (t == 0) {
+        float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int row = w0 + g + 8 * r;
+            if (row < T) lse_row[row] = m[r] / kLog2e + logf(l[r]);
+        }
+    }
 }
 
 // dQ of one query tile: grid (query tiles, NH, B), block kThreads.
@@ -272,13 +320,13 @@ __global__ void __launch_bounds__(kThreads)
                                     const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
                                     float scale) {
     using L = Smem<HS>;
-    constexpr int kLdT = L::kLdT, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16;
     MS_TC_SHARED(smem);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    S* s_k = reinterpret_cast<S*>(smem);                                            // (kBc, kLdT); stages Q first
-    S* s_v = reinterpret_cast<S*>(smem + L::kTile);                                 // stages dO first
-    float* s_s = reinterpret_cast<float*>(smem + 2 * L::kTile + warp * L::kScore);  // (16, kLdS): S, then dP
-    S* s_ds = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * L::kScore + warp * L::kProb);  // (16, kLdP)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    S* s_q = reinterpret_cast<S*>(smem);  // (kBr, kLd)
+    S* s_do = reinterpret_cast<S*>(smem + L::kOwn);
+    S* s_k = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // (kBc, kLd)
+    S* s_v = reinterpret_cast<S*>(smem + 2 * L::kOwn + L::kWalk);
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
     const int w0 = q0 + 16 * warp;
@@ -286,63 +334,59 @@ __global__ void __launch_bounds__(kThreads)
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const float scale_log2 = scale * kLog2e;
 
-    load_tile<S, HS>(s_k, q_base, q0, T, stride);
-    load_tile<S, HS>(s_v, do_base, q0, T, C);
+    load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
+    load_tile<S, HS, kBr>(s_do, do_base, q0, T, C);
     __syncthreads();
-    FragA<S> q_frag[kF], do_frag[kF];
-    for (int f = 0; f < kF; ++f) {
-        wmma::load_matrix_sync(q_frag[f], wmma_ptr(s_k + 16 * warp * kLdT + 16 * f), kLdT);
-        wmma::load_matrix_sync(do_frag[f], wmma_ptr(s_v + 16 * warp * kLdT + 16 * f), kLdT);
+    uint32_t qa[kF][4], doa[kF][4];
+    load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
+    load_a<S, HS>(doa, s_do + 16 * warp * kLd, lane);
+    float D[2], lse2[2];  // rows g, g + 8; lse in units of log2
+    MS_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const int row = w0 + g + 8 * r;
+        D[r] = quad_row_dot<S, HS>(s_do + (16 * warp + g + 8 * r) * kLd, o_base + static_cast<int64_t>(row) * C,
+                                   row < T, t);
+        lse2[r] = row < T ? lse[(static_cast<int64_t>(b) * NH + h) * T + row] * kLog2e : 0.0f;
     }
-    const int r = lane / 2, half = lane % 2;
-    const int query = w0 + r;
-    const float D = pair_row_dot<S, HS>(s_v + (16 * warp + r) * kLdT, query < T ? o_base + query * C : nullptr, half);
-    const float row_lse = query < T ? lse[(static_cast<int64_t>(b) * NH + h) * T + query] : 0.0f;
 
-    FragAcc dq[kF];
-    for (int f = 0; f < kF; ++f) wmma::fill_fragment(dq[f], 0.0f);
-    for (int k0 = 0; k0 <= q0; k0 += kBc) {
-        __syncthreads();  // every warp is done with the previous K, V tiles (and the Q, dO staging)
-        load_tile<S, HS>(s_k, q_base + C, k0, T, stride);
-        load_tile<S, HS>(s_v, q_base + 2 * C, k0, T, stride);
+    float dq[HS / 8][4];
+    zero(dq);
+    for (int k0 = 0; k0 < q0 + kBr && k0 < T; k0 += kBc) {
+        __syncthreads();  // every warp is done with the previous K, V tiles
+        load_tile<S, HS, kBc>(s_k, q_base + C, k0, T, stride);
+        load_tile<S, HS, kBc>(s_v, q_base + 2 * C, k0, T, stride);
         __syncthreads();
-        const int live_subtiles = k0 + kBc <= w0 ? kBc / 16 : (w0 + 16 - k0 + 15) / 16;
-        warp_abt<S, kF>(s_s, kLdS, q_frag, s_k, kLdT, 0, live_subtiles);  // S = Q K^T
-        __syncwarp();
-        float p[kLanePairs];
-        const float* s_row = s_s + r * kLdS;
+        if (k0 > w0) continue;
+
+        // one 16-key block at a time: nothing crosses blocks in the backward, and S, dP of one block are 16
+        // registers instead of 64
         MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half;
-            p[i] = query < T && k0 + c <= query ? __expf(s_row[c] * scale - row_lse) : 0.0f;
-        }
-        __syncwarp();  // every lane has read S before dP overwrites it
-        warp_abt<S, kF>(s_s, kLdS, do_frag, s_v, kLdT, 0, live_subtiles);  // dP = dO V^T
-        __syncwarp();
-        S* ds_row = s_ds + r * kLdP;
-        MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half;
-            // masked entries: p = 0, and dP there may be stale (a skipped subtile), so no 0 * NaN
-            ds_row[c] = from_float<S>(p[i] != 0.0f ? p[i] * (s_row[c] - D) : 0.0f);
-        }
-        __syncwarp();
-        for (int j = 0; j < live_subtiles; ++j) {  // dQ += dS K
-            FragA<S> ds_frag;
-            wmma::load_matrix_sync(ds_frag, wmma_ptr(s_ds + 16 * j), kLdP);
-            for (int f = 0; f < kF; ++f) {
-                FragBRow<S> k_frag;
-                wmma::load_matrix_sync(k_frag, wmma_ptr(s_k + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(dq[f], ds_frag, k_frag, dq[f]);
+        for (int jj = 0; jj < kBc / 16; ++jj) {
+            if (k0 + 16 * jj > w0 + 15) continue;
+            float s[2][4], dp[2][4];
+            zero(s);
+            zero(dp);
+            mma_abt<S, HS>(s[0], s[1], qa, s_k + 16 * jj * kLd, lane);     // S = Q K^T
+            mma_abt<S, HS>(dp[0], dp[1], doa, s_v + 16 * jj * kLd, lane);  // dP = dO V^T
+            MS_UNROLL
+            for (int j = 0; j < 2; ++j) {
+                MS_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int row = w0 + g + 8 * (i / 2), key = k0 + 16 * jj + 8 * j + 2 * t + i % 2;
+                    const float p = key <= row && row < T ? exp2f(s[j][i] * scale_log2 - lse2[i / 2]) : 0.0f;
+                    s[j][i] = p * (dp[j][i] - D[i / 2]);  // dS
+                }
             }
+            uint32_t dsa[4];
+            to_a<S>(dsa, s[0], s[1]);
+            mma_ab<S, HS>(dq, dsa, s_k + 16 * jj * kLd, lane);  // dQ += dS K
         }
     }
-    for (int f = 0; f < kF; ++f) wmma::store_matrix_sync(s_s + 16 * f, dq[f], kLdS, wmma::mem_row_major);
-    __syncwarp();
-    if (query >= T) return;
-    pair_store_row<S, HS>(dqkv + (static_cast<int64_t>(b) * T + query) * stride + static_cast<int64_t>(h) * HS,
-                          s_s + r * kLdS, scale, half);
+    const float factor[2] = {scale, scale};
+    store_rows<S, HS>(dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS, stride, w0, T, dq,
+                      factor, lane);
 }
 
 // dK and dV of one key tile: grid (key tiles, NH, B), block kThreads; warp w owns keys k0 + 16w .. + 15.
@@ -352,99 +396,81 @@ __global__ void __launch_bounds__(kThreads)
                                      const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
                                      float scale) {
     using L = Smem<HS>;
-    constexpr int kLdT = L::kLdT, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16;
     MS_TC_SHARED(smem);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    S* s_q = reinterpret_cast<S*>(smem);                                            // (kBr, kLdT); stages K first
-    S* s_do = reinterpret_cast<S*>(smem + L::kTile);                                // stages V first
-    float* s_s = reinterpret_cast<float*>(smem + 2 * L::kTile + warp * L::kScore);  // (16, kLdS): S^T, then dP^T
-    S* s_pt = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * L::kScore + warp * L::kProb);  // (16, kLdP)
-    S* s_dst = reinterpret_cast<S*>(smem + 2 * L::kTile + kWarps * (L::kScore + L::kProb) + warp * L::kProb);
-    float* s_lse = reinterpret_cast<float*>(smem + 2 * L::kTile + kWarps * (L::kScore + 2 * L::kProb));  // (kBr)
-    float* s_d = s_lse + kBr;                                                                            // (kBr)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    S* s_k = reinterpret_cast<S*>(smem);  // (kBr, kLd)
+    S* s_v = reinterpret_cast<S*>(smem + L::kOwn);
+    S* s_q = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // (kBc, kLd)
+    S* s_do = reinterpret_cast<S*>(smem + 2 * L::kOwn + L::kWalk);
+    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::kOwn + 2 * L::kWalk);  // (kBc): lse * log2(e)
+    float* s_d = s_lse2 + kBc;                                                    // (kBc): D
     const int h = blockIdx.y, b = blockIdx.z;
-    const int k0 = blockIdx.x * kBc;  // the longest key tiles (most query tiles) have the lowest index
-    const int w0 = k0 + 16 * warp;    // the warp's first key
+    const int k0 = blockIdx.x * kBr;  // the longest key tiles (most query tiles) have the lowest index
+    const int w0 = k0 + 16 * warp;    // the warp's first key; it owns keys w0 + g and w0 + g + 8
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    const float scale_log2 = scale * kLog2e;
 
-    load_tile<S, HS>(s_q, q_base + C, k0, T, stride);
-    load_tile<S, HS>(s_do, q_base + 2 * C, k0, T, stride);
+    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
+    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
     __syncthreads();
-    FragA<S> k_frag[kF], v_frag[kF];
-    for (int f = 0; f < kF; ++f) {
-        wmma::load_matrix_sync(k_frag[f], wmma_ptr(s_q + 16 * warp * kLdT + 16 * f), kLdT);
-        wmma::load_matrix_sync(v_frag[f], wmma_ptr(s_do + 16 * warp * kLdT + 16 * f), kLdT);
-    }
-    FragAcc dk[kF], dv[kF];
-    for (int f = 0; f < kF; ++f) {
-        wmma::fill_fragment(dk[f], 0.0f);
-        wmma::fill_fragment(dv[f], 0.0f);
-    }
-    const int r = lane / 2, half = lane % 2;
-    const int key = w0 + r;
-    for (int q0 = k0; q0 < T; q0 += kBr) {
-        __syncthreads();  // every warp is done with the previous Q, dO tiles, lse and D (and the K, V staging)
-        load_tile<S, HS>(s_q, q_base, q0, T, stride);
-        load_tile<S, HS>(s_do, do_base, q0, T, C);
+    uint32_t ka[kF][4], va[kF][4];
+    load_a<S, HS>(ka, s_k + 16 * warp * kLd, lane);
+    load_a<S, HS>(va, s_v + 16 * warp * kLd, lane);
+
+    float dk[HS / 8][4], dv[HS / 8][4];
+    zero(dk);
+    zero(dv);
+    for (int q0 = k0 / kBc * kBc; q0 < T; q0 += kBc) {
+        __syncthreads();  // every warp is done with the previous Q, dO tiles, lse and D
+        load_tile<S, HS, kBc>(s_q, q_base, q0, T, stride);
+        load_tile<S, HS, kBc>(s_do, do_base, q0, T, C);
         __syncthreads();
-        {  // lse and D of the tile's rows: row threadIdx.x / 2, over the lane pair
-            const int row = threadIdx.x / 2, query = q0 + row;
-            const float D =
-                pair_row_dot<S, HS>(s_do + row * kLdT, query < T ? o_base + query * C : nullptr, threadIdx.x % 2);
-            if (threadIdx.x % 2 == 0) {
+        for (int row = threadIdx.x / 4; row < kBc; row += kThreads / 4) {  // lse and D of the tile's rows, by quads
+            const int query = q0 + row;
+            const float D = quad_row_dot<S, HS>(s_do + row * kLd, o_base + static_cast<int64_t>(query) * C, query < T,
+                                                threadIdx.x % 4);
+            if (threadIdx.x % 4 == 0) {
                 s_d[row] = D;
-                s_lse[row] = query < T ? lse_row[query] : 0.0f;
+                s_lse2[row] = query < T ? lse_row[query] * kLog2e : 0.0f;
             }
         }
         __syncthreads();
-        // j: 16-query subtile; skipped where every query is before every key of the warp
-        const int first_live = q0 + kBr <= w0 ? kBr / 16 : (w0 - q0 > 0 ? (w0 - q0) / 16 : 0);
-        warp_abt<S, kF>(s_s, kLdS, k_frag, s_q, kLdT, first_live, kBr / 16);  // S^T = K Q^T
-        __syncwarp();
-        float p[kLanePairs];
-        const float* s_row = s_s + r * kLdS;
-        S* pt_row = s_pt + r * kLdP;
+        if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
+
         MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half, query = q0 + c;
-            p[i] = query < T && key <= query ? __expf(s_row[c] * scale - s_lse[c]) : 0.0f;
-            pt_row[c] = from_float<S>(p[i]);
-        }
-        __syncwarp();  // every lane has read S^T before dP^T overwrites it
-        warp_abt<S, kF>(s_s, kLdS, v_frag, s_do, kLdT, first_live, kBr / 16);  // dP^T = V dO^T
-        __syncwarp();
-        S* dst_row = s_dst + r * kLdP;
-        MS_UNROLL
-        for (int i = 0; i < kLanePairs; ++i) {
-            const int c = 2 * i + half;
-            dst_row[c] = from_float<S>(p[i] != 0.0f ? p[i] * (s_row[c] - s_d[c]) : 0.0f);
-        }
-        __syncwarp();
-        for (int j = first_live; j < kBr / 16; ++j) {  // dV += P^T dO, dK += dS^T Q
-            FragA<S> pt_frag, dst_frag;
-            wmma::load_matrix_sync(pt_frag, wmma_ptr(s_pt + 16 * j), kLdP);
-            wmma::load_matrix_sync(dst_frag, wmma_ptr(s_dst + 16 * j), kLdP);
-            for (int f = 0; f < kF; ++f) {
-                FragBRow<S> b_frag;
-                wmma::load_matrix_sync(b_frag, wmma_ptr(s_do + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(dv[f], pt_frag, b_frag, dv[f]);
-                wmma::load_matrix_sync(b_frag, wmma_ptr(s_q + 16 * j * kLdT + 16 * f), kLdT);
-                wmma::mma_sync(dk[f], dst_frag, b_frag, dk[f]);
+        for (int jj = 0; jj < kBc / 16; ++jj) {  // one 16-query block at a time, as in the dQ kernel
+            if (q0 + 16 * jj + 15 < w0) continue;
+            float s[2][4], dp[2][4];
+            zero(s);
+            zero(dp);
+            mma_abt<S, HS>(s[0], s[1], ka, s_q + 16 * jj * kLd, lane);     // S^T = K Q^T
+            mma_abt<S, HS>(dp[0], dp[1], va, s_do + 16 * jj * kLd, lane);  // dP^T = V dO^T
+            MS_UNROLL
+            for (int j = 0; j < 2; ++j) {
+                MS_UNROLL
+                for (int i = 0; i < 4; ++i) {
+                    const int key = w0 + g + 8 * (i / 2), c = 16 * jj + 8 * j + 2 * t + i % 2, query = q0 + c;
+                    const float p = key <= query && query < T ? exp2f(s[j][i] * scale_log2 - s_lse2[c]) : 0.0f;
+                    s[j][i] = p;                         // P^T
+                    dp[j][i] = p * (dp[j][i] - s_d[c]);  // dS^T
+                }
             }
+            uint32_t pa[4], dsa[4];
+            to_a<S>(pa, s[0], s[1]);
+            mma_ab<S, HS>(dv, pa, s_do + 16 * jj * kLd, lane);  // dV += P^T dO
+            to_a<S>(dsa, dp[0], dp[1]);
+            mma_ab<S, HS>(dk, dsa, s_q + 16 * jj * kLd, lane);  // dK += dS^T Q
         }
     }
-    S* dk_row = dqkv + (static_cast<int64_t>(b) * T + key) * stride + C + static_cast<int64_t>(h) * HS;
-    for (int f = 0; f < kF; ++f) wmma::store_matrix_sync(s_s + 16 * f, dk[f], kLdS, wmma::mem_row_major);
-    __syncwarp();
-    if (key < T) pair_store_row<S, HS>(dk_row, s_s + r * kLdS, scale, half);
-    __syncwarp();  // every lane has read dK before dV overwrites it
-    for (int f = 0; f < kF; ++f) wmma::store_matrix_sync(s_s + 16 * f, dv[f], kLdS, wmma::mem_row_major);
-    __syncwarp();
-    if (key < T) pair_store_row<S, HS>(dk_row + C, s_s + r * kLdS, 1.0f, half);
+    S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
+    store_rows<S, HS>(dk_base, stride, w0, T, dk, dk_factor, lane);
+    store_rows<S, HS>(dk_base + C, stride, w0, T, dv, dv_factor, lane);
 }
 
 // ----------------------------------------------------------------------------

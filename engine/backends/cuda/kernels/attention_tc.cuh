@@ -1,4 +1,4 @@
-// attention_tc.cuh: launchers of the tensor-core (wmma) causal attention for bf16 / fp16 (kernels in
+// attention_tc.cuh: launchers of the tensor-core (PTX mma.sync m16n8k16) causal attention for bf16 / fp16 (kernels in
 // attention_tc.cu). attention_forward / attention_backward (attention.cuh) dispatch here when
 // attention_tc_eligible() holds; tests call these directly to pin the path they check.
 #pragma once
