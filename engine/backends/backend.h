@@ -99,11 +99,21 @@ struct LayerNormBackwardArgs {
 };
 
 // out = inp @ weight^T + bias
+//
+// GELU fusion (the MLP's c_fc -> gelu and the backward of gelu -> c_proj, each one op): with gelu_out defined the
+// forward also writes gelu_out = gelu(out) (tanh GELU, as GeluForwardArgs), out being the pre-activation that the
+// backward needs; with gelu_inp defined the backward's input gradient is dinp = gelu'(gelu_inp) * (dout @ weight),
+// where `inp` is gelu(gelu_inp) (overwrite only). Precision: the unfused backends (CPU, the CUDA emulation) run
+// their matmul and then their gelu op, so they compute GELU from the rounded pre-activation out (and gelu' from the
+// rounded product dout @ weight); cuBLASLt's epilogues compute GELU from the fp32 accumulator plus bias and gelu'
+// times the fp32 product before rounding. In bf16 / fp16 the two differ by at most one rounding of GELU's input
+// (of gelu''s factor); in fp32 they are the same computation up to summation order.
 struct MatmulForwardArgs {
-    Tensor inp;     // (N, K)
-    Tensor weight;  // (M, K)
-    Tensor bias;    // (M) (optional)
-    Tensor out;     // (N, M)
+    Tensor inp;            // (N, K)
+    Tensor weight;         // (M, K)
+    Tensor bias;           // (M) (optional)
+    Tensor out;            // (N, M): inp @ weight^T + bias (the pre-activation when gelu_out is defined)
+    Tensor gelu_out = {};  // (N, M) = gelu(out) (optional); must not overlap out
 };
 struct MatmulBackwardArgs {
     Tensor dout;     // (N, M)
@@ -113,6 +123,8 @@ struct MatmulBackwardArgs {
     Tensor dweight;  // (M, K) +=
     Tensor dbias;    // (M) += (optional)
     Accumulate accumulate;
+    Tensor gelu_inp = {};  // (N, K) the GELU's input, inp = gelu(gelu_inp) (optional): then dinp is required,
+                           // dinp = gelu'(gelu_inp) * (dout @ weight), and accumulate must be kOverwrite
 };
 
 // Causal multi-head self-attention. qkv rows are [Q | K | V], each block head-major (head h owns columns

@@ -444,8 +444,9 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
         be.layernorm_forward({A(x.res2, {Nl, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(ln_out, {Nl, C}),
                               S(x.ln2_mean, {Nl}), S(x.ln2_rstd, {Nl}), shape_.eps});
         if (sp_) tp_all_gather(tp_, ln_out, x.ln2, dtype_, Nl * C);
-        be.matmul_forward({A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F})});
-        be.gelu_forward({A(x.fch, {N * F}), A(x.fch_gelu, {N * F})});
+        // c_fc and its GELU in one op (cuBLASLt's GELU epilogue on a GPU): fch the pre-activation, kept for backward
+        be.matmul_forward(
+            {A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F}), A(x.fch_gelu, {N, F})});
         be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), Tensor(), A(a.proj_out, {N, C})});
         const void* mlp_out = reduce_rows(a.proj_out);
         be.residual_forward(
@@ -549,10 +550,11 @@ void Gpt::backward(float loss_scale, int slot) {
         auto& x = a.layers[l];
         const void* res_in = l == 0 ? a.encoded : a.layers[l - 1].res3;
         const int lp = first_layer_param_ + l * kParamsPerLayer;
-        // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
+        // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias; c_proj's input gradient through the GELU in the
+        // same op: dfch = gelu'(fch) * (dres @ W_proj)
         be.matmul_backward({A(gather_rows(a.dres), {N, C}), A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}),
-                            A(x.dfch, {N, F}), G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite});
-        be.gelu_backward({A(x.fch, {N * F}), A(x.dfch, {N * F}), A(x.dfch, {N * F})});
+                            A(x.dfch, {N, F}), G(lp + 10, {C, F}), G(lp + 11, {C}), Accumulate::kOverwrite,
+                            A(x.fch, {N, F})});
         be.matmul_backward({A(x.dfch, {N, F}), A(x.ln2, {N, C}), P(lp + 8, {F, C}), A(a.dln, {N, C}), G(lp + 8, {F, C}),
                             G(lp + 9, {F}), Accumulate::kOverwrite});
         void* dln = reduce_rows(a.dln);

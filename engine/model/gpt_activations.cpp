@@ -224,8 +224,7 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
         b.op({x.atty, proj_out, sp_local});                       // attn.c_proj, reduced over tp
         b.op({res, proj_out, sp_local, x.res2});                  // residual
         b.op({x.res2, x.ln2_mean, x.ln2_rstd, sp_local, x.ln2});  // ln_2
-        b.op({x.ln2, x.fch});                                     // c_fc
-        b.op({x.fch, x.fch_gelu});                                // gelu
+        b.op({x.ln2, x.fch, x.fch_gelu});                         // c_fc and its gelu (one op)
         b.op({x.fch_gelu, proj_out, sp_local});                   // mlp.c_proj, reduced over tp
         b.op({x.res2, proj_out, sp_local, x.res3});               // residual
         res = x.res3;
@@ -250,8 +249,7 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
     for (int l = layers - 1; l >= 0; --l) {
         const Layer& x = L[static_cast<size_t>(l)];
         const int res_in = l == 0 ? encoded : L[static_cast<size_t>(l) - 1].res3;
-        b.op({dres, sp_full, x.fch_gelu, x.dfch});                    // mlp.c_proj (dres all-gathered)
-        b.op({x.fch, x.dfch});                                        // gelu, in place
+        b.op({dres, sp_full, x.fch_gelu, x.fch, x.dfch});             // mlp.c_proj and the gelu (dres all-gathered)
         b.op({x.dfch, x.ln2, dln});                                   // c_fc
         b.op({dln, sp_local, x.res2, x.ln2_mean, x.ln2_rstd, dres});  // ln_2 (dln reduced)
         b.op({dres, sp_full, x.atty, x.datty});                       // attn.c_proj

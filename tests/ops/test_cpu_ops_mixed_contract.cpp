@@ -1,5 +1,6 @@
 // test_cpu_ops_mixed_contract.cpp: the parts of the precision contract (backend.h) that are not one op's numbers:
-// kAdd rounds the fp32 sum of the old value and the new term once; AdamW's fused param_copy; cast; supports(); and
+// kAdd rounds the fp32 sum of the old value and the new term once; AdamW's fused param_copy; the matmul's GELU
+// fusion (bit for bit the two ops); cast; supports(); and
 // the checks that refuse dtypes breaking the contract, with a message naming the op and the tensor.
 #include <omp.h>
 
@@ -105,6 +106,61 @@ MS_OP_TEST(MixedPrecision, KAddRoundsTheFp32SumOnce, kContract, OpKind::kMatmulB
     for (OpMode mode : kModes) {
         check_kadd<bf16>(mode);
         check_kadd<fp16>(mode);
+    }
+}
+
+// The MLP's GELU fusion (backend.h: gelu_out, gelu_inp) on the CPU is its matmul, then its gelu, in the same mode:
+// bit for bit what the two ops give called one after the other, for every dtype (so the model's CPU results did not
+// change when gpt.cpp switched to the fused form). dweight and dbias are unaffected by the fusion, checked too.
+template <class D>
+void check_gelu_fusion(OpMode mode) {
+    constexpr int64_t N = 37, K = 45, M = 29;
+    const auto inp = to_d<D>(random_floats(N * K, 1, -2.0f, 2.0f)), weight = to_d<D>(random_floats(M * K, 2));
+    const auto bias = to_d<D>(random_floats(M, 3)), dout = to_d<D>(random_floats(N * M, 4));
+    const auto gelu_inp = to_d<D>(random_floats(N * K, 5, -3.0f, 3.0f));
+    auto backend = make_cpu_backend(mode);
+    auto x = inp, w = weight, b = bias, dy = dout, g = gelu_inp;
+
+    std::vector<D> out(N * M), act(N * M), out_f(N * M), act_f(N * M);
+    backend->matmul_forward(
+        {.inp = dview(x, {N, K}), .weight = dview(w, {M, K}), .bias = dview(b, {M}), .out = dview(out, {N, M})});
+    backend->gelu_forward({.inp = dview(out, {N * M}), .out = dview(act, {N * M})});
+    backend->matmul_forward({.inp = dview(x, {N, K}),
+                             .weight = dview(w, {M, K}),
+                             .bias = dview(b, {M}),
+                             .out = dview(out_f, {N, M}),
+                             .gelu_out = dview(act_f, {N, M})});
+    EXPECT_EQ(to_f32(out_f), to_f32(out)) << "pre-activation in mode " << mode_name(mode);
+    EXPECT_EQ(to_f32(act_f), to_f32(act)) << "gelu_out in mode " << mode_name(mode);
+
+    std::vector<D> dx(N * K), dx_f(N * K, from_float<D>(7.0f));
+    std::vector<float> dw(M * K, 0.5f), db(M, 0.25f), dw_f = dw, db_f = db;
+    backend->matmul_backward({.dout = dview(dy, {N, M}),
+                              .inp = dview(x, {N, K}),
+                              .weight = dview(w, {M, K}),
+                              .dinp = dview(dx, {N, K}),
+                              .dweight = view(dw, {M, K}),
+                              .dbias = view(db, {M}),
+                              .accumulate = Accumulate::kOverwrite});
+    backend->gelu_backward({.inp = dview(g, {N * K}), .dout = dview(dx, {N * K}), .dinp = dview(dx, {N * K})});
+    backend->matmul_backward({.dout = dview(dy, {N, M}),
+                              .inp = dview(x, {N, K}),
+                              .weight = dview(w, {M, K}),
+                              .dinp = dview(dx_f, {N, K}),
+                              .dweight = view(dw_f, {M, K}),
+                              .dbias = view(db_f, {M}),
+                              .accumulate = Accumulate::kOverwrite,
+                              .gelu_inp = dview(g, {N, K})});
+    EXPECT_EQ(to_f32(dx_f), to_f32(dx)) << "dinp in mode " << mode_name(mode);
+    EXPECT_TRUE(bit_identical(dw_f, dw) && bit_identical(db_f, db)) << "dweight, dbias in mode " << mode_name(mode);
+}
+
+MS_OP_TEST(MixedPrecision, MatmulGeluFusionIsMatmulThenGelu, kContract, OpKind::kMatmulForward,
+           OpKind::kMatmulBackward) {
+    for (OpMode mode : kModes) {
+        check_gelu_fusion<float>(mode);
+        check_gelu_fusion<bf16>(mode);
+        check_gelu_fusion<fp16>(mode);
     }
 }
 
@@ -272,6 +328,23 @@ TEST(MixedPrecisionDeathTest, DtypesThatBreakTheContractAreRefused) {
                                              .rstd = view(g, {3}),
                                              .eps = 1e-5f}),
                  "layernorm_forward: mean is bf16, but statistics are always fp32");
+    // The GELU fusion: its backward overwrites dinp (and needs one); gelu_out must not alias out.
+    std::vector<float> dw(12);
+    EXPECT_DEATH(backend->matmul_backward({.dout = dview(x, {3, 4}),
+                                           .inp = dview(y, {3, 3}),
+                                           .weight = dview(z, {4, 3}),
+                                           .dinp = dview(y, {3, 3}),
+                                           .dweight = view(dw, {4, 3}),
+                                           .dbias = {},
+                                           .accumulate = Accumulate::kAdd,
+                                           .gelu_inp = dview(x, {3, 3})}),
+                 "matmul: gelu_inp needs dinp with accumulate = kOverwrite");
+    EXPECT_DEATH(backend->matmul_forward({.inp = dview(x, {3, 4}),
+                                          .weight = dview(y, {3, 4}),
+                                          .bias = {},
+                                          .out = dview(z, {3, 3}),
+                                          .gelu_out = dview(z, {3, 3})}),
+                 "matmul: gelu_out must not alias out");
     // sum_squares takes fp32 gradients only; adamw's state is fp32.
     EXPECT_DEATH(backend->sum_squares(dview(x, {12})), "sum_squares: x is bf16");
     EXPECT_DEATH(backend->adamw({.param = dview(x, {12}),

@@ -281,6 +281,71 @@ MS_CUDA_BACKEND_TEST(MatmulMatchesTheCpuReference, OpKind::kMatmulForward, OpKin
     EXPECT_TRUE(dweight.guards_intact());
 }
 
+// The MLP's GELU fusion (backend.h: gelu_out, gelu_inp) against the CPU reference's matmul then gelu. M = 40 and
+// K = 48 are multiples of 8, so on a GPU the products take cuBLASLt's GELU_AUX_BIAS and DGELU epilogues; M = 29 /
+// K = 45 give an aux leading dimension cuBLASLt refuses, so there they take the fallback (cuBLASLt or cuBLAS, then
+// gelu.cu's kernels). The emulation runs its matmul then its gelu kernel: the launcher tests' 1e-6. On a GPU, fp32:
+// unmeasured (no GPU when this was written); 3e-5 is below the 7e-5 that erf's GELU would be off from the tanh GELU
+// on these values (4.7e-4 at x = -2.7, over max |gelu| ~ 7), so the test also tells which GELU cuBLASLt computes.
+MS_CUDA_BACKEND_TEST(MatmulGeluFusionMatchesTheCpuReference, OpKind::kMatmulForward, OpKind::kMatmulBackward) {
+#if defined(MS_TEST_CUDA_DEVICE)
+    const double tol = 3e-5;
+#else
+    const double tol = 1e-6;
+#endif
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (const int64_t align8 : {1, 0}) {
+        const int64_t N = 37, K = align8 ? 48 : 45, M = align8 ? 40 : 29;
+        SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " M " << M);
+        auto inp = random_floats(N * K, 1), weight = random_floats(M * K, 2), bias = random_floats(M, 3);
+        auto dout = random_floats(N * M, 4), gelu_inp = random_floats(N * K, 5, -3.0f, 3.0f);
+        const auto dweight0 = random_floats(M * K, 6), dbias0 = random_floats(M, 7);
+        for (bool with_bias : {false, true}) {
+            std::vector<float> out_ref(N * M), act_ref(N * M);
+            cpu->matmul_forward({.inp = view(inp, {N, K}),
+                                 .weight = view(weight, {M, K}),
+                                 .bias = with_bias ? view(bias, {M}) : Tensor{},
+                                 .out = view(out_ref, {N, M})});
+            cpu->gelu_forward({.inp = view(out_ref, {N * M}), .out = view(act_ref, {N * M})});
+            Guarded out(N * M, NAN), act(N * M, NAN);
+            cuda->matmul_forward({.inp = view(inp, {N, K}),
+                                  .weight = view(weight, {M, K}),
+                                  .bias = with_bias ? view(bias, {M}) : Tensor{},
+                                  .out = out.tensor({N, M}),
+                                  .gelu_out = act.tensor({N, M})});
+            cuda->synchronize();
+            expect_close("fused matmul out (pre-activation)", max_rel_error(out.values(), out_ref), tol);
+            expect_close("fused matmul gelu_out", max_rel_error(act.values(), act_ref), tol);
+            EXPECT_TRUE(out.guards_intact() && act.guards_intact());
+        }
+        std::vector<float> dinp_ref(N * K), dweight_ref = dweight0, dbias_ref = dbias0;
+        cpu->matmul_backward({.dout = view(dout, {N, M}),
+                              .inp = view(inp, {N, K}),
+                              .weight = view(weight, {M, K}),
+                              .dinp = view(dinp_ref, {N, K}),
+                              .dweight = view(dweight_ref, {M, K}),
+                              .dbias = view(dbias_ref, {M}),
+                              .accumulate = Accumulate::kOverwrite});
+        cpu->gelu_backward(
+            {.inp = view(gelu_inp, {N * K}), .dout = view(dinp_ref, {N * K}), .dinp = view(dinp_ref, {N * K})});
+        Guarded dinp(N * K, NAN), dweight(dweight0), dbias(dbias0);
+        cuda->matmul_backward({.dout = view(dout, {N, M}),
+                               .inp = view(inp, {N, K}),
+                               .weight = view(weight, {M, K}),
+                               .dinp = dinp.tensor({N, K}),
+                               .dweight = dweight.tensor({M, K}),
+                               .dbias = dbias.tensor({M}),
+                               .accumulate = Accumulate::kOverwrite,
+                               .gelu_inp = view(gelu_inp, {N, K})});
+        cuda->synchronize();
+        expect_close("fused matmul dinp (through gelu)", max_rel_error(dinp.values(), dinp_ref), tol);
+        expect_close("fused matmul dweight", max_rel_error(dweight.values(), dweight_ref), 1e-6);
+        expect_close("fused matmul dbias", max_rel_error(dbias.values(), dbias_ref), 1e-6);
+        EXPECT_TRUE(dinp.guards_intact() && dweight.guards_intact() && dbias.guards_intact());
+    }
+}
+
 // ---- attention ----
 
 MS_CUDA_BACKEND_TEST(AttentionMatchesTheCpuReference, OpKind::kAttentionForward, OpKind::kAttentionBackward) {

@@ -305,6 +305,50 @@ TEST(CudaEmuMixed, MatmulForwardAndBackward) {
     }
 }
 
+// The MLP's GELU fusion (backend.h): the emulation runs its matmul, then its gelu kernel, on the D-rounded
+// pre-activation (product); the fp32 reference computes gelu_out (dinp) from the unrounded one, rounded once. Two
+// roundings against one, the first scaled by |gelu'| <= 1.13: at most (0.5 * 1.13 + 0.5) = 1.07 units in the last
+// place, 8.3e-3 of the value for bf16 and 1.0e-3 for fp16, so the tolerances of those two outputs are 1.2e-2 and
+// 1.5e-3; measured (MS_OP_TEST_VERBOSE=1) gelu_out 3.6e-3 / 2.2e-4, dinp 6.8e-3 / 8.5e-4.
+TEST(CudaEmuMixed, MatmulGeluFusion) {
+    const int64_t N = 37, K = 48, M = 40;
+    for (DType D : kHalfTypes) {
+        const auto inp = rounded(D, random_floats(N * K, 1)), w = rounded(D, random_floats(M * K, 2)),
+                   bias = rounded(D, random_floats(M, 3)), dout = rounded(D, random_floats(N * M, 4)),
+                   gelu_in = rounded(D, random_floats(N * K, 5, -3.0f, 3.0f));
+        const auto dw0 = random_floats(M * K, 6), db0 = random_floats(M, 7);
+        const OpRun run = [&](Backend& be, DType s) {
+            Buf x(s, inp), weight(s, w), b(s, bias), out(s, nans(N * M)), act(s, nans(N * M)), dy(s, dout),
+                g(s, gelu_in), dx(s, nans(N * K)), dw(DType::kF32, dw0), db(DType::kF32, db0);
+            be.matmul_forward({.inp = x.tensor({N, K}),
+                               .weight = weight.tensor({M, K}),
+                               .bias = b.tensor({M}),
+                               .out = out.tensor({N, M}),
+                               .gelu_out = act.tensor({N, M})});
+            be.matmul_backward({.dout = dy.tensor({N, M}),
+                                .inp = x.tensor({N, K}),
+                                .weight = weight.tensor({M, K}),
+                                .dinp = dx.tensor({N, K}),
+                                .dweight = dw.tensor({M, K}),
+                                .dbias = db.tensor({M}),
+                                .accumulate = Accumulate::kOverwrite,
+                                .gelu_inp = g.tensor({N, K})});
+            be.synchronize();
+            return collect({{"out", &out, true},
+                            {"gelu_out", &act, true},
+                            {"dinp (through gelu)", &dx, true},
+                            {"dweight", &dw, false},
+                            {"dbias", &db, false}});
+        };
+        check_op("matmul + gelu", OpKind::kMatmulForward, D, run,
+                 {{"out", 8e-3, 1e-3},
+                  {"gelu_out", 1.2e-2, 1.5e-3},
+                  {"dinp (through gelu)", 1.2e-2, 1.5e-3},
+                  {"dweight", 1e-6, 1e-6},
+                  {"dbias", 1e-6, 1e-6}});
+    }
+}
+
 // ---- attention ----
 
 TEST(CudaEmuMixed, AttentionForwardAndBackward) {

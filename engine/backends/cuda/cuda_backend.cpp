@@ -199,7 +199,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
     device_name_ = fmt::format("{} (device {} of {}, sm_{}{}, {:.1f} GiB)", prop.name, device_, count, prop.major,
                                prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    gemm_ = {new cuda::CublasGemm(stream_), [](cuda::CublasGemm* g) { delete g; }};
+    gemm_ = {new cuda::CublasGemm(), [](cuda::CublasGemm* g) { delete g; }};
 #else
     device_name_ = "the CPU emulation of the CUDA kernels";
 #endif
@@ -218,7 +218,7 @@ CudaBackend::~CudaBackend() {
 #if defined(MS_CUDA_RUNTIME)
     if (stream_) {
         cudaStreamSynchronize(stream_);  // scratch is freed next: no kernel may still read it
-        gemm_.reset();                   // its cuBLAS handle is bound to the stream
+        gemm_.reset();                   // its cuBLAS handles and workspace, which the stream's GEMMs used
         cudaStreamDestroy(stream_);
     }
 #endif
@@ -389,15 +389,27 @@ void CudaBackend::matmul_forward(const MatmulForwardArgs& a) {
     check_d(a.weight, D, "matmul", "weight");
     check_d(a.bias, D, "matmul", "bias");
     check_d(a.out, D, "matmul", "out");
+    if (a.gelu_out.defined()) {
+        check_numel(a.gelu_out, N * M, "matmul", "gelu_out (N * M)");
+        check_d(a.gelu_out, D, "matmul", "gelu_out");
+        MS_CHECK(a.gelu_out.data != a.out.data, "matmul: gelu_out must not alias out (the backward reads out)");
+    }
     const int n = to_int(N, "matmul", "N"), k = to_int(K, "matmul", "K"), m = to_int(M, "matmul", "M");
-    dispatch(D, [&]<class T>(T) {
 #if defined(MS_CUDA_RUNTIME)
-        gemm_->forward(a.out.as<T>(), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m);
-#else
-        cuda::matmul_forward(a.out.as<T>(), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m, stream_);
-#endif
+    // cuBLASLt: the bias and the GELU in the GEMM's epilogue (cublas_gemm.h)
+    dispatch(D, [&]<class T>(T) {
+        gemm_->forward(a.out.as<T>(), opt<T>(a.gelu_out), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m,
+                       stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
+#else
+    dispatch(D, [&]<class T>(T) {
+        cuda::matmul_forward(a.out.as<T>(), a.inp.as<T>(), a.weight.as<T>(), opt<T>(a.bias), n, k, m, stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+    // unfused, as the CPU backend: GELU of the rounded pre-activation (backend.h)
+    if (a.gelu_out.defined()) gelu_forward({.inp = a.out, .out = a.gelu_out});
+#endif
 }
 
 void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
@@ -415,17 +427,29 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
     check_d(a.dinp, D, "matmul", "dinp");
     check_fp32(a.dweight, "matmul", "dweight", "parameter gradient");
     check_fp32(a.dbias, "matmul", "dbias", "parameter gradient");
+    if (a.gelu_inp.defined()) {
+        MS_CHECK(a.dinp.defined() && a.accumulate == Accumulate::kOverwrite,
+                 "matmul: gelu_inp needs dinp with accumulate = kOverwrite (dinp = gelu'(gelu_inp) * (dout @ weight))");
+        check_numel(a.gelu_inp, N * K, "matmul", "gelu_inp (N * K)");
+        check_d(a.gelu_inp, D, "matmul", "gelu_inp");
+    }
     const int n = to_int(N, "matmul", "N"), k = to_int(K, "matmul", "K"), m = to_int(M, "matmul", "M");
-    dispatch(D, [&]<class T>(T) {
 #if defined(MS_CUDA_RUNTIME)
+    // cuBLASLt: gelu' in the dinp product's epilogue, dbias in the dweight product's (cublas_gemm.h)
+    dispatch(D, [&]<class T>(T) {
         gemm_->backward(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
-                        a.weight.as<T>(), n, k, m, dinp_write(a.accumulate));
-#else
-        cuda::matmul_backward<T>(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
-                                 a.weight.as<T>(), n, k, m, dinp_write(a.accumulate), stream_);
-#endif
+                        a.weight.as<T>(), opt<T>(a.gelu_inp), n, k, m, dinp_write(a.accumulate), stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
+#else
+    dispatch(D, [&]<class T>(T) {
+        cuda::matmul_backward<T>(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
+                                 a.weight.as<T>(), n, k, m, dinp_write(a.accumulate), stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+    // unfused, as the CPU backend: gelu' applied to the rounded product (backend.h)
+    if (a.gelu_inp.defined()) gelu_backward({.inp = a.gelu_inp, .dout = a.dinp, .dinp = a.dinp});
+#endif
 }
 
 namespace {

@@ -103,8 +103,9 @@ class CudaBackend final : public Backend {
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
-    // The matmuls on a GPU (cublas_gemm.h). Null in the emulation, which has no cuBLAS; the deleter is a function
-    // pointer so that the emulation build needs no CublasGemm destructor.
+    // The matmuls on a GPU (cublas_gemm.h): the cuBLASLt handle, its workspace and the per-shape plan cache, with
+    // the cuBLAS fallback. Null in the emulation, which has no cuBLAS; the deleter is a function pointer so that the
+    // emulation build needs no CublasGemm destructor.
     std::unique_ptr<cuda::CublasGemm, void (*)(cuda::CublasGemm*)> gemm_{nullptr, nullptr};
 };
 

@@ -10,6 +10,8 @@
 // OpenBLAS alone with OMP_WAIT_POLICY=passive. Every output element is still the dot product of one
 // single-threaded sgemm, so the result does not depend on the thread count.
 // Reference path: triple loops with double accumulators.
+// GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in the same
+// mode: bit-identical to the two ops called one after the other.
 // Precision: inp, weight, bias, out, dout and dinp are D; dweight and dbias are fp32. For D = fp32 sgemm reads and
 // writes the tensors themselves. For bf16 / fp16 the fast path first converts the D operands into thread-local fp32
 // scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for kAdd,
@@ -253,6 +255,11 @@ void matmul_forward(const MatmulForwardArgs& a, OpMode mode) {
     expect_d(a.weight, D, "matmul_forward", "weight", "inp");
     expect_d(a.bias, D, "matmul_forward", "bias", "inp");
     expect_d(a.out, D, "matmul_forward", "out", "inp");
+    if (a.gelu_out.defined()) {
+        MS_CHECK(a.gelu_out.numel() == s.N * s.M, "matmul: gelu_out has {} elements, expected N({}) * M({})",
+                 a.gelu_out.numel(), s.N, s.M);
+        MS_CHECK(a.gelu_out.data != a.out.data, "matmul: gelu_out must not alias out (the backward reads out)");
+    }
     dispatch_float(D, [&](auto tag) {
         using T = decltype(tag);
         if (mode == OpMode::kReference) {
@@ -261,6 +268,7 @@ void matmul_forward(const MatmulForwardArgs& a, OpMode mode) {
             forward_fast<T>(a, s);
         }
     });
+    if (a.gelu_out.defined()) gelu_forward({.inp = a.out, .out = a.gelu_out}, mode);
 }
 
 void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
@@ -270,6 +278,12 @@ void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
     if (a.dinp.defined()) {
         MS_CHECK(a.dinp.numel() == s.N * s.K, "matmul: dinp has {} elements, expected N({}) * K({})", a.dinp.numel(),
                  s.N, s.K);
+    }
+    if (a.gelu_inp.defined()) {
+        MS_CHECK(a.dinp.defined() && a.accumulate == Accumulate::kOverwrite,
+                 "matmul: gelu_inp needs dinp with accumulate = kOverwrite (dinp = gelu'(gelu_inp) * (dout @ weight))");
+        MS_CHECK(a.gelu_inp.numel() == s.N * s.K, "matmul: gelu_inp has {} elements, expected N({}) * K({})",
+                 a.gelu_inp.numel(), s.N, s.K);
     }
     const DType D = activation_dtype(a.inp, "matmul_backward", "inp");
     expect_d(a.dout, D, "matmul_backward", "dout", "inp");
@@ -285,6 +299,7 @@ void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
             backward_fast<T>(a, s);
         }
     });
+    if (a.gelu_inp.defined()) gelu_backward({.inp = a.gelu_inp, .dout = a.dinp, .dinp = a.dinp}, mode);
 }
 
 }  // namespace ms::cpu
