@@ -14,9 +14,12 @@
 // gets matrix j's (row g, columns 2t..2t+1), with .trans its (rows 2t..2t+1, column g), i.e. a B fragment half of
 // a row-major (k, n) tile.
 // All are warp-collective: every lane of the warp calls them with the same control flow.
+// Also here, for the same kernels: cp.async (16-byte global -> shared copies that run while the thread goes on; the
+// CPU emulation copies at once, so it cannot show a missing wait) with its commit / wait_group.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "engine/backends/cuda/common.cuh"
@@ -92,6 +95,37 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return r;
 #else
     return static_cast<uint32_t>(from_float<S>(lo).bits) | static_cast<uint32_t>(from_float<S>(hi).bits) << 16;
+#endif
+}
+
+// cp.async.cg.shared.global of 16 bytes from src to dst (shared, both 16-byte aligned); with valid false dst is
+// zero-filled and nothing is read (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDACC__)
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0));
+#else
+    if (valid) {
+        std::memcpy(dst, src, 16);
+    } else {
+        std::memset(dst, 0, 16);
+    }
+#endif
+}
+
+// Closes the group of this thread's cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight (other threads' copies need a
+// __syncthreads after it).
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 #endif
 }
 

@@ -19,7 +19,9 @@ by scale * log2(e). l sums the fp32 P (so lse is as exact as the fp32 kernels');
 dqkv are rounded once, on store.
 
 Tiles: a block of kWarps = 4 warps owns kBr = 64 rows (16 per warp, one m16 tile) and walks kBc = 64-row tiles of
-the other side, staged in shared memory with 16-byte loads (rows past T zero). B operands come from shared memory by
+the other side, staged in shared memory by 16-byte cp.async (rows past T zero-filled), double-buffered: the next
+walked tile's copies are issued right after the barrier that frees its buffer and land while the current one is
+used (one __syncthreads per walked tile; dK/dV has a second one for lse and D). B operands come from shared memory by
 ldmatrix.x4 (K, V, Q, dO rows as the (n, k) operand of an A B^T product) or ldmatrix.x4.trans (V, K, dO, Q as the
 (k, n) operand of P V, dS K, P^T dO, dS^T Q); A operands (Q, dO, K, V of the warp's own rows) once per block.
   forward  (query tile): per key tile S (16 x 64 per warp: 32 fp32 registers a lane), mask, online softmax, O (16 x
@@ -35,10 +37,13 @@ Query tiles run longest first (blockIdx.x reversed) so the causal triangle's lon
 and 16-row sub-blocks a warp's causal mask hides entirely are skipped; the mask is applied only on tiles that
 straddle the diagonal (and past T).
 Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row addresses hit distinct banks and stay
-16-byte aligned): forward 27648 (Q, K, V tiles), dQ 36864 (Q, dO, K, V), dK/dV 37376 (K, V, Q, dO, lse, D).
-Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp); not measured on a GPU. Room left:
-cp.async double buffering of the K/V tiles, 128-row query tiles (8 warps), HS 128, a fused dQ/dK/dV backward with a
-deterministic dQ reduction. The former nvcuda::wmma version (scores through shared memory) is
+16-byte aligned): forward 46080 (Q, 2 x K, V), dQ 55296 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
+dynamic (opted in past 48 KiB with cudaFuncSetAttribute).
+Registers (ptxas, sm_90, HS = 64): forward 125, dQ 123, dK/dV 167, no spills.
+Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp; it copies at once, so it cannot show
+a missing cp.async wait); not measured on a GPU. Room left: 128-row query tiles (8 warps), HS 128, a fused
+dQ/dK/dV backward with a deterministic dQ reduction (the two backward kernels both recompute S and dP: 7 products
+where FlashAttention-2 does 5). The former nvcuda::wmma version (scores through shared memory) is
 bench/gpu/attention_wmma.cu, for comparison in gpu_kernel_bench.
 */
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
@@ -69,9 +74,10 @@ struct Smem {
     static constexpr int kLd = HS + 8;  // row stride of a tile in S (elements)
     static constexpr size_t kOwn = size_t{kBr} * kLd * 2;
     static constexpr size_t kWalk = size_t{kBc} * kLd * 2;
-    static constexpr size_t kForward = kOwn + 2 * kWalk;
-    static constexpr size_t kBackwardDq = 2 * kOwn + 2 * kWalk;
-    static constexpr size_t kBackwardDkv = 2 * kOwn + 2 * kWalk + 2 * kBc * sizeof(float);
+    // the walked tiles twice: the next one's copies run while the current one is used
+    static constexpr size_t kForward = kOwn + 4 * kWalk;
+    static constexpr size_t kBackwardDq = 2 * kOwn + 4 * kWalk;
+    static constexpr size_t kBackwardDkv = 2 * kOwn + 4 * kWalk + 2 * kBc * sizeof(float);
 };
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
@@ -81,27 +87,17 @@ __device__ __forceinline__ void copy16(void* dst, const void* src) {
     std::memcpy(dst, src, 16);
 #endif
 }
-__device__ __forceinline__ void zero16(void* dst) {
-#if defined(__CUDACC__)
-    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-#else
-    std::memset(dst, 0, 16);
-#endif
-}
 
-// Rows row0 .. row0 + kRows - 1 of the (T, HS) head slice at src (row stride `stride`) into the (kRows, HS + 8) tile
-// dst, in 16-byte packs by the whole block; rows past T are zero, so they add nothing and make nothing NaN.
+// Issues the copy of rows row0 .. row0 + kRows - 1 of the (T, HS) head slice at src (row stride `stride`) into the
+// (kRows, HS + 8) tile dst, in 16-byte cp.async by the whole block (the caller commits and waits); rows past T are
+// zero, so they add nothing and make nothing NaN.
 template <class S, int HS, int kRows>
 __device__ __forceinline__ void load_tile(S* dst, const S* src, int row0, int T, int64_t stride) {
     constexpr int kPacks = HS / 8;
     for (int i = threadIdx.x; i < kRows * kPacks; i += kThreads) {
         const int r = i / kPacks, c = (i % kPacks) * 8;
-        S* d = dst + r * Smem<HS>::kLd + c;
-        if (row0 + r < T) {
-            copy16(d, src + static_cast<int64_t>(row0 + r) * stride + c);
-        } else {
-            zero16(d);
-        }
+        const bool live = row0 + r < T;
+        cp_async16(dst + r * Smem<HS>::kLd + c, src + static_cast<int64_t>(live ? row0 + r : 0) * stride + c, live);
     }
 }
 
@@ -224,9 +220,8 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kLd = L::kLd, kF = HS / 16;
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
-    S* s_q = reinterpret_cast<S*>(smem);  // (kBr, kLd)
-    S* s_k = reinterpret_cast<S*>(smem + L::kOwn);
-    S* s_v = reinterpret_cast<S*>(smem + L::kOwn + L::kWalk);
+    S* s_q = reinterpret_cast<S*>(smem);             // (kBr, kLd)
+    S* s_kv = reinterpret_cast<S*>(smem + L::kOwn);  // 2 x [K (kBc, kLd), V (kBc, kLd)]
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
     const int w0 = q0 + 16 * warp;  // the warp's first query row; it owns rows w0 + g and w0 + g + 8
@@ -234,7 +229,13 @@ __global__ void __launch_bounds__(kThreads)
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const float scale_log2 = scale * kLog2e;
 
+    const int k_end = q0 + kBr < T ? q0 + kBr : T;  // keys past the block's last row are masked for all of its rows
     load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
+    cp_async_commit();
+    load_tile<S, HS, kBc>(s_kv, q_base + C, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv + kBc * kLd, q_base + 2 * C, 0, T, stride);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q (K, V tile 0 may still be in flight)
     __syncthreads();
     uint32_t qa[kF][4];
     load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
@@ -243,12 +244,18 @@ __global__ void __launch_bounds__(kThreads)
     zero(o);
     float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, in units of scale_log2
     float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums (the quad's add up at the end)
-    for (int k0 = 0; k0 < q0 + kBr && k0 < T; k0 += kBc) {
-        __syncthreads();  // every warp is done with the previous K, V tiles
-        load_tile<S, HS, kBc>(s_k, q_base + C, k0, T, stride);
-        load_tile<S, HS, kBc>(s_v, q_base + 2 * C, k0, T, stride);
-        __syncthreads();
+    for (int k0 = 0, buf = 0; k0 < k_end; k0 += kBc, buf ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads();  // this K, V tile has landed, and every warp is done with the previous one (buffer buf ^ 1)
+        if (k0 + kBc < k_end) {  // prefetch the next tile into buffer buf ^ 1
+            S* next = s_kv + (buf ^ 1) * 2 * kBc * kLd;
+            load_tile<S, HS, kBc>(next, q_base + C, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, q_base + 2 * C, k0 + kBc, T, stride);
+            cp_async_commit();
+        }
         if (k0 > w0) continue;  // every key after every row of the warp (k0 <= w0 keeps key k0 visible: m finite)
+        const S* s_k = s_kv + buf * 2 * kBc * kLd;
+        const S* s_v = s_k + kBc * kLd;
 
         float s[kNb][4];
         zero(s);
@@ -325,8 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
     S* s_q = reinterpret_cast<S*>(smem);  // (kBr, kLd)
     S* s_do = reinterpret_cast<S*>(smem + L::kOwn);
-    S* s_k = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // (kBc, kLd)
-    S* s_v = reinterpret_cast<S*>(smem + 2 * L::kOwn + L::kWalk);
+    S* s_kv = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // 2 x [K (kBc, kLd), V (kBc, kLd)]
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
     const int w0 = q0 + 16 * warp;
@@ -336,8 +342,14 @@ __global__ void __launch_bounds__(kThreads)
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const float scale_log2 = scale * kLog2e;
 
+    const int k_end = q0 + kBr < T ? q0 + kBr : T;
     load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
     load_tile<S, HS, kBr>(s_do, do_base, q0, T, C);
+    cp_async_commit();
+    load_tile<S, HS, kBc>(s_kv, q_base + C, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv + kBc * kLd, q_base + 2 * C, 0, T, stride);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q, dO (K, V tile 0 may still be in flight)
     __syncthreads();
     uint32_t qa[kF][4], doa[kF][4];
     load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
@@ -353,12 +365,18 @@ __global__ void __launch_bounds__(kThreads)
 
     float dq[HS / 8][4];
     zero(dq);
-    for (int k0 = 0; k0 < q0 + kBr && k0 < T; k0 += kBc) {
-        __syncthreads();  // every warp is done with the previous K, V tiles
-        load_tile<S, HS, kBc>(s_k, q_base + C, k0, T, stride);
-        load_tile<S, HS, kBc>(s_v, q_base + 2 * C, k0, T, stride);
-        __syncthreads();
+    for (int k0 = 0, buf = 0; k0 < k_end; k0 += kBc, buf ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads();  // this K, V tile has landed, and every warp is done with the previous one (buffer buf ^ 1)
+        if (k0 + kBc < k_end) {
+            S* next = s_kv + (buf ^ 1) * 2 * kBc * kLd;
+            load_tile<S, HS, kBc>(next, q_base + C, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, q_base + 2 * C, k0 + kBc, T, stride);
+            cp_async_commit();
+        }
         if (k0 > w0) continue;
+        const S* s_k = s_kv + buf * 2 * kBc * kLd;
+        const S* s_v = s_k + kBc * kLd;
 
         // one 16-key block at a time: nothing crosses blocks in the backward, and S, dP of one block are 16
         // registers instead of 64
@@ -401,9 +419,8 @@ __global__ void __launch_bounds__(kThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
     S* s_k = reinterpret_cast<S*>(smem);  // (kBr, kLd)
     S* s_v = reinterpret_cast<S*>(smem + L::kOwn);
-    S* s_q = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // (kBc, kLd)
-    S* s_do = reinterpret_cast<S*>(smem + 2 * L::kOwn + L::kWalk);
-    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::kOwn + 2 * L::kWalk);  // (kBc): lse * log2(e)
+    S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::kOwn);                          // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
+    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::kOwn + 4 * L::kWalk);  // (kBc): lse * log2(e)
     float* s_d = s_lse2 + kBc;                                                    // (kBc): D
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = blockIdx.x * kBr;  // the longest key tiles (most query tiles) have the lowest index
@@ -415,8 +432,14 @@ __global__ void __launch_bounds__(kThreads)
     const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
     const float scale_log2 = scale * kLog2e;
 
+    const int q_begin = k0 / kBc * kBc;
     load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
     load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
+    cp_async_commit();
+    load_tile<S, HS, kBc>(s_qdo, q_base, q_begin, T, stride);
+    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, q_begin, T, C);
+    cp_async_commit();
+    cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
     __syncthreads();
     uint32_t ka[kF][4], va[kF][4];
     load_a<S, HS>(ka, s_k + 16 * warp * kLd, lane);
@@ -425,11 +448,17 @@ __global__ void __launch_bounds__(kThreads)
     float dk[HS / 8][4], dv[HS / 8][4];
     zero(dk);
     zero(dv);
-    for (int q0 = k0 / kBc * kBc; q0 < T; q0 += kBc) {
-        __syncthreads();  // every warp is done with the previous Q, dO tiles, lse and D
-        load_tile<S, HS, kBc>(s_q, q_base, q0, T, stride);
-        load_tile<S, HS, kBc>(s_do, do_base, q0, T, C);
-        __syncthreads();
+    for (int q0 = q_begin, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads();  // this Q, dO tile has landed; every warp is done with the previous one, lse and D
+        if (q0 + kBc < T) {
+            S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
+            load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
+            cp_async_commit();
+        }
+        const S* s_q = s_qdo + buf * 2 * kBc * kLd;
+        const S* s_do = s_q + kBc * kLd;
         for (int row = threadIdx.x / 4; row < kBc; row += kThreads / 4) {  // lse and D of the tile's rows, by quads
             const int query = q0 + row;
             const float D = quad_row_dot<S, HS>(s_do + row * kLd, o_base + static_cast<int64_t>(query) * C, query < T,
