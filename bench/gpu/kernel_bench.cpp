@@ -5,7 +5,9 @@
 //     residual add, AdamW, the fp32 -> bf16 cast) at GPT-2 124M shapes (B=4, T=1024, C=768), as a percentage of a
 //     device-to-device copy's measured bandwidth; bytes are the least each op must move (every input read once, every
 //     output written once), so 100% would be a copy's speed;
-//   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16.
+//   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16 (bf16: the shipped
+//     mma.sync kernels of attention_tc.cu), and in bf16 the nvcuda::wmma alternative (bench/gpu/attention_wmma.cu)
+//     launched directly, for comparison.
 // Times are medians of cudaEvent-timed repeats after a warm-up. One line per row, "name | dtype | ms | GB/s | % of
 // copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the output into its summary.
 //   build-gpu/gpu_kernel_bench        (built only with MS_ENABLE_CUDA and a toolkit)
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/attention_wmma.h"
 #include "engine/backends/cuda/cuda_backend.h"
 
 namespace {
@@ -238,6 +241,25 @@ int main() {
                     bwd_flops / (bwd_ms * 1e9));
         std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention forward+backward", dn, fwd_ms + bwd_ms,
                     (fwd_flops + bwd_flops) / ((fwd_ms + bwd_ms) * 1e9));
+        if (d == DType::kBF16) {  // the wmma alternative on the same tensors, on the default stream
+            auto* qkv16 = static_cast<ms::bf16*>(qkv);
+            auto* out16 = static_cast<ms::bf16*>(out);
+            const int b4 = static_cast<int>(B), t = static_cast<int>(T), nh = static_cast<int>(NH);
+            const int hs = static_cast<int>(HS);
+            const double wfwd_ms =
+                time_ms(*be, [&] { ms::bench::attention_wmma_forward(out16, lse, qkv16, b4, t, nh, hs, nullptr); });
+            const double wbwd_ms = time_ms(*be, [&] {
+                ms::bench::attention_wmma_backward(static_cast<ms::bf16*>(dqkv), static_cast<const ms::bf16*>(dout),
+                                                   qkv16, out16, lse, b4, t, nh, hs, nullptr);
+            });
+            CHECK(cudaGetLastError());
+            std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s (causal FLOPs)\n", "attention wmma forward (bench)",
+                        dn, wfwd_ms, fwd_flops / (wfwd_ms * 1e9));
+            std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention wmma backward (bench)", dn, wbwd_ms,
+                        bwd_flops / (wbwd_ms * 1e9));
+            std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention wmma forward+backward (bench)", dn,
+                        wfwd_ms + wbwd_ms, (fwd_flops + bwd_flops) / ((wfwd_ms + wbwd_ms) * 1e9));
+        }
         std::fflush(stdout);
         for (void* p : {qkv, out, dout, dqkv}) CHECK(cudaFree(p));
         CHECK(cudaFree(lse));
