@@ -1,0 +1,202 @@
+// test_gpu_attention.cpp: the tensor-core attention kernels (engine/backends/cuda/kernels/attention_tc.cu, PTX
+// mma.sync m16n8k16) on a real GPU against the CPU backend in OpMode::kReference: the GPU twin of
+// tests/ops/test_cuda_emu_attention_tc.cpp, which runs the same source on the CPU emulation at small T only.
+//
+// Per dtype (bf16, fp16) and (B, T, NH, HS) in (2, 9, 3, 16), (2, 70, 2, 32), (2, 130, 2, 64), (1, 1024, 2, 64):
+// forward out and lse, backward dQ, dK, dV (each on its own scale) with the CPU's out and lse as inputs, as scale-free
+// errors; outputs start as NaN (every element must be written); a second run gives the same bits (no atomics).
+// Tolerances are the emulation test's (about 3x its measured errors), which a GPU should meet: a tensor core's
+// summation order and ex2.approx differ from the emulation's only in the last bits of fp32 values, far below the
+// rounding of P, dS and the outputs to 16 bits. Written without a GPU to run it on: MS_OP_TEST_VERBOSE=1 prints the
+// errors to re-measure them. Skips without a CUDA device (ctest -L gpu).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "engine/backends/cuda/kernels/attention_tc.cuh"
+#include "engine/core/half.h"
+#include "tests/ops/op_test_util.h"
+
+namespace ms::test {
+namespace {
+
+bool have_gpu() {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define MS_TEST_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+template <class S>
+constexpr DType dtype_of() {
+    return std::is_same_v<S, bf16> ? DType::kBF16 : DType::kF16;
+}
+
+// n elements of T in device memory (cudaMalloc: 256-byte aligned, as the tensor-core path needs 16).
+template <class T>
+class DeviceBuf {
+  public:
+    explicit DeviceBuf(size_t n) : n_(n) {
+        if (cudaMalloc(&p_, n * sizeof(T)) != cudaSuccess) p_ = nullptr;
+    }
+    ~DeviceBuf() { cudaFree(p_); }
+    DeviceBuf(const DeviceBuf&) = delete;
+    DeviceBuf& operator=(const DeviceBuf&) = delete;
+    T* get() { return p_; }
+    cudaError_t upload(const std::vector<T>& v) {
+        return cudaMemcpy(p_, v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+    }
+    cudaError_t fill_nan() { return cudaMemset(p_, 0xff, n_ * sizeof(T)); }  // 0xffff: NaN in bf16 and fp16
+    std::vector<T> download() const {
+        std::vector<T> v(n_);
+        if (cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) v.clear();
+        return v;
+    }
+
+  private:
+    T* p_ = nullptr;
+    size_t n_;
+};
+
+template <class S>
+std::vector<S> to_s(const std::vector<float>& v) {
+    std::vector<S> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<S>(v[i]);
+    return out;
+}
+template <class S>
+std::vector<float> to_f(const std::vector<S>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
+    return out;
+}
+
+// Columns [part * C, (part + 1) * C) of every row of the (B * T, 3C) dqkv: dQ, dK or dV.
+std::vector<float> third(const std::vector<float>& dqkv, int64_t C, int part) {
+    std::vector<float> v;
+    for (size_t row = 0; row < dqkv.size() / (3 * C); ++row) {
+        const auto first = dqkv.begin() + static_cast<int64_t>(row) * 3 * C + part * C;
+        v.insert(v.end(), first, first + C);
+    }
+    return v;
+}
+
+// max |got - want| / max |want|; infinite when got has a NaN.
+double error_on_scale(const std::vector<float>& got, const std::vector<float>& want) {
+    double diff = 0.0, ref = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (std::isnan(got[i])) return INFINITY;
+        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+        ref = std::max(ref, std::fabs(static_cast<double>(want[i])));
+    }
+    return diff / std::max(ref, 1e-30);
+}
+
+void expect_close(const std::string& what, double err, double tol) {
+    if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-40s err %.2e (tol %.0e)\n", what.c_str(), err, tol);
+    EXPECT_LE(err, tol) << what;
+}
+
+struct Tolerances {
+    double out, lse, dq, dk, dv;
+};
+// As tests/ops/test_cuda_emu_attention_tc.cpp.
+constexpr Tolerances kBf16Tol{1.2e-2, 6e-7, 1.5e-2, 2.1e-2, 1.4e-2};
+constexpr Tolerances kFp16Tol{1.5e-3, 8e-7, 2.4e-3, 2.2e-3, 2.0e-3};
+
+struct Shape {
+    int B, T, NH, HS;
+};
+
+template <class S>
+void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
+    const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
+    const std::string tag = std::string(dtype_name(dtype_of<S>())) + " B " + std::to_string(B) + " T " +
+                            std::to_string(T) + " NH " + std::to_string(NH) + " HS " + std::to_string(HS) + ": ";
+    SCOPED_TRACE(tag);
+    const size_t n_qkv = size_t{1} * B * T * 3 * C, n_out = size_t{1} * B * T * C, n_lse = size_t{1} * B * NH * T;
+    // inputs rounded to S first, so the CPU reference sees exactly what the GPU does
+    std::vector<S> qkv = to_s<S>(random_floats(n_qkv, 11 + T, -2.0f, 2.0f)),
+                   dout = to_s<S>(random_floats(n_out, 12 + T));
+    std::vector<S> out_ref(n_out), dqkv_ref(n_qkv);
+    std::vector<float> lse_ref(n_lse);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    const DType d = dtype_of<S>();
+    cpu->attention_forward({.qkv = Tensor(qkv.data(), d, {B, T, 3 * C}),
+                            .out = Tensor(out_ref.data(), d, {B, T, C}),
+                            .lse = Tensor::f32(lse_ref.data(), {B, NH, T}),
+                            .NH = NH});
+    cpu->attention_backward({.dout = Tensor(dout.data(), d, {B, T, C}),
+                             .qkv = Tensor(qkv.data(), d, {B, T, 3 * C}),
+                             .out = Tensor(out_ref.data(), d, {B, T, C}),
+                             .lse = Tensor::f32(lse_ref.data(), {B, NH, T}),
+                             .dqkv = Tensor(dqkv_ref.data(), d, {B, T, 3 * C}),
+                             .NH = NH});
+    const std::vector<float> out_want = to_f(out_ref), dqkv_want = to_f(dqkv_ref);
+
+    DeviceBuf<S> d_qkv(n_qkv), d_dout(n_out), d_out_ref(n_out), d_out(n_out), d_dqkv(n_qkv);
+    DeviceBuf<float> d_lse_ref(n_lse), d_lse(n_lse);
+    ASSERT_TRUE(d_qkv.get() && d_dout.get() && d_out_ref.get() && d_out.get() && d_dqkv.get() && d_lse_ref.get() &&
+                d_lse.get());
+    MS_TEST_CUDA(d_qkv.upload(qkv));
+    MS_TEST_CUDA(d_dout.upload(dout));
+    MS_TEST_CUDA(d_out_ref.upload(out_ref));
+    MS_TEST_CUDA(d_lse_ref.upload(lse_ref));
+    ASSERT_TRUE(cuda::attention_tc_eligible(HS, {d_qkv.get(), d_dout.get(), d_out.get(), d_dqkv.get()}));
+
+    std::vector<S> first_out, first_dqkv;
+    std::vector<float> first_lse;
+    for (int run = 0; run < 2; ++run) {
+        MS_TEST_CUDA(d_out.fill_nan());
+        MS_TEST_CUDA(d_dqkv.fill_nan());
+        MS_TEST_CUDA(d_lse.fill_nan());
+        cuda::attention_tc_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, HS, nullptr);
+        cuda::attention_tc_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(), B, T, NH,
+                                    HS, nullptr);
+        MS_TEST_CUDA(cudaDeviceSynchronize());
+        MS_TEST_CUDA(cudaGetLastError());
+        const std::vector<S> out = d_out.download(), dqkv = d_dqkv.download();
+        const std::vector<float> lse = d_lse.download();
+        ASSERT_EQ(out.size(), n_out);
+        ASSERT_EQ(dqkv.size(), n_qkv);
+        ASSERT_EQ(lse.size(), n_lse);
+        if (run == 0) {
+            const std::vector<float> got = to_f(dqkv);
+            expect_close(tag + "out", error_on_scale(to_f(out), out_want), tol.out);
+            expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
+            expect_close(tag + "dQ", error_on_scale(third(got, C, 0), third(dqkv_want, C, 0)), tol.dq);
+            expect_close(tag + "dK", error_on_scale(third(got, C, 1), third(dqkv_want, C, 1)), tol.dk);
+            expect_close(tag + "dV", error_on_scale(third(got, C, 2), third(dqkv_want, C, 2)), tol.dv);
+            first_out = out;
+            first_dqkv = dqkv;
+            first_lse = lse;
+        } else {
+            EXPECT_TRUE(std::memcmp(out.data(), first_out.data(), n_out * sizeof(S)) == 0) << "out: two runs differ";
+            EXPECT_TRUE(std::memcmp(dqkv.data(), first_dqkv.data(), n_qkv * sizeof(S)) == 0) << "dqkv: runs differ";
+            EXPECT_TRUE(bit_identical(lse, first_lse)) << "lse: two runs differ";
+        }
+    }
+}
+
+constexpr Shape kShapes[] = {{2, 9, 3, 16}, {2, 70, 2, 32}, {2, 130, 2, 64}, {1, 1024, 2, 64}};
+
+TEST(GpuAttentionTc, Bf16MatchesTheCpuReference) {
+    if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+    for (const Shape& s : kShapes) check_attention_on_gpu<bf16>(s, kBf16Tol);
+}
+
+TEST(GpuAttentionTc, Fp16MatchesTheCpuReference) {
+    if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+    for (const Shape& s : kShapes) check_attention_on_gpu<fp16>(s, kFp16Tol);
+}
+
+}  // namespace
+}  // namespace ms::test
