@@ -283,11 +283,12 @@ std::unique_ptr<Plan> CublasGemm::Impl::make_plan(const LtProduct& p, const Plan
     auto plan = std::make_unique<Plan>();
     auto fall_back = [&](const char* why) {
         ++fallbacks;
-        std::fprintf(stderr,
-                     "mindspeed-train: cuBLASLt: no algorithm for the %s product (%s inputs, %s output, epilogue %s, "
-                     "m %d n %d k %d, alignments A %u B %u C %u bias %u aux %u: %s); cuBLAS runs it instead\n",
-                     product_name(p.product), type_name(p.ab_type), type_name(p.c_type), epilogue_name(p.epilogue), p.m,
-                     p.n, p.k, key.align_a, key.align_b, key.align_c, key.align_bias, key.align_aux, why);
+        std::fprintf(
+            stderr,
+            "mindspeed-train: cuBLASLt: no algorithm for the %s product (%s inputs, %s output, epilogue %s, "
+            "m %d n %d k %d, alignments A %u B %u C %u bias %u aux %u: %s); the fallback of cublas_gemm.h runs it\n",
+            product_name(p.product), type_name(p.ab_type), type_name(p.c_type), epilogue_name(p.epilogue), p.m, p.n,
+            p.k, key.align_a, key.align_b, key.align_c, key.align_bias, key.align_aux, why);
         return std::move(plan);
     };
     const bool gelu_aux = p.aux != nullptr;
