@@ -6,7 +6,7 @@
 // mapping in either shows up. Inputs are small integers, exact in bf16 and fp16, so every product and partial sum is
 // exact in fp32 and D is compared with == against a plain loop. ldmatrix .x4 (plain and .trans) must give the same
 // registers as the documented layout applied to the tile in shared memory; pack2 rounds to nearest even, low half
-// first; a misaligned ldmatrix row aborts.
+// first; a cp.async lands at the wait_group that covers its group, not before; a misaligned ldmatrix row aborts.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -133,6 +133,42 @@ TEST(CudaEmuMma, Pack2RoundsToNearestEvenLowHalfFirst) {
     EXPECT_EQ(out[0], static_cast<uint32_t>(from_float<bf16>(lo).bits) | uint32_t{from_float<bf16>(hi).bits} << 16);
     EXPECT_EQ(out[1], static_cast<uint32_t>(from_float<fp16>(lo).bits) | uint32_t{from_float<fp16>(hi).bits} << 16);
     EXPECT_EQ(to_float(bf16{static_cast<uint16_t>(out[0] & 0xffffu)}), 1.0f + 1.0f / 128);
+}
+
+// Thread i copies 16 bytes (4 floats) from src[4 i ..] in two groups: group 1 into a, group 2 into b
+// (with valid = false for odd i: zero-fill). seen[i * 4 + k] records a[4 i] / b[4 i] before any wait (k = 0: old
+// contents), after wait_group 1 (k = 1: a landed, b not) and after wait_group 0 (k = 2, 3: a, b).
+__global__ void cp_async_kernel(float* seen, const float* src) {
+    MS_DYNAMIC_SHARED(float, s);
+    float* a = s;
+    float* b = s + 4 * 32;
+    const int i = threadIdx.x;
+    a[4 * i] = -1.0f;
+    b[4 * i] = -1.0f;
+    cuda::cp_async16(a + 4 * i, src + 4 * i, true);
+    cuda::cp_async_commit();
+    cuda::cp_async16(b + 4 * i, src + 4 * (32 + i), i % 2 == 0);
+    cuda::cp_async_commit();
+    seen[4 * i] = a[4 * i];
+    cuda::cp_async_wait<1>();
+    seen[4 * i + 1] = a[4 * i] + 1000.0f * (b[4 * i] != -1.0f);
+    cuda::cp_async_wait<0>();
+    seen[4 * i + 2] = a[4 * i];
+    seen[4 * i + 3] = b[4 * i];
+}
+
+TEST(CudaEmuMma, CpAsyncLandsAtTheWaitThatCoversItsGroup) {
+    alignas(16) static float src[4 * 64];
+    for (int i = 0; i < 4 * 64; ++i) src[i] = static_cast<float>(i);
+    std::vector<float> seen(4 * 32);
+    ms_launch(cp_async_kernel, dim3(1), dim3(32), size_t{2 * 4 * 32 * sizeof(float)}, nullptr, seen.data(),
+              static_cast<const float*>(src));
+    for (int i = 0; i < 32; ++i) {
+        EXPECT_EQ(seen[4 * i], -1.0f) << "thread " << i << ": a before any wait";
+        EXPECT_EQ(seen[4 * i + 1], src[4 * i]) << "thread " << i << ": a landed, b not, after wait_group 1";
+        EXPECT_EQ(seen[4 * i + 2], src[4 * i]) << "thread " << i;
+        EXPECT_EQ(seen[4 * i + 3], i % 2 == 0 ? src[4 * (32 + i)] : 0.0f) << "thread " << i << ": b, or zero-filled";
+    }
 }
 
 __global__ void misaligned_ldmatrix_kernel() {

@@ -14,12 +14,11 @@
 // gets matrix j's (row g, columns 2t..2t+1), with .trans its (rows 2t..2t+1, column g), i.e. a B fragment half of
 // a row-major (k, n) tile.
 // All are warp-collective: every lane of the warp calls them with the same control flow.
-// Also here, for the same kernels: cp.async (16-byte global -> shared copies that run while the thread goes on; the
-// CPU emulation copies at once, so it cannot show a missing wait) with its commit / wait_group.
+// Also here, for the same kernels: cp.async (16-byte global -> shared copies that run while the thread goes on; on
+// the CPU emulation they land at the wait_group that covers them, so a missing wait shows) with commit / wait_group.
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "engine/backends/cuda/common.cuh"
@@ -105,11 +104,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
     const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0));
 #else
-    if (valid) {
-        std::memcpy(dst, src, 16);
-    } else {
-        std::memset(dst, 0, 16);
-    }
+    cuda_emu::cp_async_issue(dst, src, valid);
 #endif
 }
 
@@ -117,6 +112,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDACC__)
     asm volatile("cp.async.commit_group;\n" ::);
+#else
+    cuda_emu::cp_async_commit();
 #endif
 }
 
@@ -126,6 +123,8 @@ template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDACC__)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#else
+    cuda_emu::cp_async_wait(kPending);
 #endif
 }
 

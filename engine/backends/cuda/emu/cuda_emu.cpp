@@ -44,10 +44,18 @@ struct Warp {
     float mma[2 * 256];  // wmma::mma_sync's exchange: the A and B operands, 16 x 16 each, row-major
 };
 
+// A cp.async of 16 bytes the thread issued and no wait_group has completed yet (emu/mma_emu.h).
+struct AsyncCopy {
+    unsigned char* dst;
+    const unsigned char* src;  // null: zero-fill
+};
+
 struct Fiber {
     ucontext_t context;
     dim3 thread_idx;
     bool done;
+    std::vector<AsyncCopy> copies;   // in issue order
+    std::vector<size_t> group_ends;  // per committed group, oldest first: its end in copies
 };
 
 struct Runner {
@@ -114,6 +122,22 @@ Warp& current_warp(Runner& r, unsigned mask) {
     return w;
 }
 
+// Lands the copies of the thread's oldest `groups` committed groups.
+void land_copies(Fiber& f, size_t groups) {
+    if (groups == 0) return;
+    const size_t end = f.group_ends[groups - 1];
+    for (size_t i = 0; i < end; ++i) {
+        if (f.copies[i].src != nullptr) {
+            std::memcpy(f.copies[i].dst, f.copies[i].src, 16);
+        } else {
+            std::memset(f.copies[i].dst, 0, 16);
+        }
+    }
+    f.copies.erase(f.copies.begin(), f.copies.begin() + static_cast<std::ptrdiff_t>(end));
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + static_cast<std::ptrdiff_t>(groups));
+    for (size_t& e : f.group_ends) e -= end;
+}
+
 // A returned thread no longer counts at barriers; it may be the one the others were waiting for.
 void finish_thread(Runner& r) {
     Warp& w = r.warps[r.current / 32];
@@ -138,6 +162,8 @@ void run_block(Runner& r) {
         Fiber& f = r.fibers[t];
         f.thread_idx = dim3(t % blockDim.x, t / blockDim.x % blockDim.y, t / (blockDim.x * blockDim.y));
         f.done = false;
+        f.copies.clear();
+        f.group_ends.clear();
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = r.stacks + t * r.stride + (r.stride - kStackBytes);
         f.context.uc_stack.ss_size = kStackBytes;
@@ -248,6 +274,30 @@ void wmma_check_pointer(const void* p, unsigned ldm, size_t element_bytes, const
 void ldmatrix_check_row(const void* p) {
     MS_CHECK(reinterpret_cast<uintptr_t>(p) % 16 == 0,
              "cuda_emu: ldmatrix row address {}, which is not 16-byte aligned (the PTX ISA requires it)", p);
+}
+
+void cp_async_issue(void* dst, const void* src, bool valid) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: cp.async outside a kernel");
+    MS_CHECK(reinterpret_cast<uintptr_t>(dst) % 16 == 0 && (!valid || reinterpret_cast<uintptr_t>(src) % 16 == 0),
+             "cuda_emu: cp.async of 16 bytes from {} to {}: both must be 16-byte aligned", src, dst);
+    r.fibers[r.current].copies.push_back(
+        {static_cast<unsigned char*>(dst), valid ? static_cast<const unsigned char*>(src) : nullptr});
+}
+
+void cp_async_commit() {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: cp.async.commit_group outside a kernel");
+    Fiber& f = r.fibers[r.current];
+    f.group_ends.push_back(f.copies.size());
+}
+
+void cp_async_wait(int pending) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: cp.async.wait_group outside a kernel");
+    Fiber& f = r.fibers[r.current];
+    const size_t groups = f.group_ends.size();
+    land_copies(f, groups > static_cast<size_t>(pending) ? groups - static_cast<size_t>(pending) : 0);
 }
 
 void syncthreads() {

@@ -29,7 +29,8 @@
 //   - nvcuda::wmma (mma.h) with __nv_bfloat16 / half operands and float accumulators, m16n16k16 only, and the two
 //     16-bit types with their float conversions: emu/wmma_emu.h.
 //   - the PTX mma.sync m16n8k16 (bf16 / f16 operands, f32 accumulators) and ldmatrix .x4 [.trans], with their
-//     documented fragment layouts, through the wrappers of cuda/mma.cuh: emu/mma_emu.h.
+//     documented fragment layouts, and 16-byte cp.async with commit / wait_group (a copy lands at the wait that
+//     covers it), through the wrappers of cuda/mma.cuh: emu/mma_emu.h.
 //   - cudaStream_t is opaque and launches are synchronous; cudaGetLastError() always returns cudaSuccess.
 // Not emulated: cooperative groups, __ballot/__any/match, half/bf16 arithmetic and vector types, textures,
 // clusters, launches from inside a kernel, host-device memory separation (kernels dereference host pointers).
@@ -185,5 +186,5 @@ inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
-#include "engine/backends/cuda/emu/wmma_emu.h"
 #include "engine/backends/cuda/emu/mma_emu.h"
+#include "engine/backends/cuda/emu/wmma_emu.h"

@@ -19,6 +19,10 @@
 // instruction instead of one shuffle per element keeps the emulated attention kernels fast enough for CI.
 // ldmatrix reads memory after the first barrier, so it sees every earlier write of the warp: unlike wmma_emu.h's
 // loads it cannot expose a missing __syncwarp before it.
+// cp.async (cuda/mma.cuh's cp_async16 / cp_async_commit / cp_async_wait): each thread's copies are queued and land
+// at the cp.async.wait_group that covers their group, the latest moment a GPU allows, so a kernel that reads a
+// staged tile before its wait (or, for other threads' copies, before the barrier after it) reads the old contents
+// (the NaN poison at block start, or the previous tile) and fails its test. Copies no wait covered never land.
 // mma: d = a b + c in fp32, products of two bf16 / fp16 values (exact in fp32) summed over k = 0..15 in order,
 // starting from c; a tensor core's order and internal precision are unspecified, so a GPU may differ in the last
 // bits of d.
@@ -31,12 +35,19 @@
 #include <cstdint>
 #include <cstring>
 
+#include "engine/backends/cuda/emu/wmma_emu.h"  // warp_mma_staging
 #include "engine/core/half.h"
 
 namespace ms::cuda_emu {
 
 // Aborts unless the row address p of an ldmatrix is 16-byte aligned (cuda_emu.cpp).
 void ldmatrix_check_row(const void* p);
+
+// cp.async of 16 bytes (valid false: zero-fill), commit_group, wait_group(pending), per calling thread
+// (cuda_emu.cpp).
+void cp_async_issue(void* dst, const void* src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int pending);
 
 // The two 16-bit elements of a fragment register as floats: low half first.
 template <class S>

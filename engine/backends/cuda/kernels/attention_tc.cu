@@ -40,8 +40,8 @@ Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row a
 16-byte aligned): forward 46080 (Q, 2 x K, V), dQ 55296 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
 dynamic (opted in past 48 KiB with cudaFuncSetAttribute).
 Registers (ptxas, sm_90, HS = 64): forward 125, dQ 123, dK/dV 167, no spills.
-Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp; it copies at once, so it cannot show
-a missing cp.async wait); not measured on a GPU. Room left: 128-row query tiles (8 warps), HS 128, a fused
+Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp; its cp.async copies land only at the
+wait_group that covers them, so a missing wait shows); not run on a GPU (tests/gpu/test_gpu_attention.cpp is ready). Room left: 128-row query tiles (8 warps), HS 128, a fused
 dQ/dK/dV backward with a deterministic dQ reduction (the two backward kernels both recompute S and dP: 7 products
 where FlashAttention-2 does 5). The former nvcuda::wmma version (scores through shared memory) is
 bench/gpu/attention_wmma.cu, for comparison in gpu_kernel_bench.
