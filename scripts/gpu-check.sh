@@ -12,7 +12,7 @@
 #      (run.comm: auto); and the NCCL communicator as one rank, every collective in fp32/bf16/fp16/int32
 #      (nccl_one_rank: tests/gpu/test_nccl.cpp);
 #   3. the kernel benchmark, fp32 and bf16 (bench/gpu/kernel_bench.cpp: bandwidth as % of a device copy, attention
-#      TFLOP/s);
+#      TFLOP/s), and the GEMM benchmark (bench/gpu/gemm_bench.cpp: the 124M shapes in bf16, cuBLASLt vs cuBLAS);
 #   4. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda) in bf16 mixed precision, fp32 and TF32 against
 #      PyTorch bf16 autocast, fp32 and TF32 with torch.compile (bench/gpu/gpt2_bench.py; the bf16 pair first), at
 #      micro-batch MS_GPU_BENCH_BATCH (default 16 sequences of 1024: micro-batch 4's GEMMs and kernels are too small
@@ -74,7 +74,7 @@ run_step configure 90 "$out/configure.log" \
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
 # -k 0: a target that fails to build does not stop the others; each step below needs only its own binaries.
 run_step build 240 "$out/build.log" ninja -C build-gpu -k 0 -j"$(nproc)" mindspeed-train test_gpu ms_has_gpu \
-  test_cuda_device test_nccl gpu_kernel_bench ||
+  test_cuda_device test_nccl gpu_kernel_bench gpu_gemm_bench ||
   grep -B2 -A12 'FAILED:' "$out/build.log" | head -40 | tee -a "$summary"
 log "ptxas: $(grep -c 'spill stores' "$out/build.log" 2>/dev/null) kernel reports, \
 $(grep 'spill stores' "$out/build.log" 2>/dev/null | grep -vc ' 0 bytes spill stores') with spills"
@@ -88,6 +88,8 @@ have tests/test_nccl  # a row when it did not build; ctest then reports nccl_one
 have mindspeed-train tests/test_gpu tests/ms_has_gpu tests/test_cuda_device &&
   run_step "ctest -L gpu" 200 "$out/ctest-gpu.log" bash -c 'cd build-gpu && exec ctest -L gpu -V --timeout 170'
 have gpu_kernel_bench && run_step "kernel benchmark (fp32, bf16)" 60 "$out/kernel-bench.log" ./build-gpu/gpu_kernel_bench
+have gpu_gemm_bench && run_step "GEMM benchmark (bf16, cuBLASLt vs cuBLAS)" 40 "$out/gemm-bench.log" \
+  ./build-gpu/gpu_gemm_bench
 have mindspeed-train &&
   run_step "GPT-2 124M benchmark (bf16, fp32, TF32)" 230 "$out/gpt2-bench.log" \
     python3 bench/gpu/gpt2_bench.py --binary build-gpu/mindspeed-train --out "$out/bench" \
@@ -140,6 +142,10 @@ fi
 if [ -f "$out/kernel-bench.log" ]; then
   log "== kernel bandwidth (% of a device copy) and attention throughput, fp32 and bf16 (bench/gpu/kernel_bench.cpp)"
   tee -a "$summary" < "$out/kernel-bench.log"
+fi
+if [ -f "$out/gemm-bench.log" ]; then
+  log "== GEMMs at the 124M shapes, bf16: cuBLASLt (bias / GELU epilogues) vs cuBLAS (bench/gpu/gemm_bench.cpp)"
+  tee -a "$summary" < "$out/gemm-bench.log"
 fi
 for f in test_ops test_model; do
   [ -f "$out/$f.log" ] && grep -E '^\[  (PASSED|FAILED) ' "$out/$f.log" | sed "s/^/$f: /" | tee -a "$summary"
