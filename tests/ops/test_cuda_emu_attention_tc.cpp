@@ -2,13 +2,14 @@
 // through cuda/mma.cuh) on the CPU emulation against the CPU backend in OpMode::kReference on the same bf16 / fp16
 // tensors.
 //
-// Per dtype (bf16, fp16) and head size (16, 32, 64), for T = 1, 9, 17, 70, 130 (one row; fewer rows than one mma
-// tile; a partial 64-row tile; two tiles, the second partial; three tiles) with B = 2, NH = 2: forward out and lse,
-// and backward dQ, dK, dV (each third of dqkv on its own scale) with the CPU's out and lse as the backward's inputs,
-// so the two are checked separately. Outputs start as NaN (every element must be written), guard elements around
-// them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the dispatch check below
-// repeats both kernels too: the emulation is slow, and the whole file stays under 20 s). One case also checks that
-// attention_forward / attention_backward dispatch to these kernels.
+// Per dtype (bf16, fp16) and head size (16, 64; and 32 in bf16), for T = 1, 9, 17, 70, 130 (one row; fewer rows than
+// one mma tile; one partial tile; one partial 128-row forward / dQ tile over two key tiles, two 64-row dK/dV tiles; two
+// 128-row tiles, the second of 2 rows, walking up to three double-buffered key tiles) with B = 2, NH = 2: forward
+// out and lse, and backward dQ, dK, dV (each third of dqkv on its own scale) with the CPU's out and lse as the
+// backward's inputs, so the two are checked separately. Outputs start as NaN (every element must be written), guard
+// elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the dispatch
+// check below repeats both kernels too: the emulation is slow, and the whole file stays under 20 s). One case also
+// checks that attention_forward / attention_backward dispatch to these kernels.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
 // over all T and HS (values below, mma.sync kernels). The reference computes in double and rounds once; the kernels
@@ -16,7 +17,8 @@
 // place of the storage type: bf16 has 8 bits of mantissa, fp16 11, hence the ~8x between the two.
 // lse is fp32 from fp32 sums of exact bf16/fp16 products: float rounding only.
 //   measured, bf16: out 4.0e-3, lse 1.2e-7, dQ 5.0e-3, dK 6.9e-3, dV 4.6e-3
-//   measured, fp16: out 5.0e-4, lse 2.5e-7, dQ 7.7e-4, dK 7.3e-4, dV 6.7e-4
+//   measured, fp16: out 5.0e-4, lse 2.5e-7, dQ 7.7e-4, dK 7.3e-4, dV 5.1e-4 (6.7e-4 at HS 32, which runs in bf16 only
+//   now, to keep the file under 20 s)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -181,7 +183,6 @@ TEST(CudaEmuAttentionTc, Bf16HeadSize16) { check_attention_tc<bf16>(16, kBf16Tol
 TEST(CudaEmuAttentionTc, Bf16HeadSize32) { check_attention_tc<bf16>(32, kBf16Tol); }
 TEST(CudaEmuAttentionTc, Bf16HeadSize64) { check_attention_tc<bf16>(64, kBf16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize16) { check_attention_tc<fp16>(16, kFp16Tol); }
-TEST(CudaEmuAttentionTc, Fp16HeadSize32) { check_attention_tc<fp16>(32, kFp16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize64) { check_attention_tc<fp16>(64, kFp16Tol); }
 
 TEST(CudaEmuAttentionTc, EligibilityFollowsHeadSizeAndAlignment) {

@@ -18,17 +18,20 @@ the A operand of the next product, so P and dS never leave registers (nor does O
 by scale * log2(e). l sums the fp32 P (so lse is as exact as the fp32 kernels'); V is weighted by P rounded. out and
 dqkv are rounded once, on store.
 
-Tiles: a block of kWarps = 4 warps owns kBr = 64 rows (16 per warp, one m16 tile) and walks kBc = 64-row tiles of
-the other side, staged in shared memory by 16-byte cp.async (rows past T zero-filled), double-buffered: the next
-walked tile's copies are issued right after the barrier that frees its buffer and land while the current one is
-used (one __syncthreads per walked tile; dK/dV has a second one for lse and D). B operands come from shared memory by
-ldmatrix.x4 (K, V, Q, dO rows as the (n, k) operand of an A B^T product) or ldmatrix.x4.trans (V, K, dO, Q as the
-(k, n) operand of P V, dS K, P^T dO, dS^T Q); A operands (Q, dO, K, V of the warp's own rows) once per block.
-  forward  (query tile): per key tile S (16 x 64 per warp: 32 fp32 registers a lane), mask, online softmax, O (16 x
-           HS: HS / 2 registers) rescaled by exp(m_old - m_new) and += P V. O / l and lse = m + log l at the end.
+Tiles: a block of kWarps = 4 warps owns 16 kMt rows per warp and walks kBc = 64-row tiles of the other side; kMt = 2
+m16 tiles per warp (128-row blocks, as FlashAttention-2) for the forward and dQ, so each B fragment a warp loads feeds
+two mma per 8 columns (half the ldmatrix traffic per mma of kMt = 1: mma.sync kernels tend to be bound by shared
+memory), and kMt = 1 (64 keys) for dK/dV, whose dK and dV accumulators would not fit 255 registers twice. Tiles are
+staged in shared memory by 16-byte cp.async (rows past T zero-filled), double-buffered: the next walked tile's copies
+are issued right after the barrier that frees its buffer and land while the current one is used (one __syncthreads
+per walked tile; dK/dV has a second one for lse and D). B operands come from shared memory by ldmatrix.x4 (K, V, Q, dO
+rows as the (n, k) operand of an A B^T product) or ldmatrix.x4.trans (V, K, dO, Q as the (k, n) operand of P V, dS K,
+P^T dO, dS^T Q); A operands (Q, dO, K, V of the warp's own rows) once per block.
+  forward  (query tile): per key tile S (32 x 64 per warp: 64 fp32 registers a lane), mask, online softmax, O (32 x
+           HS: HS registers) rescaled by exp(m_old - m_new) and += P V. O / l and lse = m + log l at the end.
   dQ       (query tile): per 16-key block of each key tile S -> P = exp(S * scale - lse), dP = dO V^T,
            dS = P (dP - D), dQ += dS K. No row reduction crosses blocks in the backward, so S and dP live one 16-wide
-           block at a time (16 registers, not 64).
+           block at a time (16 registers per m16 tile, not 64).
   dK/dV    (key tile): per 16-query block of each query tile from the diagonal on, the transposed products
            S^T = K Q^T and dP^T = V dO^T, so each warp's P^T / dS^T rows are its own keys and dV += P^T dO,
            dK += dS^T Q need nothing from other warps; lse and D of the query tile's rows go through shared memory.
@@ -37,14 +40,16 @@ Query tiles run longest first (blockIdx.x reversed) so the causal triangle's lon
 and 16-row sub-blocks a warp's causal mask hides entirely are skipped; the mask is applied only on tiles that
 straddle the diagonal (and past T).
 Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row addresses hit distinct banks and stay
-16-byte aligned): forward 46080 (Q, 2 x K, V), dQ 55296 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
+16-byte aligned): forward 55296 (Q, 2 x K, V), dQ 73728 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
 dynamic (opted in past 48 KiB with cudaFuncSetAttribute).
-Registers (ptxas, sm_90, HS = 64): forward 125, dQ 123, dK/dV 167, no spills.
+Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, no spills (with kMt = 1 everywhere: 125, 123,
+167). kMtForward / kMtDq are the knobs to compare on a GPU.
 Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp; its cp.async copies land only at the
-wait_group that covers them, so a missing wait shows); not run on a GPU (tests/gpu/test_gpu_attention.cpp is ready). Room left: 128-row query tiles (8 warps), HS 128, a fused
-dQ/dK/dV backward with a deterministic dQ reduction (the two backward kernels both recompute S and dP: 7 products
-where FlashAttention-2 does 5). The former nvcuda::wmma version (scores through shared memory) is
-bench/gpu/attention_wmma.cu, for comparison in gpu_kernel_bench.
+wait_group that covers them, so a missing wait shows); not run on a GPU (tests/gpu/test_gpu_attention.cpp is ready).
+Room left: HS 128, a fused dQ/dK/dV backward with a deterministic dQ reduction (the two backward kernels both
+recompute S and dP: 7 products where FlashAttention-2 does 5), wgmma (sm_90) instead of mma.sync. The former
+nvcuda::wmma version (scores through shared memory) is bench/gpu/attention_wmma.cu, for comparison in
+gpu_kernel_bench.
 */
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/backends/cuda/mma.cuh"
@@ -62,22 +67,25 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBr = 16 * kWarps;  // rows a block owns, 16 per warp
-constexpr int kBc = 64;           // rows of the tiles it walks
-constexpr int kNb = kBc / 8;      // 8-column accumulator blocks of a warp's (16, kBc) score tile
+constexpr int kBc = 64;  // rows of the tiles a block walks
+// m16 tiles per warp: a block owns 16 kMt kWarps rows. Every B fragment a warp loads from shared memory feeds kMt
+// mma per 8 columns, so two halve the ldmatrix traffic per mma of one (FlashAttention-2's 128-row tiles); dK/dV
+// keeps one, as two would need more than 255 registers for its dK and dV accumulators.
+constexpr int kMtForward = 2, kMtDq = 2, kMtDkv = 1;
+__host__ __device__ constexpr int owned_rows(int mt) { return 16 * mt * kWarps; }
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBr % kBc == 0 || kBc % kBr == 0, "the causal loops start at a tile boundary of both sides");
+static_assert(kBc % 32 == 0, "a warp's 16 kMt rows start at a multiple of 16 kMt, which divides kBc");
 
 // Shared-memory carve-up for head size HS.
 template <int HS>
 struct Smem {
     static constexpr int kLd = HS + 8;  // row stride of a tile in S (elements)
-    static constexpr size_t kOwn = size_t{kBr} * kLd * 2;
-    static constexpr size_t kWalk = size_t{kBc} * kLd * 2;
+    __host__ __device__ static constexpr size_t tile(int rows) { return size_t(rows) * kLd * 2; }
+    static constexpr size_t kWalk = tile(kBc);
     // the walked tiles twice: the next one's copies run while the current one is used
-    static constexpr size_t kForward = kOwn + 4 * kWalk;
-    static constexpr size_t kBackwardDq = 2 * kOwn + 4 * kWalk;
-    static constexpr size_t kBackwardDkv = 2 * kOwn + 4 * kWalk + 2 * kBc * sizeof(float);
+    static constexpr size_t kForward = tile(owned_rows(kMtForward)) + 4 * kWalk;
+    static constexpr size_t kBackwardDq = 2 * tile(owned_rows(kMtDq)) + 4 * kWalk;
+    static constexpr size_t kBackwardDkv = 2 * tile(owned_rows(kMtDkv)) + 4 * kWalk + 2 * kBc * sizeof(float);
 };
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
@@ -101,45 +109,57 @@ __device__ __forceinline__ void load_tile(S* dst, const S* src, int row0, int T,
     }
 }
 
-// The A fragments (16 rows from `rows`, kF = HS / 16 slices of 16 columns) of a row-major tile in shared memory.
-template <class S, int HS>
-__device__ __forceinline__ void load_a(uint32_t (&a)[HS / 16][4], const S* rows, int lane) {
+// The A fragments of a warp's kMt m16 tiles (16 kMt rows from `rows`; kF = HS / 16 slices of 16 columns) of a
+// row-major tile in shared memory.
+template <class S, int HS, int kMt>
+__device__ __forceinline__ void load_a(uint32_t (&a)[kMt][HS / 16][4], const S* rows, int lane) {
     constexpr int kLd = Smem<HS>::kLd;
     MS_UNROLL
-    for (int f = 0; f < HS / 16; ++f) {
-        ldmatrix_x4(a[f], rows + (lane % 8 + 8 * ((lane / 8) % 2)) * kLd + 16 * f + 8 * (lane / 16));
+    for (int mt = 0; mt < kMt; ++mt) {
+        MS_UNROLL
+        for (int f = 0; f < HS / 16; ++f) {
+            ldmatrix_x4(a[mt][f], rows + (16 * mt + lane % 8 + 8 * ((lane / 8) % 2)) * kLd + 16 * f + 8 * (lane / 16));
+        }
     }
 }
 
-// acc[2 jj], acc[2 jj + 1] += a x (rows 16 jj .. 16 jj + 15 of b)^T: b a row-major (n, k) tile in shared memory, so
-// the 16 rows of b are two 8-column accumulator blocks. The S = Q K^T, dP = dO V^T, S^T = K Q^T, dP^T = V dO^T
-// products, one 16-row block of the walked tile at a time.
-template <class S, int HS>
-__device__ __forceinline__ void mma_abt(float (&acc_lo)[4], float (&acc_hi)[4], const uint32_t (&a)[HS / 16][4],
-                                        const S* b_rows, int lane) {
+// acc[mt][0], acc[mt][1] += a[mt] x (rows 0 .. 15 of b)^T for each m16 tile mt: b a row-major (n, k) tile in shared
+// memory, so its 16 rows are two 8-column accumulator blocks. The S = Q K^T, dP = dO V^T, S^T = K Q^T,
+// dP^T = V dO^T products, one 16-row block of the walked tile at a time.
+template <class S, int HS, int kMt>
+__device__ __forceinline__ void mma_abt(float (&acc)[kMt][2][4], const uint32_t (&a)[kMt][HS / 16][4], const S* b_rows,
+                                        int lane) {
     constexpr int kLd = Smem<HS>::kLd;
     MS_UNROLL
     for (int f = 0; f < HS / 16; ++f) {
         uint32_t b[4];
         ldmatrix_x4(b, b_rows + (lane % 8 + 8 * (lane / 16)) * kLd + 16 * f + 8 * ((lane / 8) % 2));
         const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_m16n8k16<S>(acc_lo, a[f], b_lo, acc_lo);
-        mma_m16n8k16<S>(acc_hi, a[f], b_hi, acc_hi);
+        MS_UNROLL
+        for (int mt = 0; mt < kMt; ++mt) {
+            mma_m16n8k16<S>(acc[mt][0], a[mt][f], b_lo, acc[mt][0]);
+            mma_m16n8k16<S>(acc[mt][1], a[mt][f], b_hi, acc[mt][1]);
+        }
     }
 }
 
-// acc (16 x HS: HS / 8 accumulator blocks) += a x (rows 0 .. 15 of b): a the A fragment of a 16-wide k-slice, b a
-// row-major (k, n) tile in shared memory read transposed. The P V, dS K, P^T dO, dS^T Q products.
-template <class S, int HS>
-__device__ __forceinline__ void mma_ab(float (&acc)[HS / 8][4], const uint32_t (&a)[4], const S* b_rows, int lane) {
+// acc[mt] (16 x HS: HS / 8 accumulator blocks) += a[mt] x (rows 0 .. 15 of b) for each m16 tile mt: a[mt] the A
+// fragment of a 16-wide k-slice, b a row-major (k, n) tile in shared memory read transposed. The P V, dS K, P^T dO,
+// dS^T Q products.
+template <class S, int HS, int kMt>
+__device__ __forceinline__ void mma_ab(float (&acc)[kMt][HS / 8][4], const uint32_t (&a)[kMt][4], const S* b_rows,
+                                       int lane) {
     constexpr int kLd = Smem<HS>::kLd;
     MS_UNROLL
     for (int f = 0; f < HS / 16; ++f) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, b_rows + (lane % 8 + 8 * ((lane / 8) % 2)) * kLd + 16 * f + 8 * (lane / 16));
         const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-        mma_m16n8k16<S>(acc[2 * f], a, b_lo, acc[2 * f]);
-        mma_m16n8k16<S>(acc[2 * f + 1], a, b_hi, acc[2 * f + 1]);
+        MS_UNROLL
+        for (int mt = 0; mt < kMt; ++mt) {
+            mma_m16n8k16<S>(acc[mt][2 * f], a[mt], b_lo, acc[mt][2 * f]);
+            mma_m16n8k16<S>(acc[mt][2 * f + 1], a[mt], b_hi, acc[mt][2 * f + 1]);
+        }
     }
 }
 
@@ -152,12 +172,15 @@ __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&lo)[4], con
     a[3] = pack2<S>(hi[2], hi[3]);
 }
 
-template <int N>
-__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+template <int M, int N>
+__device__ __forceinline__ void zero(float (&acc)[M][N][4]) {
     MS_UNROLL
-    for (int j = 0; j < N; ++j) {
+    for (int mt = 0; mt < M; ++mt) {
         MS_UNROLL
-        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+        for (int j = 0; j < N; ++j) {
+            MS_UNROLL
+            for (int i = 0; i < 4; ++i) acc[mt][j][i] = 0.0f;
+        }
     }
 }
 
@@ -211,20 +234,20 @@ __device__ __forceinline__ float quad_sum(float v) {
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
-// grid (query tiles, NH, B), block kThreads.
+// grid (query tiles of owned_rows(kMtForward), NH, B), block kThreads.
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T, int NH,
                                 float scale) {
     using L = Smem<HS>;
-    constexpr int kLd = L::kLd, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtForward, kBr = owned_rows(kMt), kJ = kBc / 16;
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
-    S* s_q = reinterpret_cast<S*>(smem);             // (kBr, kLd)
-    S* s_kv = reinterpret_cast<S*>(smem + L::kOwn);  // 2 x [K (kBc, kLd), V (kBc, kLd)]
+    S* s_q = reinterpret_cast<S*>(smem);                  // (kBr, kLd)
+    S* s_kv = reinterpret_cast<S*>(smem + L::tile(kBr));  // 2 x [K (kBc, kLd), V (kBc, kLd)]
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
-    const int w0 = q0 + 16 * warp;  // the warp's first query row; it owns rows w0 + g and w0 + g + 8
+    const int w0 = q0 + 16 * kMt * warp;  // the warp's first query row; it owns rows w0 + 16 mt + g (+ 8)
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const float scale_log2 = scale * kLog2e;
@@ -237,13 +260,17 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // Q (K, V tile 0 may still be in flight)
     __syncthreads();
-    uint32_t qa[kF][4];
-    load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
+    uint32_t qa[kMt][kF][4];
+    load_a<S, HS, kMt>(qa, s_q + 16 * kMt * warp * kLd, lane);
 
-    float o[HS / 8][4];
+    float o[kMt][HS / 8][4];
     zero(o);
-    float m[2] = {-INFINITY, -INFINITY};  // running max of rows g, g + 8, in units of scale_log2
-    float l[2] = {0.0f, 0.0f};            // this lane's share of the running sums (the quad's add up at the end)
+    float m[kMt][2], l[kMt][2];  // per row (16 mt + g, + 8): running max in units of scale_log2; this lane's share
+    MS_UNROLL                    // of the running sum (the quad's add up at the end)
+        for (int mt = 0; mt < kMt; ++mt) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
     for (int k0 = 0, buf = 0; k0 < k_end; k0 += kBc, buf ^= 1) {
         cp_async_wait<0>();
         __syncthreads();  // this K, V tile has landed, and every warp is done with the previous one (buffer buf ^ 1)
@@ -253,89 +280,109 @@ __global__ void __launch_bounds__(kThreads)
             load_tile<S, HS, kBc>(next + kBc * kLd, q_base + 2 * C, k0 + kBc, T, stride);
             cp_async_commit();
         }
-        if (k0 > w0) continue;  // every key after every row of the warp (k0 <= w0 keeps key k0 visible: m finite)
+        // every key after every row of the warp (k0 and w0 are multiples of 16 kMt, so k0 <= w0 otherwise: key k0
+        // is visible to every row and m is finite)
+        if (k0 > w0) continue;
         const S* s_k = s_kv + buf * 2 * kBc * kLd;
         const S* s_v = s_k + kBc * kLd;
 
-        float s[kNb][4];
-        zero(s);
+        float s[kJ][kMt][2][4];  // [16-key block][m16 tile][8-key block]
         MS_UNROLL
-        for (int jj = 0; jj < kBc / 16; ++jj) {
-            if (k0 + 16 * jj <= w0 + 15) mma_abt<S, HS>(s[2 * jj], s[2 * jj + 1], qa, s_k + 16 * jj * kLd, lane);
+        for (int jj = 0; jj < kJ; ++jj) {
+            zero(s[jj]);
+            if (k0 + 16 * jj <= w0 + 16 * kMt - 1) mma_abt<S, HS, kMt>(s[jj], qa, s_k + 16 * jj * kLd, lane);
         }
         const bool diagonal = k0 + kBc - 1 > w0;
-        float tile_max[2] = {-INFINITY, -INFINITY};
+        float tile_max[kMt][2];
         MS_UNROLL
-        for (int j = 0; j < kNb; ++j) {
+        for (int mt = 0; mt < kMt; ++mt) {
+            tile_max[mt][0] = tile_max[mt][1] = -INFINITY;
             MS_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                const int row = w0 + g + 8 * (i / 2), key = k0 + 8 * j + 2 * t + i % 2;
-                s[j][i] = diagonal && key > row ? -INFINITY : s[j][i] * scale_log2;
-                tile_max[i / 2] = fmaxf(tile_max[i / 2], s[j][i]);
-            }
-        }
-        float correction[2];
-        MS_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
-            correction[r] = exp2f(m[r] - m_new);  // 0 on the first tile, where m = -inf and l = O = 0
-            m[r] = m_new;
-            l[r] *= correction[r];
-        }
-        MS_UNROLL
-        for (int j = 0; j < kNb; ++j) {
-            MS_UNROLL
-            for (int i = 0; i < 4; ++i) {
-                s[j][i] = exp2f(s[j][i] - m[i / 2]);  // masked: exp2(-inf) = 0
-                l[i / 2] += s[j][i];
+            for (int jj = 0; jj < kJ; ++jj) {
+                MS_UNROLL
+                for (int j = 0; j < 2; ++j) {
+                    MS_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        const int row = w0 + 16 * mt + g + 8 * (i / 2), key = k0 + 16 * jj + 8 * j + 2 * t + i % 2;
+                        float& x = s[jj][mt][j][i];
+                        x = diagonal && key > row ? -INFINITY : x * scale_log2;
+                        tile_max[mt][i / 2] = fmaxf(tile_max[mt][i / 2], x);
+                    }
+                }
             }
         }
         MS_UNROLL
-        for (int j = 0; j < HS / 8; ++j) {
+        for (int mt = 0; mt < kMt; ++mt) {
+            float correction[2];
             MS_UNROLL
-            for (int i = 0; i < 4; ++i) o[j][i] *= correction[i / 2];
+            for (int r = 0; r < 2; ++r) {
+                const float m_new = fmaxf(m[mt][r], quad_max(tile_max[mt][r]));
+                correction[r] = exp2f(m[mt][r] - m_new);  // 0 on the first tile, where m = -inf and l = O = 0
+                m[mt][r] = m_new;
+                l[mt][r] *= correction[r];
+            }
+            MS_UNROLL
+            for (int jj = 0; jj < kJ; ++jj) {
+                MS_UNROLL
+                for (int j = 0; j < 2; ++j) {
+                    MS_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        float& x = s[jj][mt][j][i];
+                        x = exp2f(x - m[mt][i / 2]);  // masked: exp2(-inf) = 0
+                        l[mt][i / 2] += x;
+                    }
+                }
+            }
+            MS_UNROLL
+            for (int j = 0; j < HS / 8; ++j) {
+                MS_UNROLL
+                for (int i = 0; i < 4; ++i) o[mt][j][i] *= correction[i / 2];
+            }
         }
         MS_UNROLL
-        for (int jj = 0; jj < kBc / 16; ++jj) {  // O += P V
-            if (k0 + 16 * jj > w0 + 15) continue;
-            uint32_t pa[4];
-            to_a<S>(pa, s[2 * jj], s[2 * jj + 1]);
-            mma_ab<S, HS>(o, pa, s_v + 16 * jj * kLd, lane);
+        for (int jj = 0; jj < kJ; ++jj) {  // O += P V
+            if (k0 + 16 * jj > w0 + 16 * kMt - 1) continue;
+            uint32_t pa[kMt][4];
+            MS_UNROLL
+            for (int mt = 0; mt < kMt; ++mt) to_a<S>(pa[mt], s[jj][mt][0], s[jj][mt][1]);
+            mma_ab<S, HS, kMt>(o, pa, s_v + 16 * jj * kLd, lane);
         }
     }
-    float inv_l[2];
+    float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
     MS_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        l[r] = quad_sum(l[r]);
-        inv_l[r] = 1.0f / l[r];
-    }
-    store_rows<S, HS>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS, C, w0, T, o, inv_l, lane);
-    if (t == 0) {
-        float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    for (int mt = 0; mt < kMt; ++mt) {
+        float inv_l[2];
         MS_UNROLL
         for (int r = 0; r < 2; ++r) {
-            const int row = w0 + g + 8 * r;
-            if (row < T) lse_row[row] = m[r] / kLog2e + logf(l[r]);
+            l[mt][r] = quad_sum(l[mt][r]);
+            inv_l[r] = 1.0f / l[mt][r];
+        }
+        store_rows<S, HS>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS, C, w0 + 16 * mt, T,
+                          o[mt], inv_l, lane);
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int row = w0 + 16 * mt + g + 8 * r;
+            if (t == 0 && row < T) lse_row[row] = m[mt][r] / kLog2e + logf(l[mt][r]);
         }
     }
 }
 
-// dQ of one query tile: grid (query tiles, NH, B), block kThreads.
+// dQ of one query tile: grid (query tiles of owned_rows(kMtDq), NH, B), block kThreads.
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dq_kernel(S* __restrict__ dqkv, const S* __restrict__ dout, const S* __restrict__ qkv,
                                     const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
                                     float scale) {
     using L = Smem<HS>;
-    constexpr int kLd = L::kLd, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtDq, kBr = owned_rows(kMt), kJ = kBc / 16;
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
     S* s_q = reinterpret_cast<S*>(smem);  // (kBr, kLd)
-    S* s_do = reinterpret_cast<S*>(smem + L::kOwn);
-    S* s_kv = reinterpret_cast<S*>(smem + 2 * L::kOwn);  // 2 x [K (kBc, kLd), V (kBc, kLd)]
+    S* s_do = reinterpret_cast<S*>(smem + L::tile(kBr));
+    S* s_kv = reinterpret_cast<S*>(smem + 2 * L::tile(kBr));  // 2 x [K (kBc, kLd), V (kBc, kLd)]
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
-    const int w0 = q0 + 16 * warp;
+    const int w0 = q0 + 16 * kMt * warp;
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
@@ -351,19 +398,21 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // Q, dO (K, V tile 0 may still be in flight)
     __syncthreads();
-    uint32_t qa[kF][4], doa[kF][4];
-    load_a<S, HS>(qa, s_q + 16 * warp * kLd, lane);
-    load_a<S, HS>(doa, s_do + 16 * warp * kLd, lane);
-    float D[2], lse2[2];  // rows g, g + 8; lse in units of log2
+    uint32_t qa[kMt][kF][4], doa[kMt][kF][4];
+    load_a<S, HS, kMt>(qa, s_q + 16 * kMt * warp * kLd, lane);
+    load_a<S, HS, kMt>(doa, s_do + 16 * kMt * warp * kLd, lane);
+    float D[kMt][2], lse2[kMt][2];  // rows 16 mt + g, + 8; lse in units of log2
     MS_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        const int row = w0 + g + 8 * r;
-        D[r] = quad_row_dot<S, HS>(s_do + (16 * warp + g + 8 * r) * kLd, o_base + static_cast<int64_t>(row) * C,
-                                   row < T, t);
-        lse2[r] = row < T ? lse[(static_cast<int64_t>(b) * NH + h) * T + row] * kLog2e : 0.0f;
+    for (int mt = 0; mt < kMt; ++mt) {
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int local = 16 * kMt * warp + 16 * mt + g + 8 * r, row = q0 + local;
+            D[mt][r] = quad_row_dot<S, HS>(s_do + local * kLd, o_base + static_cast<int64_t>(row) * C, row < T, t);
+            lse2[mt][r] = row < T ? lse[(static_cast<int64_t>(b) * NH + h) * T + row] * kLog2e : 0.0f;
+        }
     }
 
-    float dq[HS / 8][4];
+    float dq[kMt][HS / 8][4];
     zero(dq);
     for (int k0 = 0, buf = 0; k0 < k_end; k0 += kBc, buf ^= 1) {
         cp_async_wait<0>();
@@ -378,50 +427,59 @@ __global__ void __launch_bounds__(kThreads)
         const S* s_k = s_kv + buf * 2 * kBc * kLd;
         const S* s_v = s_k + kBc * kLd;
 
-        // one 16-key block at a time: nothing crosses blocks in the backward, and S, dP of one block are 16
-        // registers instead of 64
+        // one 16-key block at a time: nothing crosses blocks in the backward, and S, dP of one block are 16 kMt
+        // registers instead of 64 kMt
         MS_UNROLL
-        for (int jj = 0; jj < kBc / 16; ++jj) {
-            if (k0 + 16 * jj > w0 + 15) continue;
-            float s[2][4], dp[2][4];
+        for (int jj = 0; jj < kJ; ++jj) {
+            if (k0 + 16 * jj > w0 + 16 * kMt - 1) continue;
+            float s[kMt][2][4], dp[kMt][2][4];
             zero(s);
             zero(dp);
-            mma_abt<S, HS>(s[0], s[1], qa, s_k + 16 * jj * kLd, lane);     // S = Q K^T
-            mma_abt<S, HS>(dp[0], dp[1], doa, s_v + 16 * jj * kLd, lane);  // dP = dO V^T
+            mma_abt<S, HS, kMt>(s, qa, s_k + 16 * jj * kLd, lane);    // S = Q K^T
+            mma_abt<S, HS, kMt>(dp, doa, s_v + 16 * jj * kLd, lane);  // dP = dO V^T
+            uint32_t dsa[kMt][4];
             MS_UNROLL
-            for (int j = 0; j < 2; ++j) {
+            for (int mt = 0; mt < kMt; ++mt) {
                 MS_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const int row = w0 + g + 8 * (i / 2), key = k0 + 16 * jj + 8 * j + 2 * t + i % 2;
-                    const float p = key <= row && row < T ? exp2f(s[j][i] * scale_log2 - lse2[i / 2]) : 0.0f;
-                    s[j][i] = p * (dp[j][i] - D[i / 2]);  // dS
+                for (int j = 0; j < 2; ++j) {
+                    MS_UNROLL
+                    for (int i = 0; i < 4; ++i) {
+                        const int row = w0 + 16 * mt + g + 8 * (i / 2), key = k0 + 16 * jj + 8 * j + 2 * t + i % 2;
+                        const float p =
+                            key <= row && row < T ? exp2f(s[mt][j][i] * scale_log2 - lse2[mt][i / 2]) : 0.0f;
+                        s[mt][j][i] = p * (dp[mt][j][i] - D[mt][i / 2]);  // dS
+                    }
                 }
+                to_a<S>(dsa[mt], s[mt][0], s[mt][1]);
             }
-            uint32_t dsa[4];
-            to_a<S>(dsa, s[0], s[1]);
-            mma_ab<S, HS>(dq, dsa, s_k + 16 * jj * kLd, lane);  // dQ += dS K
+            mma_ab<S, HS, kMt>(dq, dsa, s_k + 16 * jj * kLd, lane);  // dQ += dS K
         }
     }
     const float factor[2] = {scale, scale};
-    store_rows<S, HS>(dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS, stride, w0, T, dq,
-                      factor, lane);
+    MS_UNROLL
+    for (int mt = 0; mt < kMt; ++mt) {
+        store_rows<S, HS>(dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS, stride,
+                          w0 + 16 * mt, T, dq[mt], factor, lane);
+    }
 }
 
-// dK and dV of one key tile: grid (key tiles, NH, B), block kThreads; warp w owns keys k0 + 16w .. + 15.
+// dK and dV of one key tile: grid (key tiles of owned_rows(kMtDkv), NH, B), block kThreads; warp w owns keys
+// k0 + 16w .. + 15.
 template <class S, int HS>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dkv_kernel(S* __restrict__ dqkv, const S* __restrict__ dout, const S* __restrict__ qkv,
                                      const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
                                      float scale) {
     using L = Smem<HS>;
-    constexpr int kLd = L::kLd, kF = HS / 16;
+    constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtDkv, kBr = owned_rows(kMt), kJ = kBc / 16;
+    static_assert(kMt == 1, "one m16 tile of keys per warp");
     MS_TC_SHARED(smem);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
     S* s_k = reinterpret_cast<S*>(smem);  // (kBr, kLd)
-    S* s_v = reinterpret_cast<S*>(smem + L::kOwn);
-    S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::kOwn);                          // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
-    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::kOwn + 4 * L::kWalk);  // (kBc): lse * log2(e)
-    float* s_d = s_lse2 + kBc;                                                    // (kBc): D
+    S* s_v = reinterpret_cast<S*>(smem + L::tile(kBr));
+    S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::tile(kBr));  // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
+    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::tile(kBr) + 4 * L::kWalk);  // (kBc): lse * log2(e)
+    float* s_d = s_lse2 + kBc;                                                         // (kBc): D
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = blockIdx.x * kBr;  // the longest key tiles (most query tiles) have the lowest index
     const int w0 = k0 + 16 * warp;    // the warp's first key; it owns keys w0 + g and w0 + g + 8
@@ -441,11 +499,11 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
     __syncthreads();
-    uint32_t ka[kF][4], va[kF][4];
-    load_a<S, HS>(ka, s_k + 16 * warp * kLd, lane);
-    load_a<S, HS>(va, s_v + 16 * warp * kLd, lane);
+    uint32_t ka[kMt][kF][4], va[kMt][kF][4];
+    load_a<S, HS, kMt>(ka, s_k + 16 * warp * kLd, lane);
+    load_a<S, HS, kMt>(va, s_v + 16 * warp * kLd, lane);
 
-    float dk[HS / 8][4], dv[HS / 8][4];
+    float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
     for (int q0 = q_begin, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
@@ -472,34 +530,34 @@ __global__ void __launch_bounds__(kThreads)
         if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
 
         MS_UNROLL
-        for (int jj = 0; jj < kBc / 16; ++jj) {  // one 16-query block at a time, as in the dQ kernel
+        for (int jj = 0; jj < kJ; ++jj) {  // one 16-query block at a time, as in the dQ kernel
             if (q0 + 16 * jj + 15 < w0) continue;
-            float s[2][4], dp[2][4];
+            float s[kMt][2][4], dp[kMt][2][4];
             zero(s);
             zero(dp);
-            mma_abt<S, HS>(s[0], s[1], ka, s_q + 16 * jj * kLd, lane);     // S^T = K Q^T
-            mma_abt<S, HS>(dp[0], dp[1], va, s_do + 16 * jj * kLd, lane);  // dP^T = V dO^T
+            mma_abt<S, HS, kMt>(s, ka, s_q + 16 * jj * kLd, lane);    // S^T = K Q^T
+            mma_abt<S, HS, kMt>(dp, va, s_do + 16 * jj * kLd, lane);  // dP^T = V dO^T
             MS_UNROLL
             for (int j = 0; j < 2; ++j) {
                 MS_UNROLL
                 for (int i = 0; i < 4; ++i) {
                     const int key = w0 + g + 8 * (i / 2), c = 16 * jj + 8 * j + 2 * t + i % 2, query = q0 + c;
-                    const float p = key <= query && query < T ? exp2f(s[j][i] * scale_log2 - s_lse2[c]) : 0.0f;
-                    s[j][i] = p;                         // P^T
-                    dp[j][i] = p * (dp[j][i] - s_d[c]);  // dS^T
+                    const float p = key <= query && query < T ? exp2f(s[0][j][i] * scale_log2 - s_lse2[c]) : 0.0f;
+                    s[0][j][i] = p;                            // P^T
+                    dp[0][j][i] = p * (dp[0][j][i] - s_d[c]);  // dS^T
                 }
             }
-            uint32_t pa[4], dsa[4];
-            to_a<S>(pa, s[0], s[1]);
-            mma_ab<S, HS>(dv, pa, s_do + 16 * jj * kLd, lane);  // dV += P^T dO
-            to_a<S>(dsa, dp[0], dp[1]);
-            mma_ab<S, HS>(dk, dsa, s_q + 16 * jj * kLd, lane);  // dK += dS^T Q
+            uint32_t pa[kMt][4], dsa[kMt][4];
+            to_a<S>(pa[0], s[0][0], s[0][1]);
+            mma_ab<S, HS, kMt>(dv, pa, s_do + 16 * jj * kLd, lane);  // dV += P^T dO
+            to_a<S>(dsa[0], dp[0][0], dp[0][1]);
+            mma_ab<S, HS, kMt>(dk, dsa, s_q + 16 * jj * kLd, lane);  // dK += dS^T Q
         }
     }
     S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
-    store_rows<S, HS>(dk_base, stride, w0, T, dk, dk_factor, lane);
-    store_rows<S, HS>(dk_base + C, stride, w0, T, dv, dv_factor, lane);
+    store_rows<S, HS>(dk_base, stride, w0, T, dk[0], dk_factor, lane);
+    store_rows<S, HS>(dk_base + C, stride, w0, T, dv[0], dv_factor, lane);
 }
 
 // ----------------------------------------------------------------------------
@@ -513,16 +571,16 @@ void opt_in_shared(Kernel kernel, size_t bytes) {
     }
 }
 
-dim3 tile_grid(int B, int T, int NH) {
-    return dim3(static_cast<unsigned>(ceil_div(T, kBr)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
+dim3 tile_grid(int B, int T, int NH, int rows) {
+    return dim3(static_cast<unsigned>(ceil_div(T, rows)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
 }
 
 template <class S, int HS>
 void forward_hs(S* out, float* lse, const S* qkv, int B, int T, int NH, cudaStream_t stream) {
     const size_t bytes = Smem<HS>::kForward;
     opt_in_shared(attention_tc_forward_kernel<S, HS>, bytes);
-    ms_launch(attention_tc_forward_kernel<S, HS>, tile_grid(B, T, NH), dim3(kThreads), bytes, stream, out, lse, qkv, T,
-              NH, 1.0f / sqrtf(static_cast<float>(HS)));
+    ms_launch(attention_tc_forward_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtForward)), dim3(kThreads), bytes,
+              stream, out, lse, qkv, T, NH, 1.0f / sqrtf(static_cast<float>(HS)));
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -531,12 +589,12 @@ void backward_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float
                  cudaStream_t stream) {
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
     opt_in_shared(attention_tc_backward_dq_kernel<S, HS>, Smem<HS>::kBackwardDq);
-    ms_launch(attention_tc_backward_dq_kernel<S, HS>, tile_grid(B, T, NH), dim3(kThreads), Smem<HS>::kBackwardDq,
-              stream, dqkv, dout, qkv, out, lse, T, NH, scale);
+    ms_launch(attention_tc_backward_dq_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtDq)), dim3(kThreads),
+              Smem<HS>::kBackwardDq, stream, dqkv, dout, qkv, out, lse, T, NH, scale);
     MS_CUDA_LAUNCH_CHECK();
     opt_in_shared(attention_tc_backward_dkv_kernel<S, HS>, Smem<HS>::kBackwardDkv);
-    ms_launch(attention_tc_backward_dkv_kernel<S, HS>, tile_grid(B, T, NH), dim3(kThreads), Smem<HS>::kBackwardDkv,
-              stream, dqkv, dout, qkv, out, lse, T, NH, scale);
+    ms_launch(attention_tc_backward_dkv_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtDkv)), dim3(kThreads),
+              Smem<HS>::kBackwardDkv, stream, dqkv, dout, qkv, out, lse, T, NH, scale);
     MS_CUDA_LAUNCH_CHECK();
 }
 
