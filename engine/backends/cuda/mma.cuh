@@ -111,7 +111,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 // Closes the group of this thread's cp.async issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDACC__)
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #else
     cuda_emu::cp_async_commit();
 #endif
@@ -122,7 +122,7 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDACC__)
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");  // no shared-memory access moves above
 #else
     cuda_emu::cp_async_wait(kPending);
 #endif
