@@ -74,7 +74,9 @@ constexpr int kBc = 64;  // rows of the tiles a block walks
 constexpr int kMtForward = 2, kMtDq = 2, kMtDkv = 1;
 __host__ __device__ constexpr int owned_rows(int mt) { return 16 * mt * kWarps; }
 constexpr float kLog2e = 1.4426950408889634f;
-static_assert(kBc % 32 == 0, "a warp's 16 kMt rows start at a multiple of 16 kMt, which divides kBc");
+// k0 > w0 means every key of the walked tile is after every row of the warp only if 16 kMt divides kBc
+static_assert(kBc % (16 * kMtForward) == 0 && kBc % (16 * kMtDq) == 0 && kBc % (16 * kMtDkv) == 0,
+              "a warp's 16 kMt rows start at a multiple of 16 kMt, which must divide kBc");
 
 // Shared-memory carve-up for head size HS.
 template <int HS>
