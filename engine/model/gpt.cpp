@@ -243,8 +243,8 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     F_local_ = shape.F / tp.size();
     Vp_local_ = shape.Vp / tp.size();
     sp_ = o.sequence_parallel && tp.size() > 1;
-    MS_CHECK(!sp_ || (static_cast<int64_t>(o.max_batch) * shape.T) % tp.size() == 0,
-             "sequence parallelism: B*T = {} rows do not split over tp = {}", o.max_batch * shape.T, tp.size());
+    MS_CHECK(!sp_ || (static_cast<int64_t>(o.max_batch) * shape.seq()) % tp.size() == 0,
+             "sequence parallelism: B*T = {} rows do not split over tp = {}", o.max_batch * shape.seq(), tp.size());
     for (size_t i = 0; i < table_.size(); ++i) {
         const std::string& n = table_[i].name;
         if (n.find("ln_") != std::string::npos) layernorm_params_.push_back(static_cast<int>(i));
@@ -277,7 +277,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
 
     const GptActivationPlan plan =
         plan_gpt_activations(shape, part_, tp.size(), o.max_batch, o.sequence_parallel, dtype_);
-    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.T;
+    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.seq();
     scratch_block_ =
         MemoryBlock(static_cast<size_t>(plan.scratch_bytes()), o.arena, MemCategory::kWorkspace, what + " scratch");
     for (int i = 0; i < o.num_slots; ++i) {
@@ -333,7 +333,7 @@ void Gpt::refresh_weights() {
 void Gpt::zero_grads() { backend_.zero(Tensor::f32(grads(), {table_.back().offset + table_.back().numel})); }
 
 Tensor Gpt::logits_tensor() const {
-    const int64_t N = static_cast<int64_t>(B_ > 0 ? B_ : max_batch_) * (T_ > 0 ? T_ : shape_.T);
+    const int64_t N = static_cast<int64_t>(B_ > 0 ? B_ : max_batch_) * (T_ > 0 ? T_ : shape_.seq());
     return Tensor(slots_[0]->logits, dtype_, {N, Vp_local_});
 }
 const float* Gpt::losses() const { return slots_[0]->losses; }
@@ -379,7 +379,7 @@ void tp_reduce_scatter(Communicator& tp, const void* partial, void* local, DType
 
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot) {
     MS_CHECK(B >= 1 && B <= max_batch_, "batch {} outside [1, {}]", B, max_batch_);
-    MS_CHECK(T >= 1 && T <= shape_.T, "sequence length {} outside [1, {}]", T, shape_.T);
+    MS_CHECK(T >= 1 && T <= shape_.seq(), "sequence length {} outside [1, {}]", T, shape_.seq());
     B_ = B;
     T_ = T;
     Activations& a = *slots_.at(static_cast<size_t>(slot));

@@ -50,10 +50,15 @@ struct GptShape {
     int C = 768;     // hidden
     int NH = 12;     // heads
     int T = 1024;    // max sequence length (= number of position embeddings)
+    int S = 0;       // sequence length the activations are sized for, at most T (0: T); see seq()
     int V = 50257;   // real vocabulary
     int Vp = 50304;  // padded vocabulary (multiple of make_vocab_size_divisible_by)
     int F = 3072;    // ffn hidden
     float eps = 1e-5f;
+    // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
+    // than the position table (max_position_embeddings), so a model with more positions than it trains on does not
+    // pay for the difference in activation memory.
+    int seq() const { return S > 0 ? S : T; }
 };
 
 // How a parameter is cut across tensor-parallel ranks.

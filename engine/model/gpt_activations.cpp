@@ -162,7 +162,7 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0, "tp {} does not divide NH {}, F {}, Vp {}",
              tp, s.NH, s.F, s.Vp);
     const bool sp = sequence_parallel && tp > 1;
-    const int64_t N = static_cast<int64_t>(max_batch) * s.T, C = s.C;
+    const int64_t N = static_cast<int64_t>(max_batch) * s.seq(), C = s.C;
     const int64_t Nl = sp ? N / tp : N;  // rows of the residual stream held here
     const int64_t NHl = s.NH / tp, Cl = NHl * (s.C / s.NH), Fl = s.F / tp, Vl = s.Vp / tp;
     const int layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;

@@ -138,14 +138,14 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         for (size_t i = 0; i < table_.size(); ++i)
             if (table_[i].name == "wte.weight") wte_index_ = static_cast<int>(i);
     }
-    tokens_.resize(static_cast<size_t>(micro_batch) * shape.T);
-    targets_.resize(static_cast<size_t>(micro_batch) * shape.T);
+    tokens_.resize(static_cast<size_t>(micro_batch) * shape.seq());
+    targets_.resize(static_cast<size_t>(micro_batch) * shape.seq());
     slot_of_.assign(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(num_microbatches), -1));
     free_slots_.resize(static_cast<size_t>(v));
     for (int c = 0; c < v; ++c) free_slots_[static_cast<size_t>(c)].reserve(static_cast<size_t>(slots_[c]));
 
     const int sends = pipeline_send_buffers(schedule_, groups.pp_rank, v);
-    send_elems_ = static_cast<size_t>((chunks_[0]->activation_elems(micro_batch, shape.T) + kChunkAlign - 1) /
+    send_elems_ = static_cast<size_t>((chunks_[0]->activation_elems(micro_batch, shape.seq()) + kChunkAlign - 1) /
                                       kChunkAlign * kChunkAlign);
     send_block_ =
         MemoryBlock(static_cast<size_t>(sends) * send_elems_ * es, arena, MemCategory::kComm, "pipeline send buffers");

@@ -59,6 +59,7 @@ GptShape gpt_shape(const Config& cfg, const DerivedConfig& d) {
     s.C = cfg.model.hidden_size;
     s.NH = cfg.model.num_attention_heads;
     s.T = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_length;
+    s.S = cfg.model.seq_length;
     s.V = cfg.model.vocab_size;
     s.Vp = d.padded_vocab;
     s.F = d.ffn_hidden;
@@ -103,7 +104,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
     const auto schedule = make_schedule(p.kind, p.pp, p.num_microbatches, v);
     const bool sp = p.sequence_parallel && p.tp > 1;
     // one pipeline hand-off (Gpt::activation_elems at the full sequence length), 16-aligned as PipelineModel's
-    const int64_t send_elems = align_up(int64_t{p.micro_batch} * shape.T * shape.C / (sp ? p.tp : 1), kAlign);
+    const int64_t send_elems = align_up(int64_t{p.micro_batch} * shape.seq() * shape.C / (sp ? p.tp : 1), kAlign);
     std::vector<StagePlan> stages(static_cast<size_t>(p.pp));
     for (int s = 0; s < p.pp; ++s) {
         StagePlan& st = stages[static_cast<size_t>(s)];

@@ -21,7 +21,7 @@ std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t>
     // the last row's logits of every TP rank, in the model's dtype (the all-gather follows the backend's kernels)
     std::vector<std::byte> gathered(static_cast<size_t>(s.Vp) * dtype_size(model.dtype()));
     for (int i = 0; i < num_tokens; ++i) {
-        const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.T)));
+        const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.seq())));
         const int32_t* window = context.data() + context.size() - T;
         model.forward(window, nullptr, 1, T);
         const std::byte* row = static_cast<const std::byte*>(model.logits_tensor().data) +

@@ -119,6 +119,24 @@ TEST(MemoryE2E, Gpt2SmallShapePeakMatchesThePlan) {
                             1);
 }
 
+// A position table longer than the trained sequence (max_position_embeddings 256, seq_length 64) adds its rows to the
+// parameters and nothing to the activations, which are sized by seq_length; the run's peak still equals the plan.
+TEST(MemoryE2E, ActivationsAreSizedBySeqLengthNotByThePositionTable) {
+    auto stage0 = [](const std::string& sets) {
+        const auto plan = run_cli("plan --config " MS_SOURCE_DIR "/configs/demo.yaml " + sets);
+        EXPECT_EQ(plan.exit_code, 0) << plan.output;
+        std::smatch m;  // "    0     0-1      112384   ...   4.55 MiB x 1 + 768.00 KiB  7.01 MiB"
+        const std::regex row(R"(\n +0 +0-1 +(\d+) .* ([\d.]+ \w?i?B x \d+ \+ [\d.]+ \w?i?B) )");
+        EXPECT_TRUE(std::regex_search(plan.output, m, row)) << plan.output;
+        return std::make_pair(std::stoll(m[1].str()), m[2].str());
+    };
+    const auto [params64, act64] = stage0("--set model.max_position_embeddings=0");
+    const auto [params256, act256] = stage0("--set model.max_position_embeddings=256");
+    EXPECT_EQ(params256 - params64, (256 - 64) * 64);  // the extra wpe rows (hidden 64)
+    EXPECT_EQ(act256, act64);
+    check_peak_matches_plan("demo.yaml", "--set model.max_position_embeddings=256", 1);
+}
+
 TEST(MemoryE2E, ConfigThatDoesNotFitExitsTwoWithTheTableAndAHint) {
     const auto r =
         run_cli("train --config " MS_SOURCE_DIR "/configs/demo.yaml --set run.output_dir=" + make_temp_dir() +
