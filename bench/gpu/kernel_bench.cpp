@@ -2,16 +2,19 @@
 // the backend dispatches to is what is measured), in fp32 and in bf16 (mixed precision: 16-bit activations, fp32
 // statistics, master weights and optimizer state):
 //   - achieved bandwidth of the memory-bound kernels (LayerNorm forward and backward, GELU forward and backward, the
-//     residual add, AdamW, the fp32 -> bf16 cast) at GPT-2 124M shapes (B=4, T=1024, C=768), as a percentage of a
-//     device-to-device copy's measured bandwidth; bytes are the least each op must move (every input read once, every
-//     output written once), so 100% would be a copy's speed;
+//     residual add, AdamW, the fp32 -> bf16 cast) as a percentage of a device-to-device copy's measured bandwidth, at
+//     two sizes: GPT-2 124M's step at micro-batch 4 (N = B*T = 4096 rows of C = 768: 6-25 MB tensors, where launch
+//     latency still shows) and N = 65536 rows (100-800 MB tensors: the bandwidth goal's size, >= 64 MB); bytes are the
+//     least each op must move (every input read once, every output written once), so 100% would be a copy's speed;
 //   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16 (bf16: the shipped
 //     mma.sync kernels of attention_tc.cu), and in bf16 the nvcuda::wmma alternative (bench/gpu/attention_wmma.cu)
 //     launched directly, for comparison.
-// Times are medians of cudaEvent-timed repeats after a warm-up. One line per row, "name | dtype | ms | GB/s | % of
+// Times are medians of cudaEvent-timed repeats after a warm-up; each repeat times `inner` back-to-back launches on
+// the stream (10 for the memory-bound rows, as in a training step, where nothing waits between kernels) and divides. One line per row, "name | dtype | ms | GB/s | % of
 // copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the output into its summary.
 //   build-gpu/gpu_kernel_bench        (built only with MS_ENABLE_CUDA and a toolkit)
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -57,8 +60,9 @@ void* device_values(ms::Backend& be, DType dtype, int64_t n, float value) {
     return p;
 }
 
-// median milliseconds of fn over `repeats` runs (after 3 warm-ups), synchronising the backend around each run
-double time_ms(ms::Backend& be, const std::function<void()>& fn, int repeats = 20) {
+// median milliseconds of one fn() over `repeats` timings of `inner` back-to-back calls (after 3 warm-ups),
+// synchronising the backend around each timing
+double time_ms(ms::Backend& be, const std::function<void()>& fn, int repeats = 20, int inner = 1) {
     cudaEvent_t a, b;
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
@@ -68,13 +72,13 @@ double time_ms(ms::Backend& be, const std::function<void()>& fn, int repeats = 2
     for (int i = 0; i < repeats; ++i) {
         CHECK(cudaDeviceSynchronize());
         CHECK(cudaEventRecord(a));
-        fn();
+        for (int j = 0; j < inner; ++j) fn();
         be.synchronize();
         CHECK(cudaEventRecord(b));
         CHECK(cudaEventSynchronize(b));
         float ms = 0;
         CHECK(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
+        t.push_back(ms / static_cast<float>(inner));
     }
     CHECK(cudaEventDestroy(a));
     CHECK(cudaEventDestroy(b));
@@ -96,83 +100,92 @@ int main() {
 
     const int64_t B = 4, T = 1024, C = 768, NH = 12, N = B * T, H = 4 * C;
     // copy reference: a device-to-device copy of 64 MiB
+    constexpr int kInner = 10;  // back-to-back launches per timing of a memory-bound row
     const size_t copy_n = 16u << 20;
     float* src = device_floats(copy_n, 1.0f);
     float* dst = device_floats(copy_n, 0.0f);
-    const double copy_ms = time_ms(*be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); });
+    const double copy_ms = time_ms(*be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); },
+                                   20, kInner);
     const double copy_gbs = 2.0 * copy_n * 4 / (copy_ms * 1e6);
-    std::printf("%-40s | %-4s | %8.3f ms | %7.1f GB/s | (the 100%% of the rows below)\n", "copy (d2d, 64 MiB)", "-",
+    std::printf("%-46s | %-4s | %8.3f ms | %7.1f GB/s | (the 100%% of the rows below)\n", "copy (d2d, 64 MiB)", "-",
                 copy_ms, copy_gbs);
     CHECK(cudaFree(src));
     CHECK(cudaFree(dst));
 
     auto report = [&](const std::string& name, DType d, double ms, double bytes) {
         const double gbs = bytes / (ms * 1e6);
-        std::printf("%-40s | %-4s | %8.3f ms | %7.1f GB/s | %5.1f%% of copy\n", name.c_str(), name_of(d), ms, gbs,
+        std::printf("%-46s | %-4s | %8.3f ms | %7.1f GB/s | %5.1f%% of copy\n", name.c_str(), name_of(d), ms, gbs,
                     100.0 * gbs / copy_gbs);
         std::fflush(stdout);
     };
 
-    for (DType d : {DType::kF32, DType::kBF16}) {
-        if (!be->supports(ms::OpKind::kLayerNormForward, d)) {
-            std::printf("(the backend does not support %s)\n", name_of(d));
-            continue;
+    // The memory-bound kernels at the 124M step's rows and at 16x as many (tensors past the goal's 64 MB)
+    for (const int64_t R : {N, 16 * N}) {
+        const std::string at = fmt::format(" N={} C={}", R, C);
+        for (DType d : {DType::kF32, DType::kBF16}) {
+            if (!be->supports(ms::OpKind::kLayerNormForward, d)) {
+                std::printf("(the backend does not support %s)\n", name_of(d));
+                continue;
+            }
+            const double s = static_cast<double>(ms::dtype_size(d));  // bytes of an activation
+            // LayerNorm: x, y, dy, dx (R, C) in d; weight, bias (C) in d; mean, rstd (R) and dweight, dbias (C) fp32.
+            void* x = device_values(*be, d, R * C, 0.5f);
+            void* y = device_values(*be, d, R * C, 0.0f);
+            void* dy = device_values(*be, d, R * C, 0.01f);
+            void* dx = device_values(*be, d, R * C, 0.0f);
+            void* w = device_values(*be, d, C, 1.0f);
+            void* bias = device_values(*be, d, C, 0.1f);
+            float* mean = device_floats(R, 0.0f);
+            float* rstd = device_floats(R, 0.0f);
+            float* dw = device_floats(C, 0.0f);
+            float* db = device_floats(C, 0.0f);
+            const ms::LayerNormForwardArgs ln{Tensor(x, d, {R, C}),
+                                              Tensor(w, d, {C}),
+                                              Tensor(bias, d, {C}),
+                                              Tensor(y, d, {R, C}),
+                                              Tensor::f32(mean, {R}),
+                                              Tensor::f32(rstd, {R}),
+                                              1e-5f};
+            report("layernorm forward," + at, d, time_ms(*be, [&] { be->layernorm_forward(ln); }, 20, kInner),
+                   2.0 * R * C * s + 2.0 * R * 4);
+            const ms::LayerNormBackwardArgs lnb{Tensor(dy, d, {R, C}),  Tensor(x, d, {R, C}),   Tensor(w, d, {C}),
+                                                Tensor::f32(mean, {R}), Tensor::f32(rstd, {R}), Tensor(dx, d, {R, C}),
+                                                Tensor::f32(dw, {C}),   Tensor::f32(db, {C}),   ms::Accumulate::kAdd};
+            // reads dy, x, dx; writes dx (kAdd: the residual stream's gradient)
+            report("layernorm backward (dinp +=)," + at, d, time_ms(*be, [&] { be->layernorm_backward(lnb); }, 20, kInner),
+                   4.0 * R * C * s + 2.0 * R * 4);
+            // residual: out = a + (b + bias), the attention / MLP projection's bias added after its all-reduce
+            report("residual a + (b + bias)," + at, d,
+                   time_ms(*be,
+                           [&] {
+                               be->residual_forward({Tensor(x, d, {R * C}), Tensor(dy, d, {R * C}), Tensor(y, d, {R * C}),
+                                                     Tensor(bias, d, {C})});
+                           },
+                           20, kInner),
+                   3.0 * R * C * s);
+            for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
+            for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
+    
+            // GELU over the MLP's (R, 4C)
+            void* h = device_values(*be, d, R * H, 0.5f);
+            void* hg = device_values(*be, d, R * H, 0.0f);
+            void* dh = device_values(*be, d, R * H, 0.01f);
+            report("gelu forward over (N, 4C)," + at, d,
+                   time_ms(*be,
+                           [&] {
+                               be->gelu_forward({Tensor(h, d, {R * H}), Tensor(hg, d, {R * H})});
+                           },
+                           20, kInner),
+                   2.0 * R * H * s);
+            report("gelu backward in place, (N, 4C)," + at, d,
+                   time_ms(*be,
+                           [&] {
+                               be->gelu_backward({Tensor(h, d, {R * H}), Tensor(dh, d, {R * H}), Tensor(dh, d, {R * H})});
+                           },
+                           20, kInner),
+                   3.0 * R * H * s);
+            for (void* p : {h, hg, dh}) CHECK(cudaFree(p));
         }
-        const double s = static_cast<double>(ms::dtype_size(d));  // bytes of an activation
-        // LayerNorm: x, y, dy, dx (N, C) in d; weight, bias (C) in d; mean, rstd (N) and dweight, dbias (C) fp32.
-        void* x = device_values(*be, d, N * C, 0.5f);
-        void* y = device_values(*be, d, N * C, 0.0f);
-        void* dy = device_values(*be, d, N * C, 0.01f);
-        void* dx = device_values(*be, d, N * C, 0.0f);
-        void* w = device_values(*be, d, C, 1.0f);
-        void* bias = device_values(*be, d, C, 0.1f);
-        float* mean = device_floats(N, 0.0f);
-        float* rstd = device_floats(N, 0.0f);
-        float* dw = device_floats(C, 0.0f);
-        float* db = device_floats(C, 0.0f);
-        const ms::LayerNormForwardArgs ln{Tensor(x, d, {N, C}),
-                                          Tensor(w, d, {C}),
-                                          Tensor(bias, d, {C}),
-                                          Tensor(y, d, {N, C}),
-                                          Tensor::f32(mean, {N}),
-                                          Tensor::f32(rstd, {N}),
-                                          1e-5f};
-        report("layernorm forward (N=4096, C=768)", d, time_ms(*be, [&] { be->layernorm_forward(ln); }),
-               2.0 * N * C * s + 2.0 * N * 4);
-        const ms::LayerNormBackwardArgs lnb{Tensor(dy, d, {N, C}),  Tensor(x, d, {N, C}),   Tensor(w, d, {C}),
-                                            Tensor::f32(mean, {N}), Tensor::f32(rstd, {N}), Tensor(dx, d, {N, C}),
-                                            Tensor::f32(dw, {C}),   Tensor::f32(db, {C}),   ms::Accumulate::kAdd};
-        // reads dy, x, dx; writes dx (kAdd: the residual stream's gradient)
-        report("layernorm backward, dinp += (N=4096)", d, time_ms(*be, [&] { be->layernorm_backward(lnb); }),
-               4.0 * N * C * s + 2.0 * N * 4);
-        // residual: out = a + (b + bias), the attention / MLP projection's bias added after its all-reduce
-        report("residual a + (b + bias) (N, C)", d,
-               time_ms(*be,
-                       [&] {
-                           be->residual_forward({Tensor(x, d, {N * C}), Tensor(dy, d, {N * C}), Tensor(y, d, {N * C}),
-                                                 Tensor(bias, d, {C})});
-                       }),
-               3.0 * N * C * s);
-        for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
-        for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
-
-        // GELU over the MLP's (N, 4C)
-        void* h = device_values(*be, d, N * H, 0.5f);
-        void* hg = device_values(*be, d, N * H, 0.0f);
-        void* dh = device_values(*be, d, N * H, 0.01f);
-        report("gelu forward (N, 4C)", d,
-               time_ms(*be,
-                       [&] {
-                           be->gelu_forward({Tensor(h, d, {N * H}), Tensor(hg, d, {N * H})});
-                       }),
-               2.0 * N * H * s);
-        report("gelu backward, in place (N, 4C)", d,
-               time_ms(*be,
-                       [&] {
-                           be->gelu_backward({Tensor(h, d, {N * H}), Tensor(dh, d, {N * H}), Tensor(dh, d, {N * H})});
-                       }),
-               3.0 * N * H * s);
-        for (void* p : {h, hg, dh}) CHECK(cudaFree(p));
     }
 
     // AdamW on GPT-2 124M's fp32 master weights; in mixed precision with the fused bf16 param_copy (the model's
