@@ -10,7 +10,8 @@
 #      fp32 and bf16 as one rank and as tp2 x pp2 x dp2 (8 ranks on the one GPU, MPI), fp16 as one rank, and fp16's
 #      dynamic loss scaling from 2^32 (skipped iterations, no NaN, the loss falls); the one-rank runs train on NCCL
 #      (run.comm: auto); and the NCCL communicator as one rank, every collective in fp32/bf16/fp16/int32
-#      (nccl_one_rank: tests/gpu/test_nccl.cpp);
+#      (nccl_one_rank: tests/gpu/test_nccl.cpp); the mma.sync attention kernels against the CPU up to T = 1024, bf16
+#      and fp16, two runs bit-identical (test_gpu_attention);
 #   3. the kernel benchmark, fp32 and bf16 (bench/gpu/kernel_bench.cpp: bandwidth as % of a device copy, attention
 #      TFLOP/s), and the GEMM benchmark (bench/gpu/gemm_bench.cpp: the 124M shapes in bf16, cuBLASLt vs cuBLAS);
 #   4. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda) in bf16 mixed precision, fp32 and TF32 against
@@ -74,7 +75,7 @@ run_step configure 90 "$out/configure.log" \
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"
 # -k 0: a target that fails to build does not stop the others; each step below needs only its own binaries.
 run_step build 240 "$out/build.log" ninja -C build-gpu -k 0 -j"$(nproc)" mindspeed-train test_gpu ms_has_gpu \
-  test_cuda_device test_nccl gpu_kernel_bench gpu_gemm_bench ||
+  test_cuda_device test_gpu_attention test_nccl gpu_kernel_bench gpu_gemm_bench ||
   grep -B2 -A12 'FAILED:' "$out/build.log" | head -40 | tee -a "$summary"
 log "ptxas: $(grep -c 'spill stores' "$out/build.log" 2>/dev/null) kernel reports, \
 $(grep 'spill stores' "$out/build.log" 2>/dev/null | grep -vc ' 0 bytes spill stores') with spills"
@@ -83,10 +84,12 @@ have() {
   for f in "$@"; do [ -x "build-gpu/$f" ] || { steps_table+=("| ($f) | NOT BUILT | 0 |"); status=1; return 1; }; done
 }
 
-# -V: the GPU tests print their measured errors, which go to the summary below.
+# -V and MS_OP_TEST_VERBOSE=1: the GPU tests print their measured errors (per tensor: in ctest-gpu.log; the trainer
+# comparisons also in the summary below), from which the next session sets measured tolerances.
 have tests/test_nccl  # a row when it did not build; ctest then reports nccl_one_rank as not run
+have tests/test_gpu_attention  # likewise: the mma.sync attention kernels on the device
 have mindspeed-train tests/test_gpu tests/ms_has_gpu tests/test_cuda_device &&
-  run_step "ctest -L gpu" 200 "$out/ctest-gpu.log" bash -c 'cd build-gpu && exec ctest -L gpu -V --timeout 170'
+  run_step "ctest -L gpu" 200 "$out/ctest-gpu.log" bash -c 'cd build-gpu && MS_OP_TEST_VERBOSE=1 exec ctest -L gpu -V --timeout 170'
 have gpu_kernel_bench && run_step "kernel benchmark (fp32, bf16)" 60 "$out/kernel-bench.log" ./build-gpu/gpu_kernel_bench
 have gpu_gemm_bench && run_step "GEMM benchmark (bf16, cuBLASLt vs cuBLAS)" 40 "$out/gemm-bench.log" \
   ./build-gpu/gpu_gemm_bench
