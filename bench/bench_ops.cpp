@@ -185,9 +185,11 @@ int main(int argc, char** argv) {
                        }),
                0, 16.0 * N * C, 2 * L + 1, false);
         report("residual fwd",
-               time_op(
-                   repeats,
-                   [&] { be.residual_forward({.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C}), .bias = {}}); }),
+               time_op(repeats,
+                       [&] {
+                           be.residual_forward(
+                               {.a = t(inp, {N * C}), .b = t(out, {N * C}), .out = t(dinp, {N * C}), .bias = {}});
+                       }),
                0, 12.0 * N * C, 2 * L, false);
     }
     {

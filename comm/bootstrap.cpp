@@ -20,7 +20,8 @@ namespace {
 CollectiveWatch* g_abort_watch = nullptr;
 
 void mpi_abort_hook(int exit_code) {
-    if (g_abort_watch) g_abort_watch->dump(fmt::format("fatal error (exit code {}): see this rank's stderr", exit_code));
+    if (g_abort_watch)
+        g_abort_watch->dump(fmt::format("fatal error (exit code {}): see this rank's stderr", exit_code));
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -126,8 +127,7 @@ void check_same_config(Communicator& world, uint64_t hash) {
     std::vector<int32_t> all(2 * static_cast<size_t>(world.size()));
     world.all_gather<int32_t>(mine, all).wait();
     const auto hash_of = [&](int r) {
-        return (static_cast<uint64_t>(static_cast<uint32_t>(all[2 * r])) << 32) |
-               static_cast<uint32_t>(all[2 * r + 1]);
+        return (static_cast<uint64_t>(static_cast<uint32_t>(all[2 * r])) << 32) | static_cast<uint32_t>(all[2 * r + 1]);
     };
     std::string differ;
     int n_differ = 0;

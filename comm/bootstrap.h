@@ -28,7 +28,7 @@ class CollectiveWatch;
 class MpiCommunicator;
 
 class MpiRuntime {
-public:
+  public:
     MpiRuntime(int* argc = nullptr, char*** argv = nullptr);
     ~MpiRuntime();
     MpiRuntime(const MpiRuntime&) = delete;
@@ -48,7 +48,7 @@ public:
     // Timeout, flight-recorder directory, signal flag and fault hook for every wait from now on.
     void set_collective_watch(CollectiveWatchOptions options);
 
-private:
+  private:
     bool initialized_here_ = false;
     int rank_ = 0, size_ = 1;
     int local_rank_ = 0, local_size_ = 1;

@@ -26,7 +26,17 @@ namespace ms {
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax };
 // Scheduling hint for a later priority scheduler (critical TP/PP traffic ahead of background DP buckets).
 enum class Priority : uint8_t { kLow, kNormal, kHigh };
-enum class CommOp : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kAllToAll, kBarrier, kCount };
+enum class CommOp : uint8_t {
+    kAllReduce,
+    kReduceScatter,
+    kAllGather,
+    kBroadcast,
+    kSend,
+    kRecv,
+    kAllToAll,
+    kBarrier,
+    kCount
+};
 
 // Per-communicator counters, by op kind: calls issued and payload bytes this rank contributed (sent).
 struct CommStats {
@@ -44,13 +54,13 @@ struct CommStats {
 // collective_watch.h), or when another rank reported one: exit code 18. Once thrown, every later wait on this
 // process's communicators throws it again at once: the job is over, and nothing waits for a peer again.
 class CollectiveTimeoutError : public RunError {
-public:
+  public:
     explicit CollectiveTimeoutError(const std::string& what) : RunError(what, kExitCollectiveTimeout) {}
 };
 
 // Completion of one asynchronous call. Default-constructed handles are already complete.
 class Handle {
-public:
+  public:
     struct State {
         virtual ~State() = default;
         virtual void wait() = 0;
@@ -102,7 +112,7 @@ public:
         return !state_;
     }
 
-private:
+  private:
     StatePtr state_;
     double* waited_ = nullptr;
 };
@@ -110,9 +120,9 @@ private:
 // One side of a point-to-point exchange for batch_send_recv().
 struct P2POp {
     enum class Kind : uint8_t { kSend, kRecv } kind;
-    int peer;           // rank within this communicator
-    void* data;         // buffer
-    size_t count;       // elements
+    int peer;      // rank within this communicator
+    void* data;    // buffer
+    size_t count;  // elements
     DType dtype;
     int tag = 0;
 
@@ -127,7 +137,7 @@ struct P2POp {
 };
 
 class Communicator {
-public:
+  public:
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
@@ -173,7 +183,7 @@ public:
     // A sub-group of the ranks passing the same color, ordered by key (MPI_Comm_split). Collective over this group.
     virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
 
-protected:
+  protected:
     virtual Handle batch_send_recv_impl(std::span<const P2POp> ops, Priority p) = 0;
     virtual Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) = 0;
     virtual Handle reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
@@ -194,7 +204,7 @@ protected:
     // For decorators (comm/synchronizing_communicator.h), which report their inner communicator's counters.
     CommStats& mutable_stats() { return stats_; }
 
-private:
+  private:
     CommStats stats_;
 };
 

@@ -13,7 +13,7 @@
 namespace ms {
 
 class SelfCommunicator final : public Communicator {
-public:
+  public:
     explicit SelfCommunicator(std::string name = "self") : name_(std::move(name)) {}
     int rank() const override { return 0; }
     int size() const override { return 1; }
@@ -28,7 +28,7 @@ public:
         return std::make_unique<SelfCommunicator>(std::move(name));
     }
 
-protected:
+  protected:
     Handle all_reduce_impl(void*, size_t, DType, ReduceOp, Priority) override { return {}; }
     Handle reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t, ReduceOp,
                                Priority) override {
@@ -45,7 +45,7 @@ protected:
         return copy(in, out, out_count, in_count, t);
     }
 
-private:
+  private:
     Handle copy(const void* in, void* out, size_t out_count, size_t in_count, DType t) {
         MS_CHECK(in_count == out_count, "{}: {} elements in, {} out, in a group of one rank", name_, in_count,
                  out_count);

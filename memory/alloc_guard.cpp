@@ -118,7 +118,9 @@ void* operator new[](size_t n, const std::nothrow_t&) noexcept {
         return nullptr;
     }
 }
-void* operator new(size_t n, std::align_val_t a) { return ms::alloc_guard::allocate_aligned(n, static_cast<size_t>(a)); }
+void* operator new(size_t n, std::align_val_t a) {
+    return ms::alloc_guard::allocate_aligned(n, static_cast<size_t>(a));
+}
 void* operator new[](size_t n, std::align_val_t a) {
     return ms::alloc_guard::allocate_aligned(n, static_cast<size_t>(a));
 }

@@ -41,8 +41,9 @@ void allocation_in_step(size_t bytes);
 
 namespace ms {
 
-// Arms the guard for one step when enabled() and `arm`; check() disarms it and fails (MS_CHECK, fatal: a bug in the engine,
-// not the user's input) if the step allocated. The destructor disarms without checking (an exception unwinding).
+// Arms the guard for one step when enabled() and `arm`; check() disarms it and fails (MS_CHECK, fatal: a bug in the
+// engine, not the user's input) if the step allocated. The destructor disarms without checking (an exception
+// unwinding).
 class StepAllocGuard {
   public:
     StepAllocGuard(int64_t iteration, bool arm);

@@ -11,7 +11,7 @@
 namespace ms {
 
 class HostBuffer {
-public:
+  public:
     HostBuffer() = default;
     explicit HostBuffer(size_t bytes);
     ~HostBuffer();
@@ -27,7 +27,7 @@ public:
         return static_cast<T*>(data_);
     }
 
-private:
+  private:
     void* data_ = nullptr;
     size_t size_ = 0;
 };

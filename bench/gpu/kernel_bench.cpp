@@ -10,8 +10,9 @@
 //     mma.sync kernels of attention_tc.cu), and in bf16 the nvcuda::wmma alternative (bench/gpu/attention_wmma.cu)
 //     launched directly, for comparison.
 // Times are medians of cudaEvent-timed repeats after a warm-up; each repeat times `inner` back-to-back launches on
-// the stream (10 for the memory-bound rows, as in a training step, where nothing waits between kernels) and divides. One line per row, "name | dtype | ms | GB/s | % of
-// copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the output into its summary.
+// the stream (10 for the memory-bound rows, as in a training step, where nothing waits between kernels) and divides.
+// One line per row, "name | dtype | ms | GB/s | % of copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the
+// output into its summary.
 //   build-gpu/gpu_kernel_bench        (built only with MS_ENABLE_CUDA and a toolkit)
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -104,8 +105,8 @@ int main() {
     const size_t copy_n = 16u << 20;
     float* src = device_floats(copy_n, 1.0f);
     float* dst = device_floats(copy_n, 0.0f);
-    const double copy_ms = time_ms(*be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); },
-                                   20, kInner);
+    const double copy_ms = time_ms(
+        *be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); }, 20, kInner);
     const double copy_gbs = 2.0 * copy_n * 4 / (copy_ms * 1e6);
     std::printf("%-46s | %-4s | %8.3f ms | %7.1f GB/s | (the 100%% of the rows below)\n", "copy (d2d, 64 MiB)", "-",
                 copy_ms, copy_gbs);
@@ -146,43 +147,50 @@ int main() {
                                               Tensor::f32(mean, {R}),
                                               Tensor::f32(rstd, {R}),
                                               1e-5f};
-            report("layernorm forward," + at, d, time_ms(*be, [&] { be->layernorm_forward(ln); }, 20, kInner),
+            report("layernorm forward," + at, d,
+                   time_ms(
+                       *be, [&] { be->layernorm_forward(ln); }, 20, kInner),
                    2.0 * R * C * s + 2.0 * R * 4);
             const ms::LayerNormBackwardArgs lnb{Tensor(dy, d, {R, C}),  Tensor(x, d, {R, C}),   Tensor(w, d, {C}),
                                                 Tensor::f32(mean, {R}), Tensor::f32(rstd, {R}), Tensor(dx, d, {R, C}),
                                                 Tensor::f32(dw, {C}),   Tensor::f32(db, {C}),   ms::Accumulate::kAdd};
             // reads dy, x, dx; writes dx (kAdd: the residual stream's gradient)
-            report("layernorm backward (dinp +=)," + at, d, time_ms(*be, [&] { be->layernorm_backward(lnb); }, 20, kInner),
+            report("layernorm backward (dinp +=)," + at, d,
+                   time_ms(
+                       *be, [&] { be->layernorm_backward(lnb); }, 20, kInner),
                    4.0 * R * C * s + 2.0 * R * 4);
             // residual: out = a + (b + bias), the attention / MLP projection's bias added after its all-reduce
             report("residual a + (b + bias)," + at, d,
-                   time_ms(*be,
-                           [&] {
-                               be->residual_forward({Tensor(x, d, {R * C}), Tensor(dy, d, {R * C}), Tensor(y, d, {R * C}),
-                                                     Tensor(bias, d, {C})});
-                           },
-                           20, kInner),
+                   time_ms(
+                       *be,
+                       [&] {
+                           be->residual_forward({Tensor(x, d, {R * C}), Tensor(dy, d, {R * C}), Tensor(y, d, {R * C}),
+                                                 Tensor(bias, d, {C})});
+                       },
+                       20, kInner),
                    3.0 * R * C * s);
             for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
             for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
-    
+
             // GELU over the MLP's (R, 4C)
             void* h = device_values(*be, d, R * H, 0.5f);
             void* hg = device_values(*be, d, R * H, 0.0f);
             void* dh = device_values(*be, d, R * H, 0.01f);
             report("gelu forward over (N, 4C)," + at, d,
-                   time_ms(*be,
-                           [&] {
-                               be->gelu_forward({Tensor(h, d, {R * H}), Tensor(hg, d, {R * H})});
-                           },
-                           20, kInner),
+                   time_ms(
+                       *be,
+                       [&] {
+                           be->gelu_forward({Tensor(h, d, {R * H}), Tensor(hg, d, {R * H})});
+                       },
+                       20, kInner),
                    2.0 * R * H * s);
             report("gelu backward in place, (N, 4C)," + at, d,
-                   time_ms(*be,
-                           [&] {
-                               be->gelu_backward({Tensor(h, d, {R * H}), Tensor(dh, d, {R * H}), Tensor(dh, d, {R * H})});
-                           },
-                           20, kInner),
+                   time_ms(
+                       *be,
+                       [&] {
+                           be->gelu_backward({Tensor(h, d, {R * H}), Tensor(dh, d, {R * H}), Tensor(dh, d, {R * H})});
+                       },
+                       20, kInner),
                    3.0 * R * H * s);
             for (void* p : {h, hg, dh}) CHECK(cudaFree(p));
         }

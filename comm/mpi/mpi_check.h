@@ -19,9 +19,9 @@ std::string mpi_error_message(int code);
 
 }  // namespace ms
 
-#define MS_MPI_CHECK(expr)                                                                              \
-    do {                                                                                                \
-        const int ms_mpi_rc_ = (expr);                                                                  \
-        if (ms_mpi_rc_ != MPI_SUCCESS)                                                                  \
-            ::ms::fatal(#expr, __FILE__, __LINE__, __func__, ::ms::mpi_error_message(ms_mpi_rc_));     \
+#define MS_MPI_CHECK(expr)                                                                         \
+    do {                                                                                           \
+        const int ms_mpi_rc_ = (expr);                                                             \
+        if (ms_mpi_rc_ != MPI_SUCCESS)                                                             \
+            ::ms::fatal(#expr, __FILE__, __LINE__, __func__, ::ms::mpi_error_message(ms_mpi_rc_)); \
     } while (0)

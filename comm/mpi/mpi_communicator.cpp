@@ -19,12 +19,15 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
     switch (t) {
-        case DType::kF32: return MPI_FLOAT;
-        case DType::kI32: return MPI_INT32_T;
+        case DType::kF32:
+            return MPI_FLOAT;
+        case DType::kI32:
+            return MPI_INT32_T;
         // 16-bit floats travel as their bits; reductions on them use the user ops of half_op() below.
         case DType::kBF16:
         case DType::kF16:
-        case DType::kU16: return MPI_UINT16_T;
+        case DType::kU16:
+            return MPI_UINT16_T;
     }
     MS_UNREACHABLE("dtype {}", static_cast<int>(t));
 }
@@ -57,8 +60,10 @@ MPI_Op mpi_op(ReduceOp op, DType t) {
     if (t == DType::kBF16 || t == DType::kF16) return half_op(t, op);
     switch (op) {
         case ReduceOp::kSum:
-        case ReduceOp::kAvg: return MPI_SUM;  // kAvg divides on completion
-        case ReduceOp::kMax: return MPI_MAX;
+        case ReduceOp::kAvg:
+            return MPI_SUM;  // kAvg divides on completion
+        case ReduceOp::kMax:
+            return MPI_MAX;
     }
     MS_UNREACHABLE("reduce op {}", static_cast<int>(op));
 }
@@ -95,7 +100,7 @@ class MpiOpState;
 // of allocating, so steady-state training makes no allocation per collective (memory/alloc_guard.h). Shared with
 // the states it hands out, so a handle that outlives its communicator still has a pool to return to.
 class MpiOpStatePool {
-public:
+  public:
     ~MpiOpStatePool();
     std::vector<MpiOpState*> free;
 };
@@ -104,7 +109,7 @@ namespace {
 
 // The MPI requests of one call, plus what has to happen when they complete.
 class MpiOpState final : public Handle::State {
-public:
+  public:
     using Ptr = std::unique_ptr<MpiOpState, Handle::Recycle>;
     // A cleared state from `pool` (or a new one when the pool is empty).
     static Ptr acquire(const std::shared_ptr<MpiOpStatePool>& pool) {
@@ -160,8 +165,10 @@ public:
     }
     void wait() override {
         if (done_) return;
-        if (watch) watch->wait(as_int(requests.size()), requests.data(), *recorder, seq);
-        else MS_MPI_CHECK(MPI_Waitall(as_int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+        if (watch)
+            watch->wait(as_int(requests.size()), requests.data(), *recorder, seq);
+        else
+            MS_MPI_CHECK(MPI_Waitall(as_int(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
         finish();
     }
     bool test() override {
@@ -186,7 +193,7 @@ public:
         return resized;
     }
 
-private:
+  private:
     void finish() {
         done_ = true;
         // Freed only now: some MPI libraries keep a raw reference in pending non-blocking collectives.
@@ -236,7 +243,10 @@ MpiOpStatePool::~MpiOpStatePool() {
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_elems,
                                  std::shared_ptr<CollectiveWatch> watch)
-    : comm_(comm), name_(std::move(name)), chunk_elems_(0), watch_(std::move(watch)),
+    : comm_(comm),
+      name_(std::move(name)),
+      chunk_elems_(0),
+      watch_(std::move(watch)),
       states_(std::make_shared<MpiOpStatePool>()) {
     MS_CHECK(comm_ != MPI_COMM_NULL, "{}: MpiCommunicator over MPI_COMM_NULL", name_);
     MS_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));

@@ -50,7 +50,7 @@ class FlightRecorder;
 class MpiOpStatePool;
 
 class MpiCommunicator final : public Communicator {
-public:
+  public:
     // 16M elements (64 MiB of fp32) per MPI call: far below the int count limit and MPI's internal buffers.
     static constexpr size_t kDefaultChunkElems = size_t{1} << 24;
 
@@ -73,22 +73,20 @@ public:
 
     MPI_Comm comm() const { return comm_; }
     size_t chunk_elems() const { return chunk_elems_; }
-    void set_chunk_elems(size_t n);  // 1 .. INT_MAX; tests use tiny chunks
+    void set_chunk_elems(size_t n);                   // 1 .. INT_MAX; tests use tiny chunks
     int64_t mpi_calls() const { return mpi_calls_; }  // MPI operations posted so far, each chunk counted
     CollectiveWatch& watch() { return *watch_; }
     const FlightRecorder& flight_recorder() const { return *recorder_; }
 
-protected:
+  protected:
     Handle all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) override;
     Handle reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t, ReduceOp op,
                                Priority p) override;
-    Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
-                           Priority p) override;
+    Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
     Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) override;
-    Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
-                           Priority p) override;
+    Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
 
-private:
+  private:
     size_t block_chunk() const;  // elements per rank block per MPI call for the block-wise collectives
 
     MPI_Comm comm_;

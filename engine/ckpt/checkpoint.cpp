@@ -485,9 +485,9 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
 void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what,
                             const std::string& hint) {
     const std::vector<ParamInfo> table = canonical_table(shape);
-    const std::string tail = fmt::format("\n---> HINT: the checkpoint holds model {}; {}",
-                                         r.manifest().contains("model") ? r.manifest()["model"].dump() : "(unknown)",
-                                         hint);
+    const std::string tail =
+        fmt::format("\n---> HINT: the checkpoint holds model {}; {}",
+                    r.manifest().contains("model") ? r.manifest()["model"].dump() : "(unknown)", hint);
     const auto fail_config = [](const std::string& msg) { throw UserError("config error: " + msg, kExitConfigError); };
     for (const ParamInfo& p : table) {
         if (!r.contains(p.name))
@@ -495,13 +495,14 @@ void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, co
                                     json(p.global_shape).dump(), tail));
         const std::vector<int64_t>& saved = r.global_shape(p.name);
         bool same = saved == p.global_shape;
-        if (p.name == "wte.weight" && saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
+        if (p.name == "wte.weight" &&
+            saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
             same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
         if (!same)
-            fail_config(fmt::format("tensor '{}' has global shape {} (vocabulary {}) in '{}', but {} expects {} "
-                                    "(vocabulary {}){}",
-                                    p.name, json(saved).dump(), r.vocab_size(), r.dir(), what,
-                                    json(p.global_shape).dump(), shape.V, tail));
+            fail_config(fmt::format(
+                "tensor '{}' has global shape {} (vocabulary {}) in '{}', but {} expects {} "
+                "(vocabulary {}){}",
+                p.name, json(saved).dump(), r.vocab_size(), r.dir(), what, json(p.global_shape).dump(), shape.V, tail));
     }
     for (const std::string& name : r.names()) {
         if (std::none_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; }))

@@ -66,12 +66,12 @@ struct TrainingConfig {
 // Megatron's precision flags. bf16 / fp16: 16-bit model weights and activations, fp32 master weights, gradients and
 // optimizer state. fp16 scales the loss (dynamic unless loss_scale > 0) and skips steps whose gradients overflow.
 struct MixedPrecisionConfig {
-    std::string dtype = "fp32";            // fp32 | bf16 | fp16
-    double loss_scale = 0;                 // fp16: a fixed loss scale; 0 (or null) = dynamic loss scaling
+    std::string dtype = "fp32";                // fp32 | bf16 | fp16
+    double loss_scale = 0;                     // fp16: a fixed loss scale; 0 (or null) = dynamic loss scaling
     double initial_loss_scale = 4294967296.0;  // fp16 dynamic: the first scale (2^32)
-    double min_loss_scale = 1.0;           // fp16 dynamic: the scale never drops below this
-    int loss_scale_window = 1000;          // fp16 dynamic: steps without overflow before the scale doubles
-    int hysteresis = 2;                    // fp16 dynamic: overflowing steps tolerated before the scale halves
+    double min_loss_scale = 1.0;               // fp16 dynamic: the scale never drops below this
+    int loss_scale_window = 1000;              // fp16 dynamic: steps without overflow before the scale doubles
+    int hysteresis = 2;                        // fp16 dynamic: overflowing steps tolerated before the scale halves
 };
 
 // The model's activation and weight dtype for mixed_precision.dtype (fp32, bf16 or fp16).
@@ -96,24 +96,24 @@ struct LrScheduleConfig {
 };
 
 struct SyntheticConfig {
-    int vocab_size = 32;       // symbols of the Markov chain (tokens 0..vocab_size-1)
-    int branching = 4;         // successors per state
-    uint64_t seed = 7;         // the language itself (independent of run.seed)
+    int vocab_size = 32;  // symbols of the Markov chain (tokens 0..vocab_size-1)
+    int branching = 4;    // successors per state
+    uint64_t seed = 7;    // the language itself (independent of run.seed)
     int64_t num_tokens = 1 << 20;
 };
 
 struct DataConfig {
-    std::string source = "synthetic";  // synthetic | megatron | llmc | nanogpt
+    std::string source = "synthetic";    // synthetic | megatron | llmc | nanogpt
     std::vector<std::string> data_path;  // prefix (megatron) or file(s) (llmc, nanogpt)
     std::string split = "969,30,1";      // train,valid,test weights
     SyntheticConfig synthetic;
 };
 
 struct CheckpointConfig {
-    std::string save;             // directory of iter_XXXXXXX/ checkpoints (engine/ckpt/checkpoint.h); "" = none
-    std::string load;             // auto-resume from here when it holds a committed checkpoint (often = save)
-    int64_t save_interval = 0;    // save every N iterations (and always at the end of training when save is set)
-    int keep_latest_k = 2;        // committed checkpoints kept after each save; 0 keeps all; 1 is refused (no fallback)
+    std::string save;           // directory of iter_XXXXXXX/ checkpoints (engine/ckpt/checkpoint.h); "" = none
+    std::string load;           // auto-resume from here when it holds a committed checkpoint (often = save)
+    int64_t save_interval = 0;  // save every N iterations (and always at the end of training when save is set)
+    int keep_latest_k = 2;      // committed checkpoints kept after each save; 0 keeps all; 1 is refused (no fallback)
     std::string verify_on_load = "full";  // quick: sizes | full: sizes and XXH64 of every file before resuming
 };
 
@@ -159,9 +159,9 @@ struct Config {
 struct DerivedConfig {
     int world_size = 1;
     int dp = 1;
-    int padded_vocab = 0;       // ceil(V / (make_vocab_size_divisible_by * tp)) * that
+    int padded_vocab = 0;  // ceil(V / (make_vocab_size_divisible_by * tp)) * that
     int ffn_hidden = 0;
-    int num_microbatches = 1;   // global_batch / (micro_batch * dp)
+    int num_microbatches = 1;  // global_batch / (micro_batch * dp)
     int64_t tokens_per_step = 0;
     int64_t num_parameters = 0;  // with the padded vocabulary
 };

@@ -68,9 +68,10 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             cfg.mixed_precision.loss_scale, cfg.mixed_precision.dtype);
     }
     if (cfg.mixed_precision.min_loss_scale > cfg.mixed_precision.initial_loss_scale) {
-        fail("mixed_precision.min_loss_scale = {} exceeds mixed_precision.initial_loss_scale = {}; hint: lower "
-             "min_loss_scale (Megatron's default is 1) or raise initial_loss_scale",
-             cfg.mixed_precision.min_loss_scale, cfg.mixed_precision.initial_loss_scale);
+        fail(
+            "mixed_precision.min_loss_scale = {} exceeds mixed_precision.initial_loss_scale = {}; hint: lower "
+            "min_loss_scale (Megatron's default is 1) or raise initial_loss_scale",
+            cfg.mixed_precision.min_loss_scale, cfg.mixed_precision.initial_loss_scale);
     }
     if (m.untie_embeddings_and_output_weights) {
         fail(
@@ -223,10 +224,11 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
 
     // ---- parallel axes this build does not run yet ----
     if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {
-        fail("parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}) = {} rows of a micro-batch "
-             "over tensor_model_parallel_size({}), which does not divide them; hint: pick a micro batch size or "
-             "sequence length that makes the product a multiple of {}",
-             t.micro_batch_size, m.seq_length, static_cast<int64_t>(t.micro_batch_size) * m.seq_length, tp, tp);
+        fail(
+            "parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}) = {} rows of a micro-batch "
+            "over tensor_model_parallel_size({}), which does not divide them; hint: pick a micro batch size or "
+            "sequence length that makes the product a multiple of {}",
+            t.micro_batch_size, m.seq_length, static_cast<int64_t>(t.micro_batch_size) * m.seq_length, tp, tp);
     }
 
     const int64_t multiple = int64_t{m.make_vocab_size_divisible_by} * tp;

@@ -17,7 +17,7 @@ namespace ms {
 
 // Exit codes (README "Exit codes"): one table for the whole program.
 inline constexpr int kExitOk = 0;
-inline constexpr int kExitConfigError = 2;  // bad config, bad command line, missing/corrupt input data
+inline constexpr int kExitConfigError = 2;         // bad config, bad command line, missing/corrupt input data
 inline constexpr int kExitSignal = 3;              // SIGTERM/SIGUSR1 seen at a step boundary (saved if configured)
 inline constexpr int kExitNumerical = 17;          // NaN/Inf in a loss or gradient with reliability.nan_policy fail
 inline constexpr int kExitCollectiveTimeout = 18;  // a collective waited longer than reliability.collective_timeout_s
@@ -27,14 +27,14 @@ inline constexpr int kExitCheckpoint = 19;
 // exit_code(). UserError is the kind caused by the input; comm/communicator.h's CollectiveTimeoutError (18) and
 // engine/train/reliability.h's NumericalError (17) are others.
 class RunError : public std::runtime_error {
-public:
+  public:
     RunError(const std::string& what, int exit_code) : std::runtime_error(what), exit_code_(exit_code) {}
     int exit_code() const { return exit_code_; }
     // Already printed to stderr where it was raised (before ranks agreed to stop): main() does not print it again.
     bool reported() const { return reported_; }
     void set_reported() { reported_ = true; }
 
-private:
+  private:
     int exit_code_;
     bool reported_ = false;
 };
@@ -50,7 +50,7 @@ inline std::string user_error_line(const std::string& what) {
 }
 
 class UserError : public RunError {
-public:
+  public:
     explicit UserError(const std::string& what, int exit_code = kExitConfigError) : RunError(what, exit_code) {}
 };
 
@@ -63,9 +63,9 @@ void set_abort_hook(AbortHook hook);
 
 }  // namespace ms
 
-#define MS_CHECK(cond, ...)                                                                           \
-    do {                                                                                              \
-        if (!(cond)) ::ms::fatal(#cond, __FILE__, __LINE__, __func__, ::fmt::format(__VA_ARGS__));   \
+#define MS_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) ::ms::fatal(#cond, __FILE__, __LINE__, __func__, ::fmt::format(__VA_ARGS__)); \
     } while (0)
 
 #define MS_UNREACHABLE(...) ::ms::fatal("unreachable", __FILE__, __LINE__, __func__, ::fmt::format(__VA_ARGS__))

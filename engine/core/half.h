@@ -78,13 +78,13 @@ MS_HOST_DEVICE inline fp16 fp16_from_float(float f) {
     const uint32_t x = float_bits(f);
     const uint32_t sign = (x >> 16) & 0x8000u;
     const uint32_t a = x & 0x7fffffffu;
-    if (a > 0x7f800000u) return fp16{0x7fffu};                                    // NaN
-    if (a >= 0x477ff000u) return fp16{static_cast<uint16_t>(sign | 0x7c00u)};   // >= 65520 (and inf): inf
-    if (a < 0x38800000u) {                                                      // below 2^-14: subnormal or 0
-        if (a < 0x33000000u) return fp16{static_cast<uint16_t>(sign)};          // <= 2^-25 rounds to 0
-        const uint32_t e = a >> 23;                                             // 102 .. 112
+    if (a > 0x7f800000u) return fp16{0x7fffu};                                 // NaN
+    if (a >= 0x477ff000u) return fp16{static_cast<uint16_t>(sign | 0x7c00u)};  // >= 65520 (and inf): inf
+    if (a < 0x38800000u) {                                                     // below 2^-14: subnormal or 0
+        if (a < 0x33000000u) return fp16{static_cast<uint16_t>(sign)};         // <= 2^-25 rounds to 0
+        const uint32_t e = a >> 23;                                            // 102 .. 112
         const uint32_t m = (a & 0x7fffffu) | 0x800000u;
-        const uint32_t shift = 126u - e;                                        // 14 .. 24
+        const uint32_t shift = 126u - e;  // 14 .. 24
         uint32_t h = m >> shift;
         const uint32_t rem = m & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
         if (rem > halfway || (rem == halfway && (h & 1u))) ++h;

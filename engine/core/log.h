@@ -9,8 +9,8 @@ namespace ms {
 
 void set_log_rank(int rank, bool is_logging_rank);
 bool is_logging_rank();
-void log_line(const std::string& line);       // stdout, logging rank only, flushed
-void warn_line(const std::string& line);      // stderr, every rank, prefixed "warning: "
+void log_line(const std::string& line);   // stdout, logging rank only, flushed
+void warn_line(const std::string& line);  // stderr, every rank, prefixed "warning: "
 
 template <typename... Args>
 void log_info(fmt::format_string<Args...> f, Args&&... args) {

@@ -42,10 +42,9 @@ inline float philox_uniform(uint32_t bits) { return (static_cast<float>(bits >> 
 
 // One N(0,1) draw for element `index` of stream `stream` (Box-Muller on the first two Philox words).
 inline float philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
-    const PhiloxCounter r = philox4x32_10(
-        {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), static_cast<uint32_t>(stream),
-         static_cast<uint32_t>(stream >> 32)},
-        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+    const PhiloxCounter r = philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                                           static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                                          {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
     const double u1 = philox_uniform(r[0]);
     const double u2 = philox_uniform(r[1]);
     return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
@@ -53,10 +52,9 @@ inline float philox_normal(uint64_t seed, uint64_t stream, uint64_t index) {
 
 // A uniform double in [0, 1) with 53 random bits, for samplers and synthetic data.
 inline double philox_uniform_double(uint64_t seed, uint64_t stream, uint64_t index) {
-    const PhiloxCounter r = philox4x32_10(
-        {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), static_cast<uint32_t>(stream),
-         static_cast<uint32_t>(stream >> 32)},
-        {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+    const PhiloxCounter r = philox4x32_10({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                                           static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)},
+                                          {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
     const uint64_t bits = (static_cast<uint64_t>(r[0]) << 21) ^ (r[1] >> 11);
     return static_cast<double>(bits & ((1ull << 53) - 1)) * (1.0 / 9007199254740992.0);
 }

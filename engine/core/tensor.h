@@ -47,7 +47,8 @@ struct Tensor {
     // The data as T*, checking that T is the tensor's dtype (float, bf16, fp16, int32_t).
     template <class T>
     T* as() const {
-        MS_CHECK(dtype == dtype_of<T>(), "tensor dtype is {}, expected {}", dtype_name(dtype), dtype_name(dtype_of<T>()));
+        MS_CHECK(dtype == dtype_of<T>(), "tensor dtype is {}, expected {}", dtype_name(dtype),
+                 dtype_name(dtype_of<T>()));
         return static_cast<T*>(data);
     }
     int32_t* i32() const {

@@ -19,7 +19,7 @@
 namespace ms {
 
 class TokenSource {
-public:
+  public:
     virtual ~TokenSource() = default;
     virtual int64_t num_tokens() const = 0;
     // tokens [offset, offset + count) as int32
@@ -44,7 +44,7 @@ std::unique_ptr<TokenSource> open_token_source(const DataConfig& cfg, int vocab_
 enum class Split : uint8_t { kTrain, kValid, kTest };
 
 class Sampler {
-public:
+  public:
     // seq_length: T. split weights from DataConfig::split ("969,30,1"). seed: run.seed.
     Sampler(const TokenSource& source, const std::string& split_weights, Split split, int seq_length, uint64_t seed);
     int64_t num_samples() const;  // per epoch; >= 1 or the constructor throws UserError with the sizes
@@ -53,7 +53,7 @@ public:
     // the sample index (within the split) visited at global position g
     int64_t sample_at(int64_t g) const;
 
-private:
+  private:
     // order: a 4-round Feistel permutation of [0, 2^(2*half_bits_)), cycle-walked into [0, num_samples_)
     int64_t permute(int64_t position, int64_t epoch) const;
 

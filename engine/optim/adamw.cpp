@@ -36,7 +36,7 @@ float learning_rate(const OptimizerConfig& opt, const LrScheduleConfig& sched, i
     const int64_t decay_iters = sched.lr_decay_iters > 0 ? sched.lr_decay_iters : train_iters;
     if (it >= decay_iters) return opt.min_lr;
     const double ratio = static_cast<double>(it - warmup) / static_cast<double>(decay_iters - warmup);
-    double coeff = 1.0 - ratio;                                                               // linear
+    double coeff = 1.0 - ratio;  // linear
     if (sched.lr_decay_style == "cosine") coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
     return static_cast<float>(opt.min_lr + coeff * (opt.lr - opt.min_lr));
 }

@@ -13,7 +13,7 @@
 namespace ms {
 
 class AdamW {
-public:
+  public:
     // table: the parameters (offsets into the flat buffers); flat_size: elements in the flat buffers.
     AdamW(const std::vector<ParamInfo>& table, int64_t flat_size, const OptimizerConfig& cfg, Backend& backend);
     // One step over every parameter: one fused pass each. grad_scale multiplies the gradients (clipping).
@@ -22,7 +22,7 @@ public:
     float* exp_avg() { return m_.as<float>(); }
     float* exp_avg_sq() { return v_.as<float>(); }
 
-private:
+  private:
     const std::vector<ParamInfo>& table_;
     OptimizerConfig cfg_;
     Backend& backend_;

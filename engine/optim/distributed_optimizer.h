@@ -33,7 +33,7 @@ struct OptimizerStepResult {
 };
 
 class DistributedOptimizer {
-public:
+  public:
     // params/grads: flat buffers of at least padded_flat_size(flat, dp.size()) elements.
     // mp: the model-parallel group (tp x pp ranks with the same dp rank) over which the norm's partial sums are
     // reduced; tp_rank decides who counts TP-replicated parameters. arena: where exp_avg, exp_avg_sq (kOptimizer)
@@ -69,7 +69,7 @@ public:
     // Optimizer state bytes held by this rank (exp_avg + exp_avg_sq).
     int64_t state_bytes() const { return 2 * static_cast<int64_t>(state_len_) * 4; }
 
-private:
+  private:
     struct Segment {  // a parameter's part of the range this rank updates
         int64_t begin, end;
         bool weight_decay, count_in_norm;
@@ -88,8 +88,8 @@ private:
     std::vector<Segment> norm_segments_;    // this rank's shard (both stages)
     std::vector<Segment> update_segments_;  // shard (zero 1) or the whole buffer (zero 0)
     size_t state_len_ = 0;
-    int64_t state_base_ = 0;  // flat index of exp_avg[0]
-    MemoryBlock m_, v_;       // (state_len) exp_avg, exp_avg_sq
+    int64_t state_base_ = 0;   // flat index of exp_avg[0]
+    MemoryBlock m_, v_;        // (state_len) exp_avg, exp_avg_sq
     void* weights_ = nullptr;  // set_weights()
     DType weights_dtype_ = DType::kF32;
     int64_t step_ = 0;

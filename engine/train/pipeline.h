@@ -38,40 +38,40 @@ std::vector<int> pipeline_activation_slots(const std::vector<Action>& stage_acti
 int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int stage, int virtual_stages);
 
 class PipelineModel {
-public:
-  // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
-  // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
-  // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
-  // slot blocks, the send buffers (plan.h's StagePlan::allocations() lists the same sequence).
-  PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
-                ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
-                Arena* arena = nullptr, DType dtype = DType::kF32);
+  public:
+    // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
+    // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
+    // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
+    // slot blocks, the send buffers (plan.h's StagePlan::allocations() lists the same sequence).
+    PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
+                  ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
+                  Arena* arena = nullptr, DType dtype = DType::kF32);
 
-  const std::vector<ParamInfo>& params_info() const { return table_; }
-  int64_t flat_size() const { return flat_; }
-  float* params() { return params_.as<float>(); }
-  float* grads() { return grads_.as<float>(); }
-  DType dtype() const { return dtype_; }
-  // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
-  void* weights() { return dtype_ == DType::kF32 ? static_cast<void*>(params()) : weights_.as<std::byte>(); }
-  // weights = params rounded to dtype() over the whole flat range (no-op in fp32): after anything writes params()
-  // other than an optimizer that writes the copy itself (AdamWArgs::param_copy).
-  void refresh_weights();
-  void init_weights(uint64_t seed);
+    const std::vector<ParamInfo>& params_info() const { return table_; }
+    int64_t flat_size() const { return flat_; }
+    float* params() { return params_.as<float>(); }
+    float* grads() { return grads_.as<float>(); }
+    DType dtype() const { return dtype_; }
+    // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
+    void* weights() { return dtype_ == DType::kF32 ? static_cast<void*>(params()) : weights_.as<std::byte>(); }
+    // weights = params rounded to dtype() over the whole flat range (no-op in fp32): after anything writes params()
+    // other than an optimizer that writes the copy itself (AdamWArgs::param_copy).
+    void refresh_weights();
+    void init_weights(uint64_t seed);
 
-  // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
-  // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the
-  // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
-  // loss_scale multiplies the loss the backward starts from (fp16's loss scaling; 1 otherwise).
-  float train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale = 1.0f);
-  // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
-  float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
-  // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
-  Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
-  // Activation slots per local chunk (micro-batches in flight): the schedule's peak.
-  const std::vector<int>& slots_per_chunk() const { return slots_; }
+    // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
+    // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the
+    // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
+    // loss_scale multiplies the loss the backward starts from (fp16's loss scaling; 1 otherwise).
+    float train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale = 1.0f);
+    // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
+    float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
+    // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
+    Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
+    // Activation slots per local chunk (micro-batches in flight): the schedule's peak.
+    const std::vector<int>& slots_per_chunk() const { return slots_; }
 
-private:
+  private:
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
     void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
@@ -87,9 +87,9 @@ private:
     const ProcessGroups& groups_;
     int micro_batch_, num_microbatches_, virtual_stages_;
     std::vector<std::vector<Action>> schedule_;  // every stage's list (this rank runs schedule_[pp_rank])
-    std::vector<std::unique_ptr<Gpt>> chunks_;  // local chunks 0..v-1
-    std::vector<int> slots_;                    // activation slots per local chunk
-    std::vector<ParamInfo> table_;              // every local chunk's parameters, offsets in the shared buffers
+    std::vector<std::unique_ptr<Gpt>> chunks_;   // local chunks 0..v-1
+    std::vector<int> slots_;                     // activation slots per local chunk
+    std::vector<ParamInfo> table_;               // every local chunk's parameters, offsets in the shared buffers
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
     DType dtype_ = DType::kF32;

@@ -38,12 +38,12 @@ struct StagePlan {
     int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-    int64_t weight_bytes = 0;            // the 16-bit weights (mixed precision; 0 in fp32)
-    int64_t send_bytes = 0;              // the pipeline's send buffers
-    std::vector<int64_t> slot_bytes;     // (v) one activation slot of each local chunk
-    std::vector<int> slots;              // (v) activation slots of each local chunk
-    std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
-    int64_t activation_bytes = 0;        // sum over chunks of slot_bytes * slots + scratch_bytes
+    int64_t weight_bytes = 0;                          // the 16-bit weights (mixed precision; 0 in fp32)
+    int64_t send_bytes = 0;                            // the pipeline's send buffers
+    std::vector<int64_t> slot_bytes;                   // (v) one activation slot of each local chunk
+    std::vector<int> slots;                            // (v) activation slots of each local chunk
+    std::vector<int64_t> scratch_bytes;                // (v) each local chunk's scratch block
+    int64_t activation_bytes = 0;                      // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return send_bytes; }  // zero_stage 1 reduce-scatters in place: no buffer
     int64_t total_bytes() const {
         return param_bytes + grad_bytes + weight_bytes + optimizer_bytes + comm_bytes() + activation_bytes;

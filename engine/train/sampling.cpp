@@ -34,7 +34,8 @@ std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t>
             const E* g = reinterpret_cast<const E*>(gathered.data());
             for (int64_t v = 0; v < s.Vp; ++v) full[static_cast<size_t>(v)] = to_float(g[v]);
         };
-        visit_float(model.dtype(), gather);        const float* logits = full.data();
+        visit_float(model.dtype(), gather);
+        const float* logits = full.data();
         for (int v = 0; v < s.V; ++v) probs[v] = {logits[v] / std::max(temperature, 1e-6f), v};
         size_t keep = probs.size();
         if (top_k > 0 && static_cast<size_t>(top_k) < keep) {

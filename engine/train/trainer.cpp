@@ -75,16 +75,17 @@ std::string human_bytes(double b) {
 }
 
 void print_derived(const Config& cfg, const DerivedConfig& d) {
-    log_info("derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
-             "ffn hidden {}",
-             d.world_size, cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size, d.dp,
-             d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, d.ffn_hidden);
-    log_info("derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
-             "parameters {} ({:.2f} M)",
-             cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size
-                                                : cfg.training.micro_batch_size * d.dp,
-             cfg.training.micro_batch_size, d.num_microbatches, d.dp, d.tokens_per_step, d.num_parameters,
-             static_cast<double>(d.num_parameters) / 1e6);
+    log_info(
+        "derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
+        "ffn hidden {}",
+        d.world_size, cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size, d.dp,
+        d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by, d.ffn_hidden);
+    log_info(
+        "derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
+        "parameters {} ({:.2f} M)",
+        cfg.training.global_batch_size > 0 ? cfg.training.global_batch_size : cfg.training.micro_batch_size * d.dp,
+        cfg.training.micro_batch_size, d.num_microbatches, d.dp, d.tokens_per_step, d.num_parameters,
+        static_cast<double>(d.num_parameters) / 1e6);
 }
 
 // MS_DUMP_GRADS=PATH: after the first backward, each pipeline stage writes every parameter's full gradient
@@ -232,10 +233,12 @@ int run_train(const Config& cfg_in) {
         d = validate_config(cfg, world.size());
     });
     check_same_config(world, name_hash(config_to_yaml(cfg)));
-    ProcessGroups groups = make_process_groups(
-        world, cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size, d.dp,
-        {.comm = parse_comm_kind(cfg.run.comm), .backend = cfg.run.backend, .local_rank = mpi.local_rank(),
-         .local_size = mpi.local_size()});
+    ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
+                                               cfg.parallel.pipeline_model_parallel_size, d.dp,
+                                               {.comm = parse_comm_kind(cfg.run.comm),
+                                                .backend = cfg.run.backend,
+                                                .local_rank = mpi.local_rank(),
+                                                .local_size = mpi.local_size()});
     // Stop signals, the NaN policy, fault injection, collective timeouts with flight recorders, and the run's
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     Reliability reliability(cfg, groups, mpi.hostname());
@@ -377,9 +380,10 @@ int run_train(const Config& cfg_in) {
         metrics.open(cfg.logging.metrics_file, resumed ? std::ios::app : std::ios::trunc);
     }
     if (writer && !metrics) {
-        throw UserError(fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "
-                                    "directory exists and is writable",
-                                    cfg.logging.metrics_file));
+        throw UserError(
+            fmt::format("cannot open logging.metrics_file '{}' for writing\n---> HINT: check the "
+                        "directory exists and is writable",
+                        cfg.logging.metrics_file));
     }
 
     std::vector<int32_t> inputs(static_cast<size_t>(mbs) * T), targets(static_cast<size_t>(mbs) * T);
@@ -536,7 +540,9 @@ int run_train(const Config& cfg_in) {
             log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
                      std::exp(vloss));
             if (writer) {
-                metrics << nlohmann::json{{"iteration", it}, {"consumed_samples", consumed}, {"validation lm loss", vloss}}
+                metrics << nlohmann::json{{"iteration", it},
+                                          {"consumed_samples", consumed},
+                                          {"validation lm loss", vloss}}
                                .dump()
                         << '\n'
                         << std::flush;

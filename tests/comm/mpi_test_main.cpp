@@ -14,7 +14,7 @@ namespace {
 MpiRuntime* g_runtime = nullptr;
 
 class RankFailurePrinter : public ::testing::EmptyTestEventListener {
-public:
+  public:
     explicit RankFailurePrinter(int rank) : rank_(rank) {}
     void OnTestPartResult(const ::testing::TestPartResult& r) override {
         if (!r.failed()) return;
@@ -26,7 +26,7 @@ public:
             std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
     }
 
-private:
+  private:
     int rank_;
 };
 
@@ -49,7 +49,6 @@ int main(int argc, char** argv) {
     }
     int failed_ranks = RUN_ALL_TESTS() == 0 ? 0 : 1;
     runtime.world().all_reduce(std::span<int>(&failed_ranks, 1), ms::ReduceOp::kSum).wait();
-    if (runtime.rank() == 0)
-        std::printf("test_comm: %d of %d ranks failed\n", failed_ranks, runtime.size());
+    if (runtime.rank() == 0) std::printf("test_comm: %d of %d ranks failed\n", failed_ranks, runtime.size());
     return failed_ranks == 0 ? 0 : 1;
 }

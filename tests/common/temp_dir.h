@@ -9,7 +9,7 @@
 namespace ms::test {
 
 class TempDir {
-public:
+  public:
     explicit TempDir(const std::string& prefix = "ms_test") {
         const char* base = std::getenv("TMPDIR");
         std::string tmpl = std::string(base && *base ? base : "/tmp") + "/" + prefix + "_XXXXXX";
@@ -26,7 +26,7 @@ public:
     const std::string& path() const { return path_; }
     std::string operator/(const std::string& name) const { return path_ + "/" + name; }
 
-private:
+  private:
     std::string path_;
 };
 

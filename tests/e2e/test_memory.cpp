@@ -2,7 +2,8 @@
 // sized by the plan (engine/train/plan.h); after the first step the log says "memory: planned X (N B), arena peak Y
 // (M B)". For the demo (1 rank), demo-3d (tp 2 x pp 2 x dp 2 on 8 ranks) and GPT-2 124M (1 rank) the peak is
 // within 2% of the plan -- and of what `plan` prints for the same config. The runs take three steps, with the arena
-// frozen and MS_CHECK_ALLOCS=1: an arena allocation inside a step, or any heap allocation in step 3, aborts them. A config that does not fit exits 2 with the table and a hint.
+// frozen and MS_CHECK_ALLOCS=1: an arena allocation inside a step, or any heap allocation in step 3, aborts them. A
+// config that does not fit exits 2 with the table and a hint.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -67,8 +68,8 @@ std::string check_peak_matches_plan(const std::string& config, const std::string
         output = r.output, exit_code = r.exit_code;
     } else {
         const std::string cmd = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive mpiexec -n " + std::to_string(ranks) +
-                                " -x MS_CHECK_ALLOCS --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH + "' train " + args +
-                                " --set run.output_dir=" + dir + kShortRun + " 2>&1";
+                                " -x MS_CHECK_ALLOCS --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH +
+                                "' train " + args + " --set run.output_dir=" + dir + kShortRun + " 2>&1";
         FILE* p = popen(cmd.c_str(), "r");
         char buf[4096];
         size_t n;

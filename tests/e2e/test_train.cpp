@@ -68,16 +68,19 @@ TEST(TrainE2E, PreprocessThenTrainOnMegatronData) {
     {
         std::ofstream text(dir + "/corpus.txt");
         for (int doc = 0; doc < 40; ++doc) {
-            for (int line = 0; line < 20; ++line) text << "the quick brown fox " << doc << " jumps over " << line << "\n";
+            for (int line = 0; line < 20; ++line)
+                text << "the quick brown fox " << doc << " jumps over " << line << "\n";
             text << "\n";
         }
     }
     const auto pre = run_cli("preprocess --input " + dir + "/corpus.txt --output-prefix " + dir + "/corpus");
     ASSERT_EQ(pre.exit_code, 0) << pre.output;
-    const auto r = run_cli("train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=megatron --set data.data_path=" +
-                           dir + "/corpus_text_document --set model.vocab_size=257 --set run.output_dir=" + dir +
-                           "/run --set training.train_iters=10 --set lr_schedule.lr_warmup_iters=2 --set logging.log_interval=1 --set eval.eval_interval=5"
-                           " --set eval.sample_tokens=16 --set data.split=90,10,0");
+    const auto r = run_cli(
+        "train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=megatron --set data.data_path=" + dir +
+        "/corpus_text_document --set model.vocab_size=257 --set run.output_dir=" + dir +
+        "/run --set training.train_iters=10 --set lr_schedule.lr_warmup_iters=2 --set logging.log_interval=1 --set "
+        "eval.eval_interval=5"
+        " --set eval.sample_tokens=16 --set data.split=90,10,0");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto losses = metric_series(dir + "/run/metrics.jsonl", "lm loss");
     ASSERT_EQ(losses.size(), 10u);
@@ -96,8 +99,9 @@ TEST(TrainE2E, CorruptDataFileExitsTwoAndNamesTheFile) {
         std::ofstream bin(dir + "/bad.bin", std::ios::binary);
         bin << "xx";
     }
-    const auto r = run_cli("train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=megatron --set data.data_path=" +
-                           dir + "/bad --set model.vocab_size=257 --set run.output_dir=" + dir + "/run");
+    const auto r = run_cli(
+        "train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=megatron --set data.data_path=" + dir +
+        "/bad --set model.vocab_size=257 --set run.output_dir=" + dir + "/run");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find(dir + "/bad.idx"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("magic"), std::string::npos) << r.output;
@@ -105,8 +109,9 @@ TEST(TrainE2E, CorruptDataFileExitsTwoAndNamesTheFile) {
 
 TEST(TrainE2E, MissingDataFileExitsTwo) {
     const std::string dir = make_temp_dir();
-    const auto r = run_cli("train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=nanogpt --set data.data_path=" +
-                           dir + "/nope.bin --set run.output_dir=" + dir + "/run");
+    const auto r = run_cli(
+        "train --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.source=nanogpt --set data.data_path=" + dir +
+        "/nope.bin --set run.output_dir=" + dir + "/run");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("nope.bin"), std::string::npos) << r.output;
 }

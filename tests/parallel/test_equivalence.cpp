@@ -28,10 +28,11 @@ struct RunResult {
 
 RunResult run_layout(int ranks, const std::string& sets) {
     const std::string dir = make_temp_dir();
-    const std::string cmd = "MS_DUMP_GRADS=" + dir + "/grads.bin OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n " +
+    const std::string cmd = "MS_DUMP_GRADS=" + dir +
+                            "/grads.bin OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n " +
                             std::to_string(ranks) + " --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH +
-                            "' train --config " MS_SOURCE_DIR "/tests/parallel/tiny.yaml --set run.output_dir=" +
-                            dir + " " + sets + " 2>&1";
+                            "' train --config " MS_SOURCE_DIR "/tests/parallel/tiny.yaml --set run.output_dir=" + dir +
+                            " " + sets + " 2>&1";
     RunResult r;
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
@@ -129,40 +130,40 @@ TEST_P(Equivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
         worst_loss = std::max(worst_loss, e);
         EXPECT_LE(e, kLossTolerance) << layout.name << ": loss at iteration " << i + 1;
     }
-    std::printf("%s: worst gradient error %.3g (%s), worst loss error %.3g\n", layout.name, worst,
-                worst_name.c_str(), worst_loss);
+    std::printf("%s: worst gradient error %.3g (%s), worst loss error %.3g\n", layout.name, worst, worst_name.c_str(),
+                worst_loss);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, Equivalence,
-    ::testing::Values(Layout{"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
-                      Layout{"tp4", 4, "--set parallel.tensor_model_parallel_size=4"},
-                      Layout{"tp2_sp", 2, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
-                      Layout{"tp2_sp_pp2_dp2", 8,
-                             "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
-                             " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"},
-                      Layout{"dp2_zero0", 2, "--set parallel.zero_stage=0"},
-                      Layout{"dp2_zero1", 2, "--set parallel.zero_stage=1"},
-                      Layout{"dp4_zero1", 4, "--set parallel.zero_stage=1"},
-                      Layout{"tp2_dp2_zero1", 4, "--set parallel.tensor_model_parallel_size=2 --set parallel.zero_stage=1"},
-                      Layout{"tp2_dp4_zero1", 8, "--set parallel.tensor_model_parallel_size=2 --set parallel.zero_stage=1"},
-                      Layout{"pp2_gpipe", 2, "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=gpipe"},
-                      Layout{"pp2_1f1b", 2, "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=1f1b"},
-                      Layout{"pp4_interleaved_v2", 4,
-                             "--set parallel.pipeline_model_parallel_size=4 --set parallel.pipeline_schedule=interleaved_1f1b"
-                             " --set parallel.virtual_pipeline_model_parallel_size=2"},
-                      // 8 micro-batches on 4 stages: the steady state interleaves sends and receives, and with
-                      // messages above MPI's eager limit a send that is waited on too early deadlocks.
-                      Layout{"pp4_interleaved_v2_m8", 4,
-                             "--set parallel.pipeline_model_parallel_size=4 --set parallel.pipeline_schedule=interleaved_1f1b"
-                             " --set parallel.virtual_pipeline_model_parallel_size=2 --set training.micro_batch_size=1"},
-                      Layout{"tp2_pp2_dp2_zero1", 8,
-                             "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-                             " --set parallel.zero_stage=1"},
-                      Layout{"tp2_pp2_dp2_interleaved", 8,
-                             "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
-                             " --set parallel.pipeline_schedule=interleaved_1f1b"
-                             " --set parallel.virtual_pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+    ::testing::Values(
+        Layout{"tp2", 2, "--set parallel.tensor_model_parallel_size=2"},
+        Layout{"tp4", 4, "--set parallel.tensor_model_parallel_size=4"},
+        Layout{"tp2_sp", 2, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
+        Layout{"tp2_sp_pp2_dp2", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
+               " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"},
+        Layout{"dp2_zero0", 2, "--set parallel.zero_stage=0"}, Layout{"dp2_zero1", 2, "--set parallel.zero_stage=1"},
+        Layout{"dp4_zero1", 4, "--set parallel.zero_stage=1"},
+        Layout{"tp2_dp2_zero1", 4, "--set parallel.tensor_model_parallel_size=2 --set parallel.zero_stage=1"},
+        Layout{"tp2_dp4_zero1", 8, "--set parallel.tensor_model_parallel_size=2 --set parallel.zero_stage=1"},
+        Layout{"pp2_gpipe", 2, "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=gpipe"},
+        Layout{"pp2_1f1b", 2, "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=1f1b"},
+        Layout{"pp4_interleaved_v2", 4,
+               "--set parallel.pipeline_model_parallel_size=4 --set parallel.pipeline_schedule=interleaved_1f1b"
+               " --set parallel.virtual_pipeline_model_parallel_size=2"},
+        // 8 micro-batches on 4 stages: the steady state interleaves sends and receives, and with
+        // messages above MPI's eager limit a send that is waited on too early deadlocks.
+        Layout{"pp4_interleaved_v2_m8", 4,
+               "--set parallel.pipeline_model_parallel_size=4 --set parallel.pipeline_schedule=interleaved_1f1b"
+               " --set parallel.virtual_pipeline_model_parallel_size=2 --set training.micro_batch_size=1"},
+        Layout{"tp2_pp2_dp2_zero1", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+               " --set parallel.zero_stage=1"},
+        Layout{"tp2_pp2_dp2_interleaved", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
+               " --set parallel.pipeline_schedule=interleaved_1f1b"
+               " --set parallel.virtual_pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // bf16 over tp2 x pp2 x dp2 ZeRO-1 with sequence parallelism (16-bit TP all-reduces, reduce-scatters, all-gathers
@@ -196,9 +197,10 @@ TEST(EquivalenceMixed, Bf16ThreeDTracksOneBf16RankAndFp32) {
     std::string n3, n1;
     const double g3 = worst_grad(three_d, one, n3), g1 = worst_grad(one, fp32, n1);
     const double l3 = worst_loss(three_d, one), l1 = worst_loss(one, fp32);
-    std::printf("bf16 3D vs bf16 one rank: gradient %.3g (%s), loss %.3g; bf16 one rank vs fp32: gradient %.3g (%s), "
-                "loss %.3g\n",
-                g3, n3.c_str(), l3, g1, n1.c_str(), l1);
+    std::printf(
+        "bf16 3D vs bf16 one rank: gradient %.3g (%s), loss %.3g; bf16 one rank vs fp32: gradient %.3g (%s), "
+        "loss %.3g\n",
+        g3, n3.c_str(), l3, g1, n1.c_str(), l1);
     // Measured: 3D vs one rank gradient 7.2e-3 (h.0.ln_2.weight), loss 8.9e-4 relative over 10 steps; one bf16 rank
     // vs fp32 gradient 9.4e-3 (h.0.ln_2.weight), loss 3.1e-3. Bounds ~3x. fp32's equivalence bounds are 3e-6 and
     // 2e-6 (above): these are bf16's 8 bits, and a wrong shard or a missing reduction is still O(1).

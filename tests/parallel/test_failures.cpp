@@ -11,14 +11,17 @@ namespace {
 // data error before any collective that would wait for the missing rank. `timeout` turns a hang into a failure.
 TEST(ParallelFailures, InputErrorOnOneRankEndsEveryRank) {
     const std::string dir = ms::test::make_temp_dir();
-    const auto pre = ms::test::run_cli("preprocess --input " MS_SOURCE_DIR "/README.md --output-prefix " + dir +
-                                       "/data_0");
+    const auto pre =
+        ms::test::run_cli("preprocess --input " MS_SOURCE_DIR "/README.md --output-prefix " + dir + "/data_0");
     ASSERT_EQ(pre.exit_code, 0) << pre.output;
-    const std::string cmd = "cd " + dir + " && OMP_NUM_THREADS=1 timeout 60 mpiexec -n 2 --oversubscribe "
+    const std::string cmd = "cd " + dir +
+                            " && OMP_NUM_THREADS=1 timeout 60 mpiexec -n 2 --oversubscribe "
                             "--allow-run-as-root '" MS_BINARY_PATH "' train --config " MS_SOURCE_DIR
-                            "/configs/demo.yaml --set data.source=megatron --set 'data.data_path=" + dir +
+                            "/configs/demo.yaml --set data.source=megatron --set 'data.data_path=" +
+                            dir +
                             "/data_${OMPI_COMM_WORLD_RANK}_text_document' --set model.vocab_size=257 --set "
-                            "run.output_dir=" + dir + "/run 2>&1";
+                            "run.output_dir=" +
+                            dir + "/run 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
     char buf[4096];

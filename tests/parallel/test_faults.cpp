@@ -342,8 +342,9 @@ std::map<int, double> losses(const std::string& run_dir) {
 // finishes: every loss from 5 on equals an undisturbed run's bit for bit (same layout: exact resume), no uncommitted
 // checkpoint is ever loaded, and metrics.jsonl holds each iteration once (`dropped_lines`: what the resume trimmed).
 void check_resume_after(const std::string& fault, int np, const std::string& layout, int dropped_lines) {
-    const std::string ckpt_sets = layout + " --set checkpoint.save_interval=2 --set checkpoint.save={0}/ckpt "
-                                           "--set checkpoint.load={0}/ckpt";
+    const std::string ckpt_sets = layout +
+                                  " --set checkpoint.save_interval=2 --set checkpoint.save={0}/ckpt "
+                                  "--set checkpoint.load={0}/ckpt";
     ms::test::TempDir clean("ms_faults_clean"), faulty("ms_faults_resume");
     const TrainRun undisturbed = train(clean, np, "", fmt::format(fmt::runtime(ckpt_sets), clean.path()));
     ASSERT_EQ(undisturbed.code, 0) << undisturbed.output;

@@ -26,7 +26,7 @@ using nlohmann::json;
 
 // A fresh directory per test, removed at the end.
 class TempDir : public ms::test::TempDir {
-public:
+  public:
     TempDir() : ms::test::TempDir("ms_ckpt_test") {}
 };
 

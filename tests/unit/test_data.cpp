@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "engine/core/check.h"
-#include "tests/common/temp_dir.h"
 #include "engine/data/dataset.h"
+#include "tests/common/temp_dir.h"
 
 namespace {
 
@@ -27,7 +27,7 @@ using Bytes = std::vector<uint8_t>;
 
 // A fresh directory per test, removed at the end.
 class TempDir : public ms::test::TempDir {
-public:
+  public:
     TempDir() : ms::test::TempDir("ms_data_test") {}
 };
 

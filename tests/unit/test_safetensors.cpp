@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 // A fresh directory per test, removed at the end.
 class TempDir : public ms::test::TempDir {
-public:
+  public:
     TempDir() : ms::test::TempDir("ms_safetensors_test") {}
 };
 
