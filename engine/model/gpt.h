@@ -82,10 +82,10 @@ struct ParamInfo {
     std::vector<int64_t> shape;         // this rank's shard, e.g. (4C/tp, C)
     std::vector<int64_t> global_shape;  // the whole tensor, e.g. (4C, C)
     ShardKind shard = ShardKind::kReplicated;
-    int64_t offset = 0;  // element offset in the flat parameter buffer
-    int64_t numel = 0;   // elements of the shard
-    bool weight_decay = false;   // true for >= 2-D weights; false for biases, LayerNorm and other 1-D params
-    float init_std = 0.0f;       // N(0, init_std); 0 -> constant init_value
+    int64_t offset = 0;         // element offset in the flat parameter buffer
+    int64_t numel = 0;          // elements of the shard
+    bool weight_decay = false;  // true for >= 2-D weights; false for biases, LayerNorm and other 1-D params
+    float init_std = 0.0f;      // N(0, init_std); 0 -> constant init_value
     float init_value = 0.0f;
 
     // Row-major index in the global tensor of element `i` of tensor-parallel rank `tp_rank`'s shard.
@@ -106,19 +106,19 @@ int64_t gpt_num_params(const GptShape& s);
 double gpt_train_flops_per_token(const GptShape& s, int T);
 
 class Gpt {
-public:
+  public:
     struct Options {
         int max_batch = 1;
         int64_t flat_capacity = 0;  // own flat buffers of at least this many elements (e.g. padded_flat_size())
         GptPart part;
-        int num_slots = 1;         // micro-batches whose activations are kept at once (pipeline schedules)
-        float* params = nullptr;   // external flat storage of >= flat_size() elements (both or neither);
-        float* grads = nullptr;    //   several pipeline chunks of one rank share one flat buffer this way
+        int num_slots = 1;        // micro-batches whose activations are kept at once (pipeline schedules)
+        float* params = nullptr;  // external flat storage of >= flat_size() elements (both or neither);
+        float* grads = nullptr;   //   several pipeline chunks of one rank share one flat buffer this way
         // Megatron's sequence parallelism: outside the tensor-parallel regions (LayerNorms, residual stream)
         // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
         bool sequence_parallel = false;
-        Arena* arena = nullptr;  // where activations (and owned params/grads) come from; nullptr: HostBuffers
+        Arena* arena = nullptr;     // where activations (and owned params/grads) come from; nullptr: HostBuffers
         DType dtype = DType::kF32;  // activations and the weights the ops read: fp32, bf16 or fp16
         void* weights = nullptr;    // external storage of the 16-bit weights (>= flat_size() elements of dtype), with
                                     //   external params when dtype is not fp32; unused for fp32
@@ -178,13 +178,13 @@ public:
     // per-position losses (B*T) of the last forward()
     const float* losses() const;
 
-private:
-  static Options options(int max_batch, int64_t flat_capacity) {
-      Options o;
-      o.max_batch = max_batch;
-      o.flat_capacity = flat_capacity;
-      return o;
-  }
+  private:
+    static Options options(int max_batch, int64_t flat_capacity) {
+        Options o;
+        o.max_batch = max_batch;
+        o.flat_capacity = flat_capacity;
+        return o;
+    }
     struct Activations;
     static void bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N);
     GptShape shape_;
@@ -195,8 +195,8 @@ private:
     GptPart part_;
     std::vector<ParamInfo> table_;
     int wte_ = -1, wpe_ = -1, first_layer_param_ = 0, ln_f_ = -1;  // table indices (-1: not held)
-    bool sp_ = false;                       // sequence parallelism (with tp > 1)
-    std::vector<int> layernorm_params_;     // table indices summed over tp after the backward when sp_
+    bool sp_ = false;                                              // sequence parallelism (with tp > 1)
+    std::vector<int> layernorm_params_;  // table indices summed over tp after the backward when sp_
     int64_t num_params_ = 0;
     DType dtype_ = DType::kF32;
     MemoryBlock params_;                    // (flat) when owned
