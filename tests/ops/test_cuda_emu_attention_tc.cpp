@@ -9,7 +9,8 @@
 // backward's inputs, so the two are checked separately. Outputs start as NaN (every element must be written), guard
 // elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the dispatch
 // check below repeats both kernels too: the emulation is slow, and the whole file stays under 20 s). One case also
-// checks that attention_forward / attention_backward dispatch to these kernels.
+// checks that attention_forward / attention_backward dispatch to these kernels, and to the scalar ones under
+// MS_CUDA_ATTENTION=scalar.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
 // over all T and HS (values below, mma.sync kernels). The reference computes in double and rounds once; the kernels
@@ -172,6 +173,27 @@ void check_attention_tc(int HS, const Tolerances& tol) {
             EXPECT_TRUE(bit_identical(out.values(), first_out)) << "attention_forward did not dispatch to tensor cores";
             EXPECT_TRUE(bit_identical(dqkv.values(), first_dqkv))
                 << "attention_backward did not dispatch to tensor cores";
+
+            // MS_CUDA_ATTENTION=scalar: the same launchers run the scalar kernels (fp32 P and dS, other bits), which
+            // still match the reference within the same tolerances
+            setenv("MS_CUDA_ATTENTION", "scalar", 1);
+            HalfBuf<S> out_s(size_t{1} * B * T * C), dqkv_s(size_t{1} * B * T * 3 * C);
+            cuda::attention_forward(out_s.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
+            cuda::attention_backward(dqkv_s.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T, NH,
+                                     HS, kStream);
+            unsetenv("MS_CUDA_ATTENTION");
+            EXPECT_FALSE(bit_identical(out_s.values(), first_out)) << "MS_CUDA_ATTENTION=scalar kept tensor cores";
+            EXPECT_FALSE(bit_identical(dqkv_s.values(), first_dqkv)) << "MS_CUDA_ATTENTION=scalar kept tensor cores";
+            expect_close(tag + "scalar out", max_rel_error(out_s.values(), out_ref.values()), tol.out);
+            const std::vector<float> got_s = dqkv_s.values();
+            for (int part = 0; part < 3; ++part) {
+                expect_close(
+                    tag + "scalar d" + "QKV"[part],
+                    error_on_scale(third(got_s, C, part), third(dqkv_want, C, part), third(dqkv_want, C, part)),
+                    part == 0   ? tol.dq
+                    : part == 1 ? tol.dk
+                                : tol.dv);
+            }
         }
     }
 }

@@ -18,11 +18,15 @@ Rows past T (the last tile's tail) read row T-1 (keeping every softmax row non-e
 Dispatch: bf16 / fp16 with HS in {16, 32, 48, 64} (and 16-byte aligned tensors) run the tensor-core kernels of
 attention_tc.cu, which compute the same equations with bf16 / fp16 mma operands (P and dS rounded to the storage
 type before their products); fp32, and every other HS, run the scalar kernels below (fp32 math from shared memory:
-16 x 16 tiles, slow, the spec).
+16 x 16 tiles, slow, the spec). MS_CUDA_ATTENTION=scalar sends bf16 / fp16 to the scalar kernels too: on a GPU, it
+tells a tensor-core kernel fault from one elsewhere without a rebuild (read at every launch; any other value, or
+none, keeps the dispatch above).
 Accumulation contract: out and lse are overwritten; dqkv is overwritten (every element of it, Q, K and V columns).
 */
 #include "engine/backends/cuda/kernels/attention.cuh"
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
@@ -237,6 +241,12 @@ void check_shape(int B, int T, int NH, int HS) {
     MS_ASSERT(B <= 65535 && NH <= 65535, "attention: B = %d or NH = %d is over the grid's y/z limit of 65535", B, NH);
 }
 
+// The tensor-core path, unless MS_CUDA_ATTENTION=scalar asks for the scalar kernels (header).
+bool tensor_cores_allowed() {
+    const char* v = std::getenv("MS_CUDA_ATTENTION");
+    return v == nullptr || std::strcmp(v, "scalar") != 0;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -247,7 +257,9 @@ void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, i
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
-        if (attention_tc_eligible(HS, {out, qkv})) return attention_tc_forward(out, lse, qkv, B, T, NH, HS, stream);
+        if (tensor_cores_allowed() && attention_tc_eligible(HS, {out, qkv})) {
+            return attention_tc_forward(out, lse, qkv, B, T, NH, HS, stream);
+        }
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
     ms_launch(attention_forward_kernel<S>, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
@@ -261,7 +273,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
-        if (attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
+        if (tensor_cores_allowed() && attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
             return attention_tc_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream);
         }
     }
