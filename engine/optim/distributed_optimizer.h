@@ -74,7 +74,9 @@ class DistributedOptimizer {
         int64_t begin, end;
         bool weight_decay, count_in_norm;
     };
-    void gather_segments(int64_t lo, int64_t hi, int tp_rank);
+    // Merges neighbouring segments (one's end the next's begin) for which same(a, b) holds; the first's flags stay.
+    template <class Same>
+    static void coalesce(std::vector<Segment>& segments, Same same);
 
     int64_t padded_;
     float* params_;

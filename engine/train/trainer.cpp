@@ -15,12 +15,14 @@
 #include <numeric>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "comm/bootstrap.h"
 #include "comm/process_groups.h"
 #include "comm/synchronizing_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
+#include "engine/backends/profiling_backend.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/core/log.h"
 #include "engine/core/philox.h"
@@ -283,6 +285,15 @@ int run_train(const Config& cfg_in) {
     bo.local_rank = mpi.local_rank();
     std::unique_ptr<Backend> backend;
     on_every_rank_or_none(world, "start its backend", [&] { backend = make_backend(bo); });
+    ProfilingBackend* profiler = nullptr;  // MS_PROFILE_OPS=1: every op timed alone (profiling_backend.h)
+    if (const char* p = std::getenv("MS_PROFILE_OPS"); p != nullptr && std::string_view(p) == "1") {
+        auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend));
+        profiler = wrapped.get();
+        backend = std::move(wrapped);
+        log_info(
+            "MS_PROFILE_OPS=1: every op is timed on its own (a synchronisation around each), so steps are slower "
+            "than without it; the table comes at the end");
+    }
     if (backend->asynchronous()) {
         // Kernels run behind the host (backend.h): every collective first waits for them. The host reads and writes
         // of arena memory in the model and the pipeline synchronize themselves (engine/model/gpt.h); so must any
@@ -419,6 +430,8 @@ int run_train(const Config& cfg_in) {
         return w;
     };
     double interval_bubble = 0, interval_comm = 0;
+    double profiled_seconds = 0;  // MS_PROFILE_OPS: the steps after the first, which the op table covers
+    int64_t profiled_steps = 0;
     size_t memory_peak = 0;  // the arena's peak of block bytes after the first step
     int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
 
@@ -457,6 +470,12 @@ int run_train(const Config& cfg_in) {
         backend->synchronize();
         alloc_guard.check();
         reliability.after_step(it);
+        if (profiler != nullptr && it == first_it) {
+            profiler->reset();  // the first step's one-off costs (GEMM heuristics, first touches) are not the profile
+        } else if (profiler != nullptr) {
+            profiled_seconds += now_seconds() - t0;
+            ++profiled_steps;
+        }
         const double grad_norm = step.grad_norm;
         if (it == first_it) {  // every buffer of a step has been used once now
             memory_peak = arena.stats().peak_block_bytes;
@@ -585,6 +604,15 @@ int run_train(const Config& cfg_in) {
                  source->decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), out.end())));
     }
     backend->synchronize();  // nothing may run on the arena once it is freed
+    if (profiler != nullptr && profiled_steps > 0) {
+        // every rank writes its own (pipeline stages differ); the logging rank also prints its table
+        const std::vector<std::string> table = profiler->table(profiled_seconds, profiled_steps);
+        std::ofstream f(std::filesystem::path(cfg.run.output_dir) / fmt::format("op_profile_rank{}.txt", world.rank()));
+        for (const std::string& line : table) {
+            log_info("{}", line);
+            f << line << '\n';
+        }
+    }
     log_info("done: {} iterations in {:.1f} s; metrics in {}", cfg.training.train_iters, now_seconds() - t_start,
              cfg.logging.metrics_file);
     return reliability.finish(cfg.training.train_iters);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
 #include <vector>
 
 #include "tests/e2e/run_cli.h"
@@ -46,6 +48,31 @@ TEST(TrainE2E, DemoLossFallsFromLnVocabTowardTheFloor) {
     EXPECT_NEAR(losses.front(), std::log(32.0), 0.3);
     // 60 steps are enough to fall well below the uniform loss (measured: about 2.2 at iteration 60).
     EXPECT_LT(losses.back(), losses.front() - 0.8);
+}
+
+// MS_PROFILE_OPS=1: the run trains as usual (the same losses: the decorator only times) and ends with the op table
+// over the steps after the first, printed and written to op_profile_rank0.txt; the demo's 2 layers x 2 micro-batches
+// give each Linear layer's forward 2 x 2 calls per step.
+TEST(TrainE2E, ProfileOpsPrintsATableOfEveryOpAndChangesNoResult) {
+    const std::string plain = make_temp_dir(), profiled = make_temp_dir();
+    const auto rp = run_cli(demo_args(plain, 6));
+    ASSERT_EQ(rp.exit_code, 0) << rp.output;
+    setenv("MS_PROFILE_OPS", "1", 1);
+    const auto r = run_cli(demo_args(profiled, 6));
+    unsetenv("MS_PROFILE_OPS");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(metric_series(profiled + "/metrics.jsonl", "lm loss"),
+              metric_series(plain + "/metrics.jsonl", "lm loss"));
+    EXPECT_NE(r.output.find("op profile over 5 step(s)"), std::string::npos) << r.output;
+    for (const char* row : {"matmul forward N 512 K 64 M 192 +bias", "attention backward B 8 T 64 NH 4 HS 16", "adamw",
+                            "(rest: host work, communication, waits)"}) {
+        EXPECT_NE(r.output.find(row), std::string::npos) << row << "\n" << r.output;
+    }
+    const std::regex qkv(R"(matmul forward N 512 K 64 M 192 \+bias +20 )");  // 2 layers x 2 micro-batches x 5 steps
+    EXPECT_TRUE(std::regex_search(r.output, qkv)) << r.output;
+    std::ifstream file(profiled + "/op_profile_rank0.txt");
+    std::string first;
+    EXPECT_TRUE(std::getline(file, first) && first.rfind("op profile over 5 step(s)", 0) == 0) << first;
 }
 
 TEST(TrainE2E, TwoRunsOfTheSameConfigAreBitIdentical) {

@@ -1,0 +1,85 @@
+// profiling_backend.h: a Backend decorator that times every op it forwards, for finding where a step's time goes
+// (the trainer wraps its backend in one under MS_PROFILE_OPS=1 and prints the table at the end of the run).
+//
+// Each op is timed on the host clock from before its call to after inner->synchronize(), with a synchronize() first
+// too, so an asynchronous backend (CUDA) is measured op by op: the table sums what each op costs on its own, which
+// includes one launch-and-wait latency per op (a few microseconds on a GPU) that a step without the decorator
+// overlaps. So the profile explains a step, and a profiled step is slower than a plain one; throughput is measured
+// without it. Ops are grouped by kind and, for the matmuls and attention, by shape (the Linear layers of a GPT are
+// then one row each); a group is created at its first call and found again without allocating, so steady-state
+// steps allocate nothing (the trainer's MS_CHECK_ALLOCS guard stays valid).
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backends/backend.h"
+
+namespace ms {
+
+class ProfilingBackend final : public Backend {
+  public:
+    explicit ProfilingBackend(std::unique_ptr<Backend> inner);
+
+    struct Row {
+        std::string op;     // e.g. "matmul forward N 4096 K 768 M 2304 +bias"
+        int64_t calls = 0;  // since the last reset()
+        double seconds = 0.0;
+    };
+    // What was timed since the last reset(), longest first.
+    std::vector<Row> rows() const;
+    void reset();
+    // A table of rows() with each op's share of `step_seconds` (the wall time of the `steps` steps the rows cover),
+    // and the rest of the step (host work, communication, waits) as a last row.
+    std::vector<std::string> table(double step_seconds, int64_t steps) const;
+
+    std::string_view name() const override { return inner_->name(); }
+    bool supports(OpKind op, DType dtype) const override { return inner_->supports(op, dtype); }
+    void synchronize() override { inner_->synchronize(); }
+    bool asynchronous() const override { return inner_->asynchronous(); }
+    std::string device_name() const override { return inner_->device_name(); }
+    std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
+
+    void embedding_forward(const EmbeddingForwardArgs& a) override;
+    void embedding_backward(const EmbeddingBackwardArgs& a) override;
+    void layernorm_forward(const LayerNormForwardArgs& a) override;
+    void layernorm_backward(const LayerNormBackwardArgs& a) override;
+    void matmul_forward(const MatmulForwardArgs& a) override;
+    void matmul_backward(const MatmulBackwardArgs& a) override;
+    void attention_forward(const AttentionForwardArgs& a) override;
+    void attention_backward(const AttentionBackwardArgs& a) override;
+    void gelu_forward(const GeluForwardArgs& a) override;
+    void gelu_backward(const GeluBackwardArgs& a) override;
+    void residual_forward(const ResidualForwardArgs& a) override;
+    void cross_entropy_forward(const CrossEntropyForwardArgs& a) override;
+    void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override;
+    void adamw(const AdamWArgs& a) override;
+    double sum_squares(const Tensor& x) override;
+    void cast(const CastArgs& a) override;
+    void zero(const Tensor& x) override;
+
+  private:
+    // A group: the op, up to four sizes (0 = none) and flags (which optional parts the call had).
+    struct Key {
+        OpKind op;
+        std::array<int64_t, 4> dims{};
+        uint32_t flags = 0;
+        bool operator<(const Key& o) const;
+    };
+    struct Totals {
+        int64_t calls = 0;
+        double seconds = 0.0;
+    };
+    template <class F>
+    void timed(const Key& key, F&& op);
+
+    std::unique_ptr<Backend> inner_;
+    std::map<Key, Totals> totals_;
+};
+
+}  // namespace ms
