@@ -50,6 +50,7 @@ enum class OpKind : uint16_t {
     kGeluForward,
     kGeluBackward,
     kResidualForward,
+    kLayerNormResidualForward,  // layernorm_forward with residual_out defined (the residual add fused in front)
     kCrossEntropyForward,
     kCrossEntropyBackward,
     kAdamW,
@@ -68,23 +69,35 @@ struct EmbeddingForwardArgs {
     int64_t T;            // position of row n is n % T
 };
 struct EmbeddingBackwardArgs {
-    Tensor tokens;        // (N) int32
-    Tensor dout;          // (N, C)
-    Tensor dtable;        // (V_local, C) += (rows outside this rank's range are not touched)
-    Tensor dpos;          // (T, C) += (optional)
+    Tensor tokens;  // (N) int32
+    Tensor dout;    // (N, C)
+    Tensor dtable;  // (V_local, C) += (rows outside this rank's range are not touched)
+    Tensor dpos;    // (T, C) += (optional)
     int64_t vocab_start;
     int64_t T;
 };
 
 // out = (inp - mean) * rstd * weight + bias over the last dim; mean/rstd saved for the backward.
+//
+// Residual fusion (the residual stream's add and the LayerNorm that reads its result, one op): with residual_out
+// defined, inp must be undefined, and the op first writes residual_out = residual_a + (residual_b + residual_bias)
+// exactly as ResidualForwardArgs defines it (residual_bias optional), then normalises residual_out as its input.
+// Each sum is rounded once to D on store and the LayerNorm reads the rounded value, so the fused op is bit-identical
+// to residual_forward followed by layernorm_forward on every backend and dtype (the tests compare with ==); its
+// backward is layernorm_backward with inp = residual_out. residual_out may alias residual_a, and out may alias
+// residual_b (every row's inputs are read before that row's outputs are written).
 struct LayerNormForwardArgs {
-    Tensor inp;     // (N, C)
+    Tensor inp;     // (N, C) (undefined when residual_out is defined)
     Tensor weight;  // (C)
     Tensor bias;    // (C)
     Tensor out;     // (N, C)
     Tensor mean;    // (N) fp32
     Tensor rstd;    // (N) fp32
     float eps;
+    Tensor residual_a = {};     // (N, C) the residual stream (only with residual_out)
+    Tensor residual_b = {};     // (N, C) the block's output added to it (only with residual_out)
+    Tensor residual_bias = {};  // (C) added to residual_b as in ResidualForwardArgs (optional)
+    Tensor residual_out = {};   // (N, C) = residual_a + (residual_b + residual_bias), then normalised (optional)
 };
 struct LayerNormBackwardArgs {
     Tensor dout;     // (N, C)
@@ -204,8 +217,8 @@ struct AdamWArgs {
     Tensor m;      // (n) fp32
     Tensor v;      // (n) fp32
     float lr, beta1, beta2, eps, weight_decay;
-    float grad_scale;  // clipping factor folded into the pass
-    int64_t step;      // t >= 1, for the bias corrections
+    float grad_scale;   // clipping factor folded into the pass
+    int64_t step;       // t >= 1, for the bias corrections
     Tensor param_copy;  // (n) bf16 / fp16 (optional): = from_float<D>(updated param), the model's weights (fused cast)
 };
 
@@ -220,7 +233,7 @@ enum class BackendKind : uint8_t { kCPU, kCUDA };
 enum class OpMode : uint8_t { kFast, kReference };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual std::string_view name() const = 0;
     virtual bool supports(OpKind op, DType dtype) const = 0;

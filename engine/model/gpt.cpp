@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -158,10 +159,10 @@ struct Gpt::Activations {  // void*: the activation dtype; float*: fp32 statisti
     void* dout = nullptr;           // (N, C) gradient of the output; parts without the head
     void* dinp = nullptr;           // (N, C) gradient of the input; parts without the embedding
     // scratch shared by all slots
-    void* proj_out = nullptr;   // (N, C) c_proj outputs before the residual add (forward)
-    void* dres = nullptr;       // (N, C) gradient of the residual stream
-    void* dln = nullptr;        // (N, C)
-    float* dloss = nullptr;     // (N) head only
+    void* proj_out = nullptr;  // (N, C) c_proj outputs before the residual add (forward)
+    void* dres = nullptr;      // (N, C) gradient of the residual stream
+    void* dln = nullptr;       // (N, C)
+    float* dloss = nullptr;    // (N) head only
     // sequence parallelism only: staging around the all-gathers and reduce-scatters
     void* sp_local = nullptr;  // (N / tp, C) a LayerNorm's local output, a reduce-scatter's result
     void* sp_full = nullptr;   // (N, C) a gathered gradient, the embedding's partial sums
@@ -409,15 +410,15 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
         // The host writes a.tokens, which an earlier call's embedding kernels may still read (asynchronous backend).
         be.synchronize();
         for (int64_t n = 0; n < N; ++n) {
-            MS_CHECK(tokens[n] >= 0 && tokens[n] < shape_.V, "token {} at {} outside the vocabulary [0, {})",
-                     tokens[n], n, shape_.V);
+            MS_CHECK(tokens[n] >= 0 && tokens[n] < shape_.V, "token {} at {} outside the vocabulary [0, {})", tokens[n],
+                     n, shape_.V);
             a.tokens[n] = tokens[n];
         }
         // vocab-parallel embedding: each TP rank adds its rows (zeros elsewhere); the position rows are added once
         Tensor tok(a.tokens, DType::kI32, {N});
         void* partial = sp_ ? a.sp_full : a.encoded;
-        be.embedding_forward({tok, P(wte_, {Vl, C}), tp_.rank() == 0 ? P(wpe_, {T, C}) : Tensor(),
-                              A(partial, {N, C}), vocab_start, T});
+        be.embedding_forward(
+            {tok, P(wte_, {Vl, C}), tp_.rank() == 0 ? P(wpe_, {T, C}) : Tensor(), A(partial, {N, C}), vocab_start, T});
         if (sp_) {
             tp_reduce_scatter(tp_, partial, a.encoded, dtype_, Nl * C);
         } else {
@@ -425,47 +426,81 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
         }
     }
 
+    // Each residual add is fused into the LayerNorm that reads its sum (one op, bit-identical to the two, backend.h):
+    // the attention's into ln_2, the MLP's into the next layer's ln_1 or ln_f. Until then the MLP's add is pending:
+    // res_out = res_a + (block_out + bias). A stage that ends after a layer (no head) adds it with a residual op.
+    struct PendingResidual {
+        const void* res_a;
+        const void* block_out;  // the attention or MLP output, reduced over tp
+        int bias;               // parameter index of c_proj's bias
+        void* res_out;
+    };
+    std::optional<PendingResidual> pending;
+    // LayerNorm of the stream `res` (weight at parameter w, bias at w + 1), with the pending add in front if any.
+    auto layernorm = [&](const void* res, int w, void* out, float* mean, float* rstd) {
+        LayerNormForwardArgs ln{.inp = A(const_cast<void*>(res), {Nl, C}),
+                                .weight = P(w, {C}),
+                                .bias = P(w + 1, {C}),
+                                .out = A(out, {Nl, C}),
+                                .mean = S(mean, {Nl}),
+                                .rstd = S(rstd, {Nl}),
+                                .eps = shape_.eps};
+        if (pending) {
+            MS_CHECK(pending->res_out == res, "the pending residual add does not write the stream LayerNorm reads");
+            ln.inp = Tensor();
+            ln.residual_a = A(const_cast<void*>(pending->res_a), {Nl, C});
+            ln.residual_b = A(const_cast<void*>(pending->block_out), {Nl, C});
+            ln.residual_bias = P(pending->bias, {C});
+            ln.residual_out = A(pending->res_out, {Nl, C});
+            pending.reset();
+        }
+        be.layernorm_forward(ln);
+    };
+
     const void* res = a.encoded;
     for (int l = 0; l < num_layers; ++l) {
         auto& x = a.layers[l];
         const int lp = first_layer_param_ + l * kParamsPerLayer;
         void* ln_out = sp_ ? a.sp_local : x.ln1;
-        be.layernorm_forward({A(const_cast<void*>(res), {Nl, C}), P(lp + 0, {C}), P(lp + 1, {C}), A(ln_out, {Nl, C}),
-                              S(x.ln1_mean, {Nl}), S(x.ln1_rstd, {Nl}), shape_.eps});
+        layernorm(res, lp + 0, ln_out, x.ln1_mean, x.ln1_rstd);  // with layer l - 1's MLP add
         if (sp_) tp_all_gather(tp_, ln_out, x.ln1, dtype_, Nl * C);
         be.matmul_forward({A(x.ln1, {N, C}), P(lp + 2, {3 * Cl, C}), P(lp + 3, {3 * Cl}), A(x.qkv, {N, 3 * Cl})});
         be.attention_forward({A(x.qkv, {B, T, 3 * Cl}), A(x.atty, {B, T, Cl}), S(x.lse, {B, NH, T}), NH});
         // row-parallel projection: partial sums, all-reduced, then the bias inside the residual add
         be.matmul_forward({A(x.atty, {N, Cl}), P(lp + 4, {C, Cl}), Tensor(), A(a.proj_out, {N, C})});
         const void* attn_out = reduce_rows(a.proj_out);
-        be.residual_forward({A(const_cast<void*>(res), {Nl * C}), A(const_cast<void*>(attn_out), {Nl * C}),
-                             A(x.res2, {Nl * C}), P(lp + 5, {C})});
+        // res2 = res + (attn_out + bias), then ln_2 of res2, one op (ln_out may be attn_out's sp_local: backend.h)
+        pending = PendingResidual{res, attn_out, lp + 5, x.res2};
         ln_out = sp_ ? a.sp_local : x.ln2;
-        be.layernorm_forward({A(x.res2, {Nl, C}), P(lp + 6, {C}), P(lp + 7, {C}), A(ln_out, {Nl, C}),
-                              S(x.ln2_mean, {Nl}), S(x.ln2_rstd, {Nl}), shape_.eps});
+        layernorm(x.res2, lp + 6, ln_out, x.ln2_mean, x.ln2_rstd);
         if (sp_) tp_all_gather(tp_, ln_out, x.ln2, dtype_, Nl * C);
         // c_fc and its GELU in one op (cuBLASLt's GELU epilogue on a GPU): fch the pre-activation, kept for backward
         be.matmul_forward(
             {A(x.ln2, {N, C}), P(lp + 8, {F, C}), P(lp + 9, {F}), A(x.fch, {N, F}), A(x.fch_gelu, {N, F})});
         be.matmul_forward({A(x.fch_gelu, {N, F}), P(lp + 10, {C, F}), Tensor(), A(a.proj_out, {N, C})});
-        const void* mlp_out = reduce_rows(a.proj_out);
-        be.residual_forward(
-            {A(x.res2, {Nl * C}), A(const_cast<void*>(mlp_out), {Nl * C}), A(x.res3, {Nl * C}), P(lp + 11, {C})});
+        // res3 = res2 + (mlp_out + bias): added by the next LayerNorm
+        pending = PendingResidual{x.res2, reduce_rows(a.proj_out), lp + 11, x.res3};
         res = x.res3;
     }
-    if (!part_.head) return std::numeric_limits<float>::quiet_NaN();
+    if (!part_.head) {
+        if (pending) {  // the stage's output goes to the next stage, whose first ln_1 reads it
+            be.residual_forward({A(const_cast<void*>(pending->res_a), {Nl * C}),
+                                 A(const_cast<void*>(pending->block_out), {Nl * C}), A(pending->res_out, {Nl * C}),
+                                 P(pending->bias, {C})});
+        }
+        return std::numeric_limits<float>::quiet_NaN();
+    }
     const int ln_f = ln_f_;
     void* lnf_out = sp_ ? a.sp_local : a.lnf;
-    be.layernorm_forward({A(const_cast<void*>(res), {Nl, C}), P(ln_f, {C}), P(ln_f + 1, {C}), A(lnf_out, {Nl, C}),
-                          S(a.lnf_mean, {Nl}), S(a.lnf_rstd, {Nl}), shape_.eps});
+    layernorm(res, ln_f, lnf_out, a.lnf_mean, a.lnf_rstd);  // with the last layer's MLP add
     if (sp_) tp_all_gather(tp_, lnf_out, a.lnf, dtype_, Nl * C);
     be.matmul_forward({A(a.lnf, {N, C}), P(wte_, {Vl, C}), Tensor(), A(a.logits, {N, Vl})});
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
 
     be.synchronize();  // as for a.tokens: an earlier call's cross-entropy kernels may still read a.targets
     for (int64_t n = 0; n < N; ++n) {
-        MS_CHECK(targets[n] >= 0 && targets[n] < shape_.V, "target {} at {} outside the vocabulary [0, {})",
-                 targets[n], n, shape_.V);
+        MS_CHECK(targets[n] >= 0 && targets[n] < shape_.V, "target {} at {} outside the vocabulary [0, {})", targets[n],
+                 n, shape_.V);
         a.targets[n] = targets[n];
     }
     // vocab-parallel cross-entropy: global row max, then global sum-exp and target logit (one all-reduce for both)

@@ -216,26 +216,31 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
 
     // forward
     b.op({tokens, encoded, sp_full});  // embedding (partial sums in sp_full under sp), or the received input
+    // Each residual add is fused into the LayerNorm that reads its sum; the MLP's (res3 = res2 + mlp_out) into the
+    // next layer's ln_1 or ln_f, so that op also touches the previous layer's res2 and proj_out (sp_local).
     int res = encoded;
+    int res_a = -1, mlp_out = -1;  // the previous layer's res2 and MLP output while its residual add is pending
     for (const Layer& x : L) {
-        b.op({res, x.ln1_mean, x.ln1_rstd, sp_local, x.ln1});     // ln_1 (into sp_local, all-gathered into ln1)
-        b.op({x.ln1, x.qkv});                                     // c_attn
-        b.op({x.qkv, x.atty, x.lse});                             // attention
-        b.op({x.atty, proj_out, sp_local});                       // attn.c_proj, reduced over tp
-        b.op({res, proj_out, sp_local, x.res2});                  // residual
-        b.op({x.res2, x.ln2_mean, x.ln2_rstd, sp_local, x.ln2});  // ln_2
-        b.op({x.ln2, x.fch, x.fch_gelu});                         // c_fc and its gelu (one op)
-        b.op({x.fch_gelu, proj_out, sp_local});                   // mlp.c_proj, reduced over tp
-        b.op({x.res2, proj_out, sp_local, x.res3});               // residual
+        // (residual +) ln_1, into sp_local and all-gathered into ln1
+        b.op({res_a, mlp_out, res, x.ln1_mean, x.ln1_rstd, sp_local, x.ln1});
+        b.op({x.ln1, x.qkv});                                                    // c_attn
+        b.op({x.qkv, x.atty, x.lse});                                            // attention
+        b.op({x.atty, proj_out, sp_local});                                      // attn.c_proj, reduced over tp
+        b.op({res, proj_out, sp_local, x.res2, x.ln2_mean, x.ln2_rstd, x.ln2});  // residual + ln_2
+        b.op({x.ln2, x.fch, x.fch_gelu});                                        // c_fc and its gelu (one op)
+        b.op({x.fch_gelu, proj_out, sp_local});                                  // mlp.c_proj, reduced over tp
+        res_a = x.res2;
+        mlp_out = proj_out;
         res = x.res3;
     }
     const int output = res;
     if (head) {
-        b.op({res, lnf_mean, lnf_rstd, sp_local, lnf});     // ln_f
-        b.op({lnf, logits});                                // lm head
-        b.op({logits, targets, row_max, sum_exp, losses});  // cross-entropy
+        b.op({res_a, mlp_out, res, lnf_mean, lnf_rstd, sp_local, lnf});  // (residual +) ln_f
+        b.op({lnf, logits});                                             // lm head
+        b.op({logits, targets, row_max, sum_exp, losses});               // cross-entropy
     } else {
-        b.op({output, dout});  // the output is copied into a send buffer, its gradient received
+        b.op({res_a, mlp_out, sp_local, output});  // the last layer's residual add
+        b.op({output, dout});                      // the output is copied into a send buffer, its gradient received
     }
 
     // backward

@@ -118,6 +118,26 @@ std::vector<OpCase> layernorm_cases() {
              return OpOutputs{collect("dinp", dinp, 1e-6), collect("dweight", dweight, 2e-6),
                               collect("dbias", dbias, 2e-6)};
          }},
+        {"layernorm_forward_residual", OpKind::kLayerNormResidualForward,
+         [=](Backend& b) {
+             auto res_a = random_floats(kN * kC, 1, -3.0f, 5.0f), res_b = random_floats(kN * kC, 4);
+             auto res_bias = random_floats(kC, 5), weight = random_floats(kC, 2), bias = random_floats(kC, 3);
+             Guarded res_out(kN * kC, kNaN), out(kN * kC, kNaN), mean(kN, kNaN), rstd(kN, kNaN);
+             b.layernorm_forward({.inp = {},
+                                  .weight = view(weight, {kC}),
+                                  .bias = view(bias, {kC}),
+                                  .out = out.tensor({kN, kC}),
+                                  .mean = mean.tensor({kN}),
+                                  .rstd = rstd.tensor({kN}),
+                                  .eps = 1e-5f,
+                                  .residual_a = view(res_a, {kN, kC}),
+                                  .residual_b = view(res_b, {kN, kC}),
+                                  .residual_bias = view(res_bias, {kC}),
+                                  .residual_out = res_out.tensor({kN, kC})});
+             // The residual sum is one exactly rounded add in both modes; the LayerNorm as layernorm_forward's case.
+             return OpOutputs{collect("residual_out", res_out, 0.0), collect("out", out, 2e-6),
+                              collect("mean", mean, 2e-6), collect("rstd", rstd, 1e-6)};
+         }},
     };
 }
 

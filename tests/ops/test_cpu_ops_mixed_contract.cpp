@@ -2,6 +2,7 @@
 // kAdd rounds the fp32 sum of the old value and the new term once; AdamW's fused param_copy; the matmul's GELU
 // fusion (bit for bit the two ops); cast; supports(); and
 // the checks that refuse dtypes breaking the contract, with a message naming the op and the tensor.
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <cstring>
@@ -162,6 +163,71 @@ MS_OP_TEST(MixedPrecision, MatmulGeluFusionIsMatmulThenGelu, kContract, OpKind::
         check_gelu_fusion<bf16>(mode);
         check_gelu_fusion<fp16>(mode);
     }
+}
+
+// The residual add fused into layernorm_forward (backend.h) is residual_forward then layernorm_forward, bit for bit
+// (residual_out, out, mean, rstd), with and without the residual bias, with residual_out aliasing residual_a (the
+// in-place stream) and with out aliasing residual_b (the trainer's sequence-parallel buffer). C = 53: no vector
+// width divides it.
+enum class LnAlias : uint8_t { kNone, kResidualOutIsA, kOutIsB };
+
+template <class D>
+void check_residual_fusion(OpMode mode) {
+    constexpr int64_t N = 37, C = 53;
+    const auto a0 = to_d<D>(random_floats(N * C, 1, -3.0f, 5.0f)), b0 = to_d<D>(random_floats(N * C, 2));
+    auto res_bias = to_d<D>(random_floats(C, 3)), weight = to_d<D>(random_floats(C, 4)),
+         bias = to_d<D>(random_floats(C, 5));
+    auto backend = make_cpu_backend(mode);
+    for (bool with_bias : {true, false}) {
+        const Tensor rb = with_bias ? dview(res_bias, {C}) : Tensor();
+        std::vector<D> a = a0, b = b0, res(N * C), out(N * C);
+        std::vector<float> mean(N), rstd(N);
+        backend->residual_forward(
+            {.a = dview(a, {N * C}), .b = dview(b, {N * C}), .out = dview(res, {N * C}), .bias = rb});
+        backend->layernorm_forward({.inp = dview(res, {N, C}),
+                                    .weight = dview(weight, {C}),
+                                    .bias = dview(bias, {C}),
+                                    .out = dview(out, {N, C}),
+                                    .mean = view(mean, {N}),
+                                    .rstd = view(rstd, {N}),
+                                    .eps = 1e-5f});
+        for (LnAlias alias : {LnAlias::kNone, LnAlias::kResidualOutIsA, LnAlias::kOutIsB}) {
+            std::vector<D> fa = a0, fb = b0, fres(N * C, from_float<D>(-7.0f)), fout(N * C, from_float<D>(-7.0f));
+            std::vector<float> fmean(N, -7.0f), frstd(N, -7.0f);
+            std::vector<D>& res_out = alias == LnAlias::kResidualOutIsA ? fa : fres;
+            std::vector<D>& ln_out = alias == LnAlias::kOutIsB ? fb : fout;
+            backend->layernorm_forward({.inp = {},
+                                        .weight = dview(weight, {C}),
+                                        .bias = dview(bias, {C}),
+                                        .out = dview(ln_out, {N, C}),
+                                        .mean = view(fmean, {N}),
+                                        .rstd = view(frstd, {N}),
+                                        .eps = 1e-5f,
+                                        .residual_a = dview(fa, {N, C}),
+                                        .residual_b = dview(fb, {N, C}),
+                                        .residual_bias = rb,
+                                        .residual_out = dview(res_out, {N, C})});
+            const std::string what = fmt::format("{} {} bias {} alias {}", dtype_name(dtype_of<D>()), mode_name(mode),
+                                                 with_bias, static_cast<int>(alias));
+            EXPECT_TRUE(bit_identical(to_f32(res_out), to_f32(res))) << "residual_out, " << what;
+            EXPECT_TRUE(bit_identical(to_f32(ln_out), to_f32(out))) << "out, " << what;
+            EXPECT_TRUE(bit_identical(fmean, mean) && bit_identical(frstd, rstd)) << "mean, rstd, " << what;
+        }
+    }
+}
+
+MS_OP_TEST(MixedPrecision, LayerNormResidualFusionIsResidualThenLayerNorm, kExact, OpKind::kLayerNormResidualForward) {
+    for (OpMode mode : kModes) {
+        check_residual_fusion<float>(mode);
+        check_residual_fusion<bf16>(mode);
+        check_residual_fusion<fp16>(mode);
+    }
+}
+
+// The fused op's aliasing contract alone, on fp32: in place (residual_out is residual_a) and out over residual_b
+// give what separate buffers give.
+MS_OP_TEST(Contract, LayerNormResidualAlias, kContract, OpKind::kLayerNormResidualForward) {
+    for (OpMode mode : kModes) check_residual_fusion<float>(mode);
 }
 
 // param, m and v are exactly the fp32 update's; param_copy is exactly from_float<D>(param), in both modes.

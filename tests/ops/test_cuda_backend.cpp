@@ -149,6 +149,57 @@ MS_CUDA_BACKEND_TEST(GeluMatchesTheCpuReference, OpKind::kGeluForward, OpKind::k
 
 // ---- layernorm ----
 
+// The residual add fused in front of the LayerNorm (backend.h): residual_out as the residual op's, bit for bit (the
+// same fp32 additions), the LayerNorm's outputs within the layernorm test's tolerances; in place (residual_out
+// aliasing residual_a) and out-of-place, with and without the residual bias.
+MS_CUDA_BACKEND_TEST(LayerNormResidualMatchesTheCpuReference, OpKind::kLayerNormResidualForward) {
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{7, 37}, {137, 200}}) {
+        const int64_t N = shape.first, C = shape.second;
+        auto a = random_floats(N * C, 1, -3.0f, 3.0f), b = random_floats(N * C, 2), res_bias = random_floats(C, 3);
+        auto weight = random_floats(C, 4), bias = random_floats(C, 5);
+        for (bool with_bias : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "N " << N << " C " << C << " bias " << with_bias);
+            const Tensor rb = with_bias ? view(res_bias, {C}) : Tensor{};
+            std::vector<float> res_ref(N * C), out_ref(N * C), mean_ref(N), rstd_ref(N);
+            cpu->layernorm_forward({.inp = {},
+                                    .weight = view(weight, {C}),
+                                    .bias = view(bias, {C}),
+                                    .out = view(out_ref, {N, C}),
+                                    .mean = view(mean_ref, {N}),
+                                    .rstd = view(rstd_ref, {N}),
+                                    .eps = 1e-5f,
+                                    .residual_a = view(a, {N, C}),
+                                    .residual_b = view(b, {N, C}),
+                                    .residual_bias = rb,
+                                    .residual_out = view(res_ref, {N, C})});
+            for (bool in_place : {false, true}) {
+                auto stream = a;
+                Guarded res(N * C, NAN), out(N * C, NAN), mean(N, NAN), rstd(N, NAN);
+                cuda->layernorm_forward({.inp = {},
+                                         .weight = view(weight, {C}),
+                                         .bias = view(bias, {C}),
+                                         .out = out.tensor({N, C}),
+                                         .mean = mean.tensor({N}),
+                                         .rstd = rstd.tensor({N}),
+                                         .eps = 1e-5f,
+                                         .residual_a = view(stream, {N, C}),
+                                         .residual_b = view(b, {N, C}),
+                                         .residual_bias = rb,
+                                         .residual_out = in_place ? view(stream, {N, C}) : res.tensor({N, C})});
+                cuda->synchronize();
+                EXPECT_TRUE(bit_identical(in_place ? stream : res.values(), res_ref)) << "in place " << in_place;
+                // the layernorm test's tolerances (test_cuda_emu.cpp: measured up to 1.5e-7 / 8.8e-8 / 6.8e-8)
+                expect_close("layernorm + residual out", max_rel_error(out.values(), out_ref), 1e-6);
+                expect_close("layernorm + residual mean", max_rel_error(mean.values(), mean_ref), 1e-6);
+                expect_close("layernorm + residual rstd", max_rel_error(rstd.values(), rstd_ref), 1e-6);
+                EXPECT_TRUE(res.guards_intact() && out.guards_intact() && mean.guards_intact() && rstd.guards_intact());
+            }
+        }
+    }
+}
+
 MS_CUDA_BACKEND_TEST(LayerNormMatchesTheCpuReference, OpKind::kLayerNormForward, OpKind::kLayerNormBackward) {
     auto cpu = make_cpu_backend(OpMode::kReference);
     auto cuda = make_cuda();  // one backend for both shapes: the second, larger one grows its scratch

@@ -41,7 +41,6 @@ std::unique_ptr<Backend> make_cuda() {
     return make_backend_with_cuda(o);
 }
 
-
 // n values of dtype fp32, bf16 or fp16, with kGuardBytes sentinel bytes on each side to catch stray writes.
 class Buf {
   public:
@@ -252,6 +251,95 @@ TEST(CudaEmuMixed, LayerNormForwardAndBackward) {
                   {"dinp =", 8e-3, 1e-3},
                   {"dweight", 1e-6, 1e-6},
                   {"dbias", 1e-6, 1e-6}});
+    }
+}
+
+// The residual add fused into layernorm_forward (backend.h): residual_out and the LayerNorm's outputs, with and
+// without the residual bias, with residual_out aliasing residual_a and with out aliasing residual_b (the trainer's
+// in-place stream and sequence-parallel buffer). `fused` false runs residual_forward and then layernorm_forward.
+enum class LnAlias : uint8_t { kNone, kResidualOutIsA, kOutIsB };
+struct LnResidualCase {
+    int64_t N, C;
+    bool with_bias;
+    LnAlias alias;
+};
+// Inputs rounded through D, stored as s (D, or fp32 for check_op's reference).
+Outs run_layernorm_residual(Backend& be, DType s, DType D, const LnResidualCase& c, bool fused) {
+    const int64_t N = c.N, C = c.C;
+    Buf a(s, rounded(D, random_floats(N * C, 1, -2.0f, 3.0f))), b(s, rounded(D, random_floats(N * C, 2))),
+        rb(s, rounded(D, random_floats(C, 3))), weight(s, rounded(D, random_floats(C, 4, 0.5f, 1.5f))),
+        bias(s, rounded(D, random_floats(C, 5))), res(s, nans(N * C)), out(s, nans(N * C)), mean(DType::kF32, nans(N)),
+        rstd(DType::kF32, nans(N));
+    Buf& res_out = c.alias == LnAlias::kResidualOutIsA ? a : res;
+    Buf& ln_out = c.alias == LnAlias::kOutIsB ? b : out;
+    LayerNormForwardArgs args{.inp = {},
+                              .weight = weight.tensor({C}),
+                              .bias = bias.tensor({C}),
+                              .out = ln_out.tensor({N, C}),
+                              .mean = mean.tensor({N}),
+                              .rstd = rstd.tensor({N}),
+                              .eps = 1e-5f};
+    const Tensor res_bias = c.with_bias ? rb.tensor({C}) : Tensor();
+    if (fused) {
+        args.residual_a = a.tensor({N, C});
+        args.residual_b = b.tensor({N, C});
+        args.residual_bias = res_bias;
+        args.residual_out = res_out.tensor({N, C});
+    } else {
+        be.residual_forward(
+            {.a = a.tensor({N * C}), .b = b.tensor({N * C}), .out = res_out.tensor({N * C}), .bias = res_bias});
+        args.inp = res_out.tensor({N, C});
+    }
+    be.layernorm_forward(args);
+    be.synchronize();
+    return collect(
+        {{"residual_out", &res_out, true}, {"out", &ln_out, true}, {"mean", &mean, false}, {"rstd", &rstd, false}});
+}
+
+// C = 67: the scalar path of the 16-bit kernel; 256: packed, every value in registers; 1160: packed, and past the
+// values a lane keeps in registers for fp32 (1024) and 16-bit (1024), so the rest is re-read from residual_out.
+TEST(CudaEmuMixed, LayerNormResidualFusionIsTheTwoKernelsBitForBit) {
+    auto cuda = make_cuda();
+    for (DType D : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (const int64_t C : {67, 256, 1160}) {
+            const int64_t N = C > 256 ? 11 : 37;
+            for (bool with_bias : {true, false}) {
+                for (LnAlias alias : {LnAlias::kNone, LnAlias::kResidualOutIsA, LnAlias::kOutIsB}) {
+                    const LnResidualCase c{N, C, with_bias, alias};
+                    SCOPED_TRACE(testing::Message() << dtype_name(D) << " C " << C << (with_bias ? " bias" : "")
+                                                    << " alias " << static_cast<int>(alias));
+                    const Outs fused = run_layernorm_residual(*cuda, D, D, c, true);
+                    const Outs two = run_layernorm_residual(*cuda, D, D, c, false);
+                    ASSERT_EQ(fused.size(), two.size());
+                    for (size_t i = 0; i < fused.size(); ++i) {
+                        EXPECT_TRUE(bit_identical(fused[i].values, two[i].values)) << fused[i].name;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Against the CPU's fused op on the same D tensors (check_op's fp32 reference does not round the residual sum to D
+// before the LayerNorm, as the contract asks): the residual sum exactly (the same fp32 additions, rounded once), the
+// LayerNorm within the layernorm test's tolerances.
+TEST(CudaEmuMixed, LayerNormResidualFusionMatchesTheCpu) {
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    for (DType D : kHalfTypes) {
+        for (const int64_t C : {67, 256}) {
+            const LnResidualCase c{37, C, true, LnAlias::kResidualOutIsA};
+            const Outs got = run_layernorm_residual(*cuda, D, D, c, true);
+            const Outs ref = run_layernorm_residual(*cpu, D, D, c, true);
+            ASSERT_EQ(got.size(), 4u);
+            const bool bf = D == DType::kBF16;
+            const double tols[] = {0.0, bf ? 8e-3 : 1e-3, 1e-6, 1e-6};  // residual_out, out, mean, rstd
+            for (size_t i = 0; i < got.size(); ++i) {
+                expect_close("layernorm + residual " + got[i].name + " " + std::string(dtype_name(D)) + " C " +
+                                 std::to_string(C),
+                             max_rel_error(got[i].values, ref[i].values), tols[i]);
+            }
+        }
     }
 }
 

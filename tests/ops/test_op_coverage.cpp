@@ -37,6 +37,10 @@ std::vector<Check> required_checks(OpKind op) {
             checks.push_back(Check::kExact);
             checks.push_back(Check::kContract);  // out may alias a
             break;
+        case OpKind::kLayerNormResidualForward:
+            checks.push_back(Check::kExact);     // bit-identical to residual_forward then layernorm_forward
+            checks.push_back(Check::kContract);  // residual_out may alias residual_a, out residual_b
+            break;
         case OpKind::kAdamW:
         case OpKind::kSumSquares:
             checks.push_back(Check::kExact);

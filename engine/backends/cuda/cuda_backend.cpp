@@ -327,25 +327,42 @@ void CudaBackend::embedding_backward(const EmbeddingBackwardArgs& a) {
 }
 
 void CudaBackend::layernorm_forward(const LayerNormForwardArgs& a) {
-    const int64_t C = a.inp.dim(-1);
+    const bool fused = a.residual_out.defined();  // the residual add in front (backend.h)
+    MS_CHECK(fused != a.inp.defined(), "layernorm: exactly one of inp and residual_out (its sum the input) is defined");
+    const Tensor& inp = fused ? a.residual_out : a.inp;
+    const int64_t C = inp.dim(-1);
     MS_CHECK(C > 0, "layernorm: inp has no columns");
-    const int64_t N = a.inp.numel() / C;
+    const int64_t N = inp.numel() / C;
     check_numel(a.out, N * C, "layernorm", "out (N * C)");
     check_numel(a.weight, C, "layernorm", "weight (C)");
     check_numel(a.bias, C, "layernorm", "bias (C)");
     check_numel(a.mean, N, "layernorm", "mean (N)");
     check_numel(a.rstd, N, "layernorm", "rstd (N)");
-    const DType D = activation_dtype(a.inp, "layernorm", "inp");
+    const DType D = activation_dtype(inp, "layernorm", "inp");
     check_d(a.out, D, "layernorm", "out");
     check_d(a.weight, D, "layernorm", "weight");
     check_d(a.bias, D, "layernorm", "bias");
     check_fp32(a.mean, "layernorm", "mean", "statistic");
     check_fp32(a.rstd, "layernorm", "rstd", "statistic");
-    dispatch(D, [&]<class T>(T) {
-        cuda::layernorm_forward(a.out.as<T>(), a.mean.f32(), a.rstd.f32(), a.inp.as<T>(), a.weight.as<T>(),
-                                a.bias.as<T>(), to_int(N, "layernorm", "N"), to_int(C, "layernorm", "C"), a.eps,
-                                stream_);
-    });
+    const int n = to_int(N, "layernorm", "N"), c = to_int(C, "layernorm", "C");
+    if (fused) {
+        check_numel(a.residual_a, N * C, "layernorm", "residual_a (N * C)");
+        check_numel(a.residual_b, N * C, "layernorm", "residual_b (N * C)");
+        if (a.residual_bias.defined()) check_numel(a.residual_bias, C, "layernorm", "residual_bias (C)");
+        check_d(a.residual_a, D, "layernorm", "residual_a");
+        check_d(a.residual_b, D, "layernorm", "residual_b");
+        check_d(a.residual_bias, D, "layernorm", "residual_bias");
+        dispatch(D, [&]<class T>(T) {
+            cuda::layernorm_residual_forward(a.out.as<T>(), a.mean.f32(), a.rstd.f32(), a.residual_out.as<T>(),
+                                             a.residual_a.as<T>(), a.residual_b.as<T>(), opt<T>(a.residual_bias),
+                                             a.weight.as<T>(), a.bias.as<T>(), n, c, a.eps, stream_);
+        });
+    } else {
+        dispatch(D, [&]<class T>(T) {
+            cuda::layernorm_forward(a.out.as<T>(), a.mean.f32(), a.rstd.f32(), a.inp.as<T>(), a.weight.as<T>(),
+                                    a.bias.as<T>(), n, c, a.eps, stream_);
+        });
+    }
     MS_CUDA_LAUNCH_CHECK();
 }
 

@@ -10,6 +10,8 @@
 // Precision: inp, weight, bias, out, dout and dinp are D; mean, rstd, dweight and dbias are fp32. Values are
 // loaded with to_float and every D output element is rounded once on store (kAdd: the fp32 sum of the old value
 // and the new term).
+// Residual fusion (residual_out defined, backend.h): residual.cpp's op writes residual_out, then the forward above
+// normalises it, in the same mode; so the fused op is the two ops in sequence, bit for bit, by construction.
 #include <omp.h>
 
 #include <algorithm>
@@ -190,6 +192,22 @@ void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
 }  // namespace
 
 void layernorm_forward(const LayerNormForwardArgs& a, OpMode mode) {
+    if (a.residual_out.defined()) {
+        MS_CHECK(!a.inp.defined(),
+                 "layernorm: inp must be undefined when residual_out is defined (its sum is the input)");
+        MS_CHECK(!a.residual_bias.defined() || a.residual_bias.numel() == a.out.dim(-1),
+                 "layernorm: residual_bias has {} elements, expected C = {}", a.residual_bias.numel(), a.out.dim(-1));
+        residual_forward({.a = a.residual_a, .b = a.residual_b, .out = a.residual_out, .bias = a.residual_bias}, mode);
+        LayerNormForwardArgs ln{.inp = a.residual_out,
+                                .weight = a.weight,
+                                .bias = a.bias,
+                                .out = a.out,
+                                .mean = a.mean,
+                                .rstd = a.rstd,
+                                .eps = a.eps};
+        layernorm_forward(ln, mode);
+        return;
+    }
     const int64_t C = a.inp.dim(-1);
     const int64_t N = a.inp.numel() / C;
     MS_CHECK(a.out.numel() == N * C, "layernorm: out has {} elements, expected N({}) * C({})", a.out.numel(), N, C);

@@ -8,6 +8,16 @@ Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd
           dweight += sum_n dout * norm, dbias += sum_n dout in two deterministic passes: blocks of (32 columns x 8
           row lanes) sum a chunk of kRowsPerChunk rows each into a scratch (2, chunks, C), then one thread per
           column adds the chunks in order. Atomics would be one pass, but their order, and so the bits, would vary.
+Residual fusion (layernorm_residual_forward): the residual stream's add in front of the forward, one kernel. Each
+          row's warp computes r = a + (b + bias) in fp32 as residual.cu does, rounds it to T, writes it to
+          residual_out and normalises the rounded values with the forward's sums in the forward's order, so the
+          result is bit-identical to residual.cu's kernel followed by the forward. Each lane keeps its first
+          kCached columns (kCachedPacks packs) of rounded values in registers; a wider row re-reads the rest from
+          residual_out, which the same thread has just written (no barrier needed), so the bits are the same either
+          way. residual_out may alias a, and out may alias b: a row's a and b are read before the warp's shuffles,
+          its out written after them. Every forward kernel writes the variance's multiply-add and out's
+          ((x - mean) * rstd) * weight + bias as explicit fmaf, as nvcc contracts them anyway, so that the host
+          compiler of the CPU emulation cannot contract them in one kernel and not in its fused twin.
 Accumulation contract: dinp per DinpWrite (kAdd: it feeds the residual stream); dweight and dbias +=.
 bf16 / fp16 (the *_16 kernels): lane l of a row's warp owns the packs p = l, l + 32, ... of 8 columns [8p, 8p + 8)
 and sums its elements in that order, read as one 16-byte load per pack (Access::kPacked: C % 8 == 0 and 16-byte
@@ -19,10 +29,20 @@ partial sums of dweight and dbias take 8 columns per thread, each column's rows 
 #include "engine/backends/cuda/kernels/layernorm.cuh"
 #include "engine/backends/cuda/pack.cuh"
 
+#if defined(__CUDACC__)
+#define MS_UNROLL _Pragma("unroll")
+#else
+#define MS_UNROLL
+#endif
+
 namespace ms::cuda {
 namespace {
 
 constexpr int kBlockSize = 256;  // 8 warps, one row each
+// Rounded residual sums a lane of layernorm_residual_forward keeps in registers: rows of C <= 32 * kCached (fp32)
+// or C <= 32 * 8 * kCachedPacks (bf16 / fp16), GPT-2 124M to 350M, never touch residual_out again.
+constexpr int kCached = 32;
+constexpr int kCachedPacks = 4;
 constexpr int kWarpsPerBlock = kBlockSize / 32;
 constexpr int kRowLanes = 8;  // threadIdx.y of the partial-sum kernel
 constexpr int kRowsPerChunk = 64;
@@ -42,11 +62,68 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
     for (int c = lane; c < C; c += 32) sum += to_float(x[c]);
     const float m = warp_reduce_sum(sum) / C;
     float sq = 0.0f;
-    for (int c = lane; c < C; c += 32) sq += (to_float(x[c]) - m) * (to_float(x[c]) - m);
+    for (int c = lane; c < C; c += 32) sq = fmaf(to_float(x[c]) - m, to_float(x[c]) - m, sq);
     const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
     T* o = out + static_cast<int64_t>(row) * C;
     for (int c = lane; c < C; c += 32) {
-        o[c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+        o[c] = from_float<T>(fmaf((to_float(x[c]) - m) * s, to_float(weight[c]), to_float(bias[c])));
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// r = a + (b + bias) of column c of a row, rounded to T and stored in res_out; returns the rounded value.
+template <class T>
+__device__ __forceinline__ float residual_column(T* res_out, const T* a, const T* b, const T* res_bias, int c) {
+    const T r = from_float<T>(res_bias ? to_float(a[c]) + (to_float(b[c]) + to_float(res_bias[c]))
+                                       : to_float(a[c]) + to_float(b[c]));
+    res_out[c] = r;
+    return to_float(r);
+}
+
+// layernorm_forward_kernel on res_out = res_a + (res_b + res_bias), written first (one warp per row). res_out may
+// alias res_a and out may alias res_b, so none of the four is __restrict__.
+template <class T>
+__global__ void layernorm_residual_forward_kernel(T* out, float* __restrict__ mean, float* __restrict__ rstd,
+                                                  T* res_out, const T* res_a, const T* res_b,
+                                                  const T* __restrict__ res_bias, const T* __restrict__ weight,
+                                                  const T* __restrict__ bias, int N, int C, float eps) {
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
+    const int64_t base = static_cast<int64_t>(row) * C;
+    T* x = res_out + base;
+    float cached[kCached];  // cached[i] = the rounded x[lane + 32 i]
+    float sum = 0.0f;
+    MS_UNROLL
+    for (int i = 0; i < kCached; ++i) {
+        const int c = lane + 32 * i;
+        if (c < C) {
+            cached[i] = residual_column(x, res_a + base, res_b + base, res_bias, c);
+            sum += cached[i];
+        }
+    }
+    for (int c = lane + 32 * kCached; c < C; c += 32) {
+        sum += residual_column(x, res_a + base, res_b + base, res_bias, c);
+    }
+    const float m = warp_reduce_sum(sum) / C;
+    float sq = 0.0f;
+    MS_UNROLL
+    for (int i = 0; i < kCached; ++i) {
+        if (lane + 32 * i < C) sq = fmaf(cached[i] - m, cached[i] - m, sq);
+    }
+    for (int c = lane + 32 * kCached; c < C; c += 32) sq = fmaf(to_float(x[c]) - m, to_float(x[c]) - m, sq);
+    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
+    T* o = out + base;
+    MS_UNROLL
+    for (int i = 0; i < kCached; ++i) {
+        const int c = lane + 32 * i;
+        if (c < C) o[c] = from_float<T>(fmaf((cached[i] - m) * s, to_float(weight[c]), to_float(bias[c])));
+    }
+    for (int c = lane + 32 * kCached; c < C; c += 32) {
+        o[c] = from_float<T>(fmaf((to_float(x[c]) - m) * s, to_float(weight[c]), to_float(bias[c])));
     }
     if (lane == 0) {
         mean[row] = m;
@@ -183,7 +260,105 @@ __global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restri
         load_floats<kAccess>(f, x, p, C);
         load_floats<kAccess>(w, weight, p, C);
         load_floats<kAccess>(b, bias, p, C);
-        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) f[k] = (f[k] - m) * s * w[k] + b[k];
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) f[k] = fmaf((f[k] - m) * s, w[k], b[k]);
+        store_floats<kAccess>(o, p, C, f);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+// r[k] = a + (b + bias) of the columns of pack p (k < pack_width), rounded to T and stored in res_out (row pointers
+// res_out, a, b; res_bias indexed by column, may be null). residual.cu's arithmetic, element by element.
+template <Access kAccess, class T, int K>
+__device__ __forceinline__ void residual_pack(float (&r)[K], T* res_out, const T* a, const T* b, const T* res_bias,
+                                              int p, int C) {
+    float fa[K], fb[K], fc[K] = {};
+    load_floats<kAccess>(fa, a, p, C);
+    load_floats<kAccess>(fb, b, p, C);
+    if (res_bias) load_floats<kAccess>(fc, res_bias, p, C);
+    const int width = pack_width<kAccess, K>(p, C);
+    MS_UNROLL
+    for (int k = 0; k < K; ++k) {
+        if (k < width) r[k] = to_float(from_float<T>(res_bias ? fa[k] + (fb[k] + fc[k]) : fa[k] + fb[k]));
+    }
+    store_floats<kAccess>(res_out, p, C, r);
+}
+
+// layernorm_forward_kernel_16 on res_out = res_a + (res_b + res_bias), written first; kPacked also needs res_a,
+// res_b, res_bias and res_out 16-byte aligned. Aliasing as layernorm_residual_forward_kernel.
+template <Access kAccess, class T>
+__global__ void layernorm_residual_forward_kernel_16(T* out, float* __restrict__ mean, float* __restrict__ rstd,
+                                                     T* res_out, const T* res_a, const T* res_b,
+                                                     const T* __restrict__ res_bias, const T* __restrict__ weight,
+                                                     const T* __restrict__ bias, int N, int C, float eps) {
+    constexpr int K = Pack<T>::kSize;
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
+    const int packs = (C + K - 1) / K;
+    const int64_t base = static_cast<int64_t>(row) * C;
+    T* x = res_out + base;
+    const T* a = res_a + base;
+    const T* b = res_b + base;
+    float cached[kCachedPacks][K];  // cached[i] = the rounded pack lane + 32 i of x
+    float f[K], w[K], bi[K];
+    float sum = 0.0f;
+    MS_UNROLL
+    for (int i = 0; i < kCachedPacks; ++i) {
+        const int p = lane + 32 * i;
+        if (p < packs) {
+            residual_pack<kAccess>(cached[i], x, a, b, res_bias, p, C);
+            const int width = pack_width<kAccess, K>(p, C);
+            MS_UNROLL
+            for (int k = 0; k < K; ++k) {
+                if (k < width) sum += cached[i][k];
+            }
+        }
+    }
+    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
+        residual_pack<kAccess>(f, x, a, b, res_bias, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sum += f[k];
+    }
+    const float m = warp_reduce_sum(sum) / C;
+    float sq = 0.0f;
+    MS_UNROLL
+    for (int i = 0; i < kCachedPacks; ++i) {
+        const int p = lane + 32 * i;
+        if (p < packs) {
+            const int width = pack_width<kAccess, K>(p, C);
+            MS_UNROLL
+            for (int k = 0; k < K; ++k) {
+                if (k < width) sq = fmaf(cached[i][k] - m, cached[i][k] - m, sq);
+            }
+        }
+    }
+    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sq = fmaf(f[k] - m, f[k] - m, sq);
+    }
+    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
+    T* o = out + base;
+    MS_UNROLL
+    for (int i = 0; i < kCachedPacks; ++i) {
+        const int p = lane + 32 * i;
+        if (p < packs) {
+            load_floats<kAccess>(w, weight, p, C);
+            load_floats<kAccess>(bi, bias, p, C);
+            const int width = pack_width<kAccess, K>(p, C);
+            MS_UNROLL
+            for (int k = 0; k < K; ++k) {
+                if (k < width) f[k] = fmaf((cached[i][k] - m) * s, w[k], bi[k]);
+            }
+            store_floats<kAccess>(o, p, C, f);
+        }
+    }
+    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        load_floats<kAccess>(w, weight, p, C);
+        load_floats<kAccess>(bi, bias, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) f[k] = fmaf((f[k] - m) * s, w[k], bi[k]);
         store_floats<kAccess>(o, p, C, f);
     }
     if (lane == 0) {
@@ -321,6 +496,28 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
     MS_CUDA_LAUNCH_CHECK();
 }
 
+template <class T>
+void layernorm_residual_forward(T* out, float* mean, float* rstd, T* res_out, const T* res_a, const T* res_b,
+                                const NoDeduce<T>* res_bias, const T* weight, const T* bias, int N, int C, float eps,
+                                cudaStream_t stream) {
+    MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
+    if (N == 0) return;
+    const int blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
+    if constexpr (sizeof(T) == 2) {
+        if (C % Pack<T>::kSize == 0 && pack_aligned({out, res_out, res_a, res_b, res_bias, weight, bias})) {
+            ms_launch(layernorm_residual_forward_kernel_16<Access::kPacked, T>, blocks, kBlockSize, 0, stream, out,
+                      mean, rstd, res_out, res_a, res_b, res_bias, weight, bias, N, C, eps);
+        } else {
+            ms_launch(layernorm_residual_forward_kernel_16<Access::kScalar, T>, blocks, kBlockSize, 0, stream, out,
+                      mean, rstd, res_out, res_a, res_b, res_bias, weight, bias, N, C, eps);
+        }
+    } else {
+        ms_launch(layernorm_residual_forward_kernel<T>, blocks, kBlockSize, 0, stream, out, mean, rstd, res_out, res_a,
+                  res_b, res_bias, weight, bias, N, C, eps);
+    }
+    MS_CUDA_LAUNCH_CHECK();
+}
+
 size_t layernorm_backward_scratch_floats(int N, int C) { return 2 * static_cast<size_t>(num_chunks(N)) * C; }
 
 template <class T>
@@ -381,6 +578,8 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
 #define MS_INSTANTIATE(T)                                                                                       \
     template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, float,       \
                                        cudaStream_t);                                                           \
+    template void layernorm_residual_forward<T>(T*, float*, float*, T*, const T*, const T*, const T*, const T*, \
+                                                const T*, int, int, float, cudaStream_t);                       \
     template void layernorm_backward<T>(T*, float*, float*, float*, const T*, const T*, const T*, const float*, \
                                         const float*, int, int, DinpWrite, cudaStream_t);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)

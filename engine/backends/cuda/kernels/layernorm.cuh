@@ -14,6 +14,14 @@ template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
                        float eps, cudaStream_t stream);
 
+// The residual add fused in front: res_out = res_a + (res_b + res_bias[c]) (res_bias (C) may be null), rounded
+// once to T, then layernorm_forward of res_out; bit-identical to residual_forward followed by layernorm_forward.
+// res_out may alias res_a, out may alias res_b.
+template <class T>
+void layernorm_residual_forward(T* out, float* mean, float* rstd, T* res_out, const T* res_a, const T* res_b,
+                                const NoDeduce<T>* res_bias, const T* weight, const T* bias, int N, int C, float eps,
+                                cudaStream_t stream);
+
 // Floats of scratch layernorm_backward needs (per-chunk partial sums of dweight and dbias); the caller owns it.
 size_t layernorm_backward_scratch_floats(int N, int C);
 
