@@ -14,7 +14,9 @@ does not depend on the data). Runs, one after another, each bounded by its share
   4. PyTorch bf16 autocast, torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
   5. PyTorch fp32 (TF32 off), the same;
   6. PyTorch with TF32 matmuls, the same.
-A PyTorch run whose compile fails is repeated in eager mode if time is left, and labelled so. Each is timed as the
+Then, with 40 s of a budget of 150 s or more kept for it, a 6-step bf16 run of ours under MS_PROFILE_OPS=1 (every op
+timed alone: engine/backends/profiling_backend.h), whose op table goes under the results: where a step goes, not a
+speed. A PyTorch run whose compile fails is repeated in eager mode if time is left, and labelled so. Each is timed as the
 median step after the first warm-up steps (3 for mindspeed-train, 3 for PyTorch: torch.compile happens there).
 
 MFU = model FLOPs per token (Megatron's formula, as the trainer's: 3 x forward, attention included) x tokens/s over
@@ -87,10 +89,10 @@ PRECISION = {"fp32": "fp32 (TF32 off)", "tf32": "fp32, TF32 GEMMs", "bf16": "bf1
 OURS_PRECISION = dict(PRECISION, bf16="bf16 mixed precision (fp32 master)")
 
 
-def mindspeed(binary, out, batch, steps, seconds, kind):
+def mindspeed(binary, out, batch, steps, seconds, kind, profile=False):
     """mindspeed-train on run.backend: cuda; kind tf32 sets MS_CUDA_TF32=1 (the CUDA backend's cuBLAS GEMMs), kind bf16
-    mixed_precision.dtype: bf16."""
-    label = "mindspeed-train" + ("" if kind == "fp32" else "-" + kind)
+    mixed_precision.dtype: bf16; profile sets MS_PROFILE_OPS=1 (every op timed alone: the op table, not a speed)."""
+    label = "mindspeed-train" + ("" if kind == "fp32" else "-" + kind) + ("-profile" if profile else "")
     run_dir = os.path.join(out, label + "-run")
     sets = {
         "run.backend": "cuda", "run.output_dir": run_dir, "data.source": "synthetic",
@@ -102,7 +104,7 @@ def mindspeed(binary, out, batch, steps, seconds, kind):
     cmd = [binary, "train", "--config", "configs/gpt2-124m.yaml"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    env = dict(os.environ, MS_CUDA_TF32="1" if kind == "tf32" else "0")
+    env = dict(os.environ, MS_CUDA_TF32="1" if kind == "tf32" else "0", MS_PROFILE_OPS="1" if profile else "0")
     rc, wall = run(cmd, os.path.join(out, label + ".log"), seconds, env=env)
     its, losses = [], []
     try:
@@ -167,11 +169,14 @@ def main():
             ("torch", "tf32")]
     weight = {"ours": 1.0, "torch": 2.0}
     ours_cap = {"bf16": 0.15, "fp32": 0.2, "tf32": 0.12}  # of --budget: 20 steps take ~5 s, start-up the rest
+    # the op profile's run (after the table: it measures no speed) keeps 40 s of a budget of 150 s or more
+    reserve = 40 if a.budget >= 150 else 0
+    left_jobs = lambda: left() - reserve  # noqa: E731
     done = {}
     for i, (who, kind) in enumerate(jobs):
-        share = left() * weight[who] / sum(weight[w] for w, _ in jobs[i:])
-        if share < 20 and left() >= 20:
-            share = left()
+        share = left_jobs() * weight[who] / sum(weight[w] for w, _ in jobs[i:])
+        if share < 20 and left_jobs() >= 20:
+            share = left_jobs()
         if share < 20:
             done[(who, kind)] = {"name": "mindspeed-train (run.backend: cuda)" if who == "ours" else "PyTorch",
                                  "kind": kind, "precision": (OURS_PRECISION if who == "ours" else PRECISION)[kind],
@@ -182,8 +187,8 @@ def main():
             done[(who, kind)] = mindspeed(a.binary, a.out, a.batch, a.steps, seconds, kind)
             continue
         row = torch_peer(a.python, a.out, a.batch, kind, share)
-        if row["ms_per_step"] is None and left() > 25:  # compile failed or was too slow: eager, if time allows
-            eager = torch_peer(a.python, a.out, a.batch, kind, min(left(), 40), compiled=False)
+        if row["ms_per_step"] is None and left_jobs() > 25:  # compile failed or was too slow: eager, if time allows
+            eager = torch_peer(a.python, a.out, a.batch, kind, min(left_jobs(), 40), compiled=False)
             eager["note"] = f"torch.compile: {row['note']}; eager instead"
             row = eager if eager["ms_per_step"] else row
         done[(who, kind)] = row
@@ -232,6 +237,16 @@ def main():
         if r.get("loss_first") is not None:
             lines.append(f"mindspeed-train {r['kind']} lm loss {r['loss_first']:.4f} -> {r['loss_last']:.4f} over "
                          f"{r['steps']} steps (synthetic data; a sanity check, not a result)")
+    # Where ours spends a bf16 step: a short run with MS_PROFILE_OPS=1 (last: it measures no speed), if time is left
+    if left() > 30:
+        prof = mindspeed(a.binary, a.out, a.batch, 6, min(left(), 60), "bf16", profile=True)
+        path = os.path.join(a.out, "mindspeed-train-bf16-profile-run", "op_profile_rank0.txt")
+        if os.path.exists(path):
+            with open(path) as f:
+                lines += ["", f"mindspeed-train bf16, micro-batch {a.batch}: where a step goes (MS_PROFILE_OPS=1)", "```"]
+                lines += [line.rstrip("\n") for line in f] + ["```"]
+        else:
+            lines.append(f"\n(no op profile: {prof.get('note') or 'op_profile_rank0.txt missing'})")
     if not peak:
         lines.append("\n!!! UNKNOWN DEVICE: add it to PEAKS (and engine/train/device_peak.cpp) to get MFU !!!")
     table = "\n".join(lines)
