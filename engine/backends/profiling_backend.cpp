@@ -23,6 +23,7 @@ const char* op_name(OpKind op) {
         case OpKind::kEmbeddingBackward:
             return "embedding backward";
         case OpKind::kLayerNormForward:
+        case OpKind::kLayerNormResidualForward:  // timed as layernorm forward with the kResidual flag
             return "layernorm forward";
         case OpKind::kLayerNormBackward:
             return "layernorm backward";
@@ -151,7 +152,8 @@ void ProfilingBackend::embedding_backward(const EmbeddingBackwardArgs& a) {
     timed({OpKind::kEmbeddingBackward, {a.dout.numel()}}, [&] { inner_->embedding_backward(a); });
 }
 void ProfilingBackend::layernorm_forward(const LayerNormForwardArgs& a) {
-    timed({OpKind::kLayerNormForward, {a.out.numel()}}, [&] { inner_->layernorm_forward(a); });
+    timed({OpKind::kLayerNormForward, {a.out.numel()}, flag(a.residual_out.defined(), kResidual)},
+          [&] { inner_->layernorm_forward(a); });
 }
 void ProfilingBackend::layernorm_backward(const LayerNormBackwardArgs& a) {
     timed({OpKind::kLayerNormBackward, {a.dout.numel()}, flag(a.accumulate == Accumulate::kAdd, kAdd)},
