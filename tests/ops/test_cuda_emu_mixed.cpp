@@ -297,7 +297,8 @@ Outs run_layernorm_residual(Backend& be, DType s, DType D, const LnResidualCase&
 }
 
 // C = 67: the scalar path of the 16-bit kernel; 256: packed, every value in registers; 1160: packed, and past the
-// values a lane keeps in registers for fp32 (1024) and 16-bit (1024), so the rest is re-read from residual_out.
+// columns a lane keeps in registers (768, kCached / kCachedPacks in layernorm.cu), so the rest is re-read from
+// residual_out.
 TEST(CudaEmuMixed, LayerNormResidualFusionIsTheTwoKernelsBitForBit) {
     auto cuda = make_cuda();
     for (DType D : {DType::kF32, DType::kBF16, DType::kF16}) {

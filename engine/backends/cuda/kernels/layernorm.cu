@@ -40,9 +40,11 @@ namespace {
 
 constexpr int kBlockSize = 256;  // 8 warps, one row each
 // Rounded residual sums a lane of layernorm_residual_forward keeps in registers: rows of C <= 32 * kCached (fp32)
-// or C <= 32 * 8 * kCachedPacks (bf16 / fp16), GPT-2 124M to 350M, never touch residual_out again.
-constexpr int kCached = 32;
-constexpr int kCachedPacks = 4;
+// or C <= 32 * 8 * kCachedPacks (bf16 / fp16), i.e. C <= 768 (GPT-2 124M), never re-read residual_out. Sized for
+// occupancy, by ptxas (sm_90): the fp32 kernel fits 64 registers (4 blocks of 256 per SM) under its launch bounds
+// with 24 (56 registers, no spills; 32 would need 92), the packed 16-bit kernel with 3 packs (61-62; 4 packs: 70).
+constexpr int kCached = 24;
+constexpr int kCachedPacks = 3;
 constexpr int kWarpsPerBlock = kBlockSize / 32;
 constexpr int kRowLanes = 8;  // threadIdx.y of the partial-sum kernel
 constexpr int kRowsPerChunk = 64;
@@ -86,10 +88,11 @@ __device__ __forceinline__ float residual_column(T* res_out, const T* a, const T
 // layernorm_forward_kernel on res_out = res_a + (res_b + res_bias), written first (one warp per row). res_out may
 // alias res_a and out may alias res_b, so none of the four is __restrict__.
 template <class T>
-__global__ void layernorm_residual_forward_kernel(T* out, float* __restrict__ mean, float* __restrict__ rstd,
-                                                  T* res_out, const T* res_a, const T* res_b,
-                                                  const T* __restrict__ res_bias, const T* __restrict__ weight,
-                                                  const T* __restrict__ bias, int N, int C, float eps) {
+__global__ void __launch_bounds__(kBlockSize, 4)
+    layernorm_residual_forward_kernel(T* out, float* __restrict__ mean, float* __restrict__ rstd, T* res_out,
+                                      const T* res_a, const T* res_b, const T* __restrict__ res_bias,
+                                      const T* __restrict__ weight, const T* __restrict__ bias, int N, int C,
+                                      float eps) {
     const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
