@@ -2,10 +2,11 @@
 // the backend dispatches to is what is measured), in fp32 and in bf16 (mixed precision: 16-bit activations, fp32
 // statistics, master weights and optimizer state):
 //   - achieved bandwidth of the memory-bound kernels (LayerNorm forward and backward, GELU forward and backward, the
-//     residual add, AdamW, the fp32 -> bf16 cast) as a percentage of a device-to-device copy's measured bandwidth, at
-//     two sizes: GPT-2 124M's step at micro-batch 4 (N = B*T = 4096 rows of C = 768: 6-25 MB tensors, where launch
-//     latency still shows) and N = 65536 rows (100-800 MB tensors: the bandwidth goal's size, >= 64 MB); bytes are the
-//     least each op must move (every input read once, every output written once), so 100% would be a copy's speed;
+//     residual add, the residual add fused into the LayerNorm beside the two ops, AdamW, the fp32 -> bf16 cast) as a
+//     percentage of a device-to-device copy's measured bandwidth, at two sizes: GPT-2 124M's step at micro-batch 4 (N =
+//     B*T = 4096 rows of C = 768: 6-25 MB tensors, where launch latency still shows) and N = 65536 rows (100-800 MB
+//     tensors: the bandwidth goal's size, >= 64 MB); bytes are the least each op must move (every input read once,
+//     every output written once), so 100% would be a copy's speed;
 //   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16 (bf16: the shipped
 //     mma.sync kernels of attention_tc.cu), and in bf16 the nvcuda::wmma alternative (bench/gpu/attention_wmma.cu)
 //     launched directly, for comparison.
@@ -169,6 +170,29 @@ int main() {
                        },
                        20, kInner),
                    3.0 * R * C * s);
+            // the same add fused into the LayerNorm that reads it (how the model runs ln_2 / ln_1 / ln_f): reads a, b;
+            // writes the sum and its normalisation, against the two ops above one after the other
+            ms::LayerNormForwardArgs lnr = ln;
+            lnr.inp = Tensor();
+            lnr.residual_a = Tensor(x, d, {R, C});
+            lnr.residual_b = Tensor(dy, d, {R, C});
+            lnr.residual_bias = Tensor(bias, d, {C});
+            lnr.residual_out = Tensor(dx, d, {R, C});
+            report("layernorm forward + residual (fused)," + at, d,
+                   time_ms(
+                       *be, [&] { be->layernorm_forward(lnr); }, 20, kInner),
+                   4.0 * R * C * s + 2.0 * R * 4);
+            report("residual, then layernorm forward (two ops)," + at, d,
+                   time_ms(
+                       *be,
+                       [&] {
+                           be->residual_forward({Tensor(x, d, {R * C}), Tensor(dy, d, {R * C}), Tensor(dx, d, {R * C}),
+                                                 Tensor(bias, d, {C})});
+                           be->layernorm_forward(
+                               {Tensor(dx, d, {R, C}), ln.weight, ln.bias, ln.out, ln.mean, ln.rstd, ln.eps});
+                       },
+                       20, kInner),
+                   4.0 * R * C * s + 2.0 * R * 4);
             for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
             for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
 
