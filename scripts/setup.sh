@@ -10,7 +10,8 @@ packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev libfmt-dev nlohmann-json3-dev
           libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
           python3 python3-numpy python3-torch libjemalloc2
-          clang libclang-rt-dev libomp-dev)  # scripts/test-sanitizers.sh: libFuzzer, sanitizer runtimes, OpenMP
+          clang libclang-rt-dev libomp-dev  # scripts/test-sanitizers.sh: libFuzzer, sanitizer runtimes, OpenMP
+          clang-format)                     # scripts/check-format.sh (Debian 12's is version 14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test.sh: set up, build, and run the whole ctest suite (labels unit, ops, model, e2e, parallel), then
+# test.sh: set up, build, check the formatting (scripts/check-format.sh), and run the whole ctest suite (labels unit,
+# ops, model, e2e, parallel), then
 # scripts/test-sanitizers.sh: unit and ops under ASan + UBSan, and each fuzz target for 20 s (label fuzz).
 #   scripts/test.sh [extra ctest arguments, e.g. -L ops]
 # Extra arguments go to the main suite's ctest and skip the sanitizer stage; MS_TEST_SANITIZERS=1 runs it anyway,
@@ -7,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
+scripts/check-format.sh  # STYLE.md: one .clang-format, checked here
 # Tests share 2 cores with each other's processes: threads that spin while waiting only steal time there.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 (cd build && ctest --output-on-failure --timeout 900 "$@")

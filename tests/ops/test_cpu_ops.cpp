@@ -328,7 +328,8 @@ MS_OP_TEST(OpExact, Residual, kExact, OpKind::kResidualForward) {
     for (int64_t i = 0; i < n; ++i) expected[i] = a[i] + b[i];
     for (OpMode mode : kModes) {
         std::vector<float> out(n);
-        make_cpu_backend(mode)->residual_forward({.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n}), .bias = {}});
+        make_cpu_backend(mode)->residual_forward(
+            {.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n}), .bias = {}});
         EXPECT_TRUE(bit_identical(out, expected)) << mode_name(mode);
     }
 }

@@ -212,7 +212,8 @@ MS_OP_TEST(Contract, ResidualAlias, kContract, OpKind::kResidualForward) {
         auto backend = make_cpu_backend(mode);
         std::vector<float> a = a0, out(n);
         backend->residual_forward({.a = view(a, {n}), .b = view(b, {n}), .out = view(out, {n}), .bias = {}});
-        backend->residual_forward({.a = view(a, {n}), .b = view(b, {n}), .out = view(a, {n}), .bias = {}});  // out aliases a
+        backend->residual_forward(
+            {.a = view(a, {n}), .b = view(b, {n}), .out = view(a, {n}), .bias = {}});  // out aliases a
         EXPECT_EQ(a, out) << mode_name(mode);
     }
 }

@@ -27,7 +27,6 @@ constexpr int64_t kB = 3, kT = 13, kN = 37, kC = 53, kNH = 3, kHS = 7, kVp = 67,
 constexpr DType kHalfTypes[] = {DType::kBF16, DType::kF16};
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-
 // The spacing of D's values at the magnitude x (fp16: subnormals below 2^-14).
 double ulp_at(double x, DType d) {
     const int mantissa_bits = d == DType::kBF16 ? 7 : d == DType::kF16 ? 10 : 23;

@@ -151,7 +151,8 @@ TEST(CudaEmuWmmaDeathTest, MisusesAbort) {
     EXPECT_DEATH(ms_launch(misaligned_load_kernel, dim3(1), dim3(32), 0, nullptr, static_cast<const float*>(tile)),
                  "256-bit aligned");
     float out[32];
-    EXPECT_DEATH(ms_launch(big_shared_kernel, dim3(1), dim3(32), size_t{64} << 10, nullptr, out), "cudaFuncSetAttribute");
+    EXPECT_DEATH(ms_launch(big_shared_kernel, dim3(1), dim3(32), size_t{64} << 10, nullptr, out),
+                 "cudaFuncSetAttribute");
     // with the opt-in, the same launch runs
     ASSERT_EQ(cudaFuncSetAttribute(big_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
               cudaSuccess);

@@ -9,7 +9,7 @@ namespace ms {
 namespace {
 
 class CpuBackend final : public Backend {
-public:
+  public:
     explicit CpuBackend(const BackendOptions& o) : mode_(o.mode) {
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
     }
@@ -37,7 +37,7 @@ public:
     void cast(const CastArgs& a) override { cpu::cast(a, mode_); }
     void zero(const Tensor& x) override { std::memset(x.data, 0, x.bytes()); }
 
-private:
+  private:
     OpMode mode_;
 };
 

@@ -47,11 +47,13 @@ std::string blas_kernel_name() { return openblas_get_corename(); }
 
 std::string blas_kernel_warning() {
     const std::string core = blas_kernel_name();
-    static constexpr std::array<const char*, 8> kGeneric = {"Prescott", "Core2",   "Penryn", "Dunnington",
+    static constexpr std::array<const char*, 8> kGeneric = {"Prescott", "Core2",  "Penryn", "Dunnington",
                                                             "Nehalem",  "Katmai", "Atom",   "Banias"};
     const bool generic = std::find(kGeneric.begin(), kGeneric.end(), core) != kGeneric.end();
     if (!generic) return "";
-    const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : "";
+    const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                           : "";
     if (!*better) return "";
     return fmt::format(
         "OpenBLAS chose its '{}' kernel but this CPU supports {}: GEMMs run several times slower than they can.\n"
