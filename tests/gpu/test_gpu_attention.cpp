@@ -23,6 +23,7 @@
 
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/attention_tc_check.h"
 #include "tests/ops/op_test_util.h"
 
 namespace ms::test {
@@ -79,38 +80,8 @@ std::vector<float> to_f(const std::vector<S>& v) {
     return out;
 }
 
-// Columns [part * C, (part + 1) * C) of every row of the (B * T, 3C) dqkv: dQ, dK or dV.
-std::vector<float> third(const std::vector<float>& dqkv, int64_t C, int part) {
-    std::vector<float> v;
-    for (size_t row = 0; row < dqkv.size() / (3 * C); ++row) {
-        const auto first = dqkv.begin() + static_cast<int64_t>(row) * 3 * C + part * C;
-        v.insert(v.end(), first, first + C);
-    }
-    return v;
-}
-
-// max |got - want| / max |want|; infinite when got has a NaN.
-double error_on_scale(const std::vector<float>& got, const std::vector<float>& want) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isnan(got[i])) return INFINITY;
-        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
-        ref = std::max(ref, std::fabs(static_cast<double>(want[i])));
-    }
-    return diff / std::max(ref, 1e-30);
-}
-
-void expect_close(const std::string& what, double err, double tol) {
-    if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-40s err %.2e (tol %.0e)\n", what.c_str(), err, tol);
-    EXPECT_LE(err, tol) << what;
-}
-
-struct Tolerances {
-    double out, lse, dq, dk, dv;
-};
-// As tests/ops/test_cuda_emu_attention_tc.cpp.
-constexpr Tolerances kBf16Tol{1.2e-2, 6e-7, 1.5e-2, 2.1e-2, 1.4e-2};
-constexpr Tolerances kFp16Tol{1.5e-3, 8e-7, 2.4e-3, 2.2e-3, 2.0e-3};
+constexpr const Tolerances& kBf16Tol = kAttentionTcBf16Tol;  // attention_tc_check.h: the emulation's
+constexpr const Tolerances& kFp16Tol = kAttentionTcFp16Tol;
 
 struct Shape {
     int B, T, NH, HS;
@@ -170,11 +141,15 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
         ASSERT_EQ(lse.size(), n_lse);
         if (run == 0) {
             const std::vector<float> got = to_f(dqkv);
-            expect_close(tag + "out", error_on_scale(to_f(out), out_want), tol.out);
+            expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
             expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
-            expect_close(tag + "dQ", error_on_scale(third(got, C, 0), third(dqkv_want, C, 0)), tol.dq);
-            expect_close(tag + "dK", error_on_scale(third(got, C, 1), third(dqkv_want, C, 1)), tol.dk);
-            expect_close(tag + "dV", error_on_scale(third(got, C, 2), third(dqkv_want, C, 2)), tol.dv);
+            for (int part = 0; part < 3; ++part) {  // dQ, dK, dV, each on its own scale
+                const std::vector<float> want = third(dqkv_want, C, part);
+                expect_close(tag + "d" + "QKV"[part], error_on_scale(third(got, C, part), want, want),
+                             part == 0   ? tol.dq
+                             : part == 1 ? tol.dk
+                                         : tol.dv);
+            }
             first_out = out;
             first_dqkv = dqkv;
             first_lse = lse;

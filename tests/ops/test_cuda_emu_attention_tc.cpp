@@ -34,6 +34,7 @@
 #include "engine/backends/cuda/kernels/attention.cuh"
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/attention_tc_check.h"
 #include "tests/ops/op_test_util.h"
 
 namespace ms::test {
@@ -78,36 +79,6 @@ class HalfBuf {
   private:
     std::vector<uint16_t> bits_;
     size_t n_;
-};
-
-// Columns [part * C, (part + 1) * C) of every row of the (B * T, 3C) dqkv: dQ, dK or dV.
-std::vector<float> third(const std::vector<float>& dqkv, int64_t C, int part) {
-    std::vector<float> v;
-    for (size_t row = 0; row < dqkv.size() / (3 * C); ++row) {
-        const auto first = dqkv.begin() + static_cast<int64_t>(row) * 3 * C + part * C;
-        v.insert(v.end(), first, first + C);
-    }
-    return v;
-}
-
-// max |got - want| / max |scale|; infinite when got has a NaN.
-double error_on_scale(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& scale) {
-    double diff = 0.0, ref = 0.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        if (std::isnan(got[i])) return INFINITY;
-        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
-    }
-    for (float x : scale) ref = std::max(ref, std::fabs(static_cast<double>(x)));
-    return diff / std::max(ref, 1e-30);
-}
-
-void expect_close(const std::string& what, double err, double tol) {
-    if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-40s err %.2e (tol %.0e)\n", what.c_str(), err, tol);
-    EXPECT_LE(err, tol) << what;
-}
-
-struct Tolerances {
-    double out, lse, dq, dk, dv;
 };
 
 template <class S>
@@ -198,8 +169,8 @@ void check_attention_tc(int HS, const Tolerances& tol) {
     }
 }
 
-constexpr Tolerances kBf16Tol{1.2e-2, 6e-7, 1.5e-2, 2.1e-2, 1.4e-2};
-constexpr Tolerances kFp16Tol{1.5e-3, 8e-7, 2.4e-3, 2.2e-3, 2.0e-3};
+constexpr const Tolerances& kBf16Tol = kAttentionTcBf16Tol;  // attention_tc_check.h
+constexpr const Tolerances& kFp16Tol = kAttentionTcFp16Tol;
 
 TEST(CudaEmuAttentionTc, Bf16HeadSize16) { check_attention_tc<bf16>(16, kBf16Tol); }
 TEST(CudaEmuAttentionTc, Bf16HeadSize32) { check_attention_tc<bf16>(32, kBf16Tol); }
