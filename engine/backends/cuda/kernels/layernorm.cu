@@ -10,14 +10,14 @@ Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd
           column adds the chunks in order. Atomics would be one pass, but their order, and so the bits, would vary.
 Residual fusion (layernorm_residual_forward): the residual stream's add in front of the forward, one kernel. Each
           row's warp computes r = a + (b + bias) in fp32 as residual.cu does, rounds it to T, writes it to
-          residual_out and normalises the rounded values with the forward's sums in the forward's order, so the
-          result is bit-identical to residual.cu's kernel followed by the forward. Each lane keeps its first
-          kCached columns (kCachedPacks packs) of rounded values in registers; a wider row re-reads the rest from
-          residual_out, which the same thread has just written (no barrier needed), so the bits are the same either
-          way. residual_out may alias a, and out may alias b: a row's a and b are read before the warp's shuffles,
-          its out written after them. Every forward kernel writes the variance's multiply-add and out's
-          ((x - mean) * rstd) * weight + bias as explicit fmaf, as nvcc contracts them anyway, so that the host
-          compiler of the CPU emulation cannot contract them in one kernel and not in its fused twin.
+          residual_out and sums it in the forward's order; the forward's other passes (normalise_row) then re-read
+          the row from residual_out, which the same lanes have just written (no barrier needed; L1/L2-resident), so
+          the result is bit-identical to residual.cu's kernel followed by the forward, and the second kernel's read of
+          the row from memory is saved. residual_out may alias a, and out may alias b: a lane reads its columns
+          of a and b before the warp's shuffles and writes the same columns of out after them. Every forward kernel
+          writes the variance's multiply-add and out's ((x - mean) * rstd) * weight + bias as explicit fmaf, as
+          nvcc contracts them anyway, so that the host compiler of the CPU emulation cannot contract them in one
+          kernel and not in the other.
 Accumulation contract: dinp per DinpWrite (kAdd: it feeds the residual stream); dweight and dbias +=.
 bf16 / fp16 (the *_16 kernels): lane l of a row's warp owns the packs p = l, l + 32, ... of 8 columns [8p, 8p + 8)
 and sums its elements in that order, read as one 16-byte load per pack (Access::kPacked: C % 8 == 0 and 16-byte
@@ -29,28 +29,36 @@ partial sums of dweight and dbias take 8 columns per thread, each column's rows 
 #include "engine/backends/cuda/kernels/layernorm.cuh"
 #include "engine/backends/cuda/pack.cuh"
 
-#if defined(__CUDACC__)
-#define MS_UNROLL _Pragma("unroll")
-#else
-#define MS_UNROLL
-#endif
-
 namespace ms::cuda {
 namespace {
 
 constexpr int kBlockSize = 256;  // 8 warps, one row each
-// Rounded residual sums a lane of layernorm_residual_forward keeps in registers: rows of C <= 32 * kCached (fp32)
-// or C <= 32 * 8 * kCachedPacks (bf16 / fp16), i.e. C <= 768 (GPT-2 124M), never re-read residual_out. Sized for
-// occupancy, by ptxas (sm_90): the fp32 kernel fits 64 registers (4 blocks of 256 per SM) under its launch bounds
-// with 24 (56 registers, no spills; 32 would need 92), the packed 16-bit kernel with 3 packs (61-62; 4 packs: 70).
-constexpr int kCached = 24;
-constexpr int kCachedPacks = 3;
 constexpr int kWarpsPerBlock = kBlockSize / 32;
 constexpr int kRowLanes = 8;  // threadIdx.y of the partial-sum kernel
 constexpr int kRowsPerChunk = 64;
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
+
+// The forward after its first pass: m = sum / C, the variance of the row x around m, rstd, and out (row pointer o);
+// lane 0 saves mean and rstd. x is re-read (the lane's own columns, L1/L2-resident), so the fused kernel below,
+// which summed values it had just written, normalises them exactly as the plain forward does.
+template <class T>
+__device__ __forceinline__ void normalise_row(T* o, float* mean, float* rstd, const T* x, const T* weight,
+                                              const T* bias, float sum, int row, int C, float eps) {
+    const int lane = threadIdx.x % 32;
+    const float m = warp_reduce_sum(sum) / C;
+    float sq = 0.0f;
+    for (int c = lane; c < C; c += 32) sq = fmaf(to_float(x[c]) - m, to_float(x[c]) - m, sq);
+    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
+    for (int c = lane; c < C; c += 32) {
+        o[c] = from_float<T>(fmaf((to_float(x[c]) - m) * s, to_float(weight[c]), to_float(bias[c])));
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
 
 template <class T>
 __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
@@ -62,76 +70,31 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
     const T* x = inp + static_cast<int64_t>(row) * C;
     float sum = 0.0f;
     for (int c = lane; c < C; c += 32) sum += to_float(x[c]);
-    const float m = warp_reduce_sum(sum) / C;
-    float sq = 0.0f;
-    for (int c = lane; c < C; c += 32) sq = fmaf(to_float(x[c]) - m, to_float(x[c]) - m, sq);
-    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
-    T* o = out + static_cast<int64_t>(row) * C;
-    for (int c = lane; c < C; c += 32) {
-        o[c] = from_float<T>(fmaf((to_float(x[c]) - m) * s, to_float(weight[c]), to_float(bias[c])));
-    }
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
-    }
+    normalise_row(out + static_cast<int64_t>(row) * C, mean, rstd, x, weight, bias, sum, row, C, eps);
 }
 
-// r = a + (b + bias) of column c of a row, rounded to T and stored in res_out; returns the rounded value.
+// layernorm_forward_kernel on res_out = res_a + (res_b + res_bias) (residual.cu's arithmetic, each sum rounded to T),
+// written and summed in the first pass (one warp per row). res_out may alias res_a and out may alias res_b, so none
+// of the four is __restrict__.
 template <class T>
-__device__ __forceinline__ float residual_column(T* res_out, const T* a, const T* b, const T* res_bias, int c) {
-    const T r = from_float<T>(res_bias ? to_float(a[c]) + (to_float(b[c]) + to_float(res_bias[c]))
-                                       : to_float(a[c]) + to_float(b[c]));
-    res_out[c] = r;
-    return to_float(r);
-}
-
-// layernorm_forward_kernel on res_out = res_a + (res_b + res_bias), written first (one warp per row). res_out may
-// alias res_a and out may alias res_b, so none of the four is __restrict__.
-template <class T>
-__global__ void __launch_bounds__(kBlockSize, 4)
-    layernorm_residual_forward_kernel(T* out, float* __restrict__ mean, float* __restrict__ rstd, T* res_out,
-                                      const T* res_a, const T* res_b, const T* __restrict__ res_bias,
-                                      const T* __restrict__ weight, const T* __restrict__ bias, int N, int C,
-                                      float eps) {
+__global__ void layernorm_residual_forward_kernel(T* out, float* __restrict__ mean, float* __restrict__ rstd,
+                                                  T* res_out, const T* res_a, const T* res_b,
+                                                  const T* __restrict__ res_bias, const T* __restrict__ weight,
+                                                  const T* __restrict__ bias, int N, int C, float eps) {
     const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
     const int64_t base = static_cast<int64_t>(row) * C;
     T* x = res_out + base;
-    float cached[kCached];  // cached[i] = the rounded x[lane + 32 i]
+    const T *a = res_a + base, *b = res_b + base;
     float sum = 0.0f;
-    MS_UNROLL
-    for (int i = 0; i < kCached; ++i) {
-        const int c = lane + 32 * i;
-        if (c < C) {
-            cached[i] = residual_column(x, res_a + base, res_b + base, res_bias, c);
-            sum += cached[i];
-        }
+    for (int c = lane; c < C; c += 32) {
+        const T r = from_float<T>(res_bias ? to_float(a[c]) + (to_float(b[c]) + to_float(res_bias[c]))
+                                           : to_float(a[c]) + to_float(b[c]));
+        x[c] = r;
+        sum += to_float(r);
     }
-    for (int c = lane + 32 * kCached; c < C; c += 32) {
-        sum += residual_column(x, res_a + base, res_b + base, res_bias, c);
-    }
-    const float m = warp_reduce_sum(sum) / C;
-    float sq = 0.0f;
-    MS_UNROLL
-    for (int i = 0; i < kCached; ++i) {
-        if (lane + 32 * i < C) sq = fmaf(cached[i] - m, cached[i] - m, sq);
-    }
-    for (int c = lane + 32 * kCached; c < C; c += 32) sq = fmaf(to_float(x[c]) - m, to_float(x[c]) - m, sq);
-    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
-    T* o = out + base;
-    MS_UNROLL
-    for (int i = 0; i < kCached; ++i) {
-        const int c = lane + 32 * i;
-        if (c < C) o[c] = from_float<T>(fmaf((cached[i] - m) * s, to_float(weight[c]), to_float(bias[c])));
-    }
-    for (int c = lane + 32 * kCached; c < C; c += 32) {
-        o[c] = from_float<T>(fmaf((to_float(x[c]) - m) * s, to_float(weight[c]), to_float(bias[c])));
-    }
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
-    }
+    normalise_row(out + base, mean, rstd, x, weight, bias, sum, row, C, eps);
 }
 
 template <DinpWrite kWrite, class T>
@@ -235,22 +198,14 @@ __device__ __forceinline__ void store_floats(T* row, int p, int C, const float (
     }
 }
 
+// normalise_row for packs of K columns (lane l owns packs l, l + 32, ...).
 template <Access kAccess, class T>
-__global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                            const T* __restrict__ inp, const T* __restrict__ weight,
-                                            const T* __restrict__ bias, int N, int C, float eps) {
+__device__ __forceinline__ void normalise_row_16(T* o, float* mean, float* rstd, const T* x, const T* weight,
+                                                 const T* bias, float sum, int row, int C, float eps) {
     constexpr int K = Pack<T>::kSize;
-    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
     const int packs = (C + K - 1) / K;
-    const T* x = inp + static_cast<int64_t>(row) * C;
     float f[K], w[K], b[K];
-    float sum = 0.0f;
-    for (int p = lane; p < packs; p += 32) {
-        load_floats<kAccess>(f, x, p, C);
-        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sum += f[k];
-    }
     const float m = warp_reduce_sum(sum) / C;
     float sq = 0.0f;
     for (int p = lane; p < packs; p += 32) {
@@ -258,7 +213,6 @@ __global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restri
         for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sq = fmaf(f[k] - m, f[k] - m, sq);
     }
     const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
-    T* o = out + static_cast<int64_t>(row) * C;
     for (int p = lane; p < packs; p += 32) {
         load_floats<kAccess>(f, x, p, C);
         load_floats<kAccess>(w, weight, p, C);
@@ -272,25 +226,27 @@ __global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restri
     }
 }
 
-// r[k] = a + (b + bias) of the columns of pack p (k < pack_width), rounded to T and stored in res_out (row pointers
-// res_out, a, b; res_bias indexed by column, may be null). residual.cu's arithmetic, element by element.
-template <Access kAccess, class T, int K>
-__device__ __forceinline__ void residual_pack(float (&r)[K], T* res_out, const T* a, const T* b, const T* res_bias,
-                                              int p, int C) {
-    float fa[K], fb[K], fc[K] = {};
-    load_floats<kAccess>(fa, a, p, C);
-    load_floats<kAccess>(fb, b, p, C);
-    if (res_bias) load_floats<kAccess>(fc, res_bias, p, C);
-    const int width = pack_width<kAccess, K>(p, C);
-    MS_UNROLL
-    for (int k = 0; k < K; ++k) {
-        if (k < width) r[k] = to_float(from_float<T>(res_bias ? fa[k] + (fb[k] + fc[k]) : fa[k] + fb[k]));
+template <Access kAccess, class T>
+__global__ void layernorm_forward_kernel_16(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                            const T* __restrict__ inp, const T* __restrict__ weight,
+                                            const T* __restrict__ bias, int N, int C, float eps) {
+    constexpr int K = Pack<T>::kSize;
+    const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= N) return;  // the whole warp: the shuffles below stay full-warp
+    const int packs = (C + K - 1) / K;
+    const T* x = inp + static_cast<int64_t>(row) * C;
+    float f[K];
+    float sum = 0.0f;
+    for (int p = lane; p < packs; p += 32) {
+        load_floats<kAccess>(f, x, p, C);
+        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sum += f[k];
     }
-    store_floats<kAccess>(res_out, p, C, r);
+    normalise_row_16<kAccess>(out + static_cast<int64_t>(row) * C, mean, rstd, x, weight, bias, sum, row, C, eps);
 }
 
-// layernorm_forward_kernel_16 on res_out = res_a + (res_b + res_bias), written first; kPacked also needs res_a,
-// res_b, res_bias and res_out 16-byte aligned. Aliasing as layernorm_residual_forward_kernel.
+// layernorm_forward_kernel_16 on res_out = res_a + (res_b + res_bias), written and summed in the first pass; kPacked
+// also needs res_a, res_b, res_bias and res_out 16-byte aligned. Aliasing as layernorm_residual_forward_kernel.
 template <Access kAccess, class T>
 __global__ void layernorm_residual_forward_kernel_16(T* out, float* __restrict__ mean, float* __restrict__ rstd,
                                                      T* res_out, const T* res_a, const T* res_b,
@@ -303,71 +259,20 @@ __global__ void layernorm_residual_forward_kernel_16(T* out, float* __restrict__
     const int packs = (C + K - 1) / K;
     const int64_t base = static_cast<int64_t>(row) * C;
     T* x = res_out + base;
-    const T* a = res_a + base;
-    const T* b = res_b + base;
-    float cached[kCachedPacks][K];  // cached[i] = the rounded pack lane + 32 i of x
-    float f[K], w[K], bi[K];
+    float fa[K], fb[K], fc[K] = {}, r[K];
     float sum = 0.0f;
-    MS_UNROLL
-    for (int i = 0; i < kCachedPacks; ++i) {
-        const int p = lane + 32 * i;
-        if (p < packs) {
-            residual_pack<kAccess>(cached[i], x, a, b, res_bias, p, C);
-            const int width = pack_width<kAccess, K>(p, C);
-            MS_UNROLL
-            for (int k = 0; k < K; ++k) {
-                if (k < width) sum += cached[i][k];
-            }
+    for (int p = lane; p < packs; p += 32) {  // r = a + (b + bias), residual.cu's arithmetic, rounded to T
+        load_floats<kAccess>(fa, res_a + base, p, C);
+        load_floats<kAccess>(fb, res_b + base, p, C);
+        if (res_bias) load_floats<kAccess>(fc, res_bias, p, C);
+        const int width = pack_width<kAccess, K>(p, C);
+        for (int k = 0; k < width; ++k) {
+            r[k] = to_float(from_float<T>(res_bias ? fa[k] + (fb[k] + fc[k]) : fa[k] + fb[k]));
         }
+        store_floats<kAccess>(x, p, C, r);
+        for (int k = 0; k < width; ++k) sum += r[k];
     }
-    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
-        residual_pack<kAccess>(f, x, a, b, res_bias, p, C);
-        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sum += f[k];
-    }
-    const float m = warp_reduce_sum(sum) / C;
-    float sq = 0.0f;
-    MS_UNROLL
-    for (int i = 0; i < kCachedPacks; ++i) {
-        const int p = lane + 32 * i;
-        if (p < packs) {
-            const int width = pack_width<kAccess, K>(p, C);
-            MS_UNROLL
-            for (int k = 0; k < K; ++k) {
-                if (k < width) sq = fmaf(cached[i][k] - m, cached[i][k] - m, sq);
-            }
-        }
-    }
-    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
-        load_floats<kAccess>(f, x, p, C);
-        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) sq = fmaf(f[k] - m, f[k] - m, sq);
-    }
-    const float s = rsqrtf(warp_reduce_sum(sq) / C + eps);
-    T* o = out + base;
-    MS_UNROLL
-    for (int i = 0; i < kCachedPacks; ++i) {
-        const int p = lane + 32 * i;
-        if (p < packs) {
-            load_floats<kAccess>(w, weight, p, C);
-            load_floats<kAccess>(bi, bias, p, C);
-            const int width = pack_width<kAccess, K>(p, C);
-            MS_UNROLL
-            for (int k = 0; k < K; ++k) {
-                if (k < width) f[k] = fmaf((cached[i][k] - m) * s, w[k], bi[k]);
-            }
-            store_floats<kAccess>(o, p, C, f);
-        }
-    }
-    for (int p = lane + 32 * kCachedPacks; p < packs; p += 32) {
-        load_floats<kAccess>(f, x, p, C);
-        load_floats<kAccess>(w, weight, p, C);
-        load_floats<kAccess>(bi, bias, p, C);
-        for (int k = 0; k < pack_width<kAccess, K>(p, C); ++k) f[k] = fmaf((f[k] - m) * s, w[k], bi[k]);
-        store_floats<kAccess>(o, p, C, f);
-    }
-    if (lane == 0) {
-        mean[row] = m;
-        rstd[row] = s;
-    }
+    normalise_row_16<kAccess>(out + base, mean, rstd, x, weight, bias, sum, row, C, eps);
 }
 
 template <DinpWrite kWrite, Access kAccess, class T>
