@@ -600,13 +600,6 @@ void backward_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float
     MS_CUDA_LAUNCH_CHECK();
 }
 
-void check_tc(int B, int T, int NH, int HS, std::initializer_list<const void*> tensors) {
-    MS_ASSERT(B >= 0 && T >= 0 && NH > 0, "attention (tensor cores): B = %d, T = %d, NH = %d", B, T, NH);
-    MS_ASSERT(B <= 65535 && NH <= 65535, "attention (tensor cores): B = %d or NH = %d is over the grid's limit", B, NH);
-    MS_ASSERT(attention_tc_eligible(HS, tensors),
-              "attention (tensor cores): HS = %d must be 16, 32, 48 or 64 and every tensor 16-byte aligned", HS);
-}
-
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -614,35 +607,16 @@ void check_tc(int B, int T, int NH, int HS, std::initializer_list<const void*> t
 
 template <class S>
 void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
-    check_tc(B, T, NH, HS, {out, qkv});
-    if (B == 0 || T == 0) return;
-    switch (HS) {
-        case 16:
-            return forward_hs<S, 16>(out, lse, qkv, B, T, NH, stream);
-        case 32:
-            return forward_hs<S, 32>(out, lse, qkv, B, T, NH, stream);
-        case 48:
-            return forward_hs<S, 48>(out, lse, qkv, B, T, NH, stream);
-        default:
-            return forward_hs<S, 64>(out, lse, qkv, B, T, NH, stream);
-    }
+    launch_attention_tc("tensor cores", B, T, NH, HS, {out, qkv},
+                        [&](auto hs) { forward_hs<S, decltype(hs)::value>(out, lse, qkv, B, T, NH, stream); });
 }
 
 template <class S>
 void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
                            int HS, cudaStream_t stream) {
-    check_tc(B, T, NH, HS, {dqkv, dout, qkv, out});
-    if (B == 0 || T == 0) return;
-    switch (HS) {
-        case 16:
-            return backward_hs<S, 16>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        case 32:
-            return backward_hs<S, 32>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        case 48:
-            return backward_hs<S, 48>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-        default:
-            return backward_hs<S, 64>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
-    }
+    launch_attention_tc("tensor cores", B, T, NH, HS, {dqkv, dout, qkv, out}, [&](auto hs) {
+        backward_hs<S, decltype(hs)::value>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+    });
 }
 
 #define MS_INSTANTIATE(S)                                                                                      \

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "engine/backends/cuda/common.cuh"
 
@@ -21,6 +22,29 @@ inline bool attention_tc_eligible(int HS, std::initializer_list<const void*> ten
         if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
     }
     return true;
+}
+
+// For the launchers of tensor-core attention kernels (these and bench/gpu/attention_wmma.cu): checks the shape and
+// eligibility (`who` names the kernels in the message), then calls launch(std::integral_constant<int, HS>{}) with
+// HS as a constant the kernels are instantiated for, or nothing when B or T is 0.
+template <class Launch>
+void launch_attention_tc(const char* who, int B, int T, int NH, int HS, std::initializer_list<const void*> tensors,
+                         Launch&& launch) {
+    MS_ASSERT(B >= 0 && T >= 0 && NH > 0, "attention (%s): B = %d, T = %d, NH = %d", who, B, T, NH);
+    MS_ASSERT(B <= 65535 && NH <= 65535, "attention (%s): B = %d or NH = %d is over the grid's limit", who, B, NH);
+    MS_ASSERT(attention_tc_eligible(HS, tensors),
+              "attention (%s): HS = %d must be 16, 32, 48 or 64 and every tensor 16-byte aligned", who, HS);
+    if (B == 0 || T == 0) return;
+    switch (HS) {
+        case 16:
+            return launch(std::integral_constant<int, 16>{});
+        case 32:
+            return launch(std::integral_constant<int, 32>{});
+        case 48:
+            return launch(std::integral_constant<int, 48>{});
+        default:
+            return launch(std::integral_constant<int, 64>{});
+    }
 }
 
 // As attention_forward / attention_backward (attention.cuh), S = bf16 or fp16, HS and pointers as eligible above.
