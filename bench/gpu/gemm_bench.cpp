@@ -28,45 +28,36 @@ using ms::cuda::CublasGemm;
 using ms::cuda::DinpWrite;
 using ms::cuda::GemmPath;
 
-#define CHECK(x)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                        \
-        }                                                                        \
-    } while (0)
-
 // n device values of T, small and varied (products of these stay far from overflow in bf16)
 template <class T>
 T* device_values(size_t n, float scale) {
     std::vector<T> h(n);
     for (size_t i = 0; i < n; ++i) h[i] = ms::from_float<T>(scale * (static_cast<float>(i % 97) / 97.0f - 0.5f));
     T* p = nullptr;
-    CHECK(cudaMalloc(&p, n * sizeof(T)));
-    CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
+    MS_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     return p;
 }
 
 // median milliseconds of fn on `stream` over `repeats` runs, after 3 warm-ups (the first builds the plans)
 double time_ms(cudaStream_t stream, const std::function<void()>& fn, int repeats = 20) {
     cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
+    MS_CUDA_CHECK(cudaEventCreate(&a));
+    MS_CUDA_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; ++i) fn();
-    CHECK(cudaStreamSynchronize(stream));
+    MS_CUDA_CHECK(cudaStreamSynchronize(stream));
     std::vector<float> ms_each;
     for (int i = 0; i < repeats; ++i) {
-        CHECK(cudaEventRecord(a, stream));
+        MS_CUDA_CHECK(cudaEventRecord(a, stream));
         fn();
-        CHECK(cudaEventRecord(b, stream));
-        CHECK(cudaEventSynchronize(b));
+        MS_CUDA_CHECK(cudaEventRecord(b, stream));
+        MS_CUDA_CHECK(cudaEventSynchronize(b));
         float t = 0;
-        CHECK(cudaEventElapsedTime(&t, a, b));
+        MS_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
         ms_each.push_back(t);
     }
-    CHECK(cudaEventDestroy(a));
-    CHECK(cudaEventDestroy(b));
+    MS_CUDA_CHECK(cudaEventDestroy(a));
+    MS_CUDA_CHECK(cudaEventDestroy(b));
     std::sort(ms_each.begin(), ms_each.end());
     return ms_each[ms_each.size() / 2];
 }
@@ -88,9 +79,9 @@ int main() {
                             {"mlp.c_proj (gelu')", 3072, 768, true, Shape::kBackward},
                             {"lm head", 768, 50304, false, Shape::kNone}};
     cudaStream_t stream;
-    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaDeviceProp prop{};
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("gemm_bench on %s, bf16, N = %d: name | K x M | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s\n",
                 prop.name, N);
     for (GemmPath path : {GemmPath::kLt, GemmPath::kCublas}) {
@@ -122,11 +113,11 @@ int main() {
                             static_cast<void*>(out), static_cast<void*>(dout), static_cast<void*>(gelu_out),
                             static_cast<void*>(gelu_inp), static_cast<void*>(dinp), static_cast<void*>(dweight),
                             static_cast<void*>(dbias)}) {
-                if (p) CHECK(cudaFree(p));
+                if (p) MS_CUDA_CHECK(cudaFree(p));
             }
         }
-        CHECK(cudaStreamSynchronize(stream));
+        MS_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
-    CHECK(cudaStreamDestroy(stream));
+    MS_CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;
 }

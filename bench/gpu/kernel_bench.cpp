@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench/gpu/attention_wmma.h"
+#include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/cuda_backend.h"
 
 namespace {
@@ -32,21 +33,12 @@ namespace {
 using ms::DType;
 using ms::Tensor;
 
-#define CHECK(x)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            std::fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                        \
-        }                                                                        \
-    } while (0)
-
 float* device_floats(size_t n, float value) {
     float* p = nullptr;
-    CHECK(cudaMalloc(&p, n * sizeof(float)));
+    MS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(float)));
     std::vector<float> h(n);
     for (size_t i = 0; i < n; ++i) h[i] = value * (1.0f + static_cast<float>(i % 97) / 97.0f);
-    CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    MS_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     return p;
 }
 
@@ -55,10 +47,10 @@ void* device_values(ms::Backend& be, DType dtype, int64_t n, float value) {
     float* f = device_floats(static_cast<size_t>(n), value);
     if (dtype == DType::kF32) return f;
     void* p = nullptr;
-    CHECK(cudaMalloc(&p, static_cast<size_t>(n) * ms::dtype_size(dtype)));
+    MS_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(n) * ms::dtype_size(dtype)));
     be.cast({Tensor(f, DType::kF32, {n}), Tensor(p, dtype, {n})});
     be.synchronize();
-    CHECK(cudaFree(f));
+    MS_CUDA_CHECK(cudaFree(f));
     return p;
 }
 
@@ -66,24 +58,24 @@ void* device_values(ms::Backend& be, DType dtype, int64_t n, float value) {
 // synchronising the backend around each timing
 double time_ms(ms::Backend& be, const std::function<void()>& fn, int repeats = 20, int inner = 1) {
     cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
+    MS_CUDA_CHECK(cudaEventCreate(&a));
+    MS_CUDA_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; ++i) fn();
     be.synchronize();
     std::vector<float> t;
     for (int i = 0; i < repeats; ++i) {
-        CHECK(cudaDeviceSynchronize());
-        CHECK(cudaEventRecord(a));
+        MS_CUDA_CHECK(cudaDeviceSynchronize());
+        MS_CUDA_CHECK(cudaEventRecord(a));
         for (int j = 0; j < inner; ++j) fn();
         be.synchronize();
-        CHECK(cudaEventRecord(b));
-        CHECK(cudaEventSynchronize(b));
+        MS_CUDA_CHECK(cudaEventRecord(b));
+        MS_CUDA_CHECK(cudaEventSynchronize(b));
         float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
+        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
         t.push_back(ms / static_cast<float>(inner));
     }
-    CHECK(cudaEventDestroy(a));
-    CHECK(cudaEventDestroy(b));
+    MS_CUDA_CHECK(cudaEventDestroy(a));
+    MS_CUDA_CHECK(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }
@@ -94,7 +86,7 @@ const char* name_of(DType d) { return d == DType::kF32 ? "fp32" : d == DType::kB
 
 int main() {
     cudaDeviceProp prop{};
-    CHECK(cudaGetDeviceProperties(&prop, 0));
+    MS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s\n", prop.name);
     ms::BackendOptions o;
     o.kind = ms::BackendKind::kCUDA;
@@ -107,12 +99,12 @@ int main() {
     float* src = device_floats(copy_n, 1.0f);
     float* dst = device_floats(copy_n, 0.0f);
     const double copy_ms = time_ms(
-        *be, [&] { CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); }, 20, kInner);
+        *be, [&] { MS_CUDA_CHECK(cudaMemcpy(dst, src, copy_n * 4, cudaMemcpyDeviceToDevice)); }, 20, kInner);
     const double copy_gbs = 2.0 * copy_n * 4 / (copy_ms * 1e6);
     std::printf("%-46s | %-4s | %8.3f ms | %7.1f GB/s | (the 100%% of the rows below)\n", "copy (d2d, 64 MiB)", "-",
                 copy_ms, copy_gbs);
-    CHECK(cudaFree(src));
-    CHECK(cudaFree(dst));
+    MS_CUDA_CHECK(cudaFree(src));
+    MS_CUDA_CHECK(cudaFree(dst));
 
     auto report = [&](const std::string& name, DType d, double ms, double bytes) {
         const double gbs = bytes / (ms * 1e6);
@@ -193,8 +185,8 @@ int main() {
                        },
                        20, kInner),
                    4.0 * R * C * s + 2.0 * R * 4);
-            for (void* p : {x, y, dy, dx, w, bias}) CHECK(cudaFree(p));
-            for (float* p : {mean, rstd, dw, db}) CHECK(cudaFree(p));
+            for (void* p : {x, y, dy, dx, w, bias}) MS_CUDA_CHECK(cudaFree(p));
+            for (float* p : {mean, rstd, dw, db}) MS_CUDA_CHECK(cudaFree(p));
 
             // GELU over the MLP's (R, 4C)
             void* h = device_values(*be, d, R * H, 0.5f);
@@ -216,7 +208,7 @@ int main() {
                        },
                        20, kInner),
                    3.0 * R * H * s);
-            for (void* p : {h, hg, dh}) CHECK(cudaFree(p));
+            for (void* p : {h, hg, dh}) MS_CUDA_CHECK(cudaFree(p));
         }
     }
 
@@ -253,7 +245,7 @@ int main() {
                6.0 * P);
         for (void* q :
              {static_cast<void*>(p), static_cast<void*>(g), static_cast<void*>(m), static_cast<void*>(v), p16})
-            CHECK(cudaFree(q));
+            MS_CUDA_CHECK(cudaFree(q));
     }
 
     // attention: qkv (B, T, 3C), out (B, T, C), lse (B, NH, T) fp32
@@ -297,7 +289,7 @@ int main() {
                 ms::bench::attention_wmma_backward(static_cast<ms::bf16*>(dqkv), static_cast<const ms::bf16*>(dout),
                                                    qkv16, out16, lse, b4, t, nh, hs, nullptr);
             });
-            CHECK(cudaGetLastError());
+            MS_CUDA_CHECK(cudaGetLastError());
             std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s (causal FLOPs)\n", "attention wmma forward (bench)",
                         dn, wfwd_ms, fwd_flops / (wfwd_ms * 1e9));
             std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", "attention wmma backward (bench)", dn, wbwd_ms,
@@ -306,8 +298,8 @@ int main() {
                         wfwd_ms + wbwd_ms, (fwd_flops + bwd_flops) / ((wfwd_ms + wbwd_ms) * 1e9));
         }
         std::fflush(stdout);
-        for (void* p : {qkv, out, dout, dqkv}) CHECK(cudaFree(p));
-        CHECK(cudaFree(lse));
+        for (void* p : {qkv, out, dout, dqkv}) MS_CUDA_CHECK(cudaFree(p));
+        MS_CUDA_CHECK(cudaFree(lse));
     }
     return 0;
 }
