@@ -136,15 +136,16 @@ TEST(CheckpointResume, OneRankContinuesBitIdentically) {
 // trackers). fp16 starts at Megatron's 2^32 with a window of 2, so the 6 steps see overflows (skipped steps, the
 // scale halving) and growth, on both sides of the split. bf16 also runs tp2 x pp2 x dp2 ZeRO-1, whose 16-bit weights
 // come from a cast after the fp32 all-gather.
-struct MixedCase {
+// A run's name, its number of ranks and its --set flags (the parameters of the resume and reshard suites below).
+struct Layout {
     const char* name;
     int ranks;
     const char* sets;
 };
-class CheckpointResumeMixed : public ::testing::TestWithParam<MixedCase> {};
+class CheckpointResumeMixed : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(CheckpointResumeMixed, ContinuesBitIdentically) {
-    const MixedCase& c = GetParam();
+    const Layout& c = GetParam();
     const std::string sets = std::string(c.sets) + " --set mixed_precision.loss_scale_window=2";
     TempDir straight("ckpt_mixed_straight"), split("ckpt_mixed_split");
     const TrainRun s = train(c.ranks, straight.path(), 6, sets + " " + ckpt_sets(straight / "ckpt", ""));
@@ -180,11 +181,11 @@ TEST_P(CheckpointResumeMixed, ContinuesBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(
     Dtypes, CheckpointResumeMixed,
-    ::testing::Values(MixedCase{"bf16_one_rank", 1, "--set mixed_precision.dtype=bf16"},
-                      MixedCase{"fp16_one_rank", 1, "--set mixed_precision.dtype=fp16"},
-                      MixedCase{"bf16_tp2_pp2_dp2_zero1", 8,
-                                "--set mixed_precision.dtype=bf16 --set parallel.tensor_model_parallel_size=2 "
-                                "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+    ::testing::Values(Layout{"bf16_one_rank", 1, "--set mixed_precision.dtype=bf16"},
+                      Layout{"fp16_one_rank", 1, "--set mixed_precision.dtype=fp16"},
+                      Layout{"bf16_tp2_pp2_dp2_zero1", 8,
+                             "--set mixed_precision.dtype=bf16 --set parallel.tensor_model_parallel_size=2 "
+                             "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A model-only checkpoint (what `convert --from hf-gpt2` writes: no optim/ files) resumes the weights and starts
@@ -275,11 +276,6 @@ TEST(CheckpointResume, Tp2Pp2Dp2Zero1ContinuesBitIdentically) {
 constexpr double kLossTolerance = 2e-6;
 constexpr double kWeightTolerance = 3e-6;
 
-struct Layout {
-    const char* name;
-    int ranks;
-    const char* sets;
-};
 class CheckpointReshard : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(CheckpointReshard, NextTenLossesMatchTheUnreshardedRun) {
