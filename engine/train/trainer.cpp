@@ -22,6 +22,7 @@
 #include "comm/synchronizing_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
+#include "engine/backends/deferred_backend.h"
 #include "engine/backends/profiling_backend.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/core/log.h"
@@ -285,6 +286,12 @@ int run_train(const Config& cfg_in) {
     bo.local_rank = mpi.local_rank();
     std::unique_ptr<Backend> backend;
     on_every_rank_or_none(world, "start its backend", [&] { backend = make_backend(bo); });
+    if (const char* p = std::getenv("MS_DEFER_OPS"); p != nullptr && std::string_view(p) == "1") {
+        backend = std::make_unique<DeferredBackend>(std::move(backend));
+        log_info(
+            "MS_DEFER_OPS=1: ops run only when the host synchronizes (deferred_backend.h), so a missing "
+            "synchronization changes the results; a checking mode, not for speed");
+    }
     ProfilingBackend* profiler = nullptr;  // MS_PROFILE_OPS=1: every op timed alone (profiling_backend.h)
     if (const char* p = std::getenv("MS_PROFILE_OPS"); p != nullptr && std::string_view(p) == "1") {
         auto wrapped = std::make_unique<ProfilingBackend>(std::move(backend));
