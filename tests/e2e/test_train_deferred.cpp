@@ -7,13 +7,16 @@
 // gradient at once, where on a GPU it is a race that a kernel usually wins: deleting the synchronize() before the
 // model reads its cross-entropy statistics (gpt.cpp) makes every test here fail but the two with tp2, where the
 // tensor-parallel all-reduce just before it synchronizes.
-// Layouts: one rank in fp32, bf16 and fp16 (with Megatron's initial loss scale, so steps overflow and are skipped);
-// tp2 x pp2 x dp2 with ZeRO-1 and sequence parallelism in fp32 and in bf16 (every collective kind, pipeline sends
-// and receives, the optimizer's shards); interleaved pp2 x v2; a checkpoint saved and resumed under ZeRO-1.
+// Layouts: one rank in fp32 (with validation and the sample), bf16 and fp16 (with Megatron's initial loss scale, so
+// steps overflow and are skipped); tp2 x pp2 x dp2 with ZeRO-1 and sequence parallelism in fp32 (with validation) and
+// in bf16 (every collective kind, pipeline sends and receives, the optimizer's shards); interleaved pp2 x v2; an
+// injected NaN skipped under tp2 x dp2 (with validation and the sample); a checkpoint saved and resumed under ZeRO-1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,16 +33,28 @@ const std::string k3d =
     " --set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"
     " --set parallel.zero_stage=1 --set parallel.sequence_parallel=true";
 
-TrainRun run_tiny(int ranks, const std::string& sets, bool deferred) {
+TrainRun run_tiny(int ranks, const std::string& sets, bool deferred, const std::string& env = "") {
     ms::test::TrainCommand c;
     c.binary = MS_BINARY_PATH;
     c.config = MS_SOURCE_DIR "/tests/parallel/tiny.yaml";
     c.sets = kSets + " " + sets;
     c.ranks = ranks;
     c.launcher = "mpiexec --oversubscribe --allow-run-as-root";
-    c.env = std::string("OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive") + (deferred ? " MS_DEFER_OPS=1" : "");
+    c.env = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive " + env + (deferred ? " MS_DEFER_OPS=1" : "");
     c.timeout_s = 150;
     return ms::test::run_train(c);
+}
+
+// The validation-loss lines and the generated sample of a run's output.
+std::string validation_and_sample(const std::string& output) {
+    std::istringstream in(output);
+    std::string line, kept;
+    bool sample = false;
+    while (std::getline(in, line)) {
+        if (sample || line.find("validation loss at iteration") != std::string::npos) kept += line + "\n";
+        sample = line.rfind("sample (", 0) == 0;  // the sample is the line after this one
+    }
+    return kept;
 }
 
 // a and b hold the same bits (NaN and infinity included: an fp16 overflow's gradients).
@@ -51,9 +66,9 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
 // The same bits with and without deferral -- every step's loss and loss scale, every gradient after step 1, the
 // skipped-step count -- and the deferred run says it is one.
 void expect_deferral_changes_nothing(int ranks, const std::string& sets, const std::string& what,
-                                     int64_t* skipped = nullptr) {
-    const TrainRun eager = run_tiny(ranks, sets, false);
-    const TrainRun deferred = run_tiny(ranks, sets, true);
+                                     int64_t* skipped = nullptr, const std::string& env = "") {
+    const TrainRun eager = run_tiny(ranks, sets, false, env);
+    const TrainRun deferred = run_tiny(ranks, sets, true, env);
     EXPECT_NE(deferred.output.find("MS_DEFER_OPS=1: ops run only when the host synchronizes"), std::string::npos)
         << deferred.output;
     ASSERT_EQ(eager.losses.size(), static_cast<size_t>(kSteps)) << eager.output;
@@ -66,12 +81,23 @@ void expect_deferral_changes_nothing(int ranks, const std::string& sets, const s
         const auto it = deferred.grads.find(name);
         EXPECT_TRUE(it != deferred.grads.end() && same_bits(it->second, g)) << what << ": gradient of " << name;
     }
+    EXPECT_EQ(validation_and_sample(deferred.output), validation_and_sample(eager.output)) << what;
+    if (sets.find("sample_tokens") != std::string::npos) {  // both were there to compare
+        const std::string v = validation_and_sample(eager.output);
+        EXPECT_NE(v.find("validation loss at iteration 4"), std::string::npos) << eager.output;
+        // 2 validations and, without pipeline parallelism (the trainer samples from a whole model only), the sample
+        const bool pipeline = sets.find("pipeline_model_parallel_size") != std::string::npos;
+        EXPECT_EQ(std::count(v.begin(), v.end(), '\n'), pipeline ? 2 : 3) << v;
+    }
     std::printf("%s: deferred == eager over %d steps (%zu gradients), losses %.7f .. %.7f\n", what.c_str(), kSteps,
                 eager.grads.size(), eager.losses.front(), eager.losses.back());
     if (skipped != nullptr) *skipped = eager.skipped_iterations;
 }
 
-TEST(TrainDeferred, OneRankFp32) { expect_deferral_changes_nothing(1, "", "1 rank fp32"); }
+// With validation every 2 steps and the sample at the end (the forward without targets, logits read on the host).
+const std::string kEvalSample = " --set eval.eval_interval=2 --set eval.eval_iters=2 --set eval.sample_tokens=24";
+
+TEST(TrainDeferred, OneRankFp32) { expect_deferral_changes_nothing(1, kEvalSample, "1 rank fp32"); }
 
 TEST(TrainDeferred, OneRankBf16) {
     expect_deferral_changes_nothing(1, "--set mixed_precision.dtype=bf16", "1 rank bf16");
@@ -86,7 +112,7 @@ TEST(TrainDeferred, OneRankFp16WithSkippedSteps) {
 }
 
 TEST(TrainDeferred, Tp2Pp2Dp2Zero1SequenceParallel) {
-    expect_deferral_changes_nothing(8, k3d, "tp2 x pp2 x dp2 ZeRO-1 sp, fp32");
+    expect_deferral_changes_nothing(8, k3d + kEvalSample, "tp2 x pp2 x dp2 ZeRO-1 sp, fp32");
     EXPECT_NE(run_tiny(8, k3d, true).output.find("world size 8 = tp 2 x pp 2 x dp 2"), std::string::npos);
 }
 
@@ -100,6 +126,16 @@ TEST(TrainDeferred, InterleavedPp2V2) {
                                     "parallel.pipeline_schedule=interleaved_1f1b "
                                     "--set parallel.virtual_pipeline_model_parallel_size=2",
                                     "interleaved pp2 x v2");
+}
+
+// A NaN injected into rank 1's gradients at step 3 under reliability.nan_policy: skip (the host writes the gradient,
+// every rank skips the step): tp2 x dp2, with validation and the sample (its logits all-gathered over tp).
+TEST(TrainDeferred, InjectedNanSkippedTp2Dp2) {
+    int64_t skipped = 0;
+    expect_deferral_changes_nothing(
+        4, "--set parallel.tensor_model_parallel_size=2 --set reliability.nan_policy=skip" + kEvalSample,
+        "tp2 x dp2, NaN at step 3 skipped", &skipped, "MS_INJECT=nan@step=3,rank=1");
+    EXPECT_EQ(skipped, 1);
 }
 
 // Save after step 2 and resume to step 4, both deferred, under dp2 ZeRO-1 (the optimizer's shards are saved and
