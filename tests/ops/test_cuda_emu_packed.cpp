@@ -1,17 +1,20 @@
 // test_cuda_emu_packed.cpp: the 16-byte packed paths of the memory-bound kernels on bf16 / fp16 (layernorm.cu,
-// gelu.cu, residual.cu; engine/backends/cuda/pack.cuh) against their scalar paths, bit for bit, on the CPU
-// emulation. A kernel takes the packed path when its pointers are 16-byte aligned (and, for LayerNorm, C % 8 == 0;
-// for the residual's bias, M % 8 == 0); the same data one element past an aligned address takes the scalar path. Both
-// must store the same bits: each element's math is the same function, and LayerNorm sums its row in the same order
-// either way. test_cuda_emu_mixed.cpp compares the kernels with the CPU backend (at widths that are not multiples of
-// 8, so on the scalar paths); with this test, the packed paths inherit that comparison. Widths with more than 32
-// packs per row (every lane loops) and element counts with a scalar tail are included.
+// gelu.cu, residual.cu, cross_entropy.cu; engine/backends/cuda/pack.cuh) against their scalar paths, bit for bit (the
+// cross-entropy's exp-sum to a float rounding: its order differs), on the CPU emulation. A kernel takes the packed path
+// when its pointers are 16-byte aligned (and, for LayerNorm, C % 8 == 0; for the residual's bias, M % 8 == 0); the same
+// data one element past an aligned address takes the scalar path. Both must store the same bits: each element's math is
+// the same function, and LayerNorm sums its row in the same order either way. test_cuda_emu_mixed.cpp compares the
+// kernels with the CPU backend (at widths that are not multiples of 8, so on the scalar paths); with this test, the
+// packed paths inherit that comparison. Widths with more than 32 packs per row (every lane loops) and element counts
+// with a scalar tail are included.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "engine/backends/cuda/kernels/cross_entropy.cuh"
 #include "engine/backends/cuda/kernels/gelu.cuh"
 #include "engine/backends/cuda/kernels/layernorm.cuh"
 #include "engine/backends/cuda/kernels/residual.cuh"
@@ -127,6 +130,46 @@ TYPED_TEST(CudaEmuPacked, LayerNormForwardAndBackwardAreTheScalarPathsBits) {
         EXPECT_EQ(r[0].dw, r[1].dw) << "C = " << C;
         EXPECT_EQ(r[0].db, r[1].db) << "C = " << C;
     }
+}
+
+// A row takes the packed path when the logits are 16-byte aligned and Vp % 8 == 0 (every row then starts aligned).
+// Vp = 2112: 264 packs per row (every thread loops, some twice); valid = 2100 < Vp leaves a scalar tail of valid
+// columns and masked columns inside packs; targets include a masked column and one outside this shard.
+TYPED_TEST(CudaEmuPacked, CrossEntropyIsTheScalarPathsBits) {
+    using T = TypeParam;
+    const int N = 5, Vp = 2112, valid = 2100;
+    const int64_t vocab_start = 1000;
+    std::vector<int32_t> targets = {1000, 1000 + 2099, 1000 + 17, 1000 + 2105, 7};
+    struct Result {
+        std::vector<uint32_t> max, target_logit;
+        std::vector<float> sum;
+        std::vector<uint16_t> dlogits;
+    } r[2];
+    for (int aligned = 0; aligned < 2; ++aligned) {
+        Buf<T> logits(int64_t{N} * Vp, aligned, 1, -8.0f, 8.0f);
+        std::vector<float> max(N), sum(N), target_logit(N), dloss(N, 0.25f);
+        cuda::cross_entropy_forward(max.data(), sum.data(), target_logit.data(), logits.data(), targets.data(), N, Vp,
+                                    vocab_start, valid, cuda::CrossEntropyPhase::kMax, nullptr);
+        cuda::cross_entropy_forward(max.data(), sum.data(), target_logit.data(), logits.data(), targets.data(), N, Vp,
+                                    vocab_start, valid, cuda::CrossEntropyPhase::kSumExp, nullptr);
+        cuda::cross_entropy_backward(logits.data(), targets.data(), max.data(), sum.data(), dloss.data(), N, Vp,
+                                     vocab_start, valid, nullptr);
+        r[aligned] = {float_bits_of(max), float_bits_of(target_logit), sum, logits.bits()};
+    }
+    EXPECT_EQ(r[0].max, r[1].max);
+    EXPECT_EQ(r[0].target_logit, r[1].target_logit);
+    for (int n = 0; n < N; ++n) EXPECT_NEAR(r[1].sum[n], r[0].sum[n], 1e-6 * r[0].sum[n]) << "row " << n;
+    // dlogits: exp(x - max) * (dloss / sum): the sums' last-bit difference can move a 16-bit rounding by one ulp
+    size_t differ = 0;
+    for (size_t i = 0; i < r[0].dlogits.size(); ++i) {
+        const uint16_t a = r[0].dlogits[i], b = r[1].dlogits[i];
+        differ += a != b;
+        EXPECT_LE(a > b ? a - b : b - a, 1) << "dlogit " << i;
+        if (i % Vp >= static_cast<size_t>(valid)) {
+            EXPECT_EQ(b, 0u) << "masked dlogit " << i;
+        }
+    }
+    EXPECT_LE(differ, r[0].dlogits.size() / 100);
 }
 
 }  // namespace

@@ -9,9 +9,15 @@ one block of kBlockSize threads per row; each thread strides over the columns, t
 inside each warp, the warp results through shared memory, warp 0 combines them in warp order), so every run sums in the
 same order. The exp-sum is float per thread (Vp / 256 ~ 200 terms at GPT-2's 50k vocab) and float across the block tree;
 the CPU reference works in double. Logits are loaded as fp32, every statistic is fp32, and each dlogit is rounded once
-to T. Accumulation contract: row statistics are overwritten; the backward overwrites logits with dlogits.
+to T. bf16 / fp16: when every row starts 16-byte aligned (the base pointer aligned and Vp a multiple of 8, as the
+padded vocabulary is), a thread moves 8 columns per 16-byte pack (pack.cuh) and the columns past the last whole pack
+of the row one by one, so a 50k-column row of 2-byte logits is read with 16-byte loads (the kernels are bound by
+memory: at GPT-2 124M, micro-batch 16, the logits are 1.6 GB per pass); the max and every dlogit are the same bits
+either way, only the exp-sum's order differs. Accumulation contract: row statistics are overwritten; the backward
+overwrites logits with dlogits.
 */
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
+#include "engine/backends/cuda/pack.cuh"
 
 namespace ms::cuda {
 namespace {
@@ -44,11 +50,30 @@ __device__ __forceinline__ int target_column(int32_t target, int64_t vocab_start
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
+// f(j, x) for every column j < n of row l, x its logit as fp32: when `packed`, columns [0, n - n % K) by 16-byte packs
+// (pack p of the row to thread p % kBlockSize), the rest one per thread; otherwise one per thread throughout.
+template <class T, class F>
+__device__ __forceinline__ void for_each_column(const T* l, int n, bool packed, F&& f) {
+    int j0 = 0;
+    if constexpr (sizeof(T) == 2) {
+        constexpr int K = Pack<T>::kSize;
+        if (packed) {
+            j0 = n - n % K;
+            for (int j = threadIdx.x * K; j < j0; j += kBlockSize * K) {
+                const Pack<T> x = load_pack(l + j);
+                for (int k = 0; k < K; ++k) f(j + k, to_float(x.v[k]));
+            }
+        }
+    }
+    for (int j = j0 + threadIdx.x; j < n; j += kBlockSize) f(j, to_float(l[j]));
+}
+
 template <class T>
-__global__ void cross_entropy_max_kernel(float* __restrict__ row_max, const T* __restrict__ logits, int Vp, int valid) {
+__global__ void cross_entropy_max_kernel(float* __restrict__ row_max, const T* __restrict__ logits, int Vp, int valid,
+                                         bool packed) {
     const T* l = logits + static_cast<int64_t>(blockIdx.x) * Vp;
     float best = -INFINITY;
-    for (int j = threadIdx.x; j < valid; j += kBlockSize) best = fmaxf(best, to_float(l[j]));
+    for_each_column(l, valid, packed, [&](int, float x) { best = fmaxf(best, x); });
     best = block_reduce<Reduce::kMax>(best);
     if (threadIdx.x == 0) row_max[blockIdx.x] = best;
 }
@@ -56,13 +81,13 @@ __global__ void cross_entropy_max_kernel(float* __restrict__ row_max, const T* _
 template <class T>
 __global__ void cross_entropy_sum_exp_kernel(float* __restrict__ sum_exp, float* __restrict__ target_logit,
                                              const T* __restrict__ logits, const int32_t* __restrict__ targets,
-                                             const float* __restrict__ row_max, int Vp, int64_t vocab_start,
-                                             int valid) {
+                                             const float* __restrict__ row_max, int Vp, int64_t vocab_start, int valid,
+                                             bool packed) {
     const int n = blockIdx.x;
     const T* l = logits + static_cast<int64_t>(n) * Vp;
     const float max = row_max[n];
     float sum = 0.0f;
-    for (int j = threadIdx.x; j < valid; j += kBlockSize) sum += expf(to_float(l[j]) - max);
+    for_each_column(l, valid, packed, [&](int, float x) { sum += expf(x - max); });
     sum = block_reduce<Reduce::kSum>(sum);
     if (threadIdx.x == 0) {
         sum_exp[n] = sum;
@@ -74,16 +99,34 @@ __global__ void cross_entropy_sum_exp_kernel(float* __restrict__ sum_exp, float*
 template <class T>
 __global__ void cross_entropy_backward_kernel(T* __restrict__ logits, const int32_t* __restrict__ targets,
                                               const float* __restrict__ row_max, const float* __restrict__ sum_exp,
-                                              const float* __restrict__ dloss, int Vp, int64_t vocab_start, int valid) {
+                                              const float* __restrict__ dloss, int Vp, int64_t vocab_start, int valid,
+                                              bool packed) {
     const int n = blockIdx.x;
     T* l = logits + static_cast<int64_t>(n) * Vp;
     const float max = row_max[n], d = dloss[n];
     const float scale = d / sum_exp[n];
     const int tj = target_column(targets[n], vocab_start, valid);
-    for (int j = threadIdx.x; j < Vp; j += kBlockSize) {
-        // Each thread reads its element before it writes it, so the in-place update needs no barrier.
-        l[j] = from_float<T>(j < valid ? expf(to_float(l[j]) - max) * scale - (j == tj ? d : 0.0f) : 0.0f);
+    auto dlogit = [&](int j, float x) { return j < valid ? expf(x - max) * scale - (j == tj ? d : 0.0f) : 0.0f; };
+    // Each thread reads its elements before it writes them, so the in-place update needs no barrier.
+    int j0 = 0;
+    if constexpr (sizeof(T) == 2) {
+        constexpr int K = Pack<T>::kSize;
+        if (packed) {
+            j0 = Vp - Vp % K;
+            for (int j = threadIdx.x * K; j < j0; j += kBlockSize * K) {
+                Pack<T> x = load_pack(l + j);
+                for (int k = 0; k < K; ++k) x.v[k] = from_float<T>(dlogit(j + k, to_float(x.v[k])));
+                store_pack(l + j, x);
+            }
+        }
     }
+    for (int j = j0 + threadIdx.x; j < Vp; j += kBlockSize) l[j] = from_float<T>(dlogit(j, to_float(l[j])));
+}
+
+// Whether every row of an (N, Vp) T matrix at `logits` starts 16-byte aligned (the packed paths above).
+template <class T>
+bool rows_packed(const T* logits, int Vp) {
+    return sizeof(T) == 2 && pack_aligned({logits}) && (static_cast<int64_t>(Vp) * sizeof(T)) % 16 == 0;
 }
 
 void check_shape(int N, int Vp, int valid) {
@@ -103,11 +146,12 @@ void cross_entropy_forward(float* row_max, float* sum_exp, float* target_logit, 
                            cudaStream_t stream) {
     check_shape(N, Vp, valid);
     if (N == 0) return;
+    const bool packed = rows_packed(logits, Vp);
     if (phase == CrossEntropyPhase::kMax) {
-        ms_launch(cross_entropy_max_kernel<T>, N, kBlockSize, 0, stream, row_max, logits, Vp, valid);
+        ms_launch(cross_entropy_max_kernel<T>, N, kBlockSize, 0, stream, row_max, logits, Vp, valid, packed);
     } else {
         ms_launch(cross_entropy_sum_exp_kernel<T>, N, kBlockSize, 0, stream, sum_exp, target_logit, logits, targets,
-                  row_max, Vp, vocab_start, valid);
+                  row_max, Vp, vocab_start, valid, packed);
     }
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -118,7 +162,7 @@ void cross_entropy_backward(T* logits, const int32_t* targets, const float* row_
     check_shape(N, Vp, valid);
     if (N == 0) return;
     ms_launch(cross_entropy_backward_kernel<T>, N, kBlockSize, 0, stream, logits, targets, row_max, sum_exp, dloss, Vp,
-              vocab_start, valid);
+              vocab_start, valid, rows_packed(logits, Vp));
     MS_CUDA_LAUNCH_CHECK();
 }
 
