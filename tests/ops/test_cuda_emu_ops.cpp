@@ -110,15 +110,23 @@ struct EmbeddingCase {
 };
 
 TEST(CudaEmuKernels, EmbeddingMatchesTheCpuBitForBit) {
-    // 1100 local rows: two vocabulary slices of the backward, the second partial; C = 53 and 200: partial column
-    // blocks; 37 * 5 = 185 tokens: a partial chunk of staged tokens; tokens from other shards on both sides.
-    for (const EmbeddingCase& s : {EmbeddingCase{5, 37, 53, 1100, 0}, EmbeddingCase{3, 7, 200, 40, 30}}) {
+    // The backward's blocks own 64-row vocabulary slices and walk the tokens in rounds of 512. 1100 local rows: 18
+    // slices, the last partial; C = 53, 70 and 200: partial column blocks; 185 tokens: one partial round; 1200
+    // tokens: three rounds, the last partial, with half of them on five rows of the first slice and more on the rows
+    // either side of the slices' boundary at 64 (text is skewed so: frequent tokens share the low ids); tokens from
+    // other shards on both sides.
+    for (const EmbeddingCase& s :
+         {EmbeddingCase{5, 37, 53, 1100, 0}, EmbeddingCase{3, 7, 200, 40, 30}, EmbeddingCase{4, 300, 70, 700, 100}}) {
         const int N = s.B * s.T, C = s.C, V = s.V_local, T = s.T;
         SCOPED_TRACE(testing::Message() << "N " << N << " C " << C << " V_local " << V);
         // Few distinct ids so that rows repeat and their sums have many terms.
         auto tokens = random_ints(N, 1, 0, static_cast<int32_t>(s.vocab_start + V + 20));
-        if (V > 100) {
-            for (int n = 0; n < N; n += 3) tokens[n] = 1050 + n % 7;  // the second slice
+        if (V > 100 && N < 512) {
+            for (int n = 0; n < N; n += 3) tokens[n] = 1050 + n % 7;  // a later slice
+        }
+        if (N >= 512) {
+            for (int n = 0; n < N; n += 2) tokens[n] = static_cast<int32_t>(s.vocab_start) + n % 5;
+            for (int n = 1; n < N; n += 6) tokens[n] = static_cast<int32_t>(s.vocab_start) + 63 + n % 2;
         }
         auto table = random_floats(static_cast<size_t>(V) * C, 2), pos = random_floats(T * C, 3);
         auto dout = random_floats(N * C, 4);

@@ -7,10 +7,17 @@ fp16: out = table + pos summed in fp32 and rounded once; the gradients sum dout'
 Forward:  one thread per output element (grid-stride).
 Backward: no float atomics, and every element is summed in token order n = 0, 1, ... exactly as the CPU twin, so
           the result is bit-identical to it:
-          dtable: block (kCols threads = kCols columns) x (blockIdx.y = a slice of kRowsPerSlice vocabulary rows);
-                  the block stages the tokens through shared memory in chunks and each thread adds the dout
-                  columns of the tokens that fall in its slice, in order. Every block reads all N tokens, so the
-                  cost grows with V_local / kRowsPerSlice; a bucketed (sorted) variant is for the GPU-tuning session.
+          dtable: block (kCols threads = kCols columns) x (blockIdx.y = a slice of kSliceRows vocabulary rows). The
+                  block walks the tokens in rounds of kTokensPerThread * kCols; each round compacts the tokens that
+                  fall in its slice, in order (a block-wide prefix count: warp shuffles plus one value per warp), and
+                  every thread then adds their dout columns into the slice's accumulator in shared memory
+                  (kSliceRows x kCols fp32). A row's accumulator is loaded from dtable when the block first meets it
+                  and stored back at the end, so rows no token names are never touched, and each element is the
+                  CPU's sequence of += in token order. The cost per block is a read of the N tokens (from L2) plus
+                  its slice's tokens at shared-memory speed: a frequent token costs a shared-memory add per
+                  occurrence, not a dependent global read-modify-write as it did when the accumulator lived in
+                  dtable (text is skewed: GPT-2's most frequent tokens share the lowest ids, so one slice held a
+                  large share of the tokens and its blocks ran a chain of thousands of global round trips).
           dpos:   one thread per (t, c): the sum over b of dout[b * T + t, c], in b order.
 Accumulation contract: out is overwritten; dtable and dpos are += (rows of tokens not held here are not touched).
 */
@@ -20,8 +27,12 @@ namespace ms::cuda {
 namespace {
 
 constexpr int kBlockSize = 256;
-constexpr int kCols = 128;  // threads (columns) of a dtable block
-constexpr int kRowsPerSlice = 1024;
+constexpr int kCols = 128;           // threads (columns) of a dtable block
+constexpr int kSliceRows = 64;       // vocabulary rows of a dtable block: its accumulator is 32 KiB of shared memory
+constexpr int kTokensPerThread = 4;  // tokens a thread classifies per round (kRound consecutive tokens a round)
+constexpr int kRound = kTokensPerThread * kCols;
+constexpr int kColWarps = kCols / 32;
+static_assert(kSliceRows <= 64, "a thread tracks the rows it has loaded in one 64-bit mask");
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
@@ -45,30 +56,65 @@ template <class D>
 __global__ void embedding_backward_table_kernel(float* __restrict__ dtable, const int32_t* __restrict__ tokens,
                                                 const D* __restrict__ dout, int N, int C, int V_local,
                                                 int64_t vocab_start) {
-    __shared__ int s_rows[kCols];
+    __shared__ float s_acc[kSliceRows][kCols];  // the slice's rows, this block's columns
+    __shared__ int s_token[kRound];             // this round's tokens in the slice, in order: their n
+    __shared__ uint8_t s_row[kRound];           //   and their row in the slice
+    __shared__ int s_warp_total[kColWarps];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int c = blockIdx.x * kCols + threadIdx.x;
-    const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kRowsPerSlice;
-    const int64_t row1 = row0 + kRowsPerSlice < V_local ? row0 + kRowsPerSlice : V_local;
-    for (int n0 = 0; n0 < N; n0 += kCols) {
-        const int n = n0 + threadIdx.x;
-        // The local row of token n when it falls in this block's slice, else -1.
-        int row = -1;
-        if (n < N) {
-            const int64_t r = static_cast<int64_t>(tokens[n]) - vocab_start;
-            row = r >= row0 && r < row1 ? static_cast<int>(r) : -1;
-        }
-        s_rows[threadIdx.x] = row;
-        __syncthreads();
-        const int count = N - n0 < kCols ? N - n0 : kCols;
-        if (c < C) {
-            for (int k = 0; k < count; ++k) {
-                const int r = s_rows[k];
-                if (r >= 0) {
-                    dtable[static_cast<int64_t>(r) * C + c] += to_float(dout[static_cast<int64_t>(n0 + k) * C + c]);
-                }
+    const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kSliceRows;
+    const int rows = static_cast<int>(V_local - row0 < kSliceRows ? V_local - row0 : kSliceRows);
+    uint64_t loaded = 0;  // rows of s_acc holding their dtable value (the same in every thread with c < C)
+    for (int n0 = 0; n0 < N; n0 += kRound) {
+        // This thread's kTokensPerThread consecutive tokens: which fall in the slice, and where.
+        int row[kTokensPerThread], count = 0;
+        for (int k = 0; k < kTokensPerThread; ++k) {
+            const int n = n0 + threadIdx.x * kTokensPerThread + k;
+            row[k] = -1;
+            if (n < N) {
+                const int64_t r = static_cast<int64_t>(tokens[n]) - vocab_start - row0;
+                if (r >= 0 && r < rows) row[k] = static_cast<int>(r), ++count;
             }
         }
-        __syncthreads();  // the chunk is consumed before the next one overwrites it
+        // Exclusive prefix count over the block in thread order = token order.
+        int prefix = count;  // inclusive within the warp
+        for (int d = 1; d < 32; d *= 2) {
+            const int v = __shfl_up_sync(0xffffffffu, prefix, d);
+            if (lane >= d) prefix += v;
+        }
+        if (lane == 31) s_warp_total[warp] = prefix;
+        __syncthreads();
+        int total = 0;
+        for (int w = 0; w < kColWarps; ++w) {
+            if (w < warp) prefix += s_warp_total[w];
+            total += s_warp_total[w];
+        }
+        prefix -= count;
+        for (int k = 0; k < kTokensPerThread; ++k) {
+            if (row[k] >= 0) {
+                s_token[prefix] = n0 + threadIdx.x * kTokensPerThread + k;
+                s_row[prefix] = static_cast<uint8_t>(row[k]);
+                ++prefix;
+            }
+        }
+        __syncthreads();
+        if (c < C) {
+            for (int i = 0; i < total; ++i) {
+                const int r = s_row[i];
+                const float d = to_float(dout[static_cast<int64_t>(s_token[i]) * C + c]);
+                if (!(loaded >> r & 1u)) {
+                    s_acc[r][threadIdx.x] = dtable[(row0 + r) * C + c];
+                    loaded |= uint64_t{1} << r;
+                }
+                s_acc[r][threadIdx.x] += d;
+            }
+        }
+        __syncthreads();  // the round's lists and warp totals are consumed before the next round overwrites them
+    }
+    if (c < C) {
+        for (int r = 0; r < rows; ++r) {
+            if (loaded >> r & 1u) dtable[(row0 + r) * C + c] = s_acc[r][threadIdx.x];
+        }
     }
 }
 
@@ -109,9 +155,9 @@ void embedding_backward(float* dtable, float* dpos, const int32_t* tokens, const
     check_shape(N, C, V_local, T);
     if (N == 0) return;
     if (V_local > 0) {
-        const int64_t slices = ceil_div(V_local, kRowsPerSlice);
+        const int64_t slices = ceil_div(V_local, kSliceRows);
         MS_ASSERT(slices <= 65535, "embedding: V_local = %d rows make %lld slices of %d, over the grid's y limit",
-                  V_local, static_cast<long long>(slices), kRowsPerSlice);
+                  V_local, static_cast<long long>(slices), kSliceRows);
         const dim3 grid(static_cast<unsigned>(ceil_div(C, kCols)), static_cast<unsigned>(slices));
         ms_launch(embedding_backward_table_kernel<D>, grid, kCols, 0, stream, dtable, tokens, dout, N, C, V_local,
                   vocab_start);
