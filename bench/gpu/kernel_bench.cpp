@@ -9,7 +9,10 @@
 //     every output written once), so 100% would be a copy's speed;
 //   - causal attention forward + backward TFLOP/s at B=4, T=1024, NH=12, HS=64 in fp32 and bf16 (bf16: the shipped
 //     mma.sync kernels of attention_tc.cu), and in bf16 the nvcuda::wmma alternative (bench/gpu/attention_wmma.cu)
-//     launched directly, for comparison.
+//     launched directly, for comparison; and the tensor-core backward's two forms side by side, launched directly
+//     (attention_tc.cuh) at B = 4, 8, 16 (NH=12, T=1024, HS=64, bf16): split (a dQ kernel and a dK/dV kernel, 7
+//     products) and fused (one kernel, dQ added across key tiles in a fixed order through fp32 scratch, 5 products),
+//     both with the same FLOP count (5 products), so the TFLOP/s compare times.
 // Times are medians of cudaEvent-timed repeats after a warm-up; each repeat times `inner` back-to-back launches on
 // the stream (10 for the memory-bound rows, as in a training step, where nothing waits between kernels) and divides.
 // One line per row, "name | dtype | ms | GB/s | % of copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the
@@ -27,6 +30,7 @@
 #include "bench/gpu/attention_wmma.h"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/cuda_backend.h"
+#include "engine/backends/cuda/kernels/attention_tc.cuh"
 
 namespace {
 
@@ -299,6 +303,41 @@ int main() {
         }
         std::fflush(stdout);
         for (void* p : {qkv, out, dout, dqkv}) MS_CUDA_CHECK(cudaFree(p));
+        MS_CUDA_CHECK(cudaFree(lse));
+    }
+
+    // the tensor-core backward, split vs fused, on the default stream; tensors sized for the largest B, the smaller
+    // ones using their first rows
+    {
+        const int nh = static_cast<int>(NH), t = static_cast<int>(T), hs = static_cast<int>(C / NH), b_max = 16;
+        const int64_t n_max = int64_t{b_max} * T;
+        auto* qkv = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, n_max * 3 * C, 0.1f));
+        auto* out = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, n_max * C, 0.05f));
+        auto* dout = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, n_max * C, 0.01f));
+        auto* dqkv = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, n_max * 3 * C, 0.0f));
+        float* lse = device_floats(static_cast<size_t>(b_max * NH * T), 1.0f);
+        void* scratch = nullptr;
+        MS_CUDA_CHECK(cudaMalloc(&scratch, ms::cuda::attention_tc_backward_scratch_bytes(b_max, t, nh, hs)));
+        for (const int b : {4, 8, 16}) {
+            const double flops = 5 * (2.0 * b * NH * double(T) * T * hs) / 2;  // causal, 5 products
+            const std::string at = fmt::format(" (B{} T{} HS{})", b, t, hs);
+            for (const auto kind : {ms::cuda::AttentionTcBackward::kSplit, ms::cuda::AttentionTcBackward::kFused}) {
+                const bool fused = kind == ms::cuda::AttentionTcBackward::kFused;
+                const double ms = time_ms(*be, [&] {
+                    ms::cuda::attention_tc_backward(dqkv, dout, qkv, out, lse, fused ? scratch : nullptr, b, t, nh, hs,
+                                                    kind, nullptr);
+                });
+                MS_CUDA_CHECK(cudaGetLastError());
+                std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n",
+                            ((fused ? "attention tc backward fused" : "attention tc backward split") + at).c_str(),
+                            "bf16", ms, flops / (ms * 1e9));
+            }
+            std::fflush(stdout);
+        }
+        for (void* p : {static_cast<void*>(qkv), static_cast<void*>(out), static_cast<void*>(dout),
+                        static_cast<void*>(dqkv), scratch}) {
+            MS_CUDA_CHECK(cudaFree(p));
+        }
         MS_CUDA_CHECK(cudaFree(lse));
     }
     return 0;

@@ -2,9 +2,13 @@
 // mma.sync m16n8k16) on a real GPU against the CPU backend in OpMode::kReference: the GPU twin of
 // tests/ops/test_cuda_emu_attention_tc.cpp, which runs the same source on the CPU emulation at small T only.
 //
-// Per dtype (bf16, fp16) and (B, T, NH, HS) in (2, 9, 3, 16), (2, 70, 2, 32), (2, 130, 2, 64), (1, 1024, 2, 64):
+// Per dtype (bf16, fp16) and (B, T, NH, HS) in (2, 9, 3, 16), (2, 70, 2, 32), (2, 130, 2, 64), (1, 1024, 2, 64),
+// (4, 512, 12, 64):
 // forward out and lse, backward dQ, dK, dV (each on its own scale) with the CPU's out and lse as inputs, as scale-free
-// errors; outputs start as NaN (every element must be written); a second run gives the same bits (no atomics).
+// errors, for the split backward (two kernels) and the fused one (one kernel, dQ added across key tiles in a fixed
+// order through scratch), which may differ by one unit in the last place of dQ, dK or dV (the emulation test checks
+// dK and dV bit for bit, and dQ to one unit); outputs and scratch start as NaN (every element must be written, no
+// accumulator read before its first write); a second run gives the same bits (no order-dependent atomics).
 // Tolerances are the emulation test's (about 3x its measured errors), which a GPU should meet: a tensor core's
 // summation order and ex2.approx differ from the emulation's only in the last bits of fp32 values, far below the
 // rounding of P, dS and the outputs to 16 bits. Written without a GPU to run it on: MS_OP_TEST_VERBOSE=1 prints the
@@ -113,55 +117,69 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
                              .NH = NH});
     const std::vector<float> out_want = to_f(out_ref), dqkv_want = to_f(dqkv_ref);
 
-    DeviceBuf<S> d_qkv(n_qkv), d_dout(n_out), d_out_ref(n_out), d_out(n_out), d_dqkv(n_qkv);
+    DeviceBuf<S> d_qkv(n_qkv), d_dout(n_out), d_out_ref(n_out), d_out(n_out), d_dqkv(n_qkv), d_fused(n_qkv);
     DeviceBuf<float> d_lse_ref(n_lse), d_lse(n_lse);
-    ASSERT_TRUE(d_qkv.get() && d_dout.get() && d_out_ref.get() && d_out.get() && d_dqkv.get() && d_lse_ref.get() &&
-                d_lse.get());
+    DeviceBuf<unsigned char> d_scratch(cuda::attention_tc_backward_scratch_bytes(B, T, NH, HS));
+    ASSERT_TRUE(d_qkv.get() && d_dout.get() && d_out_ref.get() && d_out.get() && d_dqkv.get() && d_fused.get() &&
+                d_lse_ref.get() && d_lse.get() && d_scratch.get());
     MS_TEST_CUDA(d_qkv.upload(qkv));
     MS_TEST_CUDA(d_dout.upload(dout));
     MS_TEST_CUDA(d_out_ref.upload(out_ref));
     MS_TEST_CUDA(d_lse_ref.upload(lse_ref));
     ASSERT_TRUE(cuda::attention_tc_eligible(HS, {d_qkv.get(), d_dout.get(), d_out.get(), d_dqkv.get()}));
 
-    std::vector<S> first_out, first_dqkv;
+    std::vector<S> first_out, first_dqkv, first_fused;
     std::vector<float> first_lse;
     for (int run = 0; run < 2; ++run) {
         MS_TEST_CUDA(d_out.fill_nan());
         MS_TEST_CUDA(d_dqkv.fill_nan());
+        MS_TEST_CUDA(d_fused.fill_nan());
         MS_TEST_CUDA(d_lse.fill_nan());
+        MS_TEST_CUDA(d_scratch.fill_nan());
         cuda::attention_tc_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, HS, nullptr);
-        cuda::attention_tc_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(), B, T, NH,
-                                    HS, nullptr);
+        cuda::attention_tc_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(), nullptr,
+                                    B, T, NH, HS, cuda::AttentionTcBackward::kSplit, nullptr);
+        cuda::attention_tc_backward(d_fused.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(),
+                                    d_scratch.get(), B, T, NH, HS, cuda::AttentionTcBackward::kFused, nullptr);
         MS_TEST_CUDA(cudaDeviceSynchronize());
         MS_TEST_CUDA(cudaGetLastError());
-        const std::vector<S> out = d_out.download(), dqkv = d_dqkv.download();
+        const std::vector<S> out = d_out.download(), dqkv = d_dqkv.download(), fused = d_fused.download();
         const std::vector<float> lse = d_lse.download();
         ASSERT_EQ(out.size(), n_out);
         ASSERT_EQ(dqkv.size(), n_qkv);
+        ASSERT_EQ(fused.size(), n_qkv);
         ASSERT_EQ(lse.size(), n_lse);
         if (run == 0) {
-            const std::vector<float> got = to_f(dqkv);
+            const std::vector<float> got = to_f(dqkv), got_fused = to_f(fused);
             expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
             expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
             for (int part = 0; part < 3; ++part) {  // dQ, dK, dV, each on its own scale
-                const std::vector<float> want = third(dqkv_want, C, part);
-                expect_close(tag + "d" + "QKV"[part], error_on_scale(third(got, C, part), want, want),
-                             part == 0   ? tol.dq
-                             : part == 1 ? tol.dk
-                                         : tol.dv);
+                const std::vector<float> want = third(dqkv_want, C, part), split = third(got, C, part);
+                const double part_tol = part == 0 ? tol.dq : part == 1 ? tol.dk : tol.dv;
+                const std::string name = std::string("d") + "QKV"[part];
+                expect_close(tag + "split " + name, error_on_scale(split, want, want), part_tol);
+                expect_close(tag + "fused " + name, error_on_scale(third(got_fused, C, part), want, want), part_tol);
+                // one unit in the last place of S of the element, so of the largest (0 where bit-identical)
+                expect_close(tag + "fused " + name + " vs split",
+                             error_on_scale(third(got_fused, C, part), split, split),
+                             std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
             }
             first_out = out;
             first_dqkv = dqkv;
+            first_fused = fused;
             first_lse = lse;
         } else {
             EXPECT_TRUE(std::memcmp(out.data(), first_out.data(), n_out * sizeof(S)) == 0) << "out: two runs differ";
             EXPECT_TRUE(std::memcmp(dqkv.data(), first_dqkv.data(), n_qkv * sizeof(S)) == 0) << "dqkv: runs differ";
+            EXPECT_TRUE(std::memcmp(fused.data(), first_fused.data(), n_qkv * sizeof(S)) == 0)
+                << "fused dqkv: runs differ";
             EXPECT_TRUE(bit_identical(lse, first_lse)) << "lse: two runs differ";
         }
     }
 }
 
-constexpr Shape kShapes[] = {{2, 9, 3, 16}, {2, 70, 2, 32}, {2, 130, 2, 64}, {1, 1024, 2, 64}};
+// the last: 384 fused blocks at once, enough to fill a GPU, so blocks wait on one another while they run
+constexpr Shape kShapes[] = {{2, 9, 3, 16}, {2, 70, 2, 32}, {2, 130, 2, 64}, {1, 1024, 2, 64}, {4, 512, 12, 64}};
 
 TEST(GpuAttentionTc, Bf16MatchesTheCpuReference) {
     if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";

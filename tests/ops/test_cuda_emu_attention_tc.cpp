@@ -6,20 +6,26 @@
 // one mma tile; one partial tile; one partial 128-row forward / dQ tile over two key tiles, two 64-row dK/dV tiles; two
 // 128-row tiles, the second of 2 rows, walking up to three double-buffered key tiles) with B = 2, NH = 2: forward
 // out and lse, and backward dQ, dK, dV (each third of dqkv on its own scale) with the CPU's out and lse as the
-// backward's inputs, so the two are checked separately. Outputs start as NaN (every element must be written), guard
-// elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the dispatch
-// check below repeats both kernels too: the emulation is slow, and the whole file stays under 20 s). One case also
-// checks that attention_forward / attention_backward dispatch to these kernels, and to the scalar ones under
-// MS_CUDA_ATTENTION=scalar.
+// backward's inputs, so the two are checked separately; both backwards, split (dQ kernel, dK/dV kernel) and fused
+// (one kernel, dQ added across key tiles in a fixed order through scratch). The fused dK and dV must equal the split
+// ones bit for bit (same operations, same order); the fused dQ sums the same products in another order, so it must
+// be within one unit in the last place of S of the split dQ (measured: 0 up to T = 70, at most 4.4e-4 of dQ's scale
+// in bf16 and 7.7e-5 in fp16 at T = 130). Outputs start as NaN (every element must be written), the fused kernel's
+// scratch as NaN / -1 (its accumulator written before it is read, its semaphores zeroed by the launch), guard
+// elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the
+// dispatch check below repeats the kernels too: the emulation is slow, and the whole file stays under 30 s). One
+// case also checks that attention_forward / attention_backward dispatch to these kernels (the fused backward when
+// given scratch, the split one without), and to the scalar ones under MS_CUDA_ATTENTION=scalar. A death test checks
+// that the emulation catches a fused backward whose blocks wait on blocks that have not run.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
 // over all T and HS (values below, mma.sync kernels). The reference computes in double and rounds once; the kernels
 // round P (forward) and dS (backward) to the storage type before their mma, so the error is a few units in the last
 // place of the storage type: bf16 has 8 bits of mantissa, fp16 11, hence the ~8x between the two.
 // lse is fp32 from fp32 sums of exact bf16/fp16 products: float rounding only.
-//   measured, bf16: out 4.0e-3, lse 1.2e-7, dQ 5.0e-3, dK 6.9e-3, dV 4.6e-3
+//   measured, bf16: out 4.0e-3, lse 1.2e-7, dQ 5.0e-3, dK 6.9e-3, dV 4.6e-3 (split and fused alike)
 //   measured, fp16: out 5.0e-4, lse 2.5e-7, dQ 7.7e-4, dK 7.3e-4, dV 5.1e-4 (6.7e-4 at HS 32, which runs in bf16 only
-//   now, to keep the file under 20 s)
+//   now, to keep the file under 30 s)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,6 +35,7 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/backends/cuda/kernels/attention.cuh"
@@ -81,6 +88,29 @@ class HalfBuf {
     size_t n_;
 };
 
+// Scratch for the fused backward, 16-byte aligned, filled with 0xff bytes (NaN floats, -1 semaphores), so the kernel
+// must write its dQ accumulator before reading it and zero its semaphores itself; kGuard bytes past its end must stay
+// 0xff.
+class Scratch {
+  public:
+    static constexpr size_t kGuard = 64;
+    explicit Scratch(size_t bytes) : words_((bytes + kGuard + 15) / 16), bytes_(bytes) {
+        std::memset(words_.data(), 0xff, words_.size() * 16);
+    }
+    void* data() { return words_.data(); }
+    bool guard_intact() const {
+        const auto* p = reinterpret_cast<const unsigned char*>(words_.data());
+        return std::all_of(p + bytes_, p + bytes_ + kGuard, [](unsigned char c) { return c == 0xff; });
+    }
+
+  private:
+    struct alignas(16) Word {
+        unsigned char bytes[16];
+    };
+    std::vector<Word> words_;
+    size_t bytes_;
+};
+
 template <class S>
 void check_attention_tc(int HS, const Tolerances& tol) {
     const int B = 2, NH = 2, C = NH * HS;
@@ -106,44 +136,73 @@ void check_attention_tc(int HS, const Tolerances& tol) {
         const std::vector<float> dqkv_want = dqkv_ref.values();
         ASSERT_TRUE(cuda::attention_tc_eligible(HS, {qkv.data(), dout.data(), out_ref.data()}));
 
-        std::vector<float> first_out, first_lse, first_dqkv;
+        std::vector<float> first_out, first_lse, first_dqkv, first_fused;
         const int runs = T == 130 ? 2 : 1;  // the emulation is slow: one repeat (and the dispatch check at T 70)
         for (int run = 0; run < runs; ++run) {
-            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C);
+            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C), fused(size_t{1} * B * T * 3 * C);
             Guarded lse(int64_t{B} * NH * T, NAN);
+            Scratch scratch(cuda::attention_tc_backward_scratch_bytes(B, T, NH, HS));
             cuda::attention_tc_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
-            cuda::attention_tc_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T, NH,
-                                        HS, kStream);
-            EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dqkv.guards_intact()) << "a write outside";
-            const std::vector<float> got = dqkv.values();
+            cuda::attention_tc_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), nullptr,
+                                        B, T, NH, HS, cuda::AttentionTcBackward::kSplit, kStream);
+            cuda::attention_tc_backward(fused.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(),
+                                        scratch.data(), B, T, NH, HS, cuda::AttentionTcBackward::kFused, kStream);
+            EXPECT_TRUE(out.guards_intact() && lse.guards_intact() && dqkv.guards_intact() && fused.guards_intact() &&
+                        scratch.guard_intact())
+                << "a write outside";
+            const std::vector<float> got = dqkv.values(), got_fused = fused.values();
             if (run == 0) {
                 expect_close(tag + "out", max_rel_error(out.values(), out_ref.values()), tol.out);
                 expect_close(tag + "lse", max_rel_error(lse.values(), lse_ref.values()), tol.lse);
                 // With one key (T = 1) P = 1 and dS = dP - D = 0: dQ and dK are rounding noise around 0, measured
                 // on dV's scale.
                 const auto scale_of = [&](int part) { return third(dqkv_want, C, T == 1 ? 2 : part); };
-                expect_close(tag + "dQ", error_on_scale(third(got, C, 0), third(dqkv_want, C, 0), scale_of(0)), tol.dq);
-                expect_close(tag + "dK", error_on_scale(third(got, C, 1), third(dqkv_want, C, 1), scale_of(1)), tol.dk);
-                expect_close(tag + "dV", error_on_scale(third(got, C, 2), third(dqkv_want, C, 2), scale_of(2)), tol.dv);
+                for (const auto& [name, v] : {std::pair{"split ", &got}, std::pair{"fused ", &got_fused}}) {
+                    const std::string what = tag + name;
+                    expect_close(what + "dQ", error_on_scale(third(*v, C, 0), third(dqkv_want, C, 0), scale_of(0)),
+                                 tol.dq);
+                    expect_close(what + "dK", error_on_scale(third(*v, C, 1), third(dqkv_want, C, 1), scale_of(1)),
+                                 tol.dk);
+                    expect_close(what + "dV", error_on_scale(third(*v, C, 2), third(dqkv_want, C, 2), scale_of(2)),
+                                 tol.dv);
+                }
+                // the fused kernel computes dK and dV with the split dK/dV kernel's operations in its order; its dQ
+                // sums the same products in another order (per key tile, then over key tiles), so only close
+                EXPECT_TRUE(bit_identical(third(got_fused, C, 1), third(got, C, 1))) << "fused dK differs from split";
+                EXPECT_TRUE(bit_identical(third(got_fused, C, 2), third(got, C, 2))) << "fused dV differs from split";
+                // dQ rounded from two fp32 sums that differ in their last bits: at most one unit in the last place
+                // of S apart, 2^-7 (bf16) or 2^-10 (fp16) of the element, so of dQ's largest
+                const std::vector<float> dq_split = third(got, C, 0);
+                expect_close(tag + "fused dQ vs split", error_on_scale(third(got_fused, C, 0), dq_split, scale_of(0)),
+                             std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
                 first_out = out.values();
                 first_lse = lse.values();
                 first_dqkv = got;
+                first_fused = got_fused;
             } else {
                 EXPECT_TRUE(bit_identical(out.values(), first_out)) << "forward out: two runs differ";
                 EXPECT_TRUE(bit_identical(lse.values(), first_lse)) << "forward lse: two runs differ";
-                EXPECT_TRUE(bit_identical(got, first_dqkv)) << "backward dqkv: two runs differ";
+                EXPECT_TRUE(bit_identical(got, first_dqkv)) << "split backward dqkv: two runs differ";
+                EXPECT_TRUE(bit_identical(got_fused, first_fused)) << "fused backward dqkv: two runs differ";
             }
         }
 
         if (T == 70) {  // the generic launchers take this path for bf16 / fp16 with HS a multiple of 16
-            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C);
+            HalfBuf<S> out(size_t{1} * B * T * C), dqkv(size_t{1} * B * T * 3 * C), dqkv_f(size_t{1} * B * T * 3 * C);
             Guarded lse(int64_t{B} * NH * T, NAN);
+            const size_t bytes = cuda::attention_backward_scratch_bytes<S>(B, T, NH, HS);
+            EXPECT_EQ(bytes, cuda::attention_tc_backward_scratch_bytes(B, T, NH, HS)) << "fused is the default";
+            Scratch scratch(bytes);
             cuda::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
             cuda::attention_backward(dqkv.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T, NH, HS,
                                      kStream);
+            cuda::attention_backward(dqkv_f.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(),
+                                     scratch.data(), B, T, NH, HS, kStream);
             EXPECT_TRUE(bit_identical(out.values(), first_out)) << "attention_forward did not dispatch to tensor cores";
             EXPECT_TRUE(bit_identical(dqkv.values(), first_dqkv))
-                << "attention_backward did not dispatch to tensor cores";
+                << "attention_backward without scratch did not run the split tensor-core backward";
+            EXPECT_TRUE(bit_identical(dqkv_f.values(), first_fused))
+                << "attention_backward with scratch did not run the fused tensor-core backward";
 
             // MS_CUDA_ATTENTION=scalar: the same launchers run the scalar kernels (fp32 P and dS, other bits), which
             // still match the reference within the same tolerances
@@ -177,6 +236,23 @@ TEST(CudaEmuAttentionTc, Bf16HeadSize32) { check_attention_tc<bf16>(32, kBf16Tol
 TEST(CudaEmuAttentionTc, Bf16HeadSize64) { check_attention_tc<bf16>(64, kBf16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize16) { check_attention_tc<fp16>(16, kFp16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize64) { check_attention_tc<fp16>(64, kFp16Tol); }
+
+// The fused backward's blocks wait on one another in ticket order; taken in the reverse order, the first block
+// (key tile 0) waits for key tile 1's dQ share on query tile 1, which no block has added: the emulation must abort
+// (on a GPU such a kernel would hang or depend on the order blocks start in).
+TEST(CudaEmuAttentionTcDeathTest, MisorderedFusedBackwardAborts) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    const int B = 1, T = 130, NH = 1, HS = 16, C = NH * HS;
+    HalfBuf<bf16> qkv(random_floats(size_t{1} * B * T * 3 * C, 1, -2.0f, 2.0f)),
+        dout(random_floats(size_t{1} * B * T * C, 2)), out(random_floats(size_t{1} * B * T * C, 3)),
+        dqkv(size_t{1} * B * T * 3 * C);
+    std::vector<float> lse(size_t{1} * B * NH * T, 1.0f);
+    Scratch scratch(cuda::attention_tc_backward_scratch_bytes(B, T, NH, HS));
+    EXPECT_DEATH(
+        cuda::attention_tc_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T,
+                                    NH, HS, cuda::AttentionTcBackward::kFusedMisorderedForTest, kStream),
+        "waits for a flag to become 1, but it is 0");
+}
 
 TEST(CudaEmuAttentionTc, EligibilityFollowsHeadSizeAndAlignment) {
     alignas(16) static unsigned char buf[64];

@@ -115,4 +115,33 @@ __device__ __forceinline__ float warp_reduce_max(float v) {
     for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+
+// ----------------------------------------------------------------------------
+// ordered hand-off between blocks: block A's release_store(flag, n) after its writes; block B's one thread
+// wait_until_equal(flag, n), then a __syncthreads, then the block reads what A wrote (through L2: ld.global.cg).
+// A block may only wait on work whose owner started before it (a ticket from a global atomic counter, not
+// blockIdx: a GPU does not promise to start blocks in blockIdx order), or it can deadlock. The emulation runs blocks
+// one at a time, so there the wait checks the flag once and aborts if it does not hold yet (cuda_emu.h).
+
+// Spins until *flag == expected, with acquire loads (sm_70+).
+__device__ __forceinline__ void wait_until_equal(const int* flag, int expected) {
+#if defined(__CUDACC__)
+    int value;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(flag) : "memory");
+    } while (value != expected);
+#else
+    ::ms::cuda_emu::check_flag(flag, expected);
+#endif
+}
+
+// *flag = value with release semantics (sm_70+): whoever acquires it sees the writes the caller made before, and,
+// after a __syncthreads, those of its block.
+__device__ __forceinline__ void release_store(int* flag, int value) {
+#if defined(__CUDACC__)
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
+#else
+    *flag = value;
+#endif
+}
 #endif

@@ -510,8 +510,10 @@ void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
     check_d(a.out, D, "attention", "out");
     check_d(a.dqkv, D, "attention", "dqkv");
     dispatch(D, [&]<class T>(T) {
-        cuda::attention_backward(a.dqkv.as<T>(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(), a.lse.f32(), d.B, d.T,
-                                 d.NH, d.HS, stream_);
+        const size_t bytes = cuda::attention_backward_scratch_bytes<T>(d.B, d.T, d.NH, d.HS);
+        void* scratch = bytes > 0 ? attention_scratch_.reserve(bytes) : nullptr;
+        cuda::attention_backward(a.dqkv.as<T>(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(), a.lse.f32(), scratch,
+                                 d.B, d.T, d.NH, d.HS, stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
 }

@@ -27,9 +27,9 @@
 // so the host must synchronize() before it touches what an op reads or writes (backend.h); the emulation runs
 // them synchronously, but claims the same contract so that CI runs the synchronizing code paths too.
 //
-// Scratch (layernorm_backward's partial sums, sum_squares' chunk partials and its result) is owned here,
-// allocated on first use and grown only when a larger shape needs more; so a training loop allocates nothing
-// after its first step.
+// Scratch (layernorm_backward's partial sums, sum_squares' chunk partials and its result, the fused attention
+// backward's fp32 dQ and semaphores) is owned here, allocated on first use and grown only when a larger shape needs
+// more; so a training loop allocates nothing after its first step.
 #pragma once
 
 #include <cstddef>
@@ -103,6 +103,7 @@ class CudaBackend final : public Backend {
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
+    DeviceScratch attention_scratch_;    // (attention_backward_scratch_bytes) fused backward: fp32 dQ, semaphores
     // The matmuls on a GPU (cublas_gemm.h): the cuBLASLt handle, its workspace and the per-shape plan cache, with
     // the cuBLAS fallback. Null in the emulation, which has no cuBLAS; the deleter is a function pointer so that the
     // emulation build needs no CublasGemm destructor.

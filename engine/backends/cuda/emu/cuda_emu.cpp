@@ -324,4 +324,13 @@ uint64_t shuffle(unsigned mask, uint64_t bits, int src) {
 
 int lane_id() { return runner().current % 32; }
 
+void check_flag(const volatile int* flag, int expected) {
+    const int value = *flag;
+    MS_CHECK(value == expected,
+             "cuda_emu: block ({}, {}, {}) waits for a flag to become {}, but it is {}: blocks run one at a time here, "
+             "so no later block can set it (on a GPU this wait would depend on the order the hardware starts blocks "
+             "in, or deadlock)",
+             blockIdx.x, blockIdx.y, blockIdx.z, expected, value);
+}
+
 }  // namespace ms::cuda_emu

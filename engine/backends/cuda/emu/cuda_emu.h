@@ -22,6 +22,12 @@
 //   - atomicAdd (float, double, int, unsigned, unsigned long long), atomicMax (int), atomicCAS (int, unsigned):
 //     a plain read-modify-write, since fibers never interleave inside one. Their order is the fixed fiber order,
 //     so a kernel whose result depends on atomic order passes here and is still nondeterministic on a GPU.
+//   - __threadfence() (nothing to order: blocks run one at a time) and volatile loads. An ordered wait between
+//     blocks (common.cuh's wait_until_equal: block A spins until block B has stored a flag) cannot wait here: a
+//     block runs to its end before the next one starts, so a flag the waiting block does not already see would
+//     never change. check_flag aborts with a message instead, so a kernel that orders its blocks wrongly (one that
+//     would deadlock or depend on the hardware's dispatch order on a GPU) fails its test rather than hangs.
+//   - cudaMemsetAsync: an immediate memset, as every launch is synchronous.
 //   - math: __expf, __logf, __fdividef, rsqrtf (exact here, approximate on a GPU) and <cmath>'s float functions.
 //   - dynamic shared memory is 128-byte aligned; a launch asking for more than 48 KiB of it aborts unless
 //     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, n) allowed at least that much
@@ -72,6 +78,10 @@ inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline const char* cudaGetErrorString(cudaError_t) { return "no error"; }
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t = nullptr) {
+    if (bytes > 0) std::memset(p, value, bytes);
+    return cudaSuccess;
+}
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
 namespace ms::cuda_emu {
@@ -88,6 +98,9 @@ void syncwarp(unsigned mask);
 // returned.
 uint64_t shuffle(unsigned mask, uint64_t bits, int src);
 int lane_id();
+// An ordered wait (common.cuh's wait_until_equal) on *flag == expected: returns if it holds, aborts with a message
+// naming the block otherwise (no block that could still change the flag runs before this one ends).
+void check_flag(const volatile int* flag, int expected);
 
 // The launch: arguments are converted to the kernel's parameter types and stored once, as a launch copies them
 // to the device; every thread then gets its own by-value copy.
@@ -129,6 +142,7 @@ cudaError_t cudaFuncSetAttribute(void (*kernel)(KArgs...), cudaFuncAttribute att
 }
 
 inline void __syncthreads() { ms::cuda_emu::syncthreads(); }
+inline void __threadfence() {}
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ms::cuda_emu::syncwarp(mask); }
 
 // Segment-relative source lanes, as CUDA defines them for width < 32; -1 means "keep your own value".

@@ -20,7 +20,9 @@ attention_tc.cu, which compute the same equations with bf16 / fp16 mma operands 
 type before their products); fp32, and every other HS, run the scalar kernels below (fp32 math from shared memory:
 16 x 16 tiles, slow, the spec). MS_CUDA_ATTENTION=scalar sends bf16 / fp16 to the scalar kernels too: on a GPU, it
 tells a tensor-core kernel fault from one elsewhere without a rebuild (read at every launch; any other value, or
-none, keeps the dispatch above).
+none, keeps the dispatch above). The tensor-core backward is fused (one kernel, dQ added in a fixed order through
+scratch) when the caller passes scratch, split (two kernels, no scratch) otherwise or under MS_CUDA_ATTENTION_BWD=split
+(read once, at the first backward; =fused is the default, any other value aborts).
 Accumulation contract: out and lse are overwritten; dqkv is overwritten (every element of it, Q, K and V columns).
 */
 #include "engine/backends/cuda/kernels/attention.cuh"
@@ -247,6 +249,17 @@ bool tensor_cores_allowed() {
     return v == nullptr || std::strcmp(v, "scalar") != 0;
 }
 
+// The tensor-core backward given scratch: MS_CUDA_ATTENTION_BWD, read once (header).
+AttentionTcBackward tc_backward_kind() {
+    static const AttentionTcBackward kind = [] {
+        const char* v = std::getenv("MS_CUDA_ATTENTION_BWD");
+        if (v == nullptr || *v == '\0' || std::strcmp(v, "fused") == 0) return AttentionTcBackward::kFused;
+        MS_ASSERT(std::strcmp(v, "split") == 0, "MS_CUDA_ATTENTION_BWD=%s: expected split or fused", v);
+        return AttentionTcBackward::kSplit;
+    }();
+    return kind;
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
@@ -268,13 +281,33 @@ void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, i
 }
 
 template <class S>
+size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
+    if constexpr (std::is_same_v<S, float>) {
+        return 0;
+    } else {
+        if (!tensor_cores_allowed() || !attention_tc_eligible(HS, {}) ||
+            tc_backward_kind() == AttentionTcBackward::kSplit) {
+            return 0;
+        }
+        return attention_tc_backward_scratch_bytes(B, T, NH, HS);
+    }
+}
+
+template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
                         int HS, cudaStream_t stream) {
+    attention_backward(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, HS, stream);
+}
+
+template <class S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                        int T, int NH, int HS, cudaStream_t stream) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
         if (tensor_cores_allowed() && attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
-            return attention_tc_backward(dqkv, dout, qkv, out, lse, B, T, NH, HS, stream);
+            const AttentionTcBackward kind = scratch != nullptr ? tc_backward_kind() : AttentionTcBackward::kSplit;
+            return attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, kind, stream);
         }
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
@@ -287,10 +320,13 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
     MS_CUDA_LAUNCH_CHECK();
 }
 
-#define MS_INSTANTIATE(S)                                                                                   \
-    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);             \
-    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int, \
-                                        cudaStream_t);
+#define MS_INSTANTIATE(S)                                                                                          \
+    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);                    \
+    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int,        \
+                                        cudaStream_t);                                                             \
+    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
+                                        cudaStream_t);                                                             \
+    template size_t attention_backward_scratch_bytes<S>(int, int, int, int);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
 #undef MS_INSTANTIATE
 

@@ -13,9 +13,18 @@ inline constexpr int kAttentionMaxHS = 64;
 template <class S>
 void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
 
-// dqkv (B, T, 3*NH*HS) overwritten, the probabilities recomputed from lse; `out` is the forward's output.
+// dqkv (B, T, 3*NH*HS) overwritten, the probabilities recomputed from lse; `out` is the forward's output. scratch:
+// attention_backward_scratch_bytes<S>(B, T, NH, HS) bytes of device memory, 16-byte aligned (null when that is 0),
+// for the fused tensor-core backward (attention.cu's header says when it runs).
+template <class S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                        int T, int NH, int HS, cudaStream_t stream);
+// The same without scratch: the tensor-core path runs its split backward.
 template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
                         int HS, cudaStream_t stream);
+// The scratch attention_backward<S> may use at these sizes (0 when it runs no fused backward).
+template <class S>
+size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS);
 
 }  // namespace ms::cuda

@@ -16,7 +16,9 @@ tile in each lane and a row's columns in the 4 lanes of a quad, so a row max or 
 __shfl_xor_sync (1, 2); and the accumulator layout of two adjacent 8-column blocks, rounded and packed pairwise, is
 the A operand of the next product, so P and dS never leave registers (nor does O). exp is exp2f on scores pre-scaled
 by scale * log2(e). l sums the fp32 P (so lse is as exact as the fp32 kernels'); V is weighted by P rounded. out and
-dqkv are rounded once, on store.
+dqkv are rounded once, on store. The fused backward sums dQ per key tile in the mma's fp32 accumulators and across
+key tiles in an fp32 buffer (descending key tiles), the split one in one accumulator chain (ascending keys): the
+same products, so dQ differs between the two by at most one unit in the last place of S.
 
 Tiles: a block of kWarps = 4 warps owns 16 kMt rows per warp and walks kBc = 64-row tiles of the other side; kMt = 2
 m16 tiles per warp (128-row blocks, as FlashAttention-2) for the forward and dQ, so each B fragment a warp loads feeds
@@ -35,20 +37,49 @@ P^T dO, dS^T Q); A operands (Q, dO, K, V of the warp's own rows) once per block.
   dK/dV    (key tile): per 16-query block of each query tile from the diagonal on, the transposed products
            S^T = K Q^T and dP^T = V dO^T, so each warp's P^T / dS^T rows are its own keys and dV += P^T dO,
            dK += dS^T Q need nothing from other warps; lse and D of the query tile's rows go through shared memory.
-dQ and dK/dV are separate kernels that both recompute P: no atomics, every run gives the same bits.
+  fused    (key tile j; the default backward, one kernel, 5 products per tile pair where split does 7): the dK/dV
+           kernel's walk and steps (dkv_step, shared, so dK and dV are the split kernels' bits), plus per walked
+           query tile i the tile's share of dQ: dS^T, rounded to S as for dK, goes to shared memory (64 x 64, row
+           stride 72); after a __syncthreads warp w forms dQ rows 16w .. 16w + 15 of tile i as dS K_j over the 64
+           keys (A = dS by ldmatrix.x4.trans of dS^T, B = K by ldmatrix.x4.trans as in dQ: 32 fp32 registers at
+           HS 64, live only in this phase) and adds them to the fp32 dq_acc (B, NH, T, HS) in scratch.
+The split backward (dQ kernel, then dK/dV kernel; MS_CUDA_ATTENTION_BWD=split, attention.cu) has no cross-block
+traffic at all. The fused one keeps dQ deterministic by a fixed order of the adds, not atomics: query tile i gets
+key tiles i, i - 1, .., 0 (descending). The first (j = i, the diagonal) writes dq_acc without reading, the middle
+ones read, add, write (ld/st.global.cg: through L2, as L1 is not coherent across SMs), the last (j = 0) writes
+dQ * scale rounded once to S into dqkv (no conversion kernel; dQ rounded once, as split). A per-(b, h, query tile)
+int32 semaphore counts the adds: key tile j waits until it is i - j (one thread spins on ld.acquire.gpu just
+before the barrier that publishes dS^T, so the wait costs no extra barrier), adds, then __threadfence,
+__syncthreads, st.release.gpu of i - j + 1 (common.cuh's wait_until_equal / release_store). Each block walks its
+query tiles ascending, so key tile j + 1 added to tile i one walked tile before key tile j needs it: in steady
+state nothing waits. A GPU does not promise to start blocks in blockIdx order, so a block takes its work item from
+a ticket (atomicAdd on an int in scratch, as CUB's decoupled look-back): ticket t is key tile n - 1 - t / (B NH) of
+head t % (B NH) (n = ceil(T / 64) key tiles), so every block waits only on work whose ticket was taken earlier, by
+a block that is running or done: no deadlock whatever the dispatch order or occupancy. The ticket and the
+semaphores are zeroed by a cudaMemsetAsync on the stream at each launch. Costs: the longest walks (key tile 0) take
+the last tickets, so the grid ends on one full-length walk (the split dK/dV kernel runs them first); dq_acc moves
+2 x 4 HS bytes per query row and key tile (what FlashAttention-2's fp32 atomicAdd dQ moves too); 2 more barriers
+per walked tile than dK/dV. On the CPU emulation blocks run one at a time in blockIdx order (ticket = blockIdx.x
+there): a wait that does not already hold aborts with a message instead of hanging (cuda_emu.h), and a test takes
+the tickets in reverse to see it abort.
 Query tiles run longest first (blockIdx.x reversed) so the causal triangle's long rows do not finish last. Tiles
-and 16-row sub-blocks a warp's causal mask hides entirely are skipped; the mask is applied only on tiles that
-straddle the diagonal (and past T).
+and 16-row sub-blocks a warp's causal mask hides entirely are skipped (in the fused kernel their dS^T is stored as
+0, and the dQ product skips 16-key slices past the warp's queries); the mask is applied only on tiles that straddle
+the diagonal (and past T).
 Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row addresses hit distinct banks and stay
 16-byte aligned): forward 55296 (Q, 2 x K, V), dQ 73728 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
-dynamic (opted in past 48 KiB with cudaFuncSetAttribute).
-Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, no spills (with kMt = 1 everywhere: 125, 123,
-167). kMtForward / kMtDq are the knobs to compare on a GPU.
-Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp; its cp.async copies land only at the
-wait_group that covers them, so a missing wait shows); not run on a GPU (tests/gpu/test_gpu_attention.cpp is ready).
-Room left: HS 128, a fused dQ/dK/dV backward with a deterministic dQ reduction (the two backward kernels both
-recompute S and dP: 7 products where FlashAttention-2 does 5), wgmma (sm_90) instead of mma.sync. The former
-nvcuda::wmma version (scores through shared memory) is bench/gpu/attention_wmma.cu, for comparison in
+fused 65040 (dK/dV's, dS^T 9216, the ticket; 28176 / 40464 / 52752 at HS 16 / 32 / 48), dynamic (opted in past
+48 KiB with cudaFuncSetAttribute). Scratch (fused): B NH T HS fp32 + (1 + B NH ceil(T / 64)) int32.
+Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, fused 205 (fp16) / 207 (bf16), no spills (with
+kMt = 1 everywhere: 125, 123, 167). Fused at HS 16 / 32 / 48: 80-104 / 128 / 167-168, and at sm_80 86-205, no
+spills. kMtForward / kMtDq are the knobs to compare on a GPU.
+Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp: split and fused against the
+reference, fused dK / dV equal to split's bit for bit, fused dQ within one unit in the last place of split's; its
+cp.async copies land only at the wait_group that covers them, so a missing wait shows); not run on a GPU
+(tests/gpu/test_gpu_attention.cpp and gpu_kernel_bench's split vs fused rows are ready), so the fused kernel's
+speed and its inter-block waits on real hardware are unmeasured.
+Room left: HS 128, wgmma (sm_90) instead of mma.sync, a ticket order that starts the long key tiles earlier. The
+former nvcuda::wmma version (scores through shared memory) is bench/gpu/attention_wmma.cu, for comparison in
 gpu_kernel_bench.
 */
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
@@ -88,6 +119,9 @@ struct Smem {
     static constexpr size_t kForward = tile(owned_rows(kMtForward)) + 4 * kWalk;
     static constexpr size_t kBackwardDq = 2 * tile(owned_rows(kMtDq)) + 4 * kWalk;
     static constexpr size_t kBackwardDkv = 2 * tile(owned_rows(kMtDkv)) + 4 * kWalk + 2 * kBc * sizeof(float);
+    // the fused backward: the dK/dV kernel's, dS^T (owned_rows(kMtDkv) keys x kBc queries) and the work item
+    static constexpr int kLdDs = kBc + 8;
+    static constexpr size_t kBackwardFused = kBackwardDkv + size_t(owned_rows(kMtDkv)) * kLdDs * 2 + 16;
 };
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
@@ -465,6 +499,85 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// The per-key-tile backward's shared steps, for the dK/dV kernel and the fused kernel alike (so both compute dK and dV
+// with the same operations in the same order, and give the same bits).
+
+// lse (in units of log2) and D = dO . O of the walked tile's kBc rows from q0 into s_lse2, s_d, by quads (0 past T).
+template <class S, int HS>
+__device__ __forceinline__ void stage_lse_d(float* s_lse2, float* s_d, const S* s_do, const S* o_base, int64_t C,
+                                            const float* lse_row, int q0, int T) {
+    for (int row = threadIdx.x / 4; row < kBc; row += kThreads / 4) {
+        const int query = q0 + row;
+        const float D = quad_row_dot<S, HS>(s_do + row * Smem<HS>::kLd, o_base + static_cast<int64_t>(query) * C,
+                                            query < T, threadIdx.x % 4);
+        if (threadIdx.x % 4 == 0) {
+            s_d[row] = D;
+            s_lse2[row] = query < T ? lse_row[query] * kLog2e : 0.0f;
+        }
+    }
+}
+
+// One 16-query block jj of the walked Q, dO tile against the warp's 16 keys w0 .. w0 + 15: S^T = K Q^T,
+// dP^T = V dO^T, P^T and dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. dsa gets dS^T rounded to S (the A
+// fragment of the dK product: rows are the keys, columns the 16 queries).
+template <class S, int HS>
+__device__ __forceinline__ void dkv_step(float (&dk)[1][HS / 8][4], float (&dv)[1][HS / 8][4], uint32_t (&dsa)[1][4],
+                                         const uint32_t (&ka)[1][HS / 16][4], const uint32_t (&va)[1][HS / 16][4],
+                                         const S* s_q, const S* s_do, const float* s_lse2, const float* s_d, int jj,
+                                         int w0, int q0, int T, float scale_log2, int lane) {
+    constexpr int kLd = Smem<HS>::kLd;
+    const int g = lane >> 2, t = lane % 4;
+    float s[1][2][4], dp[1][2][4];
+    zero(s);
+    zero(dp);
+    mma_abt<S, HS, 1>(s, ka, s_q + 16 * jj * kLd, lane);    // S^T = K Q^T
+    mma_abt<S, HS, 1>(dp, va, s_do + 16 * jj * kLd, lane);  // dP^T = V dO^T
+    MS_UNROLL
+    for (int j = 0; j < 2; ++j) {
+        MS_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const int key = w0 + g + 8 * (i / 2), c = 16 * jj + 8 * j + 2 * t + i % 2, query = q0 + c;
+            const float p = key <= query && query < T ? exp2f(s[0][j][i] * scale_log2 - s_lse2[c]) : 0.0f;
+            s[0][j][i] = p;                            // P^T
+            dp[0][j][i] = p * (dp[0][j][i] - s_d[c]);  // dS^T
+        }
+    }
+    uint32_t pa[1][4];
+    to_a<S>(pa[0], s[0][0], s[0][1]);
+    mma_ab<S, HS, 1>(dv, pa, s_do + 16 * jj * kLd, lane);  // dV += P^T dO
+    to_a<S>(dsa[0], dp[0][0], dp[0][1]);
+    mma_ab<S, HS, 1>(dk, dsa, s_q + 16 * jj * kLd, lane);  // dK += dS^T Q
+}
+
+__device__ __forceinline__ void store_u32(void* p, uint32_t v) {
+#if defined(__CUDACC__)
+    *reinterpret_cast<uint32_t*>(p) = v;
+#else
+    std::memcpy(p, &v, 4);
+#endif
+}
+
+// dq_acc's two floats at p, read / written through L2 (ld.global.cg / st.global.cg): another block wrote them, and
+// L1 is not coherent across SMs.
+__device__ __forceinline__ void load_l2(const float* p, float& x, float& y) {
+#if defined(__CUDACC__)
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(p));
+    x = v.x;
+    y = v.y;
+#else
+    x = p[0];
+    y = p[1];
+#endif
+}
+__device__ __forceinline__ void store_l2(float* p, float x, float y) {
+#if defined(__CUDACC__)
+    __stcg(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+    p[0] = x;
+    p[1] = y;
+#endif
+}
+
 // dK and dV of one key tile: grid (key tiles of owned_rows(kMtDkv), NH, B), block kThreads; warp w owns keys
 // k0 + 16w .. + 15.
 template <class S, int HS>
@@ -476,7 +589,7 @@ __global__ void __launch_bounds__(kThreads)
     constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtDkv, kBr = owned_rows(kMt), kJ = kBc / 16;
     static_assert(kMt == 1, "one m16 tile of keys per warp");
     MS_TC_SHARED(smem);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     S* s_k = reinterpret_cast<S*>(smem);  // (kBr, kLd)
     S* s_v = reinterpret_cast<S*>(smem + L::tile(kBr));
     S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::tile(kBr));  // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
@@ -519,42 +632,160 @@ __global__ void __launch_bounds__(kThreads)
         }
         const S* s_q = s_qdo + buf * 2 * kBc * kLd;
         const S* s_do = s_q + kBc * kLd;
-        for (int row = threadIdx.x / 4; row < kBc; row += kThreads / 4) {  // lse and D of the tile's rows, by quads
-            const int query = q0 + row;
-            const float D = quad_row_dot<S, HS>(s_do + row * kLd, o_base + static_cast<int64_t>(query) * C, query < T,
-                                                threadIdx.x % 4);
-            if (threadIdx.x % 4 == 0) {
-                s_d[row] = D;
-                s_lse2[row] = query < T ? lse_row[query] * kLog2e : 0.0f;
-            }
-        }
+        stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
         __syncthreads();
         if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
 
         MS_UNROLL
         for (int jj = 0; jj < kJ; ++jj) {  // one 16-query block at a time, as in the dQ kernel
             if (q0 + 16 * jj + 15 < w0) continue;
-            float s[kMt][2][4], dp[kMt][2][4];
-            zero(s);
-            zero(dp);
-            mma_abt<S, HS, kMt>(s, ka, s_q + 16 * jj * kLd, lane);    // S^T = K Q^T
-            mma_abt<S, HS, kMt>(dp, va, s_do + 16 * jj * kLd, lane);  // dP^T = V dO^T
+            uint32_t dsa[kMt][4];
+            dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
+        }
+    }
+    S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
+    store_rows<S, HS>(dk_base, stride, w0, T, dk[0], dk_factor, lane);
+    store_rows<S, HS>(dk_base + C, stride, w0, T, dv[0], dv_factor, lane);
+}
+
+// The order in which the fused kernel's blocks take their work items (tickets).
+enum class WorkOrder : int {
+    kDependenciesFirst,  // per (b, h), key tile j + 1 before key tile j: a block only waits on earlier tickets
+    kReversed,           // key tile 0 first: waits on blocks that have not started (the emulation's death test)
+};
+
+// The fused backward of one key tile: dK and dV as the dK/dV kernel, and the tile's share of dQ, dS K_j for every
+// query tile i it visits, added to the fp32 dq_acc (B, NH, T, HS) after key tiles i, i - 1, .., j + 1 (semaphore i of
+// the head counts them); key tile 0 adds last and writes dQ, rounded once, into dqkv. 1-D grid of (key tiles) x NH x
+// B blocks of kThreads; sync[0] is the work ticket, sync[1 + (b NH + h) tiles + i] the semaphores (zero at launch).
+template <class S, int HS>
+__global__ void __launch_bounds__(kThreads)
+    attention_tc_backward_kernel(S* __restrict__ dqkv, float* __restrict__ dq_acc, int* __restrict__ sync,
+                                 const S* __restrict__ dout, const S* __restrict__ qkv, const S* __restrict__ out,
+                                 const float* __restrict__ lse, int B, int T, int NH, float scale, WorkOrder order) {
+    using L = Smem<HS>;
+    constexpr int kLd = L::kLd, kLdDs = L::kLdDs, kF = HS / 16, kMt = kMtDkv, kBr = owned_rows(kMt), kJ = kBc / 16;
+    static_assert(kMt == 1 && kBr == kBc,
+                  "key tiles as tall as query tiles: query tile i gets dQ from key tiles 0 .. i");
+    MS_TC_SHARED(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    S* s_k = reinterpret_cast<S*>(smem);  // (kBr, kLd)
+    S* s_v = reinterpret_cast<S*>(smem + L::tile(kBr));
+    S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::tile(kBr));  // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
+    float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::tile(kBr) + 4 * L::kWalk);  // (kBc): lse * log2(e)
+    float* s_d = s_lse2 + kBc;                                                         // (kBc): D
+    S* s_ds = reinterpret_cast<S*>(s_d + kBc);  // (kBr keys, kLdDs): dS^T of the walked tile, rounded to S
+    int* s_item = reinterpret_cast<int*>(s_ds + kBr * kLdDs);
+
+    // the work item: (b, h, key tile j), key tiles of each head from the last (shortest walk) to 0
+    if (threadIdx.x == 0) *s_item = atomicAdd(sync, 1);
+    __syncthreads();
+    const int tiles = (T + kBr - 1) / kBr, heads = B * NH, item = *s_item;
+    const int j = order == WorkOrder::kDependenciesFirst ? tiles - 1 - item / heads : item / heads;
+    const int bh = item % heads, b = bh / NH, h = bh % NH;
+    int* sems = sync + 1 + static_cast<int64_t>(bh) * tiles;       // (tiles): contributions added to query tile i
+    float* acc_base = dq_acc + static_cast<int64_t>(bh) * T * HS;  // (T, HS) fp32
+    const int k0 = j * kBr, w0 = k0 + 16 * warp;
+    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
+    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+    const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    S* dq_base = dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const float scale_log2 = scale * kLog2e;
+
+    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
+    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
+    cp_async_commit();
+    load_tile<S, HS, kBc>(s_qdo, q_base, k0, T, stride);
+    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, k0, T, C);
+    cp_async_commit();
+    cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
+    __syncthreads();
+    uint32_t ka[kMt][kF][4], va[kMt][kF][4];
+    load_a<S, HS, kMt>(ka, s_k + 16 * warp * kLd, lane);
+    load_a<S, HS, kMt>(va, s_v + 16 * warp * kLd, lane);
+
+    float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
+    zero(dk);
+    zero(dv);
+    for (int q0 = k0, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
+        cp_async_wait<0>();
+        __syncthreads();  // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
+        if (q0 + kBc < T) {
+            S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
+            load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
+            cp_async_commit();
+        }
+        const S* s_q = s_qdo + buf * 2 * kBc * kLd;
+        const S* s_do = s_q + kBc * kLd;
+        stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
+        __syncthreads();
+
+        MS_UNROLL
+        for (int jj = 0; jj < kJ; ++jj) {  // dK, dV as the dK/dV kernel; dS^T (0 where masked) into s_ds
+            uint32_t dsa[kMt][4] = {};
+            if (q0 + 16 * jj + 15 >= w0) {
+                dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
+            }
+            S* ds = s_ds + (16 * warp + g) * kLdDs + 16 * jj + 2 * t;  // the A fragment's layout (mma.cuh)
+            store_u32(ds, dsa[0][0]);
+            store_u32(ds + 8 * kLdDs, dsa[0][1]);
+            store_u32(ds + 8, dsa[0][2]);
+            store_u32(ds + 8 * kLdDs + 8, dsa[0][3]);
+        }
+        // query tile i's dQ has key tiles i .. j + 1 added (none for the diagonal tile, i = j); one wait per block,
+        // before the barrier that publishes dS^T, in steady state already satisfied (key tile j + 1 added its share
+        // one walked tile earlier)
+        const int i = q0 / kBc;
+        if (threadIdx.x == 0) wait_until_equal(sems + i, i - j);
+        __syncthreads();
+
+        // dQ of the warp's 16 queries qw .. qw + 15 from this key tile: dS K_j over the block's 64 keys, A = dS
+        // from the dS^T rows of every warp (ldmatrix.trans of s_ds), B = K read transposed as in the dQ kernel
+        const int qw = q0 + 16 * warp;
+        float dq[1][HS / 8][4];
+        zero(dq);
+        if (qw < T) {
             MS_UNROLL
-            for (int j = 0; j < 2; ++j) {
-                MS_UNROLL
-                for (int i = 0; i < 4; ++i) {
-                    const int key = w0 + g + 8 * (i / 2), c = 16 * jj + 8 * j + 2 * t + i % 2, query = q0 + c;
-                    const float p = key <= query && query < T ? exp2f(s[0][j][i] * scale_log2 - s_lse2[c]) : 0.0f;
-                    s[0][j][i] = p;                            // P^T
-                    dp[0][j][i] = p * (dp[0][j][i] - s_d[c]);  // dS^T
+            for (int kk = 0; kk < kJ; ++kk) {
+                if (k0 + 16 * kk > qw + 15) continue;  // every key after every query of the warp: dS = 0
+                uint32_t dsa[1][4];
+                ldmatrix_x4_trans(
+                    dsa[0], s_ds + (16 * kk + 8 * (lane / 16) + lane % 8) * kLdDs + 16 * warp + 8 * ((lane / 8) % 2));
+                mma_ab<S, HS, 1>(dq, dsa, s_k + 16 * kk * kLd, lane);  // dQ_i += dS K_j
+            }
+        }
+        // the ordered add: the first contributor (i = j) writes, the others read, add, write; the last (j = 0) writes
+        // dQ * scale rounded to S into dqkv instead
+        const bool first = i == j, last = j == 0;
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int row = qw + g + 8 * r;
+            if (row >= T) continue;
+            float* acc = acc_base + row * HS + 2 * t;  // int: T HS < 2^31 (launcher); int64 spilled at HS 16
+            S* d = dq_base + static_cast<int64_t>(row) * stride + 2 * t;
+            MS_UNROLL
+            for (int jn = 0; jn < HS / 8; ++jn) {
+                float x = dq[0][jn][2 * r], y = dq[0][jn][2 * r + 1];
+                if (!first) {
+                    float sum_x, sum_y;
+                    load_l2(acc + 8 * jn, sum_x, sum_y);
+                    x = sum_x + x;
+                    y = sum_y + y;
+                }
+                if (last) {
+                    store_u32(d + 8 * jn, pack2<S>(x * scale, y * scale));
+                } else {
+                    store_l2(acc + 8 * jn, x, y);
                 }
             }
-            uint32_t pa[kMt][4], dsa[kMt][4];
-            to_a<S>(pa[0], s[0][0], s[0][1]);
-            mma_ab<S, HS, kMt>(dv, pa, s_do + 16 * jj * kLd, lane);  // dV += P^T dO
-            to_a<S>(dsa[0], dp[0][0], dp[0][1]);
-            mma_ab<S, HS, kMt>(dk, dsa, s_q + 16 * jj * kLd, lane);  // dK += dS^T Q
         }
+        __threadfence();
+        __syncthreads();  // the block's adds are visible device-wide before the semaphore says so
+        if (threadIdx.x == 0 && !last) release_store(sems + i, i - j + 1);
     }
     S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
@@ -587,8 +818,8 @@ void forward_hs(S* out, float* lse, const S* qkv, int B, int T, int NH, cudaStre
 }
 
 template <class S, int HS>
-void backward_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                 cudaStream_t stream) {
+void backward_split_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
+                       cudaStream_t stream) {
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
     opt_in_shared(attention_tc_backward_dq_kernel<S, HS>, Smem<HS>::kBackwardDq);
     ms_launch(attention_tc_backward_dq_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtDq)), dim3(kThreads),
@@ -600,10 +831,35 @@ void backward_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float
     MS_CUDA_LAUNCH_CHECK();
 }
 
+// scratch: dq_acc (B, NH, T, HS) fp32, then the ticket and the semaphores (attention_tc_backward_scratch_bytes),
+// which this launch zeroes on the stream first.
+template <class S, int HS>
+void backward_fused_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                       int T, int NH, WorkOrder order, cudaStream_t stream) {
+    const int tiles = static_cast<int>(ceil_div(T, owned_rows(kMtDkv)));
+    const int64_t blocks = int64_t{tiles} * B * NH;
+    MS_ASSERT(blocks <= 0x7fffffff && int64_t{T} * HS <= 0x7fffffff,
+              "attention (tensor cores, fused backward): T = %d gives %lld blocks or T * HS over 2^31 - 1", T,
+              static_cast<long long>(blocks));
+    float* dq_acc = static_cast<float*>(scratch);
+    int* sync = reinterpret_cast<int*>(dq_acc + int64_t{B} * NH * T * HS);
+    MS_CUDA_CHECK(cudaMemsetAsync(sync, 0, (1 + size_t(B) * NH * tiles) * sizeof(int), stream));
+    opt_in_shared(attention_tc_backward_kernel<S, HS>, Smem<HS>::kBackwardFused);
+    ms_launch(attention_tc_backward_kernel<S, HS>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+              Smem<HS>::kBackwardFused, stream, dqkv, dq_acc, sync, dout, qkv, out, lse, B, T, NH,
+              1.0f / sqrtf(static_cast<float>(HS)), order);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 // ----------------------------------------------------------------------------
 // kernel launchers
+
+size_t attention_tc_backward_scratch_bytes(int B, int T, int NH, int HS) {
+    const size_t heads = size_t(B) * NH, tiles = static_cast<size_t>(ceil_div(T, owned_rows(kMtDkv)));
+    return heads * T * HS * sizeof(float) + (1 + heads * tiles) * sizeof(int);
+}
 
 template <class S>
 void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
@@ -612,17 +868,30 @@ void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH
 }
 
 template <class S>
-void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                           int HS, cudaStream_t stream) {
+void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                           int T, int NH, int HS, AttentionTcBackward kind, cudaStream_t stream) {
+    if (kind != AttentionTcBackward::kSplit) {
+        MS_ASSERT(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 16 == 0,
+                  "attention (tensor cores): the fused backward needs attention_tc_backward_scratch_bytes of 16-byte "
+                  "aligned scratch, got %p",
+                  scratch);
+    }
     launch_attention_tc("tensor cores", B, T, NH, HS, {dqkv, dout, qkv, out}, [&](auto hs) {
-        backward_hs<S, decltype(hs)::value>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        constexpr int kHS = decltype(hs)::value;
+        if (kind == AttentionTcBackward::kSplit) {
+            backward_split_hs<S, kHS>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+        } else {
+            backward_fused_hs<S, kHS>(
+                dqkv, dout, qkv, out, lse, scratch, B, T, NH,
+                kind == AttentionTcBackward::kFused ? WorkOrder::kDependenciesFirst : WorkOrder::kReversed, stream);
+        }
     });
 }
 
-#define MS_INSTANTIATE(S)                                                                                      \
-    template void attention_tc_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);             \
-    template void attention_tc_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int, \
-                                           cudaStream_t);
+#define MS_INSTANTIATE(S)                                                                                             \
+    template void attention_tc_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);                    \
+    template void attention_tc_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
+                                           AttentionTcBackward, cudaStream_t);
 MS_INSTANTIATE(::ms::bf16)
 MS_INSTANTIATE(::ms::fp16)
 #undef MS_INSTANTIATE

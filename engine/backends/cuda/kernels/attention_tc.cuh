@@ -47,11 +47,22 @@ void launch_attention_tc(const char* who, int B, int T, int NH, int HS, std::ini
     }
 }
 
-// As attention_forward / attention_backward (attention.cuh), S = bf16 or fp16, HS and pointers as eligible above.
+// The two backwards (attention_tc.cu's header): kSplit, a dQ kernel and a dK/dV kernel that both recompute P and dP;
+// kFused, one kernel per key tile that also adds its dQ share into an fp32 accumulator in scratch, in a fixed order.
+// kFusedMisorderedForTest takes the fused kernel's work in the reverse order, so a block waits on one that has not
+// started: it must abort on the CPU emulation (a test hook; it would hang a GPU).
+enum class AttentionTcBackward : uint8_t { kSplit, kFused, kFusedMisorderedForTest };
+
+// Bytes of scratch the fused backward needs (the split one none): the fp32 dQ accumulator (B, NH, T, HS), then an
+// int32 work ticket and one int32 semaphore per (b, h, 64-row query tile). Reset on the stream by each launch.
+size_t attention_tc_backward_scratch_bytes(int B, int T, int NH, int HS);
+
+// As attention_forward / attention_backward (attention.cuh), S = bf16 or fp16, HS and pointers as eligible above;
+// scratch (16-byte aligned) holds attention_tc_backward_scratch_bytes for the fused backward, or is null for kSplit.
 template <class S>
 void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
 template <class S>
-void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                           int HS, cudaStream_t stream);
+void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                           int T, int NH, int HS, AttentionTcBackward kind, cudaStream_t stream);
 
 }  // namespace ms::cuda
