@@ -56,12 +56,14 @@ state nothing waits. A GPU does not promise to start blocks in blockIdx order, s
 a ticket (atomicAdd on an int in scratch, as CUB's decoupled look-back): ticket t is key tile n - 1 - t / (B NH) of
 head t % (B NH) (n = ceil(T / 64) key tiles), so every block waits only on work whose ticket was taken earlier, by
 a block that is running or done: no deadlock whatever the dispatch order or occupancy. The ticket and the
-semaphores are zeroed by a cudaMemsetAsync on the stream at each launch. Costs: the longest walks (key tile 0) take
-the last tickets, so the grid ends on one full-length walk (the split dK/dV kernel runs them first); dq_acc moves
-2 x 4 HS bytes per query row and key tile (what FlashAttention-2's fp32 atomicAdd dQ moves too); 2 more barriers
-per walked tile than dK/dV. On the CPU emulation blocks run one at a time in blockIdx order (ticket = blockIdx.x
-there): a wait that does not already hold aborts with a message instead of hanging (cuda_emu.h), and a test takes
-the tickets in reverse to see it abort.
+semaphores are zeroed by a cudaMemsetAsync on the stream at each launch. Tickets go key tile by key tile over all
+heads (j-major) rather than head by head: a model of the grid as 396 slots (132 SMs x 3) running unit-time tiles
+ends, at B NH = 48 and 16 tiles, after 24 tile-times j-major and 27 head by head, against 16.5 for perfect balance.
+Costs: the longest walks (key tile 0) take the last tickets, so the grid ends on full-length walks (the split dK/dV
+kernel runs them first); dq_acc moves 2 x 4 HS bytes per query row and key tile (what FlashAttention-2's fp32
+atomicAdd dQ moves too); 2 more barriers per walked tile than dK/dV. On the CPU emulation blocks run one at a time
+in blockIdx order (ticket = blockIdx.x there): a wait that does not already hold aborts with a message instead of
+hanging (cuda_emu.h), and a test takes the tickets in reverse to see it abort.
 Query tiles run longest first (blockIdx.x reversed) so the causal triangle's long rows do not finish last. Tiles
 and 16-row sub-blocks a warp's causal mask hides entirely are skipped (in the fused kernel their dS^T is stored as
 0, and the dQ product skips 16-key slices past the warp's queries); the mask is applied only on tiles that straddle
@@ -70,9 +72,11 @@ Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row a
 16-byte aligned): forward 55296 (Q, 2 x K, V), dQ 73728 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
 fused 65040 (dK/dV's, dS^T 9216, the ticket; 28176 / 40464 / 52752 at HS 16 / 32 / 48), dynamic (opted in past
 48 KiB with cudaFuncSetAttribute). Scratch (fused): B NH T HS fp32 + (1 + B NH ceil(T / 64)) int32.
-Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, fused 205 (fp16) / 207 (bf16), no spills (with
-kMt = 1 everywhere: 125, 123, 167). Fused at HS 16 / 32 / 48: 80-104 / 128 / 167-168, and at sm_80 86-205, no
-spills. kMtForward / kMtDq are the knobs to compare on a GPU.
+Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, fused 168, no spills (with kMt = 1 everywhere:
+125, 123, 167). The fused kernel is capped for 3 blocks per SM on sm_90 (MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared
+memory fit in 227 KB, and 3 x 128 x 168 registers in 64 K, as for dK/dV; uncapped it took 205-207): 168 / 168 / 151
+/ 115 at HS 64 / 48 / 32 / 16; on sm_80 (2 blocks per SM by shared memory, so uncapped) 209 / 181 / 149 / 113; no
+spills in bf16 or fp16. kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare on a GPU.
 Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp: split and fused against the
 reference, fused dK / dV equal to split's bit for bit, fused dQ within one unit in the last place of split's; its
 cp.async copies land only at the wait_group that covers them, so a missing wait shows); not run on a GPU
@@ -649,6 +653,15 @@ __global__ void __launch_bounds__(kThreads)
     store_rows<S, HS>(dk_base + C, stride, w0, T, dv[0], dv_factor, lane);
 }
 
+// Blocks per SM the fused backward's registers are capped for: 3 on sm_90 (<= 170 registers; its 65 KB of shared memory
+// fit 3 times in 227 KB, as the dK/dV kernel's 167 registers do), 1 elsewhere (sm_80's 164 KB fit 2 blocks whatever
+// the registers, and a cap there would only add spills).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MS_FUSED_MIN_BLOCKS 3
+#else
+#define MS_FUSED_MIN_BLOCKS 1
+#endif
+
 // The order in which the fused kernel's blocks take their work items (tickets).
 enum class WorkOrder : int {
     kDependenciesFirst,  // per (b, h), key tile j + 1 before key tile j: a block only waits on earlier tickets
@@ -660,7 +673,7 @@ enum class WorkOrder : int {
 // the head counts them); key tile 0 adds last and writes dQ, rounded once, into dqkv. 1-D grid of (key tiles) x NH x
 // B blocks of kThreads; sync[0] is the work ticket, sync[1 + (b NH + h) tiles + i] the semaphores (zero at launch).
 template <class S, int HS>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
     attention_tc_backward_kernel(S* __restrict__ dqkv, float* __restrict__ dq_acc, int* __restrict__ sync,
                                  const S* __restrict__ dout, const S* __restrict__ qkv, const S* __restrict__ out,
                                  const float* __restrict__ lse, int B, int T, int NH, float scale, WorkOrder order) {
@@ -684,15 +697,13 @@ __global__ void __launch_bounds__(kThreads)
     const int tiles = (T + kBr - 1) / kBr, heads = B * NH, item = *s_item;
     const int j = order == WorkOrder::kDependenciesFirst ? tiles - 1 - item / heads : item / heads;
     const int bh = item % heads, b = bh / NH, h = bh % NH;
-    int* sems = sync + 1 + static_cast<int64_t>(bh) * tiles;       // (tiles): contributions added to query tile i
-    float* acc_base = dq_acc + static_cast<int64_t>(bh) * T * HS;  // (T, HS) fp32
+    int* sems = sync + 1 + static_cast<int64_t>(bh) * tiles;  // (tiles): contributions added to query tile i
     const int k0 = j * kBr, w0 = k0 + 16 * warp;
     const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
     const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
-    S* dq_base = dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
     const float scale_log2 = scale * kLog2e;
 
     load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
@@ -765,8 +776,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < 2; ++r) {
             const int row = qw + g + 8 * r;
             if (row >= T) continue;
-            float* acc = acc_base + row * HS + 2 * t;  // int: T HS < 2^31 (launcher); int64 spilled at HS 16
-            S* d = dq_base + static_cast<int64_t>(row) * stride + 2 * t;
+            // from the kernel's parameters rather than per-head base pointers held across the walk: two 64-bit
+            // registers fewer under the sm_90 cap (MS_FUSED_MIN_BLOCKS)
+            float* acc = dq_acc + (static_cast<int64_t>(bh) * T + row) * HS + 2 * t;  // dq_acc (B, NH, T, HS)
+            S* d = dqkv + (static_cast<int64_t>(b) * T + row) * stride + h * HS + 2 * t;
             MS_UNROLL
             for (int jn = 0; jn < HS / 8; ++jn) {
                 float x = dq[0][jn][2 * r], y = dq[0][jn][2 * r + 1];
@@ -838,8 +851,7 @@ void backward_fused_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const
                        int T, int NH, WorkOrder order, cudaStream_t stream) {
     const int tiles = static_cast<int>(ceil_div(T, owned_rows(kMtDkv)));
     const int64_t blocks = int64_t{tiles} * B * NH;
-    MS_ASSERT(blocks <= 0x7fffffff && int64_t{T} * HS <= 0x7fffffff,
-              "attention (tensor cores, fused backward): T = %d gives %lld blocks or T * HS over 2^31 - 1", T,
+    MS_ASSERT(blocks <= 0x7fffffff, "attention (tensor cores, fused backward): %lld blocks are over the grid's limit",
               static_cast<long long>(blocks));
     float* dq_acc = static_cast<float*>(scratch);
     int* sync = reinterpret_cast<int*>(dq_acc + int64_t{B} * NH * T * HS);
