@@ -182,17 +182,22 @@ struct ResidualForwardArgs {
 
 // Vocab-parallel softmax cross-entropy in pieces, so TP can all-reduce between them (DESIGN.md §5).
 // Columns >= vocab_valid_local (the padded tail of the vocabulary) are masked out of max, sum and gradient.
-//   phase kMax:    row_max[n]  = max_j logits[n, j]                                  (before an all-reduce max)
-//   phase kSumExp: sum_exp[n]  = sum_j exp(logits[n, j] - row_max[n]);
-//                  target_logit[n] = logits[n, targets[n] - vocab_start] if in range, else 0   (before all-reduce sums)
+//   phase kMax:       row_max[n]  = max_j logits[n, j]                               (before an all-reduce max)
+//   phase kSumExp:    sum_exp[n]  = sum_j exp(logits[n, j] - row_max[n]);
+//                     target_logit[n] = logits[n, targets[n] - vocab_start] if in range, else 0
+//                                                                                    (before all-reduce sums)
+//   phase kMaxSumExp: what kMax then kSumExp write, in one call, for a tensor-parallel group of one (nothing to
+//                     all-reduce between them). A backend may read the logits once: the CUDA kernel keeps an
+//                     online max and a sum rescaled as the max grows (its sum then rounds differently from the two
+//                     pieces'); the CPU backend runs the two pieces, so its bits are theirs.
 // loss[n] = log(sum_exp[n]) + row_max[n] - target_logit[n] is then a few flops on N values.
-enum class CrossEntropyPhase : uint8_t { kMax, kSumExp };
+enum class CrossEntropyPhase : uint8_t { kMax, kSumExp, kMaxSumExp };
 struct CrossEntropyForwardArgs {
     Tensor logits;        // (N, Vp_local)
     Tensor targets;       // (N) int32 global ids
-    Tensor row_max;       // (N) fp32: written in kMax, read in kSumExp
-    Tensor sum_exp;       // (N) fp32: written in kSumExp
-    Tensor target_logit;  // (N) fp32: written in kSumExp
+    Tensor row_max;       // (N) fp32: written in kMax and kMaxSumExp, read in kSumExp
+    Tensor sum_exp;       // (N) fp32: written in kSumExp and kMaxSumExp
+    Tensor target_logit;  // (N) fp32: written in kSumExp and kMaxSumExp
     int64_t vocab_start;
     int64_t vocab_valid_local;  // number of unmasked columns in this shard
     CrossEntropyPhase phase;

@@ -78,7 +78,7 @@ std::string describe(OpKind op, const std::array<int64_t, 4>& d, uint32_t flags)
             s += fmt::format(" B {} T {} NH {} HS {}", d[0], d[1], d[2], d[3]);
             break;
         case OpKind::kCrossEntropyForward:  // d[1]: the phase + 1
-            s += fmt::format(" n {} ({})", d[0], d[1] == 1 ? "max" : "sum-exp");
+            s += fmt::format(" n {} ({})", d[0], d[1] == 1 ? "max" : d[1] == 2 ? "sum-exp" : "max and sum-exp");
             break;
         default:
             if (d[0] > 0) s += fmt::format(" n {}", d[0]);

@@ -503,17 +503,28 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
                  n, shape_.V);
         a.targets[n] = targets[n];
     }
-    // vocab-parallel cross-entropy: global row max, then global sum-exp and target logit (one all-reduce for both)
+    // vocab-parallel cross-entropy: global row max, then global sum-exp and target logit (one all-reduce for both);
+    // without tensor parallelism, both in one call (one read of the logits on the GPU)
     const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
     Tensor tgt(a.targets, DType::kI32, {N});
-    CrossEntropyForwardArgs ce{
-        A(a.logits, {N, Vl}), tgt,   S(a.row_max, {N}),      S(a.sum_exp, {N}), S(a.target_logit, {N}),
-        vocab_start,          valid, CrossEntropyPhase::kMax};
-    be.cross_entropy_forward(ce);
-    tp_all_reduce(tp_, a.row_max, DType::kF32, N, ReduceOp::kMax);
-    ce.phase = CrossEntropyPhase::kSumExp;
-    be.cross_entropy_forward(ce);
-    tp_all_reduce(tp_, a.sum_exp, DType::kF32, 2 * N);  // sum_exp and target_logit are adjacent
+    CrossEntropyForwardArgs ce{A(a.logits, {N, Vl}),
+                               tgt,
+                               S(a.row_max, {N}),
+                               S(a.sum_exp, {N}),
+                               S(a.target_logit, {N}),
+                               vocab_start,
+                               valid,
+                               CrossEntropyPhase::kMaxSumExp};
+    if (tp_.size() == 1) {
+        be.cross_entropy_forward(ce);
+    } else {
+        ce.phase = CrossEntropyPhase::kMax;
+        be.cross_entropy_forward(ce);
+        tp_all_reduce(tp_, a.row_max, DType::kF32, N, ReduceOp::kMax);
+        ce.phase = CrossEntropyPhase::kSumExp;
+        be.cross_entropy_forward(ce);
+        tp_all_reduce(tp_, a.sum_exp, DType::kF32, 2 * N);  // sum_exp and target_logit are adjacent
+    }
 
     be.synchronize();  // the host reads the kernels' statistics below
     double total = 0;

@@ -338,5 +338,48 @@ MS_OP_TEST(Contract, CrossEntropyVocabParallel, kContract, OpKind::kCrossEntropy
     }
 }
 
+// kMaxSumExp (a tensor-parallel group of one) writes what kMax then kSumExp write, bit for bit, in both modes; the
+// fp32, bf16 and fp16 logits all take it.
+MS_OP_TEST(Contract, CrossEntropyMaxSumExpIsThePieces, kContract, OpKind::kCrossEntropyForward) {
+    const int64_t N = 9, Vp = 200, valid = 190;
+    auto logits = random_floats(N * Vp, 1, -6.0f, 6.0f);
+    auto targets = random_ints(N, 2, 0, static_cast<int32_t>(Vp + 5));  // some in the padded tail or beyond
+    for (OpMode mode : kModes) {
+        auto backend = make_cpu_backend(mode);
+        for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+            std::vector<uint16_t> half(static_cast<size_t>(N * Vp));
+            Tensor l = view(logits, {N, Vp});
+            if (d != DType::kF32) {
+                l = Tensor(half.data(), d, {N, Vp});
+                backend->cast({view(logits, {N * Vp}), Tensor(half.data(), d, {N * Vp})});
+            }
+            std::vector<float> stats[2];
+            for (int fused = 0; fused < 2; ++fused) {
+                std::vector<float> row_max(N, NAN), sum_exp(N, NAN), target_logit(N, NAN);
+                CrossEntropyForwardArgs a{.logits = l,
+                                          .targets = view(targets, {N}),
+                                          .row_max = view(row_max, {N}),
+                                          .sum_exp = view(sum_exp, {N}),
+                                          .target_logit = view(target_logit, {N}),
+                                          .vocab_start = 0,
+                                          .vocab_valid_local = valid,
+                                          .phase = CrossEntropyPhase::kMaxSumExp};
+                if (fused) {
+                    backend->cross_entropy_forward(a);
+                } else {
+                    a.phase = CrossEntropyPhase::kMax;
+                    backend->cross_entropy_forward(a);
+                    a.phase = CrossEntropyPhase::kSumExp;
+                    backend->cross_entropy_forward(a);
+                }
+                stats[fused] = row_max;
+                stats[fused].insert(stats[fused].end(), sum_exp.begin(), sum_exp.end());
+                stats[fused].insert(stats[fused].end(), target_logit.begin(), target_logit.end());
+            }
+            EXPECT_TRUE(bit_identical(stats[1], stats[0])) << dtype_name(d);
+        }
+    }
+}
+
 }  // namespace
 }  // namespace ms::test

@@ -80,6 +80,15 @@ TEST(CudaEmuKernels, CrossEntropyMatchesTheCpuReferenceAndIsDeterministic) {
             EXPECT_TRUE(bit_identical(target_logit.values(), target_ref));
             // Measured 7.2e-8: float sums of 2-4 exps per thread, then a 256-lane tree.
             expect_close("cross_entropy sum_exp", max_rel_error(sum_exp.values(), sum_ref), 1e-6);
+            // Both pieces in one read (an online max; each thread's sum rescaled as its max grows): the same max and
+            // target logit, the sum to the same tolerance (measured 7.2e-8).
+            Guarded max1(N, NAN), sum1(N, NAN), target1(N, NAN);
+            cuda::cross_entropy_forward(max1.data(), sum1.data(), target1.data(), logits.data(), targets.data(), N, Vp,
+                                        s.vocab_start, s.valid, cuda::CrossEntropyPhase::kMaxSumExp, kStream);
+            EXPECT_TRUE(bit_identical(max1.values(), max_ref));
+            EXPECT_TRUE(bit_identical(target1.values(), target_ref));
+            expect_close("cross_entropy max+sum_exp sum", max_rel_error(sum1.values(), sum_ref), 1e-6);
+            EXPECT_TRUE(max1.guards_intact() && sum1.guards_intact() && target1.guards_intact());
             Guarded dlogits(logits);
             cuda::cross_entropy_backward(dlogits.data(), targets.data(), max_ref.data(), sum_ref.data(), dloss.data(),
                                          N, Vp, s.vocab_start, s.valid, kStream);

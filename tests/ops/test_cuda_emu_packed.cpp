@@ -152,6 +152,12 @@ TYPED_TEST(CudaEmuPacked, CrossEntropyIsTheScalarPathsBits) {
                                     vocab_start, valid, cuda::CrossEntropyPhase::kMax, nullptr);
         cuda::cross_entropy_forward(max.data(), sum.data(), target_logit.data(), logits.data(), targets.data(), N, Vp,
                                     vocab_start, valid, cuda::CrossEntropyPhase::kSumExp, nullptr);
+        std::vector<float> max1(N), sum1(N), target1(N);  // both pieces in one read, packed or not
+        cuda::cross_entropy_forward(max1.data(), sum1.data(), target1.data(), logits.data(), targets.data(), N, Vp,
+                                    vocab_start, valid, cuda::CrossEntropyPhase::kMaxSumExp, nullptr);
+        EXPECT_EQ(float_bits_of(max1), float_bits_of(max));
+        EXPECT_EQ(float_bits_of(target1), float_bits_of(target_logit));
+        for (int n = 0; n < N; ++n) EXPECT_NEAR(sum1[n], sum[n], 1e-6 * sum[n]) << "row " << n;
         cuda::cross_entropy_backward(logits.data(), targets.data(), max.data(), sum.data(), dloss.data(), N, Vp,
                                      vocab_start, valid, nullptr);
         r[aligned] = {float_bits_of(max), float_bits_of(target_logit), sum, logits.bits()};

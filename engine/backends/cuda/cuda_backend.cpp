@@ -572,7 +572,10 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
     const std::pair<int64_t, int64_t> shape = cross_entropy_shape(a.logits, a.vocab_valid_local);
     const int64_t N = shape.first, Vp = shape.second;
     check_numel(a.row_max, N, "cross_entropy", "row_max (N)");
-    const bool sum_phase = a.phase == CrossEntropyPhase::kSumExp;
+    const bool sum_phase = a.phase != CrossEntropyPhase::kMax;  // kSumExp and kMaxSumExp write the sums
+    const cuda::CrossEntropyPhase phase = a.phase == CrossEntropyPhase::kMax      ? cuda::CrossEntropyPhase::kMax
+                                          : a.phase == CrossEntropyPhase::kSumExp ? cuda::CrossEntropyPhase::kSumExp
+                                                                                  : cuda::CrossEntropyPhase::kMaxSumExp;
     if (sum_phase) {
         check_numel(a.targets, N, "cross_entropy", "targets (N)");
         check_numel(a.sum_exp, N, "cross_entropy", "sum_exp (N)");
@@ -583,11 +586,11 @@ void CudaBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
     check_fp32(a.row_max, "cross_entropy", "row_max", "statistic");
     const DType D = activation_dtype(a.logits, "cross_entropy", "logits");
     dispatch(D, [&]<class T>(T) {
-        cuda::cross_entropy_forward(
-            a.row_max.f32(), sum_phase ? a.sum_exp.f32() : nullptr, sum_phase ? a.target_logit.f32() : nullptr,
-            a.logits.as<T>(), sum_phase ? a.targets.i32() : nullptr, to_int(N, "cross_entropy", "N"),
-            to_int(Vp, "cross_entropy", "Vp_local"), a.vocab_start, static_cast<int>(a.vocab_valid_local),
-            sum_phase ? cuda::CrossEntropyPhase::kSumExp : cuda::CrossEntropyPhase::kMax, stream_);
+        cuda::cross_entropy_forward(a.row_max.f32(), sum_phase ? a.sum_exp.f32() : nullptr,
+                                    sum_phase ? a.target_logit.f32() : nullptr, a.logits.as<T>(),
+                                    sum_phase ? a.targets.i32() : nullptr, to_int(N, "cross_entropy", "N"),
+                                    to_int(Vp, "cross_entropy", "Vp_local"), a.vocab_start,
+                                    static_cast<int>(a.vocab_valid_local), phase, stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
 }

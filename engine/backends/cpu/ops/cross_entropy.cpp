@@ -6,6 +6,7 @@
 //   kMax:    row_max[n] = max_{j < valid} logits[n, j]
 //   kSumExp: sum_exp[n] = sum_{j < valid} exp(logits[n, j] - row_max[n]);  target_logit[n] = the target's logit
 //            when this shard holds it, else 0
+//   kMaxSumExp: kMax, then kSumExp (a tensor-parallel group of one; the CUDA kernel reads the logits once instead)
 //   backward (in place over logits): dlogits[n, j] = dloss[n] * (exp(logits - row_max) / sum_exp - [j == target])
 // The fast path runs rows in parallel; each row's exp-sum is taken in float blocks of kBlock columns (vectorised)
 // whose sums are added in double, so the rounding error does not grow with Vp ~ 50k.
@@ -149,6 +150,14 @@ void backward_fast(const CrossEntropyBackwardArgs& a, const CrossEntropyShape& s
 }  // namespace
 
 void cross_entropy_forward(const CrossEntropyForwardArgs& a, OpMode mode) {
+    if (a.phase == CrossEntropyPhase::kMaxSumExp) {  // the two pieces, so the bits are theirs
+        CrossEntropyForwardArgs piece = a;
+        piece.phase = CrossEntropyPhase::kMax;
+        cross_entropy_forward(piece, mode);
+        piece.phase = CrossEntropyPhase::kSumExp;
+        cross_entropy_forward(piece, mode);
+        return;
+    }
     const CrossEntropyShape s = check_shapes(a.logits, a.vocab_valid_local);
     check_row_stat(a.row_max, s.N, "row_max");
     if (a.phase == CrossEntropyPhase::kSumExp) {

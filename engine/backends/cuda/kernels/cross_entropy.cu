@@ -1,7 +1,9 @@
 /*
 Vocab-parallel softmax cross-entropy in pieces (backend.h, DESIGN.md §5), so that tensor parallelism can all-reduce
-between them: kMax (then an all-reduce max), kSumExp (then all-reduce sums), backward. The twin is
-cpu/ops/cross_entropy.cpp.
+between them: kMax (then an all-reduce max), kSumExp (then all-reduce sums), backward; without tensor parallelism
+kMaxSumExp does both pieces in one read of the logits: each thread keeps a running max m and a sum s of exp(x - m),
+scaled by exp(m_old - m_new) when m grows, and the block combines the threads' (m, s) as sum s * exp(m - M) under the
+block's max M. The twin is cpu/ops/cross_entropy.cpp.
 Layout: logits/dlogits (N, Vp) row-major T, the activation dtype (float, bf16, fp16; Vp = this shard's padded vocab),
 targets (N) int32 global ids, row_max/sum_exp/target_logit/dloss (N) fp32. Column j of the shard is global id
 vocab_start + j; columns j >= valid (the padded tail) take no part in max or sum and get exactly 0 gradient. Kernels:
@@ -97,6 +99,32 @@ __global__ void cross_entropy_sum_exp_kernel(float* __restrict__ sum_exp, float*
 }
 
 template <class T>
+__global__ void cross_entropy_max_sum_exp_kernel(float* __restrict__ row_max, float* __restrict__ sum_exp,
+                                                 float* __restrict__ target_logit, const T* __restrict__ logits,
+                                                 const int32_t* __restrict__ targets, int Vp, int64_t vocab_start,
+                                                 int valid, bool packed) {
+    const int n = blockIdx.x;
+    const T* l = logits + static_cast<int64_t>(n) * Vp;
+    float m = -INFINITY, s = 0.0f;  // this thread's running max and sum of exp(x - m)
+    for_each_column(l, valid, packed, [&](int, float x) {
+        if (x > m) {
+            s = s * expf(m - x) + 1.0f;  // exp(-inf) = 0 on the first column
+            m = x;
+        } else if (m != -INFINITY) {  // (a NaN x lands here and makes s NaN, as in kSumExp)
+            s += expf(x - m);
+        }
+    });
+    const float max = block_reduce<Reduce::kMax>(m);
+    const float sum = block_reduce<Reduce::kSum>(m == -INFINITY ? 0.0f : s * expf(m - max));
+    if (threadIdx.x == 0) {
+        row_max[n] = max;
+        sum_exp[n] = sum;
+        const int tj = target_column(targets[n], vocab_start, valid);
+        target_logit[n] = tj >= 0 ? to_float(l[tj]) : 0.0f;
+    }
+}
+
+template <class T>
 __global__ void cross_entropy_backward_kernel(T* __restrict__ logits, const int32_t* __restrict__ targets,
                                               const float* __restrict__ row_max, const float* __restrict__ sum_exp,
                                               const float* __restrict__ dloss, int Vp, int64_t vocab_start, int valid,
@@ -149,6 +177,9 @@ void cross_entropy_forward(float* row_max, float* sum_exp, float* target_logit, 
     const bool packed = rows_packed(logits, Vp);
     if (phase == CrossEntropyPhase::kMax) {
         ms_launch(cross_entropy_max_kernel<T>, N, kBlockSize, 0, stream, row_max, logits, Vp, valid, packed);
+    } else if (phase == CrossEntropyPhase::kMaxSumExp) {
+        ms_launch(cross_entropy_max_sum_exp_kernel<T>, N, kBlockSize, 0, stream, row_max, sum_exp, target_logit, logits,
+                  targets, Vp, vocab_start, valid, packed);
     } else {
         ms_launch(cross_entropy_sum_exp_kernel<T>, N, kBlockSize, 0, stream, sum_exp, target_logit, logits, targets,
                   row_max, Vp, vocab_start, valid, packed);

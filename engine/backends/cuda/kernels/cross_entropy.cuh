@@ -8,11 +8,12 @@
 namespace ms::cuda {
 
 // ms::CrossEntropyPhase (backend.h), which nvcc cannot include.
-enum class CrossEntropyPhase : uint8_t { kMax, kSumExp };
+enum class CrossEntropyPhase : uint8_t { kMax, kSumExp, kMaxSumExp };
 
-// kMax:    row_max[n] = max_{j < valid} logits[n, j] (-inf when valid = 0); sum_exp, target_logit, targets unused.
-// kSumExp: sum_exp[n] = sum_{j < valid} exp(logits[n, j] - row_max[n]); target_logit[n] = logits[n, targets[n] -
-//          vocab_start] when that column is in [0, valid), else 0.
+// kMax:       row_max[n] = max_{j < valid} logits[n, j] (-inf when valid = 0); sum_exp, target_logit, targets unused.
+// kSumExp:    sum_exp[n] = sum_{j < valid} exp(logits[n, j] - row_max[n]); target_logit[n] = logits[n, targets[n] -
+//             vocab_start] when that column is in [0, valid), else 0.
+// kMaxSumExp: all three in one read of the logits (an online max; sum_exp rounds differently from kSumExp's).
 // T: the logits' dtype (float, bf16, fp16); the row statistics, dloss are fp32 whatever T is.
 template <class T>
 void cross_entropy_forward(float* row_max, float* sum_exp, float* target_logit, const T* logits, const int32_t* targets,
