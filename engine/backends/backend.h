@@ -235,6 +235,13 @@ struct CastArgs {
 };
 
 enum class BackendKind : uint8_t { kCPU, kCUDA };
+
+// The memory of the devices a backend's ops run on, for the trainer's memory check (engine/train/plan.h): each
+// device's total and how many this process sees. {0, 0} for host memory (the CPU backend, the CUDA emulation).
+struct DeviceMemory {
+    size_t total_bytes = 0;  // of the device this rank runs on
+    int devices = 0;         // visible to this process (ranks of a node share them: local rank % devices)
+};
 enum class OpMode : uint8_t { kFast, kReference };
 
 class Backend {
@@ -250,6 +257,8 @@ class Backend {
     virtual bool asynchronous() const { return false; }
     // The device the ops run on, for logs and the MFU peak table, e.g. "NVIDIA H200"; "" for the host CPU.
     virtual std::string device_name() const { return {}; }
+    // The memory the arena comes from when it is a device's ({} for host memory).
+    virtual DeviceMemory device_memory() const { return {}; }
     // Memory of `bytes` bytes for the trainer's arena that both these ops and the host can read and write (CUDA:
     // managed memory on the selected device), or nullptr when plain host memory is that (the CPU backend).
     virtual std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes);

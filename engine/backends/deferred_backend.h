@@ -40,6 +40,7 @@ class DeferredBackend final : public Backend {
     void synchronize() override;
     bool asynchronous() const override { return true; }
     std::string device_name() const override { return inner_->device_name(); }
+    DeviceMemory device_memory() const override { return inner_->device_memory(); }
     std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override { queue_.emplace_back(a); }

@@ -43,6 +43,7 @@ class ProfilingBackend final : public Backend {
     void synchronize() override { inner_->synchronize(); }
     bool asynchronous() const override { return inner_->asynchronous(); }
     std::string device_name() const override { return inner_->device_name(); }
+    DeviceMemory device_memory() const override { return inner_->device_memory(); }
     std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override;

@@ -161,14 +161,34 @@ size_t largest_stage(const std::vector<StagePlan>& stages) {
     return largest;
 }
 
-double memory_budget_bytes(const Config& cfg, int ranks_on_node) {
+namespace {
+
+int ranks_per_device(int ranks_on_node, const DeviceMemory& device) {
+    const int ranks = std::max(1, ranks_on_node), devices = std::max(1, device.devices);
+    return (ranks + devices - 1) / devices;
+}
+
+}  // namespace
+
+double memory_budget_bytes(const Config& cfg, int ranks_on_node, const DeviceMemory& device) {
     if (cfg.run.memory_limit_gb > 0) return cfg.run.memory_limit_gb * kGiB;
+    if (device.total_bytes > 0) {
+        return std::max(0.0, static_cast<double>(device.total_bytes) / ranks_per_device(ranks_on_node, device) -
+                                 kDeviceReserveBytes);
+    }
     return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)) /
            std::max(1, ranks_on_node);
 }
 
-std::string memory_budget_source(const Config& cfg, int ranks_on_node) {
+std::string memory_budget_source(const Config& cfg, int ranks_on_node, const DeviceMemory& device) {
     if (cfg.run.memory_limit_gb > 0) return "run.memory_limit_gb";
+    if (device.total_bytes > 0) {
+        return fmt::format(
+            "GPU memory {:.1f} GiB / {} rank(s) per device, less {:.1f} GiB for the CUDA context, "
+            "cuBLAS and NCCL",
+            static_cast<double>(device.total_bytes) / kGiB, ranks_per_device(ranks_on_node, device),
+            kDeviceReserveBytes / kGiB);
+    }
     return fmt::format("physical memory / {} rank(s) on a node", std::max(1, ranks_on_node));
 }
 

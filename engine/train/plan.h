@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/schedule.h"
@@ -70,10 +71,18 @@ PlanShape plan_shape(const Config& cfg, const DerivedConfig& d);
 std::vector<std::string> stage_table(const std::vector<StagePlan>& stages);
 // Index of the stage with the largest total.
 size_t largest_stage(const std::vector<StagePlan>& stages);
-// The per-rank memory budget in bytes: run.memory_limit_gb when set, else physical memory / ranks_on_node.
-double memory_budget_bytes(const Config& cfg, int ranks_on_node);
-// Where memory_budget_bytes() comes from, for messages: "run.memory_limit_gb" or "physical memory / 8 ranks ...".
-std::string memory_budget_source(const Config& cfg, int ranks_on_node);
+// What a rank on a GPU leaves outside its arena: the CUDA context, cuBLASLt's workspace, the backend's scratch
+// (attention's dQ accumulator is the largest: B * T * C fp32) and NCCL's buffers.
+inline constexpr double kDeviceReserveBytes = 1.5 * (1 << 30);
+// The per-rank memory budget in bytes: run.memory_limit_gb when set; else, when the arena lives on a device
+// (device.total_bytes > 0, Backend::device_memory()), the device's memory divided among the ranks that share it
+// (ceil(ranks_on_node / device.devices), as local rank % devices assigns them) less kDeviceReserveBytes -- CUDA
+// managed memory would let a larger arena be allocated and then page between host and device for the whole run; else
+// physical memory / ranks_on_node.
+double memory_budget_bytes(const Config& cfg, int ranks_on_node, const DeviceMemory& device = {});
+// Where memory_budget_bytes() comes from, for messages: "run.memory_limit_gb", "physical memory / 8 rank(s) on a
+// node" or "GPU memory 80.0 GiB / 1 rank(s) per device, less 1.5 GiB for the CUDA context, cuBLAS and NCCL".
+std::string memory_budget_source(const Config& cfg, int ranks_on_node, const DeviceMemory& device = {});
 
 // Validates cfg for options.world_size (throws UserError) and prints the derived values, the rank layout, the
 // per-stage memory, the schedule's bubble and whether the largest rank fits. Returns the exit code.

@@ -125,11 +125,11 @@ void dump_gradients(PipelineModel& model, const ProcessGroups& groups, int dp) {
 
 // Every rank checks the largest stage's planned total against its own budget; one all-reduce makes the verdict
 // common, so all ranks throw together (or none does) before anything large is allocated.
-void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, Communicator& world,
-                       int ranks_on_node) {
+void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, Communicator& world, int ranks_on_node,
+                       const DeviceMemory& device) {
     const size_t largest = largest_stage(stages);
     const double need = static_cast<double>(stages[largest].total_bytes());
-    const double budget = memory_budget_bytes(cfg, ranks_on_node);
+    const double budget = memory_budget_bytes(cfg, ranks_on_node, device);
     int32_t short_of_memory = need > budget ? 1 : 0;
     world.all_reduce(std::span<int32_t>(&short_of_memory, 1), ReduceOp::kMax).wait();
     if (!short_of_memory) return;
@@ -137,7 +137,7 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
     for (const std::string& line : stage_table(stages)) table += "\n    " + line;
     const std::string verdict =
         need > budget ? fmt::format("but {} is available per rank ({})", format_bytes(static_cast<size_t>(budget)),
-                                    memory_budget_source(cfg, ranks_on_node))
+                                    memory_budget_source(cfg, ranks_on_node, device))
                       : std::string("more than the ranks of another node have available");
     throw UserError(fmt::format(
         "memory error: pipeline stage {} needs {} per rank, {}\n"
@@ -274,18 +274,20 @@ int run_train(const Config& cfg_in) {
     // plan rounded up to 256 bytes per allocation; a dry run of the allocator over the planned allocations checks it.
     const GptShape shape = gpt_shape(cfg, d);
     const std::vector<StagePlan> stages = plan_stages(shape, plan_shape(cfg, d));
-    check_memory_fits(cfg, stages, world, mpi.local_size());
     const StagePlan& stage_plan = stages[static_cast<size_t>(groups.pp_rank)];
     const size_t planned = static_cast<size_t>(stage_plan.total_bytes());
 
     // The backend before any large allocation: CUDA selects this rank's device (local rank % devices) in its
-    // constructor, and the arena's memory comes from it (managed memory on that device; host memory on the CPU).
+    // constructor, and the arena's memory comes from it (managed memory on that device; host memory on the CPU). So
+    // the plan is checked against the device's memory when there is one: managed memory would let a larger arena be
+    // allocated and then page between host and device all run long.
     BackendOptions bo;
     bo.kind = cfg.run.backend == "cuda" ? BackendKind::kCUDA : BackendKind::kCPU;
     bo.num_threads = cfg.run.num_threads;
     bo.local_rank = mpi.local_rank();
     std::unique_ptr<Backend> backend;
     on_every_rank_or_none(world, "start its backend", [&] { backend = make_backend(bo); });
+    check_memory_fits(cfg, stages, world, mpi.local_size(), backend->device_memory());
     if (const char* p = std::getenv("MS_DEFER_OPS"); p != nullptr && std::string_view(p) == "1") {
         backend = std::make_unique<DeferredBackend>(std::move(backend));
         log_info(

@@ -198,6 +198,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
     }
     device_name_ = fmt::format("{} (device {} of {}, sm_{}{}, {:.1f} GiB)", prop.name, device_, count, prop.major,
                                prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+    device_memory_ = {prop.totalGlobalMem, count};
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = {new cuda::CublasGemm(), [](cuda::CublasGemm* g) { delete g; }};
 #else

@@ -74,6 +74,8 @@ class CudaBackend final : public Backend {
     void synchronize() override;
     bool asynchronous() const override { return true; }
     std::string device_name() const override { return device_name_; }
+    // The selected device's total memory and the visible device count; {} in the emulation (host memory).
+    DeviceMemory device_memory() const override { return device_memory_; }
     std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override;
@@ -98,8 +100,9 @@ class CudaBackend final : public Backend {
     static bool emulated();
 
   private:
-    int device_ = 0;                     // the CUDA device this backend runs on
-    std::string device_name_;            // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
+    int device_ = 0;           // the CUDA device this backend runs on
+    std::string device_name_;  // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
+    DeviceMemory device_memory_;
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
