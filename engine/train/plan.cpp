@@ -251,6 +251,12 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
              largest, format_bytes(static_cast<size_t>(budget)),
              o.memory_gib > 0 ? std::string("--memory-gb") : memory_budget_source(budget_cfg, on_node),
              static_cast<double>(peak) <= budget ? "fits" : "does not fit");
+    if (cfg.run.backend == "cuda" && o.memory_gib <= 0 && cfg.run.memory_limit_gb <= 0) {
+        log_info(
+            "run.backend is cuda: train checks against the GPU's memory / ranks per device, less {:.1f} GiB per rank; "
+            "pass --memory-gb with that number to check it here (an 80 GiB GPU, one rank each: --memory-gb {:.1f})",
+            kDeviceReserveBytes / kGiB, 80.0 - kDeviceReserveBytes / kGiB);
+    }
     return kExitOk;
 }
 
