@@ -59,7 +59,6 @@ class Sampler {
 
     const TokenSource& source_;
     int seq_length_;
-    uint64_t seed_;
     int64_t begin_token_ = 0;  // first token of this split
     int64_t num_samples_ = 0;
     uint64_t order_key_ = 0;  // mix of (seed, source fingerprint, split): the Philox key of the Feistel rounds

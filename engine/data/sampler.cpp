@@ -74,7 +74,7 @@ std::vector<double> parse_split(const std::string& text) {
 
 Sampler::Sampler(const TokenSource& source, const std::string& split_weights, Split split, int seq_length,
                  uint64_t seed)
-    : source_(source), seq_length_(seq_length), seed_(seed) {
+    : source_(source), seq_length_(seq_length) {
     if (seq_length < 1) {
         throw UserError(fmt::format("config error: model.seq_length={} must be >= 1", seq_length));
     }
