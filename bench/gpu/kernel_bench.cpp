@@ -12,7 +12,9 @@
 //     launched directly, for comparison; and the tensor-core backward's two forms side by side, launched directly
 //     (attention_tc.cuh) at B = 4, 8, 16 (NH=12, T=1024, HS=64, bf16): split (a dQ kernel and a dK/dV kernel, 7
 //     products) and fused (one kernel, dQ added across key tiles in a fixed order through fp32 scratch, 5 products),
-//     both with the same FLOP count (5 products), so the TFLOP/s compare times.
+//     both with the same FLOP count (5 products), so the TFLOP/s compare times;
+//   - at GPT-2 124M's micro-batch 16 in bf16: the cross-entropy forward as two pieces beside its one-read form
+//     (kMaxSumExp) and its backward, as bandwidth; the embedding's table gradient with uniform and with skewed tokens.
 // Times are medians of cudaEvent-timed repeats after a warm-up; each repeat times `inner` back-to-back launches on
 // the stream (10 for the memory-bound rows, as in a training step, where nothing waits between kernels) and divides.
 // One line per row, "name | dtype | ms | GB/s | % of copy" (or TFLOP/s), parsed by nothing: gpu-check.sh copies the
@@ -339,6 +341,75 @@ int main() {
             MS_CUDA_CHECK(cudaFree(p));
         }
         MS_CUDA_CHECK(cudaFree(lse));
+    }
+
+    // The loss and the embedding at GPT-2 124M's micro-batch 16 (N = 16384 rows, padded vocabulary 50304, bf16).
+    // Cross-entropy forward as the two tensor-parallel pieces (kMax, kSumExp: two reads of the logits) beside
+    // kMaxSumExp (one read; what a tensor-parallel group of one runs), and the backward (one read and one write, in
+    // place); bytes are the logits those move. The embedding's table gradient with uniform tokens beside skewed ones
+    // (half of them on 8 low ids, as text's frequent tokens are in GPT-2's vocabulary): by design they cost the same.
+    {
+        const int64_t n = 16384, vp = 50304, v = 50257;
+        const DType d = DType::kBF16;
+        void* logits = device_values(*be, d, n * vp, 0.5f);
+        float* stats = device_floats(static_cast<size_t>(4 * n), 1.0f);  // row_max, sum_exp, target_logit, dloss
+        std::vector<int32_t> ids(static_cast<size_t>(n)), skewed(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+            ids[i] = static_cast<int32_t>((i * 7919) % v);
+            skewed[i] = i % 2 == 0 ? static_cast<int32_t>(i % 8) : ids[i];
+        }
+        int32_t* targets = nullptr;
+        MS_CUDA_CHECK(cudaMalloc(&targets, static_cast<size_t>(n) * 4));
+        MS_CUDA_CHECK(cudaMemcpy(targets, ids.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+        ms::CrossEntropyForwardArgs ce{Tensor(logits, d, {n, vp}),
+                                       Tensor::i32(targets, {n}),
+                                       Tensor::f32(stats, {n}),
+                                       Tensor::f32(stats + n, {n}),
+                                       Tensor::f32(stats + 2 * n, {n}),
+                                       0,
+                                       v,
+                                       ms::CrossEntropyPhase::kMax};
+        const double two_ms = time_ms(*be, [&] {
+            ce.phase = ms::CrossEntropyPhase::kMax;
+            be->cross_entropy_forward(ce);
+            ce.phase = ms::CrossEntropyPhase::kSumExp;
+            be->cross_entropy_forward(ce);
+        });
+        const double one_ms = time_ms(*be, [&] {
+            ce.phase = ms::CrossEntropyPhase::kMaxSumExp;
+            be->cross_entropy_forward(ce);
+        });
+        const double logit_bytes = static_cast<double>(n) * vp * 2;
+        report("cross-entropy fwd kMax + kSumExp N=16384 V=50304", d, two_ms, 2 * logit_bytes);
+        report("cross-entropy fwd kMaxSumExp (one read)", d, one_ms, logit_bytes);
+        const ms::CrossEntropyBackwardArgs cb{Tensor(logits, d, {n, vp}),
+                                              Tensor::i32(targets, {n}),
+                                              Tensor::f32(stats, {n}),
+                                              Tensor::f32(stats + n, {n}),
+                                              Tensor::f32(stats + 3 * n, {n}),
+                                              0,
+                                              v};
+        // in place: later repeats see dlogits as logits, which costs the same
+        report("cross-entropy backward (in place)", d, time_ms(*be, [&] { be->cross_entropy_backward(cb); }),
+               2 * logit_bytes);
+
+        void* dout = device_values(*be, d, n * C, 0.01f);
+        float* dtable = device_floats(static_cast<size_t>(vp * C), 0.0f);
+        for (const auto* tokens : {&ids, &skewed}) {
+            MS_CUDA_CHECK(cudaMemcpy(targets, tokens->data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice));
+            const ms::EmbeddingBackwardArgs eb{
+                Tensor::i32(targets, {n}), Tensor(dout, d, {n, C}), Tensor::f32(dtable, {vp, C}), Tensor(), 0, T};
+            const double ms = time_ms(*be, [&] { be->embedding_backward(eb); });
+            std::printf("%-46s | %-4s | %8.3f ms\n",
+                        tokens == &ids ? "embedding backward, table N=16384 uniform ids"
+                                       : "embedding backward, table, half on 8 low ids",
+                        name_of(d), ms);
+        }
+        std::fflush(stdout);
+        for (void* p :
+             {logits, static_cast<void*>(stats), static_cast<void*>(targets), dout, static_cast<void*>(dtable)}) {
+            MS_CUDA_CHECK(cudaFree(p));
+        }
     }
     return 0;
 }
