@@ -15,8 +15,9 @@
 // elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the
 // dispatch check below repeats the kernels too: the emulation is slow, and the whole file stays under 30 s). One
 // case also checks that attention_forward / attention_backward dispatch to these kernels (the fused backward when
-// given scratch, the split one without), and to the scalar ones under MS_CUDA_ATTENTION=scalar. A death test checks
-// that the emulation catches a fused backward whose blocks wait on blocks that have not run.
+// given scratch, the split one without), and to the scalar ones under MS_CUDA_ATTENTION=scalar; another that
+// CudaBackend runs the fused backward on the scratch it owns, twice. A death test checks that the emulation catches a
+// fused backward whose blocks wait on blocks that have not run.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
 // over all T and HS (values below, mma.sync kernels). The reference computes in double and rounds once; the kernels
@@ -38,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backends/cuda/cuda_backend.h"
 #include "engine/backends/cuda/kernels/attention.cuh"
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/core/half.h"
@@ -236,6 +238,48 @@ TEST(CudaEmuAttentionTc, Bf16HeadSize32) { check_attention_tc<bf16>(32, kBf16Tol
 TEST(CudaEmuAttentionTc, Bf16HeadSize64) { check_attention_tc<bf16>(64, kBf16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize16) { check_attention_tc<fp16>(16, kFp16Tol); }
 TEST(CudaEmuAttentionTc, Fp16HeadSize64) { check_attention_tc<fp16>(64, kFp16Tol); }
+
+// Through CudaBackend, which owns the fused backward's scratch: a bf16 attention_backward at a tensor-core head size
+// runs the fused kernel (the default; the split one under MS_CUDA_ATTENTION_BWD=split), bit for bit as the launcher on
+// fresh scratch, and again on the scratch the first call left behind (semaphores at their final counts, accumulator
+// full): each launch resets what it relies on.
+TEST(CudaEmuAttentionTc, BackendRunsTheFusedBackwardOnItsOwnScratch) {
+    // T = 130, HS = 32 in bf16: a shape where the fused and split dQ differ in a few bits (so the check below tells
+    // them apart)
+    const int B = 2, T = 130, NH = 2, HS = 32, C = NH * HS;
+    HalfBuf<bf16> qkv(random_floats(size_t{1} * B * T * 3 * C, 11 + T, -2.0f, 2.0f)),
+        dout(random_floats(size_t{1} * B * T * C, 12 + T)), out(size_t{1} * B * T * C), want(size_t{1} * B * T * 3 * C),
+        split(size_t{1} * B * T * 3 * C);
+    Guarded lse(int64_t{B} * NH * T, NAN);
+    make_cpu_backend(OpMode::kReference)
+        ->attention_forward(
+            {.qkv = qkv.tensor({B, T, 3 * C}), .out = out.tensor({B, T, C}), .lse = lse.tensor({B, NH, T}), .NH = NH});
+    const size_t bytes = cuda::attention_backward_scratch_bytes<bf16>(B, T, NH, HS);
+    Scratch scratch(cuda::attention_tc_backward_scratch_bytes(B, T, NH, HS));
+    cuda::attention_tc_backward(want.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, NH,
+                                HS, bytes > 0 ? cuda::AttentionTcBackward::kFused : cuda::AttentionTcBackward::kSplit,
+                                kStream);
+    cuda::attention_tc_backward(split.data(), dout.data(), qkv.data(), out.data(), lse.data(), nullptr, B, T, NH, HS,
+                                cuda::AttentionTcBackward::kSplit, kStream);
+    if (bytes > 0) {
+        ASSERT_FALSE(bit_identical(split.values(), want.values())) << "the shape tells fused from split";
+    }
+    BackendOptions o;
+    o.kind = BackendKind::kCUDA;
+    auto be = make_backend_with_cuda(o);
+    for (int call = 0; call < 2; ++call) {
+        HalfBuf<bf16> dqkv(size_t{1} * B * T * 3 * C);
+        be->attention_backward({.dout = dout.tensor({B, T, C}),
+                                .qkv = qkv.tensor({B, T, 3 * C}),
+                                .out = out.tensor({B, T, C}),
+                                .lse = lse.tensor({B, NH, T}),
+                                .dqkv = dqkv.tensor({B, T, 3 * C}),
+                                .NH = NH});
+        be->synchronize();
+        EXPECT_TRUE(bit_identical(dqkv.values(), want.values())) << "call " << call;
+        EXPECT_TRUE(dqkv.guards_intact()) << "call " << call;
+    }
+}
 
 // The fused backward's blocks wait on one another in ticket order; taken in the reverse order, the first block
 // (key tile 0) waits for key tile 1's dQ share on query tile 1, which no block has added: the emulation must abort
