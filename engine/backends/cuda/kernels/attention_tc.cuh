@@ -54,7 +54,8 @@ void launch_attention_tc(const char* who, int B, int T, int NH, int HS, std::ini
 enum class AttentionTcBackward : uint8_t { kSplit, kFused, kFusedMisorderedForTest };
 
 // Bytes of scratch the fused backward needs (the split one none): the fp32 dQ accumulator (B, NH, T, HS), then an
-// int32 work ticket and one int32 semaphore per (b, h, 64-row query tile). Reset on the stream by each launch.
+// int32 work ticket and one int32 semaphore per (b, h, 64-row query tile). Reset on the stream by each launch, so
+// launches that share scratch must not overlap (another stream needs its own).
 size_t attention_tc_backward_scratch_bytes(int B, int T, int NH, int HS);
 
 // As attention_forward / attention_backward (attention.cuh), S = bf16 or fp16, HS and pointers as eligible above;
