@@ -100,9 +100,9 @@ class CudaBackend final : public Backend {
     static bool emulated();
 
   private:
-    int device_ = 0;           // the CUDA device this backend runs on
-    std::string device_name_;  // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
-    DeviceMemory device_memory_;
+    int device_ = 0;                     // the CUDA device this backend runs on
+    std::string device_name_;            // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
+    DeviceMemory device_memory_;         // its total memory and the visible device count ({} in the emulation)
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
