@@ -582,6 +582,44 @@ __device__ __forceinline__ void store_l2(float* p, float x, float y) {
 #endif
 }
 
+// The dK/dV and fused kernels' start: K and V of the key tile at k0 into shared memory and from there into the
+// warp's A fragments (ka, va), and the first walked Q, dO tile (rows q0 ..) into buffer 0 of s_qdo, left in flight.
+template <class S, int HS>
+__device__ __forceinline__ void dkv_load_key_tile(uint32_t (&ka)[kMtDkv][HS / 16][4],
+                                                  uint32_t (&va)[kMtDkv][HS / 16][4], S* s_k, S* s_v, S* s_qdo,
+                                                  const S* q_base, const S* do_base, int64_t C, int64_t stride, int k0,
+                                                  int q0, int T, int warp, int lane) {
+    constexpr int kLd = Smem<HS>::kLd, kBr = owned_rows(kMtDkv);
+    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
+    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
+    cp_async_commit();
+    load_tile<S, HS, kBc>(s_qdo, q_base, q0, T, stride);
+    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, q0, T, C);
+    cp_async_commit();
+    cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
+    __syncthreads();
+    load_a<S, HS, kMtDkv>(ka, s_k + 16 * warp * kLd, lane);
+    load_a<S, HS, kMtDkv>(va, s_v + 16 * warp * kLd, lane);
+}
+
+// The top of the walked Q, dO tile at q0 (in buffer buf of s_qdo): waits until its copies have landed and every warp
+// is done with the previous tile (and what the walk staged for it), then issues the next tile's copies into the other
+// buffer. Returns the tile's Q; its dO follows at + kBc kLd.
+template <class S, int HS>
+__device__ __forceinline__ const S* dkv_walk_tile(S* s_qdo, const S* q_base, const S* do_base, int64_t C,
+                                                  int64_t stride, int q0, int buf, int T) {
+    constexpr int kLd = Smem<HS>::kLd;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (q0 + kBc < T) {
+        S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
+        load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
+        load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
+        cp_async_commit();
+    }
+    return s_qdo + buf * 2 * kBc * kLd;
+}
+
 // dK and dV of one key tile: grid (key tiles of owned_rows(kMtDkv), NH, B), block kThreads; warp w owns keys
 // k0 + 16w .. + 15.
 template <class S, int HS>
@@ -610,31 +648,15 @@ __global__ void __launch_bounds__(kThreads)
     const float scale_log2 = scale * kLog2e;
 
     const int q_begin = k0 / kBc * kBc;
-    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
-    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
-    cp_async_commit();
-    load_tile<S, HS, kBc>(s_qdo, q_base, q_begin, T, stride);
-    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, q_begin, T, C);
-    cp_async_commit();
-    cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
-    __syncthreads();
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    load_a<S, HS, kMt>(ka, s_k + 16 * warp * kLd, lane);
-    load_a<S, HS, kMt>(va, s_v + 16 * warp * kLd, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, q_base, do_base, C, stride, k0, q_begin, T, warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
     for (int q0 = q_begin, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
-        cp_async_wait<0>();
-        __syncthreads();  // this Q, dO tile has landed; every warp is done with the previous one, lse and D
-        if (q0 + kBc < T) {
-            S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
-            load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
-            load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
-            cp_async_commit();
-        }
-        const S* s_q = s_qdo + buf * 2 * kBc * kLd;
+        // this Q, dO tile has landed; every warp is done with the previous one, lse and D
+        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, q_base, do_base, C, stride, q0, buf, T);
         const S* s_do = s_q + kBc * kLd;
         stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
         __syncthreads();
@@ -706,31 +728,15 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
     const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
     const float scale_log2 = scale * kLog2e;
 
-    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
-    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
-    cp_async_commit();
-    load_tile<S, HS, kBc>(s_qdo, q_base, k0, T, stride);
-    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, k0, T, C);
-    cp_async_commit();
-    cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
-    __syncthreads();
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    load_a<S, HS, kMt>(ka, s_k + 16 * warp * kLd, lane);
-    load_a<S, HS, kMt>(va, s_v + 16 * warp * kLd, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, q_base, do_base, C, stride, k0, k0, T, warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
     for (int q0 = k0, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
-        cp_async_wait<0>();
-        __syncthreads();  // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
-        if (q0 + kBc < T) {
-            S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
-            load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
-            load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
-            cp_async_commit();
-        }
-        const S* s_q = s_qdo + buf * 2 * kBc * kLd;
+        // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
+        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, q_base, do_base, C, stride, q0, buf, T);
         const S* s_do = s_q + kBc * kLd;
         stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
         __syncthreads();
