@@ -503,20 +503,43 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// Where head h of sequence b starts in the backward's tensors: Q at q (K at + C, V at + 2 C; row stride 3 C, as in
+// dqkv), dO at dout and O at out (row stride C), its lse row (T).
+template <class S>
+struct HeadRows {
+    int64_t C, stride;
+    const S* q;
+    const S* dout;
+    const S* out;
+    const float* lse;
+};
+
+template <class S>
+__device__ __forceinline__ HeadRows<S> head_rows(const S* qkv, const S* dout, const S* out, const float* lse, int b,
+                                                 int h, int T, int NH, int HS) {
+    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C, head = static_cast<int64_t>(h) * HS;
+    return {C,
+            stride,
+            qkv + static_cast<int64_t>(b) * T * stride + head,
+            dout + static_cast<int64_t>(b) * T * C + head,
+            out + static_cast<int64_t>(b) * T * C + head,
+            lse + (static_cast<int64_t>(b) * NH + h) * T};
+}
+
 // The per-key-tile backward's shared steps, for the dK/dV kernel and the fused kernel alike (so both compute dK and dV
 // with the same operations in the same order, and give the same bits).
 
 // lse (in units of log2) and D = dO . O of the walked tile's kBc rows from q0 into s_lse2, s_d, by quads (0 past T).
 template <class S, int HS>
-__device__ __forceinline__ void stage_lse_d(float* s_lse2, float* s_d, const S* s_do, const S* o_base, int64_t C,
-                                            const float* lse_row, int q0, int T) {
+__device__ __forceinline__ void stage_lse_d(float* s_lse2, float* s_d, const S* s_do, const HeadRows<S>& hr, int q0,
+                                            int T) {
     for (int row = threadIdx.x / 4; row < kBc; row += kThreads / 4) {
         const int query = q0 + row;
-        const float D = quad_row_dot<S, HS>(s_do + row * Smem<HS>::kLd, o_base + static_cast<int64_t>(query) * C,
+        const float D = quad_row_dot<S, HS>(s_do + row * Smem<HS>::kLd, hr.out + static_cast<int64_t>(query) * hr.C,
                                             query < T, threadIdx.x % 4);
         if (threadIdx.x % 4 == 0) {
             s_d[row] = D;
-            s_lse2[row] = query < T ? lse_row[query] * kLog2e : 0.0f;
+            s_lse2[row] = query < T ? hr.lse[query] * kLog2e : 0.0f;
         }
     }
 }
@@ -587,14 +610,13 @@ __device__ __forceinline__ void store_l2(float* p, float x, float y) {
 template <class S, int HS>
 __device__ __forceinline__ void dkv_load_key_tile(uint32_t (&ka)[kMtDkv][HS / 16][4],
                                                   uint32_t (&va)[kMtDkv][HS / 16][4], S* s_k, S* s_v, S* s_qdo,
-                                                  const S* q_base, const S* do_base, int64_t C, int64_t stride, int k0,
-                                                  int q0, int T, int warp, int lane) {
+                                                  const HeadRows<S>& hr, int k0, int q0, int T, int warp, int lane) {
     constexpr int kLd = Smem<HS>::kLd, kBr = owned_rows(kMtDkv);
-    load_tile<S, HS, kBr>(s_k, q_base + C, k0, T, stride);
-    load_tile<S, HS, kBr>(s_v, q_base + 2 * C, k0, T, stride);
+    load_tile<S, HS, kBr>(s_k, hr.q + hr.C, k0, T, hr.stride);
+    load_tile<S, HS, kBr>(s_v, hr.q + 2 * hr.C, k0, T, hr.stride);
     cp_async_commit();
-    load_tile<S, HS, kBc>(s_qdo, q_base, q0, T, stride);
-    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, do_base, q0, T, C);
+    load_tile<S, HS, kBc>(s_qdo, hr.q, q0, T, hr.stride);
+    load_tile<S, HS, kBc>(s_qdo + kBc * kLd, hr.dout, q0, T, hr.C);
     cp_async_commit();
     cp_async_wait<1>();  // K, V (Q, dO tile 0 may still be in flight)
     __syncthreads();
@@ -606,18 +628,28 @@ __device__ __forceinline__ void dkv_load_key_tile(uint32_t (&ka)[kMtDkv][HS / 16
 // is done with the previous tile (and what the walk staged for it), then issues the next tile's copies into the other
 // buffer. Returns the tile's Q; its dO follows at + kBc kLd.
 template <class S, int HS>
-__device__ __forceinline__ const S* dkv_walk_tile(S* s_qdo, const S* q_base, const S* do_base, int64_t C,
-                                                  int64_t stride, int q0, int buf, int T) {
+__device__ __forceinline__ const S* dkv_walk_tile(S* s_qdo, const HeadRows<S>& hr, int q0, int buf, int T) {
     constexpr int kLd = Smem<HS>::kLd;
     cp_async_wait<0>();
     __syncthreads();
     if (q0 + kBc < T) {
         S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
-        load_tile<S, HS, kBc>(next, q_base, q0 + kBc, T, stride);
-        load_tile<S, HS, kBc>(next + kBc * kLd, do_base, q0 + kBc, T, C);
+        load_tile<S, HS, kBc>(next, hr.q, q0 + kBc, T, hr.stride);
+        load_tile<S, HS, kBc>(next + kBc * kLd, hr.dout, q0 + kBc, T, hr.C);
         cp_async_commit();
     }
     return s_qdo + buf * 2 * kBc * kLd;
+}
+
+// The dK/dV and fused kernels' end: the warp's dK (times scale) and dV rows w0 .. w0 + 15 into dqkv, rounded once.
+template <class S, int HS>
+__device__ __forceinline__ void dkv_store(S* dqkv, const HeadRows<S>& hr, int b, int h, int T, int w0,
+                                          const float (&dk)[kMtDkv][HS / 8][4], const float (&dv)[kMtDkv][HS / 8][4],
+                                          float scale, int lane) {
+    S* dk_base = dqkv + static_cast<int64_t>(b) * T * hr.stride + hr.C + static_cast<int64_t>(h) * HS;
+    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
+    store_rows<S, HS>(dk_base, hr.stride, w0, T, dk[0], dk_factor, lane);
+    store_rows<S, HS>(dk_base + hr.C, hr.stride, w0, T, dv[0], dv_factor, lane);
 }
 
 // dK and dV of one key tile: grid (key tiles of owned_rows(kMtDkv), NH, B), block kThreads; warp w owns keys
@@ -640,25 +672,21 @@ __global__ void __launch_bounds__(kThreads)
     const int h = blockIdx.y, b = blockIdx.z;
     const int k0 = blockIdx.x * kBr;  // the longest key tiles (most query tiles) have the lowest index
     const int w0 = k0 + 16 * warp;    // the warp's first key; it owns keys w0 + g and w0 + g + 8
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
-    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    const HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, h, T, NH, HS);
     const float scale_log2 = scale * kLog2e;
 
     const int q_begin = k0 / kBc * kBc;
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, q_base, do_base, C, stride, k0, q_begin, T, warp, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, hr, k0, q_begin, T, warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
     for (int q0 = q_begin, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
         // this Q, dO tile has landed; every warp is done with the previous one, lse and D
-        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, q_base, do_base, C, stride, q0, buf, T);
+        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, hr, q0, buf, T);
         const S* s_do = s_q + kBc * kLd;
-        stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
+        stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
         __syncthreads();
         if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
 
@@ -669,10 +697,7 @@ __global__ void __launch_bounds__(kThreads)
             dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
         }
     }
-    S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
-    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
-    store_rows<S, HS>(dk_base, stride, w0, T, dk[0], dk_factor, lane);
-    store_rows<S, HS>(dk_base + C, stride, w0, T, dv[0], dv_factor, lane);
+    dkv_store<S, HS>(dqkv, hr, b, h, T, w0, dk, dv, scale, lane);
 }
 
 // Blocks per SM the fused backward's registers are capped for: 3 on sm_90 (<= 170 registers; its 65 KB of shared memory
@@ -721,24 +746,20 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
     const int bh = item % heads, b = bh / NH, h = bh % NH;
     int* sems = sync + 1 + static_cast<int64_t>(bh) * tiles;  // (tiles): contributions added to query tile i
     const int k0 = j * kBr, w0 = k0 + 16 * warp;
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
-    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    const HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, h, T, NH, HS);
     const float scale_log2 = scale * kLog2e;
 
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, q_base, do_base, C, stride, k0, k0, T, warp, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, hr, k0, k0, T, warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
     for (int q0 = k0, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
         // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
-        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, q_base, do_base, C, stride, q0, buf, T);
+        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, hr, q0, buf, T);
         const S* s_do = s_q + kBc * kLd;
-        stage_lse_d<S, HS>(s_lse2, s_d, s_do, o_base, C, lse_row, q0, T);
+        stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
         __syncthreads();
 
         MS_UNROLL
@@ -785,7 +806,7 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
             // from the kernel's parameters rather than per-head base pointers held across the walk: two 64-bit
             // registers fewer under the sm_90 cap (MS_FUSED_MIN_BLOCKS)
             float* acc = dq_acc + (static_cast<int64_t>(bh) * T + row) * HS + 2 * t;  // dq_acc (B, NH, T, HS)
-            S* d = dqkv + (static_cast<int64_t>(b) * T + row) * stride + h * HS + 2 * t;
+            S* d = dqkv + (static_cast<int64_t>(b) * T + row) * hr.stride + h * HS + 2 * t;
             MS_UNROLL
             for (int jn = 0; jn < HS / 8; ++jn) {
                 float x = dq[0][jn][2 * r], y = dq[0][jn][2 * r + 1];
@@ -806,10 +827,7 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
         __syncthreads();  // the block's adds are visible device-wide before the semaphore says so
         if (threadIdx.x == 0 && !last) release_store(sems + i, i - j + 1);
     }
-    S* dk_base = dqkv + static_cast<int64_t>(b) * T * stride + C + static_cast<int64_t>(h) * HS;
-    const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
-    store_rows<S, HS>(dk_base, stride, w0, T, dk[0], dk_factor, lane);
-    store_rows<S, HS>(dk_base + C, stride, w0, T, dv[0], dv_factor, lane);
+    dkv_store<S, HS>(dqkv, hr, b, h, T, w0, dk, dv, scale, lane);
 }
 
 // ----------------------------------------------------------------------------
