@@ -18,6 +18,8 @@ memory: at GPT-2 124M, micro-batch 16, the logits are 1.6 GB per pass); the max 
 either way, only the exp-sum's order differs. Accumulation contract: row statistics are overwritten; the backward
 overwrites logits with dlogits.
 */
+#include <type_traits>
+
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
 #include "engine/backends/cuda/pack.cuh"
 
@@ -53,21 +55,41 @@ __device__ __forceinline__ int target_column(int32_t target, int64_t vocab_start
 // CUDA kernels
 
 // f(j, x) for every column j < n of row l, x its logit as fp32: when `packed`, columns [0, n - n % K) by 16-byte packs
-// (pack p of the row to thread p % kBlockSize), the rest one per thread; otherwise one per thread throughout.
-template <class T, class F>
-__device__ __forceinline__ void for_each_column(const T* l, int n, bool packed, F&& f) {
+// (pack p of the row to thread p % kBlockSize), the rest one per thread; otherwise one per thread throughout. With
+// kStore (l then points to T, not const T), each column is overwritten by f's result rounded to T: a thread reads
+// its columns before it writes them, so an in-place pass needs no barrier.
+template <bool kStore, class P, class F>
+__device__ __forceinline__ void over_columns(P* l, int n, bool packed, F&& f) {
+    using T = std::remove_const_t<P>;
+    auto visit = [&](int j, T& v) {
+        if constexpr (kStore) {
+            v = from_float<T>(f(j, to_float(v)));
+        } else {
+            f(j, to_float(v));
+        }
+    };
     int j0 = 0;
     if constexpr (sizeof(T) == 2) {
         constexpr int K = Pack<T>::kSize;
         if (packed) {
             j0 = n - n % K;
             for (int j = threadIdx.x * K; j < j0; j += kBlockSize * K) {
-                const Pack<T> x = load_pack(l + j);
-                for (int k = 0; k < K; ++k) f(j + k, to_float(x.v[k]));
+                Pack<T> x = load_pack(l + j);
+                for (int k = 0; k < K; ++k) visit(j + k, x.v[k]);
+                if constexpr (kStore) store_pack(l + j, x);
             }
         }
     }
-    for (int j = j0 + threadIdx.x; j < n; j += kBlockSize) f(j, to_float(l[j]));
+    for (int j = j0 + threadIdx.x; j < n; j += kBlockSize) {
+        T v = l[j];
+        visit(j, v);
+        if constexpr (kStore) l[j] = v;
+    }
+}
+
+template <class T, class F>
+__device__ __forceinline__ void for_each_column(const T* l, int n, bool packed, F&& f) {
+    over_columns<false>(l, n, packed, f);
 }
 
 template <class T>
@@ -134,21 +156,8 @@ __global__ void cross_entropy_backward_kernel(T* __restrict__ logits, const int3
     const float max = row_max[n], d = dloss[n];
     const float scale = d / sum_exp[n];
     const int tj = target_column(targets[n], vocab_start, valid);
-    auto dlogit = [&](int j, float x) { return j < valid ? expf(x - max) * scale - (j == tj ? d : 0.0f) : 0.0f; };
-    // Each thread reads its elements before it writes them, so the in-place update needs no barrier.
-    int j0 = 0;
-    if constexpr (sizeof(T) == 2) {
-        constexpr int K = Pack<T>::kSize;
-        if (packed) {
-            j0 = Vp - Vp % K;
-            for (int j = threadIdx.x * K; j < j0; j += kBlockSize * K) {
-                Pack<T> x = load_pack(l + j);
-                for (int k = 0; k < K; ++k) x.v[k] = from_float<T>(dlogit(j + k, to_float(x.v[k])));
-                store_pack(l + j, x);
-            }
-        }
-    }
-    for (int j = j0 + threadIdx.x; j < Vp; j += kBlockSize) l[j] = from_float<T>(dlogit(j, to_float(l[j])));
+    over_columns<true>(l, Vp, packed,
+                       [&](int j, float x) { return j < valid ? expf(x - max) * scale - (j == tj ? d : 0.0f) : 0.0f; });
 }
 
 // Whether every row of an (N, Vp) T matrix at `logits` starts 16-byte aligned (the packed paths above).
