@@ -221,4 +221,18 @@ TEST(EquivalenceExact, Dp2Zero0AndZero1AreBitIdentical) {
     for (const auto& [name, g] : a.grads) EXPECT_EQ(g, b.grads.at(name)) << name;
 }
 
+// One rank on 1 and on 3 threads: the same bits. hidden_size 160 makes the CPU matmuls span several column blocks
+// (matmul.cpp: block_width), which 3 threads share unevenly (c_attn 480 columns, c_fc 640, a K of 160 for dinp).
+// ctest also runs this under OPENBLAS_CORETYPE=Haswell (tests/CMakeLists.txt), whose AVX2 sgemm kernel gives a
+// column bits that depend on the width of the call it is in.
+TEST(EquivalenceExact, OneRankOnOneAndThreeThreadsIsBitIdentical) {
+    const std::string wide = "--set model.hidden_size=160 ";
+    const RunResult a = run_layout(1, wide + "--set run.num_threads=1");
+    const RunResult b = run_layout(1, wide + "--set run.num_threads=3");
+    ASSERT_EQ(a.losses.size(), 10u);
+    EXPECT_EQ(a.losses, b.losses);
+    ASSERT_EQ(a.grads.size(), b.grads.size());
+    for (const auto& [name, g] : a.grads) EXPECT_EQ(g, b.grads.at(name)) << name;
+}
+
 }  // namespace

@@ -3,12 +3,16 @@
 // Layouts (row-major): inp/dinp (N, K), weight/dweight (M, K) (Linear orientation), bias/dbias (M), out/dout (N, M).
 // Backward: dinp = dout @ weight (= or += per `accumulate`, skipped when dinp is undefined),
 //           dweight += dout^T @ inp,  dbias += sum_n dout[n, :].
-// Fast path: one thread pool for the whole backend. Each OpenMP thread owns a slice of the output columns (of
-// dweight's rows) and calls a single-threaded OpenBLAS sgemm on it; bias and dbias are done on the same slices.
-// Why not OpenBLAS's own threads: its pthread pool and OpenMP's idle-spinning workers fight over the cores. On
-// 2 cores a fc -> gelu -> fc-proj sequence ran at 52.5 GFLOP/s that way and at 63.5 with the split, the same as
-// OpenBLAS alone with OMP_WAIT_POLICY=passive. Every output element is still the dot product of one
-// single-threaded sgemm, so the result does not depend on the thread count.
+// Fast path: one thread pool for the whole backend. The output columns (dweight's rows) are cut into blocks whose
+// width is a function of the column count alone (block_width), each block is one single-threaded OpenBLAS sgemm
+// call, and each OpenMP thread takes a contiguous run of whole blocks; bias and dbias are done on the same blocks.
+// Why not OpenBLAS's own threads: its pthread pool and OpenMP's idle-spinning workers fight over the cores.
+// Why blocks fixed by the shape and not one call per thread: OpenBLAS's sgemm kernels give a column bits that
+// depend on the width of the call it is in and on its place there (the AVX2 Haswell/Zen and the Cooperlake
+// kernels cover a call with micro-tiles of several widths, each accumulating in its own order), so a split that
+// follows the thread count changes the result with the thread count. With the blocks fixed, every output element
+// comes from the same sgemm call, of the same shape, at the same place, whatever the thread count and whichever
+// kernel OpenBLAS picked.
 // Reference path: triple loops with double accumulators.
 // GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in the same
 // mode: bit-identical to the two ops called one after the other.
@@ -73,26 +77,42 @@ void use_single_threaded_blas() {
     (void)done;
 }
 
-// The calling OpenMP thread's slice [begin, end) of n columns, cut at multiples of 16 (whole sgemm panels).
+// A range [begin, end) of columns (of dweight's rows).
 struct Slice {
     int64_t begin, end;
     int size() const { return static_cast<int>(end - begin); }
 };
 
-Slice thread_slice(int64_t n) {
-    constexpr int64_t kAlign = 16;
-    const int64_t threads = omp_get_num_threads();
-    const int64_t chunk = ((n + threads - 1) / threads + kAlign - 1) / kAlign * kAlign;
-    const int64_t begin = std::min(n, omp_get_thread_num() * chunk);
-    return {begin, std::min(n, begin + chunk)};
+// The width of the blocks n columns are cut into: a multiple of 16 (whole sgemm panels), at least kMinWidth so that
+// the operand every block's call packs again (the one spanning all the columns) is packed few times, and wide
+// enough that there are at most kMaxBlocks blocks. 24 blocks divide evenly over 1, 2, 3, 4, 6, 8, 12 and 24 threads.
+int64_t block_width(int64_t n) {
+    constexpr int64_t kPanel = 16, kMinWidth = 128, kMaxBlocks = 24;
+    const int64_t even = ((n + kMaxBlocks - 1) / kMaxBlocks + kPanel - 1) / kPanel * kPanel;
+    return std::max(kMinWidth, even);
 }
 
-// The calling thread's columns `cols` of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
+// The calling OpenMP thread's columns of n: a contiguous run of whole blocks (possibly none), the blocks shared out
+// as evenly as their count allows.
+Slice thread_columns(int64_t n) {
+    const int64_t width = block_width(n);
+    const int64_t blocks = (n + width - 1) / width;
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    return {std::min(n, blocks * t / threads * width), std::min(n, blocks * (t + 1) / threads * width)};
+}
+
+// f(block) for each block of n columns inside `cols` (a thread_columns(n) range).
+template <class F>
+void for_each_block(int64_t n, const Slice& cols, F&& f) {
+    const int64_t width = block_width(n);
+    for (int64_t b = cols.begin; b < cols.end; b += width) f(Slice{b, std::min(cols.end, b + width)});
+}
+
+// Columns `cols` (one block) of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
 template <class B>
-void forward_slice(const float* inp, const float* weight, const B* bias, float* out, const MatmulShape& s,
+void forward_block(const float* inp, const float* weight, const B* bias, float* out, const MatmulShape& s,
                    const Slice& cols) {
-    if (cols.size() == 0) return;
-    // Seed the slice with the bias, then let sgemm add the product into it (beta = 1).
+    // Seed the block with the bias, then let sgemm add the product into it (beta = 1).
     if (bias) {
         for (int64_t n = 0; n < s.N; ++n) {
             if constexpr (kIsF32<B>) {
@@ -117,7 +137,7 @@ void forward_fast(const MatmulForwardArgs& a, const MatmulShape& s) {
     D* out = a.out.as<D>();
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        forward_slice(inp, weight, bias, out, s, thread_slice(s.M));
+        for_each_block(s.M, thread_columns(s.M), [&](const Slice& b) { forward_block(inp, weight, bias, out, s, b); });
     } else {
         float* inp_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.K));
         float* weight_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.M * s.K));
@@ -126,8 +146,8 @@ void forward_fast(const MatmulForwardArgs& a, const MatmulShape& s) {
         {
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: both complete below
-            const Slice cols = thread_slice(s.M);
-            forward_slice(inp_f, weight_f, bias, out_f, s, cols);
+            const Slice cols = thread_columns(s.M);
+            for_each_block(s.M, cols, [&](const Slice& b) { forward_block(inp_f, weight_f, bias, out_f, s, b); });
             for (int64_t n = 0; n < s.N; ++n) {
                 for (int64_t m = cols.begin; m < cols.end; ++m) out[n * s.M + m] = from_float<D>(out_f[n * s.M + m]);
             }
@@ -191,21 +211,23 @@ void bias_backward_slice(const float* dout, float* dbias, int64_t N, int64_t M, 
 }
 
 // The calling thread's share of the backward on fp32 operands: columns k_cols of dinp (= or += per dinp_beta,
-// skipped when dinp is null) and rows m_rows of dweight and dbias (+=).
+// skipped when dinp is null) and rows m_rows of dweight and dbias (+=), both thread_columns ranges, block by block.
 void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta,
                      float* dweight, float* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
     const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
-    if (dinp && k_cols.size() > 0) {
-        // dinp[:, k_cols] (N, k) = dout (N, M) @ weight[:, k_cols] (M, k)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, k_cols.size(), M, 1.0f, dout, M,
-                    weight + k_cols.begin, K, dinp_beta, dinp + k_cols.begin, K);
+    if (dinp) {
+        for_each_block(s.K, k_cols, [&](const Slice& b) {
+            // dinp[:, b] (N, k) = dout (N, M) @ weight[:, b] (M, k)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, b.size(), M, 1.0f, dout, M, weight + b.begin, K,
+                        dinp_beta, dinp + b.begin, K);
+        });
     }
-    if (m_rows.size() > 0) {
-        // dweight[m_rows, :] (m, K) += dout[:, m_rows]^T (m, N) @ inp (N, K)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m_rows.size(), K, N, 1.0f, dout + m_rows.begin, M, inp, K,
-                    1.0f, dweight + m_rows.begin * s.K, K);
-        if (dbias) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
-    }
+    for_each_block(s.M, m_rows, [&](const Slice& b) {
+        // dweight[b, :] (m, K) += dout[:, b]^T (m, N) @ inp (N, K)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K, 1.0f,
+                    dweight + b.begin * s.K, K);
+    });
+    if (dbias && m_rows.size() > 0) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
 }
 
 template <class D>
@@ -220,8 +242,8 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
     const bool add = a.accumulate == Accumulate::kAdd;
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dbias, s, thread_slice(s.K),
-                        thread_slice(s.M));
+        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dbias, s, thread_columns(s.K),
+                        thread_columns(s.M));
     } else {
         float* dout_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.M));
         float* inp_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.N * s.K));
@@ -233,8 +255,8 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
             convert_to_f32_team(dout, dout_f, s.N * s.M);
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: all complete below
-            const Slice k_cols = thread_slice(s.K);
-            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dbias, s, k_cols, thread_slice(s.M));
+            const Slice k_cols = thread_columns(s.K);
+            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dbias, s, k_cols, thread_columns(s.M));
             if (dinp) {
                 for (int64_t n = 0; n < s.N; ++n) {
                     for (int64_t k = k_cols.begin; k < k_cols.end; ++k) {
