@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
 #include "engine/train/plan.h"
+#include "engine/train/reliability.h"
 
 namespace ms::app {
 namespace {
@@ -35,6 +37,10 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
+    // SIGTERM, SIGUSR1, SIGINT: stop between micro-batches with exit code 3 and no result; a long start (a large
+    // checkpoint to read) is ended by the setup watch (engine/train/reliability.h "Signals").
+    install_signal_handlers();
+    std::optional<SetupStopWatch> setup_watch(std::in_place);
     Config cfg = load_config(a.config_path, a.overrides);
     cfg.parallel = ParallelConfig{};  // one rank, the whole model
     cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
@@ -72,9 +78,15 @@ int run_eval(const EvalArgs& a) {
     SelfCommunicator tp("tp");
     Gpt model(shape, *backend, tp, mbs);
     read_whole_model(reader, model);
+    setup_watch.reset();
     std::vector<int32_t> tokens(static_cast<size_t>(mbs) * T), targets(tokens.size());
     float total = 0;  // the trainer's accumulation (PipelineModel::evaluate): float, in micro-batch order
     for (int64_t i = 0; i < micro_batches; ++i) {
+        if (const int sig = stop_signal()) {
+            log_warn("eval: {} received: stopped after {} of {} micro-batches, no result (exit code 3)",
+                     signal_name(sig), i, micro_batches);
+            return kExitSignal;
+        }
         sampler.fill(i * mbs, mbs, tokens.data(), targets.data());
         total += model.forward(tokens.data(), targets.data(), mbs, T);
     }

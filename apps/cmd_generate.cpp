@@ -18,6 +18,7 @@
 #include "engine/data/gpt2_bpe.h"
 #include "engine/model/gpt.h"
 #include "engine/train/plan.h"
+#include "engine/train/reliability.h"
 #include "engine/train/sampling.h"
 
 namespace ms::app {
@@ -33,6 +34,10 @@ struct GenerateArgs {
 };
 
 int run_generate(const GenerateArgs& a) {
+    // SIGTERM, SIGUSR1, SIGINT: stop before the next token with exit code 3 and no text; a long start (a large
+    // checkpoint to read) is ended by the setup watch (engine/train/reliability.h "Signals").
+    install_signal_handlers();
+    std::optional<SetupStopWatch> setup_watch(std::in_place);
     if (a.vocab.empty() != a.merges.empty())
         throw UserError(
             "command line error: GPT-2's BPE needs both --vocab vocab.json and --merges merges.txt (or "
@@ -84,13 +89,20 @@ int run_generate(const GenerateArgs& a) {
     SelfCommunicator tp("tp");
     Gpt model(shape, *backend, tp, 1);
     read_whole_model(reader, model);
+    setup_watch.reset();
     log_info(
         "generate: {} (iteration {}) | {} tokenizer | prompt of {} tokens | {} new tokens | temperature {} | "
         "top-k {} | seed {}",
         dir, reader.iteration(), bpe ? "GPT-2 BPE" : "byte-level", context.size(), a.tokens, a.temperature, a.top_k,
         a.seed);
     const size_t prompt_len = context.size();
-    const std::vector<int32_t> out = generate(model, tp, context, a.tokens, a.temperature, a.top_k, a.seed);
+    const std::vector<int32_t> out =
+        generate(model, tp, context, a.tokens, a.temperature, a.top_k, a.seed, [] { return stop_signal() != 0; });
+    if (const int sig = stop_signal()) {
+        log_warn("generate: {} received: stopped after {} of {} tokens, no text (exit code 3)", signal_name(sig),
+                 out.size() - prompt_len, a.tokens);
+        return kExitSignal;
+    }
     std::cout << a.prompt << decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), out.end()))
               << std::endl;
     return kExitOk;

@@ -280,7 +280,8 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     return mean;
 }
 
-float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T) {
+std::optional<float> PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T,
+                                             const std::function<bool()>& stop) {
     const int pp_size = groups_.pp_size, K = pp_size * virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
@@ -299,6 +300,7 @@ float PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int
             if (k < K - 1) post_send(chunk.output(0), act, (k + 1) % pp_size, tag(0, k, 0));
         }
         wait_sends();
+        if (stop && stop()) return std::nullopt;
     }
     total /= static_cast<float>(micro_batches);
     pp.all_reduce(std::span<float>(&total, 1), ReduceOp::kSum).wait();

@@ -16,7 +16,9 @@
 // pp = 1 runs the same code: a 1F1B schedule on one stage is forward, backward per micro-batch.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/process_groups.h"
@@ -64,8 +66,11 @@ class PipelineModel {
     // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
     // loss_scale multiplies the loss the backward starts from (fp16's loss scaling; 1 otherwise).
     float train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale = 1.0f);
-    // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage).
-    float evaluate(const Sampler& sampler, int64_t micro_batches, int T);
+    // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage). stop, when
+    // given, is called after every micro-batch on every rank (the trainer's agreement on a stop signal); once it
+    // returns true the evaluation ends there and returns nullopt.
+    std::optional<float> evaluate(const Sampler& sampler, int64_t micro_batches, int T,
+                                  const std::function<bool()>& stop = {});
     // The single chunk when pp == 1 and v == 1 (sampling needs the whole model on one rank).
     Gpt* whole_model() { return chunks_.size() == 1 && groups_.pp_size == 1 ? chunks_[0].get() : nullptr; }
     // Activation slots per local chunk (micro-batches in flight): the schedule's peak.

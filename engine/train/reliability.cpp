@@ -1,15 +1,22 @@
 #include "engine/train/reliability.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 #include "comm/flight_recorder.h"
 #include "comm/process_groups.h"
@@ -21,22 +28,146 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// ---- signals: the handler only stores; everything else happens at a step boundary ----
+// ---- signals: the first only sets the flag; everything else happens where the ranks agree ----
 
 volatile std::sig_atomic_t g_stop_signal = 0;
-volatile std::sig_atomic_t g_sigterm_count = 0;
+
+// Who writes the exit record: record_exit() or a second signal's handler, whichever claims it first; the code it
+// claimed with, for a handler that comes later and must exit with it.
+std::atomic<int> g_exit_claimed{0};
+std::atomic<int> g_exit_code{0};
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "the signal handler reads these");
+
+bool claim_exit_record(int code) {
+    int expected = 0;
+    if (!g_exit_claimed.compare_exchange_strong(expected, 1)) return false;
+    g_exit_code.store(code);
+    return true;
+}
+
+// What a second signal's handler writes, prepared when the exit record is armed: the handler may only call
+// async-signal-safe functions (open, write, rename, link, clock_gettime), so it formats nothing it could not
+// format into a fixed buffer. The same fields as record_exit()'s, without the peers' coordinates.
+constexpr size_t kPathMax = 1024;
+struct SignalExitFiles {
+    std::atomic<bool> ready{false};
+    std::atomic<int64_t> iteration{0};
+    int rank = 0;
+    char output_dir[kPathMax], status_dir[kPathMax], events_dir[kPathMax];
+    char rank_file[kPathMax], rank_tmp[kPathMax], top_file[kPathMax], top_tmp[kPathMax], events_file[kPathMax];
+    char host_json[256];  // the host as a JSON string, quotes included
+};
+SignalExitFiles g_signal_files;
+
+// A fixed buffer that async-signal-safe code appends to; what does not fit is cut off.
+struct SafeText {
+    char text[4096];
+    size_t size = 0;
+    SafeText& add(const char* s) {
+        while (*s && size + 1 < sizeof(text)) text[size++] = *s++;
+        text[size] = '\0';
+        return *this;
+    }
+    SafeText& add_int(int64_t v, int width = 0) {
+        char digits[24];
+        int n = 0;
+        const bool negative = v < 0;
+        uint64_t u = negative ? 0 - static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+        do {
+            digits[n++] = static_cast<char>('0' + u % 10);
+            u /= 10;
+        } while (u != 0);
+        while (n < width) digits[n++] = '0';
+        if (negative) add("-");
+        while (n > 0) {
+            const char c[2] = {digits[--n], '\0'};
+            add(c);
+        }
+        return *this;
+    }
+    // "2026-11-29T23:10:00.123Z", as utc_iso8601(); the civil date from days since 1970 (H. Hinnant's algorithm).
+    SafeText& add_utc_now() {
+        timespec ts{};
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const int64_t secs = ts.tv_sec, days = secs / 86400, sod = secs % 86400;
+        const int64_t z = days + 719468, era = z / 146097, doe = z - era * 146097;
+        const int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+        const int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100), mp = (5 * doy + 2) / 153;
+        const int64_t day = doy - (153 * mp + 2) / 5 + 1, month = mp < 10 ? mp + 3 : mp - 9;
+        const int64_t year = yoe + era * 400 + (month <= 2);
+        add("\"").add_int(year, 4).add("-").add_int(month, 2).add("-").add_int(day, 2).add("T");
+        add_int(sod / 3600, 2).add(":").add_int(sod / 60 % 60, 2).add(":").add_int(sod % 60, 2).add(".");
+        return add_int(ts.tv_nsec / 1000000, 3).add("Z\"");
+    }
+};
+
+bool write_all(const char* path, const SafeText& t) {
+    const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    size_t done = 0;
+    while (done < t.size) {
+        const ssize_t n = ::write(fd, t.text + done, t.size - done);
+        if (n <= 0) break;
+        done += static_cast<size_t>(n);
+    }
+    return ::close(fd) == 0 && done == t.size;
+}
+
+// The exit record of a second signal: exit_status/rank_XXXXX.json, exit_status.json (rank 0 always, another rank
+// only when none exists) and the exit event. Async-signal-safe.
+void write_signal_exit_record(int sig, int first_sig) {
+    SignalExitFiles& f = g_signal_files;
+    if (!f.ready.load()) return;
+    SafeText reason;
+    reason.add("second stop signal (").add(signal_name(sig)).add(", the first was ").add(signal_name(first_sig));
+    reason.add("): exited at once, nothing saved; a requeue resumes from the last committed checkpoint");
+    const int64_t it = f.iteration.load();
+    SafeText status;
+    status.add("{\n \"code\": ").add_int(128 + sig).add(",\n \"reason\": \"").add(reason.text);
+    status.add("\",\n \"iteration\": ").add_int(it).add(",\n \"rank\": ").add_int(f.rank);
+    status.add(",\n \"host\": ").add(f.host_json).add(",\n \"time\": ").add_utc_now();
+    status.add(",\n \"requeue\": true,\n \"failed_rank\": {\"rank\": ").add_int(f.rank).add(", \"host\": ");
+    status.add(f.host_json).add("}\n}\n");
+    ::mkdir(f.output_dir, 0755);
+    ::mkdir(f.status_dir, 0755);
+    if (write_all(f.rank_tmp, status)) ::rename(f.rank_tmp, f.rank_file);
+    if (write_all(f.top_tmp, status)) {
+        if (f.rank == 0) {
+            ::rename(f.top_tmp, f.top_file);
+        } else {
+            [[maybe_unused]] const int linked = ::link(f.top_tmp, f.top_file);  // only when none exists
+            ::unlink(f.top_tmp);
+        }
+    }
+    SafeText line;
+    line.add("{\"time\":").add_utc_now().add(",\"event\":\"exit\",\"rank\":").add_int(f.rank);
+    line.add(",\"code\":").add_int(128 + sig).add(",\"reason\":\"").add(reason.text);
+    line.add("\",\"iteration\":").add_int(it).add("}\n");
+    if (f.rank != 0) ::mkdir(f.events_dir, 0755);
+    const int fd = ::open(f.events_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        [[maybe_unused]] const ssize_t n = ::write(fd, line.text, line.size);
+        ::close(fd);
+    }
+}
 
 extern "C" void on_stop_signal(int sig) {
-    const bool repeated = sig == SIGTERM && g_sigterm_count > 0;
-    if (sig == SIGTERM) g_sigterm_count = 1;
-    if (repeated) {
-        static const char kMsg[] = "mindspeed-train: second SIGTERM: exiting now, nothing saved\n";
-        [[maybe_unused]] const ssize_t n = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-        std::signal(SIGTERM, SIG_DFL);
-        raise(SIGTERM);
+    const int first = g_stop_signal;
+    if (first == 0) {
+        g_stop_signal = sig;
         return;
     }
-    if (g_stop_signal == 0) g_stop_signal = sig;
+    SafeText msg;
+    msg.add("mindspeed-train: second stop signal (").add(signal_name(sig)).add("): exiting now, nothing saved\n");
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg.text, msg.size);
+    if (claim_exit_record(128 + sig)) {
+        write_signal_exit_record(sig, first);
+        std::signal(sig, SIG_DFL);
+        raise(sig);  // delivered when this handler returns: killed by the signal, as the record says
+        return;
+    }
+    _exit(g_exit_code.load());  // the run recorded how it ends (it is finishing): exit with that code at once
 }
 
 // ---- the exit record: process state, since apps/main.cpp records after the run's objects are gone ----
@@ -82,6 +213,36 @@ bool write_file_atomic(const fs::path& path, const std::string& text, bool exclu
 }
 
 std::string rank_file(int rank, const char* ext) { return fmt::format("rank_{:05d}.{}", rank, ext); }
+
+void copy_path(char (&out)[kPathMax], const fs::path& path) {
+    const std::string& p = path.native();
+    const size_t n = std::min(p.size(), kPathMax - 1);
+    p.copy(out, n);
+    out[n] = '\0';
+}
+
+// Fills g_signal_files from the armed record (its directory, rank and host); no second signal writes while it
+// is being filled.
+void prepare_signal_exit_record(const ExitRecord& r) {
+    SignalExitFiles& f = g_signal_files;
+    f.ready.store(false);
+    const fs::path dir(r.output_dir);
+    const std::string host = nlohmann::json(r.host).dump();
+    if (dir.native().size() + 64 >= kPathMax || host.size() >= sizeof(f.host_json)) return;
+    const std::string tmp = fmt::format(".tmp.{}.signal", getpid());
+    f.rank = r.rank;
+    copy_path(f.output_dir, dir);
+    copy_path(f.status_dir, dir / "exit_status");
+    copy_path(f.events_dir, dir / "events");
+    copy_path(f.rank_file, dir / "exit_status" / rank_file(r.rank, "json"));
+    copy_path(f.rank_tmp, dir / "exit_status" / (rank_file(r.rank, "json") + tmp));
+    copy_path(f.top_file, dir / "exit_status.json");
+    copy_path(f.top_tmp, dir / ("exit_status.json" + tmp));
+    copy_path(f.events_file, r.rank == 0 ? dir / "events.jsonl" : dir / "events" / rank_file(r.rank, "jsonl"));
+    host.copy(f.host_json, host.size());
+    f.host_json[host.size()] = '\0';
+    f.ready.store(true);
+}
 
 void write_event(const ExitRecord& r, const std::string& type, nlohmann::json fields, bool local) {
     if (!r.armed || (r.rank != 0 && !local)) return;
@@ -172,6 +333,7 @@ void install_signal_handlers() {
     sa.sa_flags = SA_RESTART;  // file writes and sleeps in progress carry on
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGUSR1, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
 }
 
 int stop_signal() { return g_stop_signal; }
@@ -198,7 +360,7 @@ const char* signal_name(int sig) {
 
 void record_exit(int code, const std::string& reason) {
     ExitRecord& r = exit_record();
-    if (!r.armed || r.written) return;
+    if (!r.armed || r.written || !claim_exit_record(code)) return;  // a second signal may have written it
     r.written = true;
     const nlohmann::ordered_json status = {{"code", code},
                                            {"reason", reason},
@@ -235,6 +397,7 @@ Reliability::Reliability(const Config& cfg, const ProcessGroups& groups, std::st
     r.output_dir = cfg.run.output_dir;
     r.host = host_;
     r.rank = rank_;
+    prepare_signal_exit_record(r);
 }
 
 CollectiveWatchOptions Reliability::watch_options() const {
@@ -284,6 +447,7 @@ void Reliability::event(const std::string& type, nlohmann::json fields, bool loc
 
 void Reliability::begin_step(int64_t it) {
     exit_record().iteration = it;
+    g_signal_files.iteration.store(it);
     if (inject_.kind == FaultKind::kNone || inject_.step != it || inject_.rank != rank_) return;
     const char* what = inject_.kind == FaultKind::kCrash     ? "crash: SIGKILL to itself"
                        : inject_.kind == FaultKind::kHang    ? "hang: sleeping forever"
@@ -387,17 +551,47 @@ void Reliability::after_step(int64_t it) {
               /*local=*/local_bits_ != 0);
         skipped_ = false;
     }
-    if (signal_ != 0 && !signal_logged_) {
-        signal_logged_ = true;
-        event("signal", {{"iteration", it}, {"signal", signal_name(signal_)}, {"first_rank", signal_rank_}});
-    }
+    if (signal_ != 0) log_signal(it, "train");
 }
 
-int Reliability::exit_on_signal(int64_t it, const std::string& checkpoint_dir) {
-    const std::string reason = fmt::format(
-        "{} received (rank {} first): stopped after iteration {}; {}", signal_name(signal_), signal_rank_, it,
-        checkpoint_dir.empty() ? "checkpoint.save is not set, so nothing was saved"
-                               : fmt::format("checkpoint saved to {}", checkpoint_dir));
+void Reliability::log_signal(int64_t it, std::string_view phase) {
+    if (signal_logged_) return;
+    signal_logged_ = true;
+    event("signal",
+          {{"iteration", it}, {"signal", signal_name(signal_)}, {"first_rank", signal_rank_}, {"phase", phase}});
+}
+
+bool Reliability::poll_stop(Communicator& world) {
+    const int sig = stop_signal();
+    std::array<int32_t, 2> flags = {sig, sig ? world_size_ - rank_ : 0};
+    world.all_reduce(std::span<int32_t>(flags), ReduceOp::kMax).wait();
+    if (flags[0] == 0) return false;
+    signal_ = flags[0];
+    signal_rank_ = world_size_ - flags[1];
+    return true;
+}
+
+void Reliability::stop_point(Communicator& world) {
+    if (!poll_stop(world)) return;
+    const int64_t it = exit_record().iteration;
+    log_signal(it, "setup");
+    const std::string reason =
+        fmt::format("{} received (rank {} first) during setup: stopped before the first training step; nothing to save",
+                    signal_name(signal_), signal_rank_);
+    log_info("exit: {} (exit code 3: requeue to resume)", reason);
+    record_exit(kExitSignal, reason);
+    throw SignalStop(reason);
+}
+
+int Reliability::exit_on_signal(int64_t it, const std::string& checkpoint_dir, std::string_view phase) {
+    log_signal(it, phase.empty() ? "train" : phase);
+    const std::string saved = checkpoint_dir.empty() ? "checkpoint.save is not set, so nothing was saved"
+                                                     : fmt::format("checkpoint saved to {}", checkpoint_dir);
+    const std::string reason =
+        phase.empty() ? fmt::format("{} received (rank {} first): stopped after iteration {}; {}", signal_name(signal_),
+                                    signal_rank_, it, saved)
+                      : fmt::format("{} received (rank {} first) during {}: stopped after iteration {}; {}",
+                                    signal_name(signal_), signal_rank_, phase, it, saved);
     log_info("exit: {} (exit code 3: requeue to resume)", reason);
     record_exit(kExitSignal, reason);
     return kExitSignal;
@@ -413,6 +607,51 @@ std::string Reliability::describe_bad(int bits) const {
     const char* kind = bits & kNaN ? "NaN" : "Inf";
     if ((bits & kLossBad) && (bits & kGradBad)) return fmt::format("{} in local loss and local grad norm", kind);
     return fmt::format("{} in local {}", kind, bits & kLossBad ? "loss" : "grad norm");
+}
+
+// ---- the setup watch ----
+
+struct SetupStopWatch::State {
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool done = false;
+    std::thread thread;
+};
+
+SetupStopWatch::SetupStopWatch() : state_(std::make_unique<State>()) {
+    state_->thread = std::thread([s = state_.get()] {
+        constexpr auto kPoll = std::chrono::milliseconds(20);
+        std::chrono::steady_clock::time_point seen{};
+        std::unique_lock<std::mutex> lock(s->mutex);
+        while (!s->wake.wait_for(lock, kPoll, [s] { return s->done; })) {
+            const int sig = stop_signal();
+            if (sig == 0) continue;
+            const auto now = std::chrono::steady_clock::now();
+            if (seen == std::chrono::steady_clock::time_point{}) seen = now;
+            if (std::chrono::duration<double>(now - seen).count() < kSetupStopGraceS) continue;
+            const std::string reason = fmt::format(
+                "{} received during setup: exited {:.1f} s later without waiting for the other ranks (setup was "
+                "still in a long phase); nothing to save",
+                signal_name(sig), kSetupStopGraceS);
+            if (g_exit_claimed.load() != 0) return;  // the main thread is already ending the run
+            write_event(exit_record(), "signal", {{"signal", signal_name(sig)}, {"phase", "setup"}}, /*local=*/false);
+            log_info("exit: {} (exit code 3: requeue to resume)", reason);
+            record_exit(kExitSignal, reason);
+            std::fflush(stdout);
+            std::fflush(stderr);
+            // 3, or the code of an end the main thread recorded first
+            _exit(g_exit_claimed.load() != 0 ? g_exit_code.load() : kExitSignal);
+        }
+    });
+}
+
+SetupStopWatch::~SetupStopWatch() {
+    {
+        std::lock_guard<std::mutex> lock(state_->mutex);
+        state_->done = true;
+    }
+    state_->wake.notify_one();
+    state_->thread.join();
 }
 
 }  // namespace ms

@@ -2,14 +2,29 @@
 // happened (reference/ecosystem-reliability.md A6.2, A6.3, B6, B7; README "Exit codes"). Collective timeouts and
 // the flight recorder live in comm/mpi/collective_watch.h; Reliability configures them.
 //
-// Signals. install_signal_handlers() makes SIGTERM and SIGUSR1 set a flag and nothing else. At every step boundary
-// step_boundary() all-reduces (MAX) every rank's flag in one small int32 all-reduce over world, so all ranks make
-// the same decision: finish the iteration, save a checkpoint when checkpoint.save is set, write the run files and
-// exit 3. A second SIGTERM ends the process at once, killed by SIGTERM (status 143 in a shell), saving nothing.
-// Under Open MPI 4, mpirun turns a SIGTERM it receives into a job kill -- SIGCONT, SIGTERM 1 s later, SIGKILL
-// after another 1 s (odls_base_sigkill_timeout) -- too short to save anything; it forwards SIGUSR1 and SIGUSR2 to
-// every rank untouched. So under mpirun, stop a run with SIGUSR1 (`kill -USR1 <mpirun pid>`; Slurm: sbatch
-// --signal=B:USR1@300 with the batch script forwarding it to mpirun). srun delivers SIGTERM to every task.
+// Signals. install_signal_handlers() makes SIGTERM, SIGUSR1 and SIGINT set a flag and nothing else; the run acts
+// on it at the next point where every rank can agree, in every phase:
+//   setup     stop points between its phases (one int32[2] all-reduce over world each): every rank exits 3, nothing
+//             to save. A phase that runs long (planning, building or initialising a large model, reading a
+//             checkpoint) is not waited for: SetupStopWatch ends the process with exit code 3 and its exit record
+//             kSetupStopGraceS after the signal, without waiting for the other ranks (the launcher ends them, or
+//             they get the signal too).
+//   train     step_boundary() all-reduces (MAX) every rank's flag with the NaN verdict, so all ranks make the same
+//             decision: finish the iteration, save a checkpoint when checkpoint.save is set, exit 3.
+//   validate  poll_stop() after every micro-batch: the iteration before it is complete and the evaluation changes
+//             no state, so that iteration is saved; the partial validation loss is dropped (a resume does not
+//             repeat it).
+//   save      a save in progress completes (it is the checkpoint the requeue resumes from), then poll_stop()
+//             agrees and the run exits 3 without another step.
+//   sample    poll_stop() before every sampled token: the run's training and its final save are done; exit 3.
+// A second stop signal ends the process at once, killed by that signal (status 128 + n in a shell), saving nothing:
+// its handler writes the exit record (code 128 + n) from a prepared buffer with open/write/rename only, unless the
+// run already recorded one -- then it exits with that code, so that the status and the process agree.
+// Under Open MPI 4, mpirun turns a SIGTERM or SIGINT it receives into a job kill -- SIGCONT, SIGTERM 1 s later,
+// SIGKILL after another 1 s (odls_base_sigkill_timeout) -- and then exits 1 whatever the ranks reported; it
+// forwards SIGUSR1 and SIGUSR2 to every rank untouched, and returns the ranks' 3. So under mpirun, stop a run with
+// SIGUSR1 (`kill -USR1 <mpirun pid>`; Slurm: scancel --signal=USR1 --batch or sbatch --signal=B:USR1@300 with the
+// batch script passing it on to mpirun; README "Exit codes"). srun delivers SIGTERM to every task itself.
 //
 // NaN policy. After the backward of a step and before the data-parallel reduction, every rank checks its own
 // gradients (sum of squares of its flat buffer) and the last pipeline stage also its own loss: the rank that
@@ -47,6 +62,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -88,11 +104,38 @@ FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_s
 
 // ---- signals ----
 
-// SIGTERM and SIGUSR1 set the stop flag (the first signal's number); a second SIGTERM kills the process.
+// SIGTERM, SIGUSR1 and SIGINT set the stop flag (the first signal's number); a second one ends the process at once
+// (with its exit record once one is armed).
 void install_signal_handlers();
 int stop_signal();  // 0 until a stop signal arrived, then its number
 const volatile std::sig_atomic_t* stop_signal_flag();
 const char* signal_name(int sig);  // "SIGTERM", "SIGUSR1", ...
+
+// A stop signal ended the run outside a step boundary (setup; the trainer's other phases return exit_on_signal()'s
+// code): exit code 3, already logged and recorded.
+class SignalStop : public RunError {
+  public:
+    explicit SignalStop(const std::string& what) : RunError(what, kExitSignal) { set_reported(); }
+};
+
+// How long setup may run on after a stop signal before SetupStopWatch ends the process: the stop points between
+// setup's phases act within it when the phases are short, so the ranks agree and MPI finalizes.
+inline constexpr double kSetupStopGraceS = 0.5;
+
+// Alive while the trainer sets up (from its exit record being armed to the first step): a stop signal that no stop
+// point has acted on within kSetupStopGraceS records exit code 3 ("during setup") and ends the process with it.
+// Nothing is lost: no step has run. One thread that polls the flag; it calls no MPI.
+class SetupStopWatch {
+  public:
+    SetupStopWatch();
+    ~SetupStopWatch();
+    SetupStopWatch(const SetupStopWatch&) = delete;
+    SetupStopWatch& operator=(const SetupStopWatch&) = delete;
+
+  private:
+    struct State;
+    std::unique_ptr<State> state_;
+};
 
 // ---- exit record ----
 
@@ -132,16 +175,23 @@ class Reliability {
                               bool check_grads = true);
     // After the step (outside the allocation guard): logs and records what step_boundary found.
     void after_step(int64_t it);
-    // The signal stop: logs, records exit code 3 and returns it. checkpoint_dir: what was saved ("" for nothing).
-    int exit_on_signal(int64_t it, const std::string& checkpoint_dir);
+    // Whether some rank has a stop signal: one int32[2] all-reduce (MAX) over world, so every rank answers the same.
+    // For the phases outside the step (validation, after a save, sampling): call it at the same point on every rank.
+    bool poll_stop(Communicator& world);
+    // A setup stop point: when poll_stop() says so, logs, records exit code 3 and throws SignalStop.
+    void stop_point(Communicator& world);
+    // The signal stop after iteration `it`: logs, records exit code 3 and returns it. checkpoint_dir: what was saved
+    // ("" for nothing). phase: what the signal interrupted ("" for the training step itself).
+    int exit_on_signal(int64_t it, const std::string& checkpoint_dir, std::string_view phase = {});
     // Training finished: records exit code 0 and returns it.
     int finish(int64_t iterations);
 
     const FaultInjection& injection() const { return inject_; }
 
   private:
-    std::string describe_bad(int bits) const;  // "NaN in local grad norm", ...
-    void log_injected_nan(int64_t it);         // the fault_injected event of a nan injection
+    std::string describe_bad(int bits) const;             // "NaN in local grad norm", ...
+    void log_injected_nan(int64_t it);                    // the fault_injected event of a nan injection
+    void log_signal(int64_t it, std::string_view phase);  // the signal event, once
 
     const Config& cfg_;
     int rank_, world_size_, tp_, dp_, pp_stage_;

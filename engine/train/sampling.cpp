@@ -12,7 +12,7 @@
 namespace ms {
 
 std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
-                              float temperature, int top_k, uint64_t seed) {
+                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop) {
     const GptShape& s = model.shape();
     const uint64_t stream = name_hash("generate");
     std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
@@ -21,6 +21,7 @@ std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t>
     // the last row's logits of every TP rank, in the model's dtype (the all-gather follows the backend's kernels)
     std::vector<std::byte> gathered(static_cast<size_t>(s.Vp) * dtype_size(model.dtype()));
     for (int i = 0; i < num_tokens; ++i) {
+        if (stop && stop()) break;
         const int T = static_cast<int>(std::min<size_t>(context.size(), static_cast<size_t>(s.seq())));
         const int32_t* window = context.data() + context.size() - T;
         model.forward(window, nullptr, 1, T);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -17,8 +18,9 @@ namespace ms {
 // the last min(context length, T) tokens and samples from softmax(logits / temperature) over the real vocabulary V
 // (padded columns never drawn), restricted to the top_k largest logits when top_k > 0. Every TP rank of `tp`
 // gathers the full last-position logits and draws the same token, so all ranks stay in step; pass a
-// SelfCommunicator for a whole model on one rank.
+// SelfCommunicator for a whole model on one rank. stop, when given, is called before every token (on every rank:
+// the trainer's agreement on a stop signal); once it returns true, sampling ends and the context so far is returned.
 std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
-                              float temperature, int top_k, uint64_t seed);
+                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop = {});
 
 }  // namespace ms

@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -222,6 +223,10 @@ int run_train(const Config& cfg_in) {
     }
     MpiRuntime mpi;
     Communicator& world = mpi.world();
+    // Stop signals (reliability.h "Signals"): from here to the first step, stop points between setup's phases, and
+    // the setup watch for a phase that runs long.
+    install_signal_handlers();
+    std::optional<SetupStopWatch> setup_watch(std::in_place);
     // Everything that can be wrong with the input is checked before any large allocation. The ranks agree on the
     // outcome before the first collective that could otherwise wait forever for a rank that failed alone (a data
     // file missing on one node): every rank fails with exit code 2, the failing ones with their own sentence.
@@ -246,8 +251,8 @@ int run_train(const Config& cfg_in) {
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     Reliability reliability(cfg, groups, mpi.hostname());
     mpi.set_collective_watch(reliability.watch_options());
-    install_signal_handlers();
     reliability.start(world, name_hash(config_to_yaml(cfg)));
+    reliability.stop_point(world);
     const int T = cfg.model.seq_length;
     const int mbs = cfg.training.micro_batch_size;
     const int num_mb = d.num_microbatches;
@@ -288,6 +293,7 @@ int run_train(const Config& cfg_in) {
     std::unique_ptr<Backend> backend;
     on_every_rank_or_none(world, "start its backend", [&] { backend = make_backend(bo); });
     check_memory_fits(cfg, stages, world, mpi.local_size(), backend->device_memory());
+    reliability.stop_point(world);
     if (const char* p = std::getenv("MS_DEFER_OPS"); p != nullptr && std::string_view(p) == "1") {
         backend = std::make_unique<DeferredBackend>(std::move(backend));
         log_info(
@@ -333,6 +339,7 @@ int run_train(const Config& cfg_in) {
                                    cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank, &arena);
     if (dtype != DType::kF32) optimizer.set_weights(model.weights(), dtype);
     LossScaler scaler(cfg.mixed_precision);
+    reliability.stop_point(world);
     log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {}){}",
              human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
              human_bytes(static_cast<double>(optimizer.state_bytes())), cfg.parallel.zero_stage,
@@ -369,6 +376,8 @@ int run_train(const Config& cfg_in) {
     const CheckpointContext ckpt{cfg, shape, groups, model.params_info(), model.params(), optimizer};
     const std::string data_id = data_fingerprint(source->fingerprint(), cfg.data, T, cfg.run.seed);
     const std::optional<TrainState> resumed = load_checkpoint(ckpt, data_id);
+    reliability.stop_point(world);
+    setup_watch.reset();  // from here the step boundaries agree on a stop signal
     const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
     if (resumed) {
         model.refresh_weights();  // the loaded master weights, rounded into the 16-bit ones (no-op in fp32)
@@ -444,6 +453,9 @@ int run_train(const Config& cfg_in) {
     size_t memory_peak = 0;  // the arena's peak of block bytes after the first step
     int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
 
+    // Validation and sampling agree on a stop signal as they go (one all-reduce per micro-batch or token).
+    const std::function<bool()> stop_requested = [&] { return reliability.poll_stop(world); };
+    std::string last_saved;  // the run's latest checkpoint, for a stop after the loop
     for (int64_t it = first_it; it <= cfg.training.train_iters; ++it) {
         const double t0 = now_seconds();
         const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait();
@@ -562,33 +574,48 @@ int run_train(const Config& cfg_in) {
             interval_loss = interval_time = interval_bubble = interval_comm = 0;
             interval_steps = 0;
         }
-        if (valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
-            float vloss = model.evaluate(*valid_sampler, cfg.eval.eval_iters * num_mb, T);
-            groups.dp->all_reduce(std::span<float>(&vloss, 1), ReduceOp::kAvg).wait();
-            log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
-                     std::exp(vloss));
-            if (writer) {
-                metrics << nlohmann::json{{"iteration", it},
-                                          {"consumed_samples", consumed},
-                                          {"validation lm loss", vloss}}
-                               .dump()
-                        << '\n'
-                        << std::flush;
+        // A stop signal (reliability.h "Signals") ends the run after this iteration: agreed at its step boundary, or
+        // during its validation or save. Validation changes no state, so iteration `it` is what a stop saves.
+        bool stop = verdict.stop;
+        std::string_view stopped_in;  // the phase a signal interrupted; "" for the step itself
+        if (!stop && valid_sampler && (it % cfg.eval.eval_interval == 0 || it == cfg.training.train_iters)) {
+            const std::optional<float> local =
+                model.evaluate(*valid_sampler, cfg.eval.eval_iters * num_mb, T, stop_requested);
+            if (!local) {
+                stop = true;
+                stopped_in = "validation";
+            } else {
+                float vloss = *local;
+                groups.dp->all_reduce(std::span<float>(&vloss, 1), ReduceOp::kAvg).wait();
+                log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
+                         std::exp(vloss));
+                if (writer) {
+                    metrics << nlohmann::json{{"iteration", it},
+                                              {"consumed_samples", consumed},
+                                              {"validation lm loss", vloss}}
+                                   .dump()
+                            << '\n'
+                            << std::flush;
+                }
             }
         }
         // Megatron saves every save_interval iterations and, when checkpoint.save is set, at the end -- and when a
-        // stop signal arrived (then exits 3).
-        const bool stop = verdict.stop && it < cfg.training.train_iters;
+        // stop signal arrived (then exits 3). A signal during a save lets it complete, then stops.
         std::string saved;
         if (!cfg.checkpoint.save.empty() &&
             ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) ||
              it == cfg.training.train_iters || stop)) {
             saved = save_checkpoint(ckpt, train_state(it));
+            last_saved = saved;
             reliability.event("checkpoint_saved", {{"iteration", it}, {"dir", saved}});
+            if (!stop && reliability.poll_stop(world)) {
+                stop = true;
+                stopped_in = "the checkpoint save";
+            }
         }
         if (stop) {
             backend->synchronize();
-            return reliability.exit_on_signal(it, saved);
+            return reliability.exit_on_signal(it, saved, stopped_in);
         }
     }
 
@@ -605,8 +632,14 @@ int run_train(const Config& cfg_in) {
             context.assign(inputs.begin(), inputs.begin() + std::min(T, 8));
         }
         const size_t prompt_len = context.size();
-        const std::vector<int32_t> out = generate(*model.whole_model(), *groups.tp, context, cfg.eval.sample_tokens,
-                                                  cfg.eval.sample_temperature, cfg.eval.sample_top_k, cfg.run.seed);
+        bool stopped = false;
+        const std::vector<int32_t> out =
+            generate(*model.whole_model(), *groups.tp, context, cfg.eval.sample_tokens, cfg.eval.sample_temperature,
+                     cfg.eval.sample_top_k, cfg.run.seed, [&] { return stopped = stop_requested(); });
+        if (stopped) {
+            backend->synchronize();
+            return reliability.exit_on_signal(cfg.training.train_iters, last_saved, "the end-of-run sample");
+        }
         log_info("sample (temperature {}, top-k {}), prompt in [brackets]:\n[{}]{}", cfg.eval.sample_temperature,
                  cfg.eval.sample_top_k,
                  source->decode(std::vector<int32_t>(out.begin(), out.begin() + static_cast<long>(prompt_len))),
