@@ -81,8 +81,9 @@ class CheckpointWriter {
 
     // Lists every file under tmp_dir() with its size and XXH64 (re-reading each and fsyncing it and its
     // directory), writes manifest.json = `manifest` (an object: world size, config hash, ...) plus
-    // "format_version", "iteration" and "files", renames the directory to <save>/iter_XXXXXXX/ (replacing an older
-    // checkpoint of the same iteration), fsyncs <save>, then writes the tracker. Returns the final directory.
+    // "format_version", "iteration" and "files", renames the directory to <save>/iter_XXXXXXX/ (replacing one of
+    // the same iteration: the trainer's startup checks let only one that failed verification get here), fsyncs
+    // <save>, then writes the tracker. Returns the final directory.
     // A leftover "*.tmp" file inside (an unfinished write) or an existing manifest.json is an error.
     std::string commit(const nlohmann::json& manifest);
 
@@ -104,10 +105,53 @@ class CheckpointWriter {
 // (kExitCheckpoint) naming the directory, the file and the problem.
 void verify_checkpoint(const std::string& dir, bool verify_checksums);
 
-// The iteration to resume from: the tracker's, if that checkpoint verifies; otherwise (warning why) the newest
-// iter_XXXXXXX/ that verifies. *.tmp directories and directories without a valid manifest are never chosen.
-// nullopt when <save> does not exist or holds no valid checkpoint.
+// The iteration to resume from: the newest iter_XXXXXXX/ that verifies, whatever the tracker says (warning why each
+// newer one is skipped). A tracker naming an older checkpoint is stale -- a save that crashed between committing
+// its directory and writing the tracker, or a tracker moved back by hand -- and is named in a warning: resuming
+// from it would make the run's next saves replace the newer checkpoints. *.tmp directories and directories without
+// a valid manifest are never chosen. nullopt when <save> does not exist or holds no valid checkpoint. To rewind a
+// run, move the newer iter_XXXXXXX/ directories away.
 std::optional<int64_t> find_latest_committed(const std::string& save, bool verify_checksums);
+
+// ---- the save directory, checked and locked at startup (checkpoint.h open_save_dir) ----
+
+inline constexpr const char* kLockFile = "mindspeed-train.lock";
+
+// Creates `save` (and its parents) and a file in it, then removes the file: a read-only, unwritable or impossible
+// directory is found before training instead of at the first save. UserError (kExitConfigError) naming the directory
+// and the errno text otherwise.
+void check_dir_writable(const std::string& save);
+
+// Bytes an unprivileged writer may still use on the filesystem holding `dir` (statvfs: f_bavail * f_frsize).
+uint64_t free_bytes(const std::string& dir);
+
+// One run's hold on a save directory: <save>/mindspeed-train.lock holds {"host", "pid", "started" (UTC),
+// "proc_start" (the holder's start time in clock ticks after boot, from /proc/<pid>/stat)} from construction to
+// destruction. The lock is written whole into a file of this process's own name and then hard-linked to the lock's
+// name, which fails when the name exists: creation is atomic (also on NFS) and a reader never sees a partial lock.
+// A lock of a live process, of another host (whose processes this host cannot see), or one this program did not
+// write refuses the run: UserError (kExitConfigError) naming the holder and what to do. A lock of a process of this
+// host that is gone (no such pid, or the pid now belongs to a process that started at another time: a crashed or
+// killed run) is taken over with a warning naming it. Only the rank that commits takes it (checkpoint.h).
+class SaveDirLock {
+  public:
+    explicit SaveDirLock(const std::string& save);
+    ~SaveDirLock();  // removes the lock file if it still is this process's
+    SaveDirLock(const SaveDirLock&) = delete;
+    SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+    const std::string& path() const { return path_; }
+
+  private:
+    std::string path_;
+    std::string content_;  // what this process wrote: the lock is removed only while it holds exactly this
+};
+
+// Under the save directory's lock no save is in flight, so what a crashed save (a kill, a full disk) left is cleaned
+// with a log line each: iter_X.tmp/ directories and the tracker's .tmp file are removed; iter_X.old.tmp/, a
+// committed checkpoint that a save of the same iteration moved aside (CheckpointWriter::commit), is removed when
+// iter_X/ exists and moved back when it does not (the save crashed between its two renames).
+void clean_uncommitted(const std::string& save);
 
 // Retention: deletes committed checkpoints (iter_XXXXXXX/ with a manifest.json) other than the newest k and the
 // one the tracker names, and *.tmp directories older than the newest committed one (crashed saves). k >= 2, so

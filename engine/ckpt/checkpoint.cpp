@@ -16,6 +16,7 @@
 #include "engine/core/log.h"
 #include "engine/core/philox.h"
 #include "engine/core/timer.h"
+#include "engine/data/file_source.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/distributed_optimizer.h"
 
@@ -126,6 +127,12 @@ std::pair<int64_t, int64_t> optim_range(const ParamInfo& p, const DistributedOpt
 }
 
 bool saves_optimizer(const CheckpointContext& c) { return c.optimizer.zero_stage() == 1 || c.groups.dp_rank == 0; }
+
+// Whether a save writes on this rank (write_rank_files and the commit): dp rank 0 the model file, saves_optimizer
+// the optimizer file, world rank 0 the train state and the commit.
+bool writes_files(const CheckpointContext& c) {
+    return c.groups.dp_rank == 0 || saves_optimizer(c) || c.groups.world->rank() == 0;
+}
 
 // Counts (model elements, optimizer elements) this rank writes, for the coverage check.
 std::array<int64_t, 2> stored_counts(const CheckpointContext& c) {
@@ -251,18 +258,6 @@ void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     c.optimizer.set_steps_taken(with_optimizer ? r.train_state().optimizer_step : 0);
 }
 
-// A run that starts from scratch but saves into a directory holding checkpoints: its saves replace same-numbered
-// ones, and retention counts the old ones (the newest k by iteration survive), so say so once.
-void warn_foreign_checkpoints(const CheckpointContext& c) {
-    const std::string& save = c.cfg.checkpoint.save;
-    if (c.groups.world->rank() != 0 || save.empty() || !fs::is_directory(save) || !holds_committed_name(save)) return;
-    log_warn(
-        "checkpoint: checkpoint.save '{}' already holds checkpoints, and this run starts from scratch: its saves "
-        "replace those of the same iteration and checkpoint.keep_latest_k keeps the newest by iteration number, "
-        "old or new\n---> HINT: set checkpoint.load to the same directory to continue that run, or save elsewhere",
-        save);
-}
-
 }  // namespace
 
 nlohmann::json train_state_to_json(const TrainState& s) {
@@ -324,6 +319,59 @@ std::string data_fingerprint(uint64_t source_fingerprint, const DataConfig& data
     return xxh64_hex(xxh64(id.data(), id.size()));
 }
 
+int64_t checkpoint_tensor_bytes(const GptShape& shape) {
+    constexpr int64_t kCopies = 3;  // the weight, exp_avg, exp_avg_sq
+    return gpt_num_params(shape) * kCopies * static_cast<int64_t>(sizeof(float));
+}
+
+std::unique_ptr<SaveDirLock> open_save_dir(const CheckpointContext& c) {
+    const std::string& save = c.cfg.checkpoint.save;
+    if (save.empty() || !writes_files(c)) return nullptr;
+    check_dir_writable(save);
+    const uint64_t need = static_cast<uint64_t>(checkpoint_tensor_bytes(c.shape)), free = free_bytes(save);
+    const std::string numbers = fmt::format(
+        "one checkpoint of this model needs at least {} bytes ({}: {} parameters, each as an fp32 weight "
+        "and two fp32 AdamW moments), and {} bytes ({}) are free there",
+        need, data::human_bytes(need), gpt_num_params(c.shape), free, data::human_bytes(free));
+    if (free < need)
+        throw UserError(
+            fmt::format("checkpoint.save '{}' has no room for a checkpoint: {}; the first save would "
+                        "fail\n---> HINT: free space there, or point checkpoint.save at a larger filesystem",
+                        save, numbers));
+    if (c.groups.world->rank() != 0) return nullptr;
+    if (free / 2 < need && c.cfg.checkpoint.save_interval > 0)
+        log_warn(
+            "checkpoint: checkpoint.save '{}' has room for one checkpoint but not two ({}): a save writes the new "
+            "checkpoint before checkpoint.keep_latest_k removes an old one, so the second save will fail unless "
+            "space is freed",
+            save, numbers);
+    auto lock = std::make_unique<SaveDirLock>(save);
+    clean_uncommitted(save);
+    return lock;
+}
+
+void check_no_newer_checkpoint(const CheckpointContext& c, int64_t start_iteration) {
+    const std::string& save = c.cfg.checkpoint.save;
+    const std::string& load = c.cfg.checkpoint.load;
+    if (save.empty() || c.groups.world->rank() != 0) return;
+    const auto canonical = [](std::string p) {
+        while (p.size() > 1 && p.back() == '/') p.pop_back();
+        std::error_code ec;
+        const fs::path c = fs::weakly_canonical(p, ec);
+        return ec ? fs::path(p) : c;
+    };
+    if (!load.empty() && canonical(save) == canonical(load)) return;
+    const std::optional<int64_t> newest = find_latest_committed(save, /*verify_checksums=*/false);
+    if (!newest || *newest <= start_iteration) return;
+    throw UserError(fmt::format(
+        "checkpoint.save '{}' holds {}, a committed checkpoint newer than where this run starts ({}): its saves "
+        "would replace it, or checkpoint.keep_latest_k would delete them as older\n---> HINT: set checkpoint.load to "
+        "'{}' to continue that run, move its iter_* directories away, or set checkpoint.save to another directory",
+        save, checkpoint_dir_name(*newest),
+        start_iteration > 0 ? fmt::format("iteration {}, resumed from '{}'", start_iteration, load) : "from scratch",
+        save));
+}
+
 std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_in) {
     Communicator& world = *c.groups.world;
     const std::string& save = c.cfg.checkpoint.save;
@@ -344,8 +392,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
     // state), counted against the whole model's table. A broken rule in stored_here() stops the save here.
     std::array<int64_t, 2> mine = stored_counts(c);
     const std::vector<int64_t> total = sum_i64(world, {mine[0], mine[1]});
-    int64_t expected = 0;
-    for (const ParamInfo& p : canonical_table(c.shape)) expected += p.numel;
+    const int64_t expected = gpt_num_params(c.shape);
     MS_CHECK(total[0] == expected && total[1] == expected,
              "checkpoint: the ranks would store {} model and {} optimizer elements of a model of {}: the pieces do not "
              "tile the tensors exactly once",
@@ -396,10 +443,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
 
 std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std::string& fingerprint) {
     const std::string& load = c.cfg.checkpoint.load;
-    if (load.empty()) {
-        warn_foreign_checkpoints(c);
-        return std::nullopt;
-    }
+    if (load.empty()) return std::nullopt;
     Communicator& world = *c.groups.world;
     const double t0 = now_seconds();
     const bool full = c.cfg.checkpoint.verify_on_load == "full";
@@ -430,7 +474,6 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
     if (pick[0] == 2) fail("rank 0 could not choose a checkpoint to resume from (its error is printed above)");
     if (pick[0] == 0) {
         log_info("checkpoint: no committed checkpoint in '{}'; starting from scratch", load);
-        warn_foreign_checkpoints(c);
         return std::nullopt;
     }
 

@@ -60,6 +60,10 @@
 // failing one with its own sentence -- and the tracker still names the previous checkpoint. All ranks write into
 // one directory: a multi-node run needs `save` on a shared filesystem.
 //
+// Startup (open_save_dir and check_no_newer_checkpoint, before the first step): `save` must be writable with room
+// for one checkpoint on every rank that writes; world rank 0 holds its lock (<save>/mindspeed-train.lock) for the
+// run and removes what crashed saves left; and no committed checkpoint there may be newer than where the run starts.
+//
 // Load: rank 0 picks and verifies the checkpoint (verify_on_load: full reads every file once, on rank 0), then
 // every rank opens every model/ and optim/ file (mmap + header parse) and copies the boxes it needs. Opening all
 // files on all ranks is O(ranks^2) header reads: fine for the tens of ranks this runs on today; a manifest index
@@ -80,6 +84,7 @@
 #include <vector>
 
 #include "comm/process_groups.h"
+#include "engine/ckpt/atomic_dir.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/loss_scaler.h"
@@ -137,12 +142,38 @@ struct CheckpointContext {
 // committed directory (on every rank). Throws UserError(kExitCheckpoint) on every rank if any rank failed.
 std::string save_checkpoint(const CheckpointContext& ctx, const TrainState& state);
 
+// The bytes of tensor data in one checkpoint of this model: every parameter (gpt_num_params) once as an F32 weight
+// (model/) and twice as F32 AdamW moments (optim/). The safetensors headers and JSON files add a little.
+int64_t checkpoint_tensor_bytes(const GptShape& shape);
+
+// checkpoint.save at startup, before training, so that a run does not train save_interval iterations only to fail at
+// its first save. Not collective: call it on every rank and make the ranks agree on the outcome (the trainer's
+// on_every_rank_or_none) before the next collective. Nothing (nullptr) when checkpoint.save is empty. Every rank
+// that writes checkpoint files (the model's, the optimizer's, the commit's) creates the directory and a file in it,
+// and needs room there for one whole checkpoint (checkpoint_tensor_bytes: with `save` on one shared filesystem,
+// every rank's files land on the same disk); otherwise UserError (kExitConfigError) naming the directory and the
+// numbers. Room for one checkpoint but not two is a warning when the run saves periodically: a save writes the new
+// checkpoint before retention removes an old one, so the second save would fail. World rank 0, which creates,
+// commits and removes checkpoints, then takes the directory's lock (atomic_dir.h SaveDirLock: a second run saving
+// there is refused, a dead run's lock taken over) and cleans what crashed saves left (clean_uncommitted); it returns
+// the lock, to hold for the run.
+std::unique_ptr<SaveDirLock> open_save_dir(const CheckpointContext& ctx);
+
+// After the resume: a save never replaces a committed checkpoint. With checkpoint.load the same directory as
+// checkpoint.save the resume took the newest one that verifies, so the run's saves come after it; otherwise, when
+// checkpoint.save holds a checkpoint that is complete by its sizes (verify_checkpoint quick) and newer than
+// `start_iteration` (the resumed iteration, 0 from scratch), the run is refused (UserError, kExitConfigError) on
+// world rank 0: its saves would replace that checkpoint, or retention would delete this run's by iteration number.
+// A checkpoint that failed verification at the resume may be replaced by the save of its iteration. Not collective,
+// like open_save_dir.
+void check_no_newer_checkpoint(const CheckpointContext& ctx, int64_t start_iteration);
+
 // Auto-resume from cfg.checkpoint.load. Collective over groups.world.
 //   - load empty: nullopt (fresh start).
 //   - the directory does not exist or holds no committed checkpoint (only iter_X.tmp leftovers, or nothing):
 //     logs "starting from scratch" and returns nullopt.
-//   - otherwise rank 0 picks the tracker's checkpoint, falling back with a warning naming why to the newest one
-//     that verifies (find_latest_committed; checkpoint.verify_on_load: quick = sizes, full = XXH64 too), and every
+//   - otherwise rank 0 picks the newest checkpoint that verifies (find_latest_committed: a warning names each newer
+//     one skipped and a stale tracker; checkpoint.verify_on_load: quick = sizes, full = XXH64 too), and every
 //     rank loads its own shard of the parameters and of the optimizer state from it, whatever layout saved it.
 //     A directory whose committed checkpoints all fail verification is an error (19), not a fresh start.
 // Errors, on every rank: a tensor whose global shape differs from the configured model's, or a tensor missing from

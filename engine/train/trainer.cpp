@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <exception>
 #include <filesystem>
@@ -151,29 +152,46 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
 
 // Runs `step` on every rank. When it throws a UserError on some rank (a data file missing on one node, no GPU visible
 // on another), every rank throws -- the failing ones their own sentence, the others one pointing at it -- instead of
-// the others waiting forever in the next collective for a rank that has left. The failing ranks print their sentence
-// before a barrier that the others must pass before throwing: mpirun kills every rank as soon as one exits non-zero,
-// so a rank that printed only on its way out could be killed before saying why.
+// the others waiting forever in the next collective for a rank that has left. Each failing rank's sentence names it
+// and its host, since only it saw the problem. The lowest failing rank's sentence and exit code go to every rank, so
+// that whichever rank writes exit_status.json names it, its host and the cause. Every rank prints and records before
+// a barrier that the others must pass before throwing: mpirun kills every rank as soon as one exits non-zero, so a
+// rank that printed only on its way out could be killed before saying why.
 template <class Step>
 void on_every_rank_or_none(Communicator& world, const std::string& what, Step&& step) {
     std::optional<UserError> error;
     try {
         step();
     } catch (const UserError& e) {
-        error = e;
+        error = UserError(error_at(e.what(), describe_rank(world.rank())), e.exit_code());
     }
-    int32_t failed = error ? 1 : 0;
+    int32_t failed = error ? world.size() - world.rank() : 0;  // MAX: the lowest failing rank
     world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
     if (!failed) return;
-    if (error) {
-        std::fflush(stdout);
-        std::fprintf(stderr, "%s\n", user_error_line(error->what()).c_str());
-        std::fflush(stderr);
-        error->set_reported();
-    }
+    const int first = world.size() - failed;
+    // The first failing rank's exit code and sentence, as int32 words (the typed API has no chars).
+    std::array<int32_t, 2> head = {error ? error->exit_code() : 0, 0};
+    std::string cause = error ? error->what() : std::string();
+    head[1] = static_cast<int32_t>(cause.size());
+    world.broadcast(std::span<int32_t>(head), first).wait();
+    std::vector<int32_t> words((static_cast<size_t>(head[1]) + 3) / 4);
+    if (world.rank() == first) std::memcpy(words.data(), cause.data(), cause.size());
+    world.broadcast(std::span<int32_t>(words), first).wait();
+    cause.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(head[1]));
+    UserError stop = error ? *error
+                           : UserError(fmt::format("{} stops: {} could not {} (its error is printed above); nothing "
+                                                   "was run",
+                                                   describe_rank(world.rank()), describe_rank(first), what),
+                                       head[0]);
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s\n", user_error_line(stop.what()).c_str());
+    std::fflush(stderr);
+    stop.set_reported();
+    stop.set_failed_rank(first);
+    record_exit(stop.exit_code(), error ? std::string(error->what()) : cause + "\n" + user_error_line(stop.what()),
+                first);
     world.barrier();
-    if (error) throw *error;
-    throw UserError(fmt::format("another rank could not {} (its error is printed above); nothing was run", what));
+    throw stop;
 }
 
 // The MFU denominator: logging.peak_flops when set; on the CPU an sgemm probe; on a GPU the device's dense fp32
@@ -223,6 +241,10 @@ int run_train(const Config& cfg_in) {
     }
     MpiRuntime mpi;
     Communicator& world = mpi.world();
+    // From here on every failure leaves exit_status.json (engine/train/reliability.h), the input checks' too.
+    std::vector<std::string> hosts;
+    for (int r = 0; r < world.size(); ++r) hosts.push_back(mpi.host_of(r));
+    arm_exit_record(cfg_in.run.output_dir, world.rank(), std::move(hosts));
     // Stop signals (reliability.h "Signals"): from here to the first step, stop points between setup's phases, and
     // the setup watch for a phase that runs long.
     install_signal_handlers();
@@ -240,7 +262,7 @@ int run_train(const Config& cfg_in) {
         cfg.reliability.inject = resolve_fault_injection(cfg.reliability, world.size(), cfg.training.train_iters).spec;
         d = validate_config(cfg, world.size());
     });
-    check_same_config(world, name_hash(config_to_yaml(cfg)));
+    check_same_config(mpi, name_hash(config_to_yaml(cfg)));
     ProcessGroups groups = make_process_groups(world, cfg.parallel.tensor_model_parallel_size,
                                                cfg.parallel.pipeline_model_parallel_size, d.dp,
                                                {.comm = parse_comm_kind(cfg.run.comm),
@@ -260,6 +282,8 @@ int run_train(const Config& cfg_in) {
     std::unique_ptr<Sampler> valid_sampler;
     if (cfg.eval.eval_interval > 0) {
         valid_sampler = std::make_unique<Sampler>(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
+        cfg.eval.eval_iters = bound_eval_iters(cfg.eval.eval_iters, "eval.eval_iters", valid_sampler->num_samples(),
+                                               int64_t{mbs} * num_mb * d.dp);
     }
 
     log_info("mindspeed-train {} | backend {} | threads {} | {}", MS_VERSION, cfg.run.backend,
@@ -371,11 +395,17 @@ int run_train(const Config& cfg_in) {
     // and metrics record (MS_DUMP_GRADS's gather buffers at step 1, in tests only).
     arena.set_frozen(true);
 
-    // Checkpoints (engine/ckpt/checkpoint.h): resume from checkpoint.load when it holds a committed checkpoint, in
-    // whatever layout saved it; the whole data state is the consumed-sample count.
+    // Checkpoints (engine/ckpt/checkpoint.h): checkpoint.save writable with room, locked for the run and cleared of
+    // crashed saves' leftovers; then resume from checkpoint.load when it holds a committed checkpoint, in whatever
+    // layout saved it (the whole data state is the consumed-sample count); then no save of this run may replace a
+    // committed checkpoint. Each found here, not at the first save, with every rank agreeing.
     const CheckpointContext ckpt{cfg, shape, groups, model.params_info(), model.params(), optimizer};
+    std::unique_ptr<SaveDirLock> save_lock;  // held until the run ends
+    on_every_rank_or_none(world, "use checkpoint.save", [&] { save_lock = open_save_dir(ckpt); });
     const std::string data_id = data_fingerprint(source->fingerprint(), cfg.data, T, cfg.run.seed);
     const std::optional<TrainState> resumed = load_checkpoint(ckpt, data_id);
+    on_every_rank_or_none(world, "use checkpoint.save",
+                          [&] { check_no_newer_checkpoint(ckpt, resumed ? resumed->iteration : 0); });
     reliability.stop_point(world);
     setup_watch.reset();  // from here the step boundaries agree on a stop signal
     const int64_t first_it = resumed ? resumed->iteration + 1 : 1;

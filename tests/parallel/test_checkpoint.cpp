@@ -1,11 +1,15 @@
 // test_checkpoint.cpp: checkpoints through the real binary (engine/ckpt/checkpoint.h) -- exact resume on one rank
 // and on tp2 x pp2 x dp2 ZeRO-1, resume under other layouts (resharding), fallback from a corrupted checkpoint,
-// config mismatches, retention, and injected failures at each save phase.
+// config mismatches, retention, injected failures at each save phase, and the save directory's hazards found at
+// startup (unwritable, no room, a stale tracker, a newer checkpoint, a second run, crashed saves' leftovers).
 //
 // Every run trains tests/parallel/tiny.yaml (8 layers, hidden 64, 8 sequences of 32 tokens per step) with the lr
 // schedule pinned to lr_decay_iters = 14, so a run stopped at iteration 4 follows the same schedule as the 14-step
 // run it is compared with. Final weights and optimizer state are compared through CheckpointReader, tensor by tensor.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -416,10 +420,13 @@ TEST(CheckpointFailures, InjectedSaveFailuresNeverExposeAPartialCheckpoint) {
             EXPECT_NO_THROW(ms::verify_checkpoint(e.path().string(), true)) << phase << ": " << name;
         }
         EXPECT_EQ(fs::exists(iter_dir(save, 3)), phase == "tracker") << phase;
-        // the next run resumes from the tracker's checkpoint
-        const TrainRun again = train(1, d / (phase + "_run"), 3, ckpt_sets(save, save));
+        // The next run resumes from the newest committed checkpoint: the tracker's, or after a failure between the
+        // directory rename and the tracker, the renamed one (the tracker is stale).
+        const TrainRun again = train(1, d / (phase + "_run"), 4, ckpt_sets(save, save));
         EXPECT_EQ(again.exit_code, 0) << again.output;
-        EXPECT_NE(again.output.find("resumed from " + iter_dir(save, 2)), std::string::npos) << again.output;
+        EXPECT_NE(again.output.find("resumed from " + iter_dir(save, phase == "tracker" ? 3 : 2)), std::string::npos)
+            << again.output;
+        EXPECT_EQ(again.output.find("the tracker is stale") != std::string::npos, phase == "tracker") << again.output;
     }
     // On two ranks a failure on one reaches the other: both stop (no hang), the other naming it.
     const std::string save = d / "dp2";
@@ -428,6 +435,171 @@ TEST(CheckpointFailures, InjectedSaveFailuresNeverExposeAPartialCheckpoint) {
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("another rank failed while writing its checkpoint files"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(iter_dir(save, 2)));
+}
+
+// ---- the save directory's hazards, found at startup (checkpoint.h open_save_dir, check_no_newer_checkpoint) ----
+
+std::string this_host() {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    return host;
+}
+
+ino_t inode(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// A save directory that cannot be written is refused before the first step (exit 2, naming it), not at the first save
+// after save_interval iterations. We run as root, whom permissions do not stop: a path under a regular file cannot
+// be created, and sysfs refuses new files to root too.
+TEST(CheckpointDir, UnwritableSaveIsRefusedBeforeTraining) {
+    TempDir d("ckpt_unwritable");
+    std::ofstream(d / "plain") << "a file, not a directory";
+    std::vector<std::string> saves = {d / "plain/ckpt"};
+    if (std::ofstream(std::string("/sys/ms_write_test")).fail()) saves.push_back("/sys");
+    for (const std::string& save : saves) {
+        const TrainRun r = train(1, d / "run", 3, ckpt_sets(save, "", 2));
+        EXPECT_EQ(r.exit_code, 2) << save << "\n" << r.output;
+        EXPECT_NE(r.output.find("checkpoint.save '" + save + "' is not writable"), std::string::npos) << r.output;
+        EXPECT_TRUE(read_metrics(d / "run").loss.empty()) << "trained before refusing:\n" << r.output;
+    }
+    // On two ranks (dp 2, ZeRO-1: both write) both stop with exit 2, neither waiting for the other.
+    const TrainRun r = train(2, d / "run2", 3, ckpt_sets(d / "plain/ckpt", "", 2) + " --set parallel.zero_stage=1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("is not writable"), std::string::npos) << r.output;
+}
+
+// Unmounts the tmpfs at `dir` (if mounted) when the test ends, however it ends.
+struct Tmpfs {
+    std::string dir;
+    bool mounted = false;
+    Tmpfs(const std::string& d, const std::string& size) : dir(d) {
+        fs::create_directories(dir);
+        mounted = std::system(("mount -t tmpfs -o size=" + size + " tmpfs '" + dir + "' 2>/dev/null").c_str()) == 0;
+    }
+    ~Tmpfs() {
+        if (mounted) (void)std::system(("umount '" + dir + "'").c_str());
+    }
+};
+
+// A save directory without room for one checkpoint is refused before the first step, with the bytes needed (12 per
+// parameter: the plan's parameter count) and free; the bytes needed are what a real checkpoint of the model holds,
+// less its headers and JSON files.
+TEST(CheckpointDir, SaveWithoutRoomIsRefusedBeforeTraining) {
+    TempDir d("ckpt_room");
+    const Tmpfs small(d / "small", "1m");
+    if (!small.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+    const TrainRun r = train(1, d / "run", 3, ckpt_sets(small.dir, "", 2));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("checkpoint.save '" + small.dir + "' has no room for a checkpoint"), std::string::npos)
+        << r.output;
+    EXPECT_TRUE(read_metrics(d / "run").loss.empty()) << "trained before refusing:\n" << r.output;
+    const size_t at = r.output.find("needs at least ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const uint64_t need = std::stoull(r.output.substr(at + 15));
+    EXPECT_NE(r.output.find("bytes (1.0 MiB) are free there"), std::string::npos) << r.output;
+
+    const TrainRun real = train(1, d / "real_run", 2, ckpt_sets(d / "real", ""));
+    ASSERT_EQ(real.exit_code, 0) << real.output;
+    uint64_t bytes = 0;
+    for (const auto& e : fs::recursive_directory_iterator(iter_dir(d / "real", 2)))
+        if (e.is_regular_file()) bytes += e.file_size();
+    EXPECT_LE(need, bytes);
+    EXPECT_GE(need, bytes * 9 / 10) << "headers and JSON files are more than a tenth of the checkpoint";
+}
+
+// latest_checkpointed_iteration.txt says 2 while 4 and 6 are committed and verify: the resume takes 6, says the
+// tracker is stale, and leaves 4 and 6 where they are (same directories, not rewritten).
+TEST(CheckpointDir, StaleTrackerResumesFromTheNewestCheckpoint) {
+    TempDir d("ckpt_stale_tracker");
+    const std::string save = d / "ckpt";
+    const TrainRun a = train(1, d.path(), 6, ckpt_sets(save, save, 2) + " --set checkpoint.keep_latest_k=0");
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    std::ofstream(save + "/" + ms::kTrackerFile) << "2";
+    const ino_t four = inode(iter_dir(save, 4)), six = inode(iter_dir(save, 6));
+    const TrainRun b = train(1, d.path(), 8, ckpt_sets(save, save, 2) + " --set checkpoint.keep_latest_k=0");
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_NE(b.output.find("the tracker is stale"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("resumed from " + iter_dir(save, 6)), std::string::npos) << b.output;
+    EXPECT_EQ(inode(iter_dir(save, 4)), four);
+    EXPECT_EQ(inode(iter_dir(save, 6)), six);
+    EXPECT_EQ(read_file(save + "/" + ms::kTrackerFile), "8");
+}
+
+// A run whose saves would replace a committed checkpoint is refused before its first step (exit 2, naming it): one
+// from scratch into a directory holding a run's checkpoints, or one resumed elsewhere at an older iteration. The
+// directory is left as it was.
+TEST(CheckpointDir, NewerCommittedCheckpointIsNeverReplaced) {
+    TempDir d("ckpt_newer");
+    const std::string save = d / "ckpt";
+    ASSERT_EQ(train(1, d / "first", 4, ckpt_sets(save, "", 2)).exit_code, 0);
+    copy_checkpoint(save, 2, d / "older");
+    const ino_t four = inode(iter_dir(save, 4));
+    for (const auto& [load, start] : {std::pair<std::string, std::string>{"", "from scratch"},
+                                      {d / "older", "iteration 2, resumed from '" + d / "older" + "'"}}) {
+        const TrainRun r = train(1, d / "second", 6, ckpt_sets(save, load, 2));
+        EXPECT_EQ(r.exit_code, 2) << r.output;
+        EXPECT_NE(r.output.find("checkpoint.save '" + save +
+                                "' holds iter_0000004, a committed checkpoint newer than "
+                                "where this run starts (" +
+                                start + ")"),
+                  std::string::npos)
+            << r.output;
+        EXPECT_TRUE(read_metrics(d / "second").loss.empty()) << "trained before refusing:\n" << r.output;
+        EXPECT_EQ(inode(iter_dir(save, 4)), four);
+        EXPECT_EQ(read_file(save + "/" + ms::kTrackerFile), "4");
+    }
+}
+
+// A second run saving into a directory in use is refused (exit 2 on every rank, naming the holder); a lock left by a
+// run that died on this host is taken over with a warning; a run removes its lock when it ends, also after a failed
+// save.
+TEST(CheckpointDir, LockRefusesASecondWriterAndTakesOverADeadOnesLock) {
+    TempDir d("ckpt_lock");
+    const std::string save = d / "ckpt", lock = save + "/" + ms::kLockFile;
+    fs::create_directories(save);
+    const std::string live =
+        nlohmann::json{{"host", this_host()}, {"pid", ::getpid()}, {"started", "2026-01-01T00:00:00Z"}}.dump();
+    std::ofstream(lock) << live;
+    const TrainRun r = train(2, d / "run", 2, ckpt_sets(save, save) + " --set parallel.zero_stage=1");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("checkpoint.save '" + save + "' is in use by another run: its lock '" + lock +
+                            "' is held by pid " + std::to_string(::getpid()) + " on host " + this_host() +
+                            " (started 2026-01-01T00:00:00Z)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_TRUE(read_metrics(d / "run").loss.empty()) << "trained before refusing:\n" << r.output;
+    EXPECT_EQ(read_file(lock), live);
+
+    const pid_t child = ::fork();  // a pid that is surely gone: a child that exited and was reaped
+    if (child == 0) ::_exit(0);
+    ASSERT_GT(child, 0);
+    ::waitpid(child, nullptr, 0);
+    std::ofstream(lock) << nlohmann::json{{"host", this_host()}, {"pid", child}, {"started", "then"}}.dump();
+    const TrainRun dead = train(2, d / "run", 2, ckpt_sets(save, save) + " --set parallel.zero_stage=1");
+    EXPECT_EQ(dead.exit_code, 0) << dead.output;
+    EXPECT_NE(dead.output.find("taking over the lock '" + lock + "' of pid " + std::to_string(child)),
+              std::string::npos)
+        << dead.output;
+    EXPECT_FALSE(fs::exists(lock));
+    const TrainRun failed = train(1, d / "run", 3, ckpt_sets(save, save), "MS_INJECT_CKPT_FAIL=write");
+    EXPECT_EQ(failed.exit_code, 19) << failed.output;
+    EXPECT_FALSE(fs::exists(lock));
+}
+
+// A save that died (a full disk, a kill) leaves iter_X.tmp; the next start removes it, saying so.
+TEST(CheckpointDir, LeftoversOfACrashedSaveAreRemovedAtTheNextStart) {
+    TempDir d("ckpt_leftovers");
+    const std::string save = d / "ckpt";
+    ASSERT_EQ(train(1, d.path(), 2, ckpt_sets(save, "")).exit_code, 0);
+    const std::string leftover = save + "/" + ms::checkpoint_dir_name(9) + ".tmp";
+    fs::create_directories(leftover + "/model");
+    std::ofstream(leftover + "/model/tp00_pp000.safetensors") << "half";
+    const TrainRun r = train(1, d.path(), 3, ckpt_sets(save, save));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("removed " + leftover + ", left by an interrupted save"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(leftover));
 }
 
 }  // namespace

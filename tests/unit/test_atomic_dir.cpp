@@ -1,7 +1,9 @@
 // test_atomic_dir.cpp: engine/ckpt/atomic_dir and checksum -- XXH64 against published vectors, the commit protocol
 // (final directory, manifest, tracker), and the loader's fallbacks: uncommitted .tmp directories, a byte flipped
-// on disk, a tracker naming a missing directory or holding garbage; retention; atomic single files.
+// on disk, a tracker naming a missing directory, an older checkpoint (stale) or garbage; retention; atomic single
+// files; the save directory's lock and the cleaning of crashed saves' leftovers.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -172,9 +174,10 @@ TEST(AtomicDirTest, TrackerNamingAMissingDirOrGarbageFallsBackToTheNewestValid) 
     EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 2000);
     fs::remove(dir / "latest_checkpointed_iteration.txt");  // crash between the directory rename and the tracker
     EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 2000);
-    // A tracker pointed back at a valid older checkpoint by hand wins (Megatron's way to rewind a run).
+    // A tracker naming an older valid checkpoint is stale (a crash between the rename and the tracker, or a tracker
+    // moved back by hand): the newest valid one wins, so that the run's next saves cannot replace it.
     std::ofstream(dir / "latest_checkpointed_iteration.txt") << " 1000\n";
-    EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 1000);
+    EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 2000);
 }
 
 TEST(AtomicDirTest, RecommittingAnIterationReplacesIt) {
@@ -223,14 +226,77 @@ TEST(AtomicDirTest, KeepLatestDeletesTheOlderCommittedAndStaleTmpDirs) {
     EXPECT_TRUE(fs::exists(dir / "iter_0004000"));
     EXPECT_TRUE(fs::exists(dir / "iter_0005000"));
     EXPECT_TRUE(fs::exists(dir / "iter_0007000"));
-    EXPECT_FALSE(fs::exists(dir / "iter_0006000.tmp"));  // now older than the newest committed one: stale
-    EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 4000);
+    EXPECT_FALSE(fs::exists(dir / "iter_0006000.tmp"));            // now older than the newest committed one: stale
+    EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 7000);  // the stale tracker does not win
 
     try {
         ms::keep_latest(dir.path(), 1);
         ADD_FAILURE() << "keep_latest(1) accepted";
     } catch (const ms::UserError& e) {
         EXPECT_NE(std::string(e.what()).find("at least 2"), std::string::npos) << e.what();
+    }
+}
+
+// What crashed saves leave is cleaned at the next start (under the save directory's lock): unfinished directories of
+// any iteration, the tracker's .tmp file, and a checkpoint moved aside for a same-iteration save -- removed when the
+// replacement committed, moved back when it did not.
+TEST(AtomicDirTest, CleanUncommittedRemovesLeftoversAndRestoresAMovedAsideCheckpoint) {
+    TempDir dir;
+    save(dir.path(), 1000);
+    save(dir.path(), 2000);
+    fs::create_directories(dir / "iter_0003000.tmp/model");  // a full disk during the save of 3000
+    std::ofstream(dir / "iter_0003000.tmp/model/tp00_pp000.safetensors") << "half";
+    fs::rename(dir / "iter_0002000", dir / "iter_0002000.old.tmp");  // crashed between its two renames
+    save(dir.path(), 1000);
+    fs::create_directory(dir / "iter_0001000.old.tmp");  // the replacement of 1000 committed
+    std::ofstream(dir / "latest_checkpointed_iteration.txt.tmp") << "3";
+    fs::create_directory(dir / "unrelated.tmp");
+    ms::clean_uncommitted(dir.path());
+    EXPECT_EQ(listing(dir.path()), (std::vector<std::string>{"iter_0001000", "iter_0002000",
+                                                             "latest_checkpointed_iteration.txt", "unrelated.tmp"}));
+    EXPECT_EQ(ms::find_latest_committed(dir.path(), true), 2000);
+}
+
+// The save directory's lock: a live holder (this test's parent process) or one on another host refuses a second
+// writer with a sentence naming it; a dead holder of this host is taken over; the lock goes with its holder.
+TEST(AtomicDirTest, SaveDirLockRefusesALiveHolderAndTakesOverADeadOne) {
+    TempDir dir;
+    char host_buf[256] = {};
+    ::gethostname(host_buf, sizeof(host_buf) - 1);
+    const std::string host = host_buf, lock = dir / ms::kLockFile;
+    const auto expect_refused = [&](const std::string& holder, const std::string& named) {
+        std::ofstream(lock) << holder;
+        try {
+            ms::SaveDirLock l(dir.path());
+            ADD_FAILURE() << "took the lock held by " << holder;
+        } catch (const ms::UserError& e) {
+            EXPECT_NE(std::string(e.what()).find("is in use by another run"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+            EXPECT_EQ(e.exit_code(), ms::kExitConfigError);
+        }
+        EXPECT_EQ(read_all(lock), holder);  // untouched
+    };
+    expect_refused(json{{"host", host}, {"pid", ::getppid()}, {"started", "then"}}.dump(),
+                   "pid " + std::to_string(::getppid()) + " on host " + host + " (started then)");
+    expect_refused(json{{"host", "elsewhere"}, {"pid", 1}, {"started", "then"}}.dump(), "pid 1 on host elsewhere");
+    expect_refused("garbage", "something this program did not write ('garbage')");
+
+    const pid_t child = ::fork();  // a pid that is surely gone: a child that exited and was reaped
+    if (child == 0) ::_exit(0);
+    ASSERT_GT(child, 0);
+    ::waitpid(child, nullptr, 0);
+    for (const json& dead : {json{{"host", host}, {"pid", child}, {"started", "then"}},
+                             // the parent's pid, but recorded with another start time: the pid was reused since
+                             json{{"host", host}, {"pid", ::getppid()}, {"started", "then"}, {"proc_start", 1}}}) {
+        std::ofstream(lock) << dead.dump();
+        {
+            const ms::SaveDirLock l(dir.path());
+            const json mine = json::parse(read_all(lock));
+            EXPECT_EQ(mine["pid"], ::getpid());
+            EXPECT_EQ(mine["host"], host);
+            EXPECT_EQ(listing(dir.path()), std::vector<std::string>{ms::kLockFile});
+        }
+        EXPECT_FALSE(fs::exists(lock));
     }
 }
 
