@@ -525,15 +525,19 @@ SaveDirLock::SaveDirLock(const std::string& save_in) {
     // Two runs that find the same stale lock race to replace it: a bounded number of rounds, each re-reading.
     constexpr int kRounds = 3;
     for (int round = 0; round < kRounds; ++round) {
-        if (::link(mine.c_str(), path_.c_str()) == 0) {
+        // NFS may report a link(2) that happened as failed (a lost reply): the file's link count says.
+        const bool linked = ::link(mine.c_str(), path_.c_str()) == 0;
+        const int link_error = errno;
+        struct stat st {};
+        if (linked || (::stat(mine.c_str(), &st) == 0 && st.st_nlink == 2)) {
             ::unlink(mine.c_str());
             fsync_dir(save);
             return;
         }
-        if (errno != EEXIST) {
-            const int e = errno;
+        if (link_error != EEXIST) {
             ::unlink(mine.c_str());
-            throw_unwritable(save, fmt::format("cannot create the lock '{}' (a hard link of '{}')", path_, mine), e);
+            throw_unwritable(save, fmt::format("cannot create the lock '{}' (a hard link of '{}')", path_, mine),
+                             link_error);
         }
         bool exists = false;
         const std::string text = read_small_file(path_, &exists);
