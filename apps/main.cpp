@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     } catch (const ms::RunError& e) {  // UserError (2, 19), NumericalError (17), CollectiveTimeoutError (18)
         std::fflush(stdout);
         if (!e.reported()) std::cerr << ms::user_error_line(e.what()) << std::endl;
-        ms::record_exit(e.exit_code(), e.what());  // exit_status.json, events.jsonl, once a run has an output dir
+        // exit_status.json, events.jsonl, once a run has an output dir; failed_rank: another rank's failure
+        ms::record_exit(e.exit_code(), e.what(), e.failed_rank());
         return e.exit_code();
     }
 }

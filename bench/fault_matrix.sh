@@ -74,3 +74,92 @@ print(f"| {fault} | {layout} | {status} | {' '.join(f'r{i}:{c}' for i, c in enum
 EOF
   done
 done
+
+# ---- named failures: every failure leaves exit_status.json naming the first failing rank (README "Exit codes") ----
+# A rank SIGSTOPped (hung inside a collective) or killed with SIGKILL from outside once iteration 2 is logged, a
+# crash at a later step, a data file missing on one rank, a config that differs between ranks. "-> exit": from the
+# stop/kill (crash: its fault_injected event) to the launcher's return; input errors: the whole run. The status
+# columns are exit_status.json's code and failed_rank (rank, state); "last event": events.jsonl's last line.
+NAMED_BIN=$(realpath "$BIN")   # each case runs in its own directory
+NAMED_TRAIN="$NAMED_BIN train --config $PWD/tests/parallel/tiny.yaml --set reliability.collective_timeout_s=$TIMEOUT_S"
+
+# named_report NAME DIR RC T0 T1: one table row
+named_report() {
+  python3 - "$@" <<'PY'
+import datetime, json, os, sys
+name, d, rc, t0, t1 = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], float(sys.argv[5])
+if t0 == "fault":  # the crashed rank's fault_injected event
+    t0 = None
+    paths = [f"{d}/events.jsonl"]
+    if os.path.isdir(f"{d}/events"):
+        paths += [f"{d}/events/{f}" for f in sorted(os.listdir(f"{d}/events"))]
+    for p in paths:
+        for line in open(p) if os.path.exists(p) else []:
+            e = json.loads(line)
+            if e["event"] == "fault_injected":
+                t0 = datetime.datetime.fromisoformat(e["time"].replace("Z", "+00:00")).timestamp()
+to_exit = f"{t1 - float(t0):.1f}" if t0 else "?"
+top = f"{d}/exit_status.json"
+s = json.load(open(top)) if os.path.exists(top) else None
+failed = s.get("failed_rank", {}) if s else {}
+who = f"rank {failed.get('rank')} ({failed.get('host')}" + (f", {failed['state']}" if "state" in failed else "") + ")" if failed else "-"
+last = "-"
+if os.path.exists(f"{d}/events.jsonl"):
+    lines = [l for l in open(f"{d}/events.jsonl") if l.strip()]
+    if lines:
+        e = json.loads(lines[-1])
+        last = e["event"] + (f" {e['code']}" if "code" in e else "")
+status = f"{rc}" + (f" (128+{rc - 128})" if rc > 128 else "")
+print(f"| {name} | {status} | {to_exit} | {s['code'] if s else '(no exit_status.json)'} | {who} | {last} |")
+PY
+}
+
+# named_kill NAME SIGNAL RANK NP: SIGNAL to world rank RANK of an NP-rank run once iteration 2 is logged
+named_kill() {
+  local name=$1 sig=$2 rank=$3 np=$4 dir=$WORK/named-$1 pid victim="" t0 t1 rc
+  mkdir -p "$dir"
+  (cd "$dir" && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive exec timeout 120 mpiexec -n "$np" --oversubscribe \
+    --allow-run-as-root $NAMED_TRAIN --set run.output_dir=run --set training.train_iters=100000 > log 2>&1) &
+  pid=$!
+  until grep -qF "iteration        2/" "$dir/log" 2>/dev/null; do kill -0 $pid 2>/dev/null || break; sleep 0.02; done
+  for c in $(pgrep -P "$(pgrep -P $pid)"); do  # timeout -> mpiexec -> the ranks
+    tr '\0' '\n' < /proc/$c/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank" && victim=$c
+  done
+  t0=$(date +%s.%N)
+  [ -n "$victim" ] && kill -"$sig" "$victim"
+  set +e; wait $pid; rc=$?; set -e
+  t1=$(date +%s.%N)
+  named_report "$name" "$dir/run" $rc "$t0" "$t1"
+}
+
+# named_run NAME T0 NP COMMAND-ARGS...: a run to its end; T0 "fault" or "start"
+named_run() {
+  local name=$1 from=$2 np=$3 dir=$WORK/named-$1 t0 t1 rc; shift 3
+  mkdir -p "$dir"
+  t0=$(date +%s.%N)
+  set +e
+  (cd "$dir" && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n "$np" --oversubscribe \
+    --allow-run-as-root $NAMED_TRAIN --set run.output_dir=run "$@" > log 2>&1)
+  rc=$?
+  set -e
+  t1=$(date +%s.%N)
+  [ "$from" = fault ] && t0=fault
+  named_report "$name" "$dir/run" $rc "$t0" "$t1"
+}
+
+named_matrix() {
+  echo
+  echo "| named failure | launcher status | -> exit (s) | exit_status.json code | failed_rank | last event |"
+  echo "|---|---|---|---|---|---|"
+  named_kill sigstop-rank3-of-4 STOP 3 4
+  named_kill kill9-rank0-of-4 KILL 0 4
+  named_kill kill9-rank3-of-4 KILL 3 4
+  MS_INJECT=crash@step=30,rank=1 named_run crash-step30-rank1-of-2 fault 2 --set training.train_iters=30
+  mkdir -p "$WORK/named-data"
+  OMP_NUM_THREADS=1 $NAMED_BIN preprocess --input README.md --output-prefix "$WORK/named-data/data_0" > /dev/null
+  named_run data-missing-on-rank1-of-2 start 2 --set data.source=megatron --set model.vocab_size=257 \
+    --set "data.data_path=$WORK/named-data/data_\${OMPI_COMM_WORLD_RANK}_text_document"
+  named_run config-differs-on-rank1-of-2 start 2 --set 'run.name=r${OMPI_COMM_WORLD_RANK}' --set training.train_iters=2
+}
+
+named_matrix

@@ -104,6 +104,10 @@ MpiRuntime::~MpiRuntime() {
 
 Communicator& MpiRuntime::world() { return *world_; }
 
+const std::string& MpiRuntime::host_of(int world_rank) const {
+    return watch_->peers()[static_cast<size_t>(world_rank)].host;
+}
+
 void MpiRuntime::set_collective_watch(CollectiveWatchOptions options) { watch_->set_options(std::move(options)); }
 
 std::string MpiRuntime::describe() const {
@@ -121,7 +125,8 @@ std::string launch_environment() {
     return out.empty() ? "none (singleton)" : out;
 }
 
-void check_same_config(Communicator& world, uint64_t hash) {
+void check_same_config(MpiRuntime& mpi, uint64_t hash) {
+    Communicator& world = mpi.world();
     // A 64-bit hash travels as two int32 halves (the typed API has no 64-bit integers).
     const int32_t mine[2] = {static_cast<int32_t>(hash >> 32), static_cast<int32_t>(hash & 0xffffffffu)};
     std::vector<int32_t> all(2 * static_cast<size_t>(world.size()));
@@ -130,18 +135,21 @@ void check_same_config(Communicator& world, uint64_t hash) {
         return (static_cast<uint64_t>(static_cast<uint32_t>(all[2 * r])) << 32) | static_cast<uint32_t>(all[2 * r + 1]);
     };
     std::string differ;
-    int n_differ = 0;
+    int n_differ = 0, first = -1;
     for (int r = 1; r < world.size(); ++r) {
         if (hash_of(r) == hash_of(0)) continue;
         if (n_differ++ > 0) differ += ", ";
-        differ += fmt::format("{} ({:#018x})", r, hash_of(r));
+        if (first < 0) first = r;
+        differ += fmt::format("{} ({:#018x}, host {})", r, hash_of(r), mpi.host_of(r));
     }
     if (n_differ == 0) return;
-    throw UserError(fmt::format(
-        "config error: the resolved config hash differs from rank 0's ({:#018x}) on {} of {} ranks: {}\n"
+    UserError e(fmt::format(
+        "config error: the resolved config hash differs from rank 0's ({:#018x}, host {}) on {} of {} ranks: {}\n"
         "---> HINT: every rank must read the same config file with the same --set overrides and environment "
         "(${{VAR}} interpolation) -- check that the file is on a shared filesystem and not edited mid-launch",
-        hash_of(0), n_differ, world.size(), differ));
+        hash_of(0), mpi.host_of(0), n_differ, world.size(), differ));
+    e.set_failed_rank(first);
+    throw e;
 }
 
 }  // namespace ms

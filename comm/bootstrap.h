@@ -7,6 +7,7 @@
 //     "[rank r/W host]", and makes world rank 0 the logging rank,
 //   - finds the node layout: local rank/size among the ranks sharing memory (MPI_COMM_TYPE_SHARED), and the node
 //     id, which is the rank of this node's leader (local rank 0) among all leaders.
+//   - gathers every rank's host and pid (host_of(); the watch names a lost rank by them),
 //   - owns the CollectiveWatch that bounds every wait of world() and of every communicator split from it, with a
 //     notice channel between the ranks (comm/mpi/collective_watch.h); set_collective_watch() configures it. The
 //     abort hook dumps the flight recorders before MPI_Abort. After a collective timeout the destructor skips
@@ -41,6 +42,7 @@ class MpiRuntime {
     int node_id() const { return node_id_; }  // 0 .. num_nodes - 1, ordered by the nodes' lowest world rank
     int num_nodes() const { return num_nodes_; }
     const std::string& hostname() const { return hostname_; }
+    const std::string& host_of(int world_rank) const;  // every rank's host, gathered once at start-up
     // One line for the start-up log: "rank 0/8 on host-a (node 0/2, local 0/4); launcher: <launch_environment()>"
     std::string describe() const;
 
@@ -62,8 +64,9 @@ class MpiRuntime {
 // SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST; "none (singleton)" when neither is set.
 std::string launch_environment();
 
-// Every rank of `world` must pass the same hash (e.g. of the resolved config). Collective. Throws ms::UserError on
-// every rank, naming the ranks whose hash differs from rank 0's.
-void check_same_config(Communicator& world, uint64_t hash);
+// Every rank of mpi.world() must pass the same hash (e.g. of the resolved config). Collective. Throws ms::UserError
+// on every rank, naming the ranks whose hash differs from rank 0's and their hosts; its failed_rank() is the first
+// of them.
+void check_same_config(MpiRuntime& mpi, uint64_t hash);
 
 }  // namespace ms

@@ -11,12 +11,6 @@
 namespace ms {
 namespace {
 
-// global rank = tp_rank + tp * (dp_rank + dp * pp_rank)
-struct GridCoord {
-    int tp, dp, pp;
-};
-GridCoord coord_of(int rank, int tp, int dp) { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
-
 // The communicator of the device groups, agreed by every rank. Collective over world unless run.comm is mpi (or no
 // NCCL could run anyway): each rank says whether it has a device of its own, and one rank without makes it no.
 CommResolution choose_comm(Communicator& world, const CommOptions& o) {
@@ -31,6 +25,8 @@ CommResolution choose_comm(Communicator& world, const CommOptions& o) {
 }
 
 }  // namespace
+
+GridCoord coord_of(int rank, int tp, int dp) { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
 
 ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp, const CommOptions& options) {
     if (tp < 1 || pp < 1 || dp < 1)

@@ -54,6 +54,13 @@ struct CommOptions {
     int local_size = 1;  // ranks on this node: more than its devices means ranks share a GPU (no NCCL)
 };
 
+// The coordinates of a world rank: rank = tp_rank + tp * (dp_rank + dp * pp_rank). The one place the rank order
+// is decoded in comm/ (the groups, and the collective watch naming a lost rank).
+struct GridCoord {
+    int tp, dp, pp;
+};
+GridCoord coord_of(int rank, int tp, int dp);
+
 // Throws ms::UserError unless tp, pp, dp >= 1 and tp * pp * dp == world.size() (checked identically on every rank
 // before any split), and when run.comm: nccl cannot run here (resolve_comm). Collective over world (an
 // MpiCommunicator when options.comm is not kMpi). Logs the communicator it chose.

@@ -309,7 +309,7 @@ void NcclCommunicator::timed_out(uint64_t seq, double waited_s, double timeout_s
     }
     if (watch.options().on_fault) {
         try {
-            watch.options().on_fault(kExitCollectiveTimeout, message);
+            watch.options().on_fault(kExitCollectiveTimeout, message, {});
         } catch (const std::exception&) {
             // the exit record is best effort: the exception reports the timeout either way
         }

@@ -33,20 +33,38 @@ class RunError : public std::runtime_error {
     // Already printed to stderr where it was raised (before ranks agreed to stop): main() does not print it again.
     bool reported() const { return reported_; }
     void set_reported() { reported_ = true; }
+    // The world rank whose failure this is, when another rank's (a config hash that differs, a data file missing
+    // there): exit_status.json names it as the failing rank. -1: this rank's own.
+    int failed_rank() const { return failed_rank_; }
+    void set_failed_rank(int rank) { failed_rank_ = rank; }
 
   private:
     int exit_code_;
     bool reported_ = false;
+    int failed_rank_ = -1;
 };
 
-// The line an error is reported with: texts that already say what kind of error they are ("config error: ...",
-// "data error: ...") as they are, others with the plain "error: " prefix.
-inline std::string user_error_line(const std::string& what) {
+// The length of the "<kind> error: " an error text starts with ("config error: ", "data error: "), else 0.
+inline size_t error_kind_length(const std::string& what) {
     const size_t colon = what.find(": ");
     const std::string head = what.substr(0, colon == std::string::npos ? 0 : colon);
     const bool has_kind = head.size() >= 5 && head.size() <= 24 && head.compare(head.size() - 5, 5, "error") == 0 &&
                           head.find_first_not_of("abcdefghijklmnopqrstuvwxyz ") == std::string::npos;
-    return has_kind ? what : "error: " + what;
+    return has_kind ? colon + 2 : 0;
+}
+
+// The line an error is reported with: texts that already say what kind of error they are ("config error: ...",
+// "data error: ...") as they are, others with the plain "error: " prefix.
+inline std::string user_error_line(const std::string& what) {
+    return error_kind_length(what) > 0 ? what : "error: " + what;
+}
+
+// The error text with where it happened after its kind: "data error: rank 1 (host h): cannot open ...". For errors
+// that can differ between ranks (a file one node lacks), so the line names the rank that saw it.
+inline std::string error_at(const std::string& what, const std::string& where) {
+    const std::string line = user_error_line(what);
+    const size_t kind = error_kind_length(line);
+    return line.substr(0, kind) + where + ": " + line.substr(kind);
 }
 
 class UserError : public RunError {

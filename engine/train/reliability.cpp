@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <charconv>
@@ -177,6 +178,8 @@ struct ExitRecord {
     std::string output_dir, host;
     int rank = 0;
     int64_t iteration = 0;
+    std::vector<std::string> hosts;  // by world rank; empty: only this rank's is known
+    int tp_size = 0, dp_size = 0;    // the layout once a Reliability exists; 0: not yet
 };
 
 ExitRecord& exit_record() {
@@ -253,6 +256,27 @@ void write_event(const ExitRecord& r, const std::string& type, nlohmann::json fi
 }
 
 bool requeue(int code) { return code == kExitSignal || code == kExitCollectiveTimeout; }
+
+// {rank, host, [tp, pp, dp]}: a world rank as the status names it.
+nlohmann::ordered_json rank_json(const ExitRecord& r, int rank) {
+    nlohmann::ordered_json j = {{"rank", rank}};
+    j["host"] = rank == r.rank                               ? r.host
+                : static_cast<size_t>(rank) < r.hosts.size() ? r.hosts[static_cast<size_t>(rank)]
+                                                             : std::string("?");
+    if (r.tp_size > 0 && r.dp_size > 0) {
+        const GridCoord c = coord_of(rank, r.tp_size, r.dp_size);
+        j["tp"] = c.tp;
+        j["pp"] = c.pp;
+        j["dp"] = c.dp;
+    }
+    return j;
+}
+
+nlohmann::ordered_json lost_json(const ExitRecord& r, const LostRank& l) {
+    nlohmann::ordered_json j = rank_json(r, l.world_rank);
+    j["state"] = l.state;
+    return j;
+}
 
 constexpr int kLossBad = 1, kGradBad = 2, kNaN = 4, kBitsPerRank = 8;
 
@@ -358,25 +382,60 @@ const char* signal_name(int sig) {
 
 // ---- exit record ----
 
-void record_exit(int code, const std::string& reason) {
+void arm_exit_record(std::string output_dir, int rank, std::vector<std::string> hosts) {
+    ExitRecord& r = exit_record();
+    r = ExitRecord{};
+    r.armed = true;
+    r.output_dir = std::move(output_dir);
+    r.rank = rank;
+    r.host = static_cast<size_t>(rank) < hosts.size() ? hosts[static_cast<size_t>(rank)] : std::string("?");
+    r.hosts = std::move(hosts);
+    prepare_signal_exit_record(r);
+}
+
+std::string describe_rank(int world_rank) {
+    const nlohmann::ordered_json j = rank_json(exit_record(), world_rank);
+    if (!j.contains("tp")) return fmt::format("world rank {} (host {})", world_rank, j["host"].get<std::string>());
+    return fmt::format("world rank {} (host {}, tp {}, pp {}, dp {})", world_rank, j["host"].get<std::string>(),
+                       j["tp"].get<int>(), j["pp"].get<int>(), j["dp"].get<int>());
+}
+
+void record_exit(int code, const std::string& reason, int failed_rank, const std::vector<LostRank>& lost) {
     ExitRecord& r = exit_record();
     if (!r.armed || r.written || !claim_exit_record(code)) return;  // a second signal may have written it
     r.written = true;
-    const nlohmann::ordered_json status = {{"code", code},
-                                           {"reason", reason},
-                                           {"iteration", r.iteration},
-                                           {"rank", r.rank},
-                                           {"host", r.host},
-                                           {"time", utc_iso8601(unix_seconds())},
-                                           {"requeue", requeue(code)}};
+    const nlohmann::ordered_json failed = !lost.empty()      ? lost_json(r, lost.front())
+                                          : failed_rank >= 0 ? rank_json(r, failed_rank)
+                                                             : rank_json(r, r.rank);
+    nlohmann::ordered_json status = {{"code", code},
+                                     {"reason", reason},
+                                     {"iteration", r.iteration},
+                                     {"rank", r.rank},
+                                     {"host", r.host},
+                                     {"time", utc_iso8601(unix_seconds())},
+                                     {"requeue", requeue(code)},
+                                     {"failed_rank", failed}};
+    nlohmann::ordered_json hung = nlohmann::ordered_json::array();
+    for (const LostRank& l : lost) hung.push_back(lost_json(r, l));
+    if (!lost.empty()) status["hung_ranks"] = hung;
     const std::string text = status.dump(1) + "\n";
     const fs::path dir(r.output_dir);
     write_file_atomic(dir / "exit_status" / rank_file(r.rank, "json"), text);
+    bool wrote_status = false;
     if (r.rank == 0)
-        write_file_atomic(dir / "exit_status.json", text);
+        wrote_status = write_file_atomic(dir / "exit_status.json", text);
     else if (code != kExitOk)
-        write_file_atomic(dir / "exit_status.json", text, /*exclusive=*/true);
-    write_event(r, "exit", {{"code", code}, {"reason", reason}, {"iteration", r.iteration}}, code != kExitOk);
+        wrote_status = write_file_atomic(dir / "exit_status.json", text, /*exclusive=*/true);
+    nlohmann::json fields = {{"code", code}, {"reason", reason}, {"iteration", r.iteration}, {"failed_rank", failed}};
+    if (!lost.empty()) fields["hung_ranks"] = hung;
+    write_event(r, "exit", fields, code != kExitOk);
+    // Rank 0 ends events.jsonl with its exit. When ranks were lost, the launcher may kill rank 0 before it gets to
+    // that (or rank 0 is the one lost): the rank that wrote the status ends it too.
+    if (r.rank != 0 && wrote_status && !lost.empty()) {
+        nlohmann::ordered_json j = {{"time", utc_iso8601(unix_seconds())}, {"event", "exit"}, {"rank", r.rank}};
+        for (const auto& [key, value] : fields.items()) j[key] = value;
+        append_line(dir / "events.jsonl", j.dump());
+    }
 }
 
 // ---- Reliability ----
@@ -391,12 +450,13 @@ Reliability::Reliability(const Config& cfg, const ProcessGroups& groups, std::st
       last_stage_(groups.is_last_stage()),
       host_(std::move(host)),
       inject_(resolve_fault_injection(cfg.reliability, world_size_, cfg.training.train_iters)) {
+    // A new run's record, with the hosts the trainer armed it with for this run's directory.
     ExitRecord& r = exit_record();
-    r = ExitRecord{};
-    r.armed = true;
-    r.output_dir = cfg.run.output_dir;
+    const bool same_run = r.armed && !r.written && r.rank == rank_ && r.output_dir == cfg.run.output_dir;
+    arm_exit_record(cfg.run.output_dir, rank_, same_run ? std::move(r.hosts) : std::vector<std::string>{});
     r.host = host_;
-    r.rank = rank_;
+    r.tp_size = tp_;
+    r.dp_size = dp_;
     prepare_signal_exit_record(r);
 }
 
@@ -405,9 +465,14 @@ CollectiveWatchOptions Reliability::watch_options() const {
     o.collective_timeout_s = cfg_.reliability.collective_timeout_s;
     o.trace_dir = (fs::path(cfg_.run.output_dir) / "comm_traces").string();
     o.signal_flag = stop_signal_flag();
-    o.on_fault = [](int code, const std::string& message) {
-        write_event(exit_record(), "collective_timeout", {{"message", message}}, /*local=*/true);
-        record_exit(code, message);
+    o.tp_size = tp_;
+    o.dp_size = dp_;
+    o.on_fault = [](int code, const std::string& message, const std::vector<LostRank>& lost) {
+        const ExitRecord& r = exit_record();
+        nlohmann::json hung = nlohmann::json::array();
+        for (const LostRank& l : lost) hung.push_back(nlohmann::json(lost_json(r, l)));
+        write_event(r, "collective_timeout", {{"message", message}, {"hung_ranks", hung}}, /*local=*/true);
+        record_exit(code, message, -1, lost);
     };
     return o;
 }

@@ -1,6 +1,7 @@
 // reliability.h: how a run ends -- stop signals, the NaN policy, fault injection, and the run files that say what
-// happened (reference/ecosystem-reliability.md A6.2, A6.3, B6, B7; README "Exit codes"). Collective timeouts and
-// the flight recorder live in comm/mpi/collective_watch.h; Reliability configures them.
+// happened (reference/ecosystem-reliability.md A6.2, A6.3, B6, B7; README "Exit codes"). Collective timeouts, the
+// flight recorder and the roll call that names a hung or dead rank live in comm/mpi/collective_watch.h; Reliability
+// configures them (with the layout, so that a lost rank is named by its coordinates too).
 //
 // Signals. install_signal_handlers() makes SIGTERM, SIGUSR1 and SIGINT set a flag and nothing else; the run acts
 // on it at the next point where every rank can agree, in every phase:
@@ -51,8 +52,17 @@
 //                                collective_timeout, fault_injected, exit. A resumed run appends.
 //   events/rank_XXXXX.jsonl      rank X > 0, only what it saw itself: an injected fault, a NaN it found, a timeout,
 //                                a failing exit
-//   exit_status.json             {code, reason, iteration, rank, host, time, requeue}: rank 0's; when rank 0 ends
-//                                without one (killed), the first other rank that fails writes it
+//   exit_status.json             {code, reason, iteration, rank, host, time, requeue, failed_rank, [hung_ranks]}:
+//                                rank 0's; when rank 0 ends without one (killed), the first other rank that fails
+//                                writes it (and, when a collective found ranks lost, appends its exit event to
+//                                events.jsonl, since rank 0 may be killed before it does).
+//                                rank, host: the writer. failed_rank {rank, host, [tp, pp, dp], [state]}: the first
+//                                failing rank -- the writer itself, a peer whose input or config differed, or the
+//                                first rank a collective's roll call found lost. hung_ranks (exit code 18, when the
+//                                roll call found any): every lost rank, each {rank, host, tp, pp, dp, state}, state
+//                                "stopped", "dead", "alive, silent" (never came to a wait) or "silent" (another
+//                                host). Written from the input checks on (arm_exit_record), so a data error or a
+//                                config hash that differs between ranks leaves one too.
 //   exit_status/rank_XXXXX.json  the same for every rank that ends through the trainer: a rank without one was
 //                                killed (a crash, or the launcher tearing the job down)
 //   comm_traces/rank_XXXXX.json  flight recorders (collective_watch.h)
@@ -67,6 +77,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/watch_options.h"
 #include "engine/config/config.h"
@@ -139,11 +150,22 @@ class SetupStopWatch {
 
 // ---- exit record ----
 
+// Arms record_exit() as soon as run.output_dir and the ranks' hosts are known (the trainer, right after MPI is
+// up), so that the input checks and the config-hash check leave a status too. hosts: by world rank, to name a
+// failing peer. A Reliability adds the layout (coordinates) later.
+void arm_exit_record(std::string output_dir, int rank, std::vector<std::string> hosts);
+
+// "world rank 1 (host h)", with ", tp 0, pp 1, dp 0" once a Reliability knows the layout: how errors that can
+// differ between ranks and the status name a rank (by the hosts arm_exit_record() was given).
+std::string describe_rank(int world_rank);
+
 // Writes exit_status.json, exit_status/rank_XXXXX.json and the exit event for this process, once: later calls
-// do nothing. Does nothing before a Reliability was constructed (no output directory yet). apps/main.cpp calls it
-// for every RunError; the trainer calls it before it throws or returns, so the files exist before MPI_Finalize
-// (after which the launcher may kill the process).
-void record_exit(int code, const std::string& reason);
+// do nothing. Does nothing before arm_exit_record() or a Reliability (no output directory yet). apps/main.cpp calls
+// it for every RunError (with its failed_rank()); the trainer calls it before it throws or returns, so the files
+// exist before MPI_Finalize (after which the launcher may kill the process). The failing rank is lost[0] when a
+// collective found lost ranks (comm/watch_options.h), else failed_rank when another rank failed first, else this
+// one.
+void record_exit(int code, const std::string& reason, int failed_rank = -1, const std::vector<LostRank>& lost = {});
 
 struct StepVerdict {
     bool skip_step = false;  // a NaN/Inf somewhere, nan_policy skip: no rank steps the optimizer

@@ -45,7 +45,7 @@ TEST(Bootstrap, DescribesTheLaunch) {
     }
 }
 
-TEST(Bootstrap, SameConfigPasses) { EXPECT_NO_THROW(check_same_config(world(), 0xfeedfacecafebeefull)); }
+TEST(Bootstrap, SameConfigPasses) { EXPECT_NO_THROW(check_same_config(runtime(), 0xfeedfacecafebeefull)); }
 
 TEST(Bootstrap, DifferentConfigNamesTheRanks) {
     // Ranks 1 and 3 differ from rank 0 in the low half and the high half of the hash respectively.
@@ -55,11 +55,12 @@ TEST(Bootstrap, DifferentConfigNamesTheRanks) {
     if (r == 3) hash = 0x1eadbeef00000001ull;
     if (w < 2) GTEST_SKIP() << "needs two ranks";
     try {
-        check_same_config(world(), hash);
+        check_same_config(runtime(), hash);
         ADD_FAILURE() << "no error";
     } catch (const UserError& e) {
         const std::string msg = e.what();
-        EXPECT_NE(msg.find("1 (0xdeadbeef00000002)"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("1 (0xdeadbeef00000002, host " + runtime().host_of(1) + ")"), std::string::npos) << msg;
+        EXPECT_EQ(e.failed_rank(), 1);
         EXPECT_EQ(msg.find("3 (") != std::string::npos, w > 3) << msg;
         EXPECT_EQ(msg.find("2 ("), std::string::npos) << msg;
         EXPECT_NE(msg.find("of " + std::to_string(w) + " ranks"), std::string::npos) << msg;
