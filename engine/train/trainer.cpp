@@ -132,22 +132,27 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
     const size_t largest = largest_stage(stages);
     const double need = static_cast<double>(stages[largest].total_bytes());
     const double budget = memory_budget_bytes(cfg, ranks_on_node, device);
-    int32_t short_of_memory = need > budget ? 1 : 0;
+    // The budget is a node's: the first rank short of memory names it, and its host, on every rank.
+    int32_t short_of_memory = need > budget ? world.size() - world.rank() : 0;  // MAX: the lowest short rank
     world.all_reduce(std::span<int32_t>(&short_of_memory, 1), ReduceOp::kMax).wait();
     if (!short_of_memory) return;
+    const int first = world.size() - short_of_memory;
     std::string table;
     for (const std::string& line : stage_table(stages)) table += "\n    " + line;
     const std::string verdict =
-        need > budget ? fmt::format("but {} is available per rank ({})", format_bytes(static_cast<size_t>(budget)),
-                                    memory_budget_source(cfg, ranks_on_node, device))
-                      : std::string("more than the ranks of another node have available");
-    throw UserError(fmt::format(
+        need > budget
+            ? fmt::format("but {} is available per rank ({}) on {}", format_bytes(static_cast<size_t>(budget)),
+                          memory_budget_source(cfg, ranks_on_node, device), describe_rank(world.rank()))
+            : fmt::format("more than the ranks of {}'s node have available", describe_rank(first));
+    UserError e(fmt::format(
         "memory error: pipeline stage {} needs {} per rank, {}\n"
         "memory per rank by pipeline stage (zero_stage {}):{}\n"
         "---> HINT: lower training.micro_batch_size (activations scale with it); raise "
         "parallel.pipeline_model_parallel_size (each stage holds fewer layers); set parallel.zero_stage: 1 (divides "
         "the optimizer state by the data-parallel size); activation recomputation is not available yet",
         largest, format_bytes(static_cast<size_t>(need)), verdict, cfg.parallel.zero_stage, table));
+    e.set_failed_rank(first);
+    throw e;
 }
 
 // Runs `step` on every rank. When it throws a UserError on some rank (a data file missing on one node, no GPU visible
