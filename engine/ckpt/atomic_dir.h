@@ -113,42 +113,8 @@ void verify_checkpoint(const std::string& dir, bool verify_checksums);
 // run, move the newer iter_XXXXXXX/ directories away.
 std::optional<int64_t> find_latest_committed(const std::string& save, bool verify_checksums);
 
-// ---- the save directory, checked and locked at startup (checkpoint.h open_save_dir) ----
-
-inline constexpr const char* kLockFile = "mindspeed-train.lock";
-
-// Creates `save` (and its parents) and a file in it, then removes the file: a read-only, unwritable or impossible
-// directory is found before training instead of at the first save. UserError (kExitConfigError) naming the directory
-// and the errno text otherwise.
-void check_dir_writable(const std::string& save);
-
-// Bytes an unprivileged writer may still use on the filesystem holding `dir` (statvfs: f_bavail * f_frsize).
-uint64_t free_bytes(const std::string& dir);
-
-// One run's hold on a save directory: <save>/mindspeed-train.lock holds {"host", "pid", "started" (UTC),
-// "proc_start" (the holder's start time in clock ticks after boot, from /proc/<pid>/stat)} from construction to
-// destruction. The lock is written whole into a file of this process's own name and then hard-linked to the lock's
-// name, which fails when the name exists: creation is atomic (also on NFS) and a reader never sees a partial lock.
-// A lock of a live process, of another host (whose processes this host cannot see), or one this program did not
-// write refuses the run: UserError (kExitConfigError) naming the holder and what to do. A lock of a process of this
-// host that is gone (no such pid, or the pid now belongs to a process that started at another time: a crashed or
-// killed run) is taken over with a warning naming it. Only the rank that commits takes it (checkpoint.h).
-class SaveDirLock {
-  public:
-    explicit SaveDirLock(const std::string& save);
-    ~SaveDirLock();  // removes the lock file if it still is this process's
-    SaveDirLock(const SaveDirLock&) = delete;
-    SaveDirLock& operator=(const SaveDirLock&) = delete;
-
-    const std::string& path() const { return path_; }
-
-  private:
-    std::string path_;
-    std::string content_;  // what this process wrote: the lock is removed only while it holds exactly this
-};
-
-// Under the save directory's lock no save is in flight, so what a crashed save (a kill, a full disk) left is cleaned
-// with a log line each: iter_X.tmp/ directories and the tracker's .tmp file are removed; iter_X.old.tmp/, a
+// Under the save directory's lock (save_dir.h) no save is in flight, so what a crashed save (a kill, a full disk) left
+// is cleaned with a log line each: iter_X.tmp/ directories and the tracker's .tmp file are removed; iter_X.old.tmp/, a
 // committed checkpoint that a save of the same iteration moved aside (CheckpointWriter::commit), is removed when
 // iter_X/ exists and moved back when it does not (the save crashed between its two renames).
 void clean_uncommitted(const std::string& save);

@@ -84,7 +84,7 @@
 #include <vector>
 
 #include "comm/process_groups.h"
-#include "engine/ckpt/atomic_dir.h"
+#include "engine/ckpt/save_dir.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/loss_scaler.h"
@@ -154,7 +154,7 @@ int64_t checkpoint_tensor_bytes(const GptShape& shape);
 // every rank's files land on the same disk); otherwise UserError (kExitConfigError) naming the directory and the
 // numbers. Room for one checkpoint but not two is a warning when the run saves periodically: a save writes the new
 // checkpoint before retention removes an old one, so the second save would fail. World rank 0, which creates,
-// commits and removes checkpoints, then takes the directory's lock (atomic_dir.h SaveDirLock: a second run saving
+// commits and removes checkpoints, then takes the directory's lock (save_dir.h SaveDirLock: a second run saving
 // there is refused, a dead run's lock taken over) and cleans what crashed saves left (clean_uncommitted); it returns
 // the lock, to hold for the run.
 std::unique_ptr<SaveDirLock> open_save_dir(const CheckpointContext& ctx);

@@ -22,6 +22,7 @@
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/save_dir.h"
 #include "tests/common/temp_dir.h"
 #include "tests/e2e/run_cli.h"
 

@@ -18,6 +18,7 @@
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checksum.h"
+#include "engine/ckpt/save_dir.h"
 #include "engine/core/check.h"
 #include "tests/common/temp_dir.h"
 
