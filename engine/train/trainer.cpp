@@ -140,10 +140,10 @@ void check_memory_fits(const Config& cfg, const std::vector<StagePlan>& stages, 
     std::string table;
     for (const std::string& line : stage_table(stages)) table += "\n    " + line;
     const std::string verdict =
-        need > budget
-            ? fmt::format("but {} is available per rank ({}) on {}", format_bytes(static_cast<size_t>(budget)),
-                          memory_budget_source(cfg, ranks_on_node, device), describe_rank(world.rank()))
-            : fmt::format("more than the ranks of {}'s node have available", describe_rank(first));
+        need > budget ? fmt::format("but {} is available per rank ({}){}", format_bytes(static_cast<size_t>(budget)),
+                                    memory_budget_source(cfg, ranks_on_node, device),
+                                    world.size() > 1 ? " on " + describe_rank(world.rank()) : std::string())
+                      : fmt::format("more than the ranks of {}'s node have available", describe_rank(first));
     UserError e(fmt::format(
         "memory error: pipeline stage {} needs {} per rank, {}\n"
         "memory per rank by pipeline stage (zero_stage {}):{}\n"
@@ -168,7 +168,8 @@ void on_every_rank_or_none(Communicator& world, const std::string& what, Step&& 
     try {
         step();
     } catch (const UserError& e) {
-        error = UserError(error_at(e.what(), describe_rank(world.rank())), e.exit_code());
+        // A run on one rank has nobody to tell apart.
+        error = world.size() == 1 ? e : UserError(error_at(e.what(), describe_rank(world.rank())), e.exit_code());
     }
     int32_t failed = error ? world.size() - world.rank() : 0;  // MAX: the lowest failing rank
     world.all_reduce(std::span<int32_t>(&failed, 1), ReduceOp::kMax).wait();
