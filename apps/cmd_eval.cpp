@@ -60,17 +60,15 @@ int run_eval(const EvalArgs& a) {
 
     const Split split = a.split == "train" ? Split::kTrain : a.split == "test" ? Split::kTest : Split::kValid;
     const int T = cfg.model.seq_length, mbs = cfg.training.micro_batch_size;
-    const int64_t iters = a.iters > 0 ? a.iters : cfg.eval.eval_iters;
-    const int64_t micro_batches = iters * d.num_microbatches;  // one rank: num_microbatches * mbs = global batch
     const Sampler sampler(*source, cfg.data.split, split, T, cfg.run.seed);
+    // one rank: num_microbatches * mbs = the global batch
+    const int64_t iters =
+        bound_eval_iters(a.iters > 0 ? a.iters : cfg.eval.eval_iters, a.iters > 0 ? "--iters" : "eval.eval_iters",
+                         sampler.num_samples(), int64_t{d.num_microbatches} * mbs);
+    const int64_t micro_batches = iters * d.num_microbatches;
     const int64_t samples = micro_batches * mbs;
     log_info("eval: {} (iteration {}) on the {} split of {}: {} iterations of {} samples of {} tokens", dir,
              reader.iteration(), a.split, source->describe(), iters, d.num_microbatches * mbs, T);
-    if (samples > sampler.num_samples())
-        log_warn(
-            "eval: {} samples requested, but the {} split has {}: samples repeat (the sampler starts another "
-            "epoch)",
-            samples, a.split, sampler.num_samples());
 
     BackendOptions bo;  // the CPU backend: `eval` is a single-process tool
     bo.num_threads = cfg.run.num_threads;

@@ -21,7 +21,8 @@ struct ConfigArgs {
 };
 
 void add_config_args(CLI::App* cmd, ConfigArgs& args) {
-    cmd->add_option("-c,--config", args.config_path, "YAML config file (without it: the built-in defaults)")
+    cmd->add_option("-c,--config", args.config_path,
+                    "YAML config file (without it: the built-in defaults and a model named by --set)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--set", args.overrides,
                     "Override one key, applied after the file: section.key=value (repeatable), "

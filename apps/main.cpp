@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include "apps/commands.h"
@@ -18,6 +20,25 @@
 #include "comm/nccl/nccl_communicator.h"
 #endif
 #include "engine/train/reliability.h"
+
+namespace {
+
+// An allocation that failed anywhere -- a size the config's arithmetic let through, a machine short of memory -- ends
+// the command with a sentence and exit code 2, never an uncaught exception (134) or a core dump.
+int out_of_memory(const std::string& what) {
+    const std::string msg = fmt::format(
+        "memory error: an allocation failed ({}); the configured sizes need more memory than this process can "
+        "get\n---> HINT: run `mindspeed-train plan` with the same config to see what each rank needs; reduce the sizes "
+        "the config sets (model.num_layers, model.hidden_size, model.seq_length, training.micro_batch_size, "
+        "data.synthetic.num_tokens), or raise the process's memory limit (ulimit -v)",
+        what);
+    std::fflush(stdout);
+    std::cerr << ms::user_error_line(msg) << std::endl;
+    ms::record_exit(ms::kExitConfigError, msg);
+    return ms::kExitConfigError;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
 #if defined(MS_HAVE_CUDA_BACKEND)
@@ -51,5 +72,9 @@ int main(int argc, char** argv) {
         // exit_status.json, events.jsonl, once a run has an output dir; failed_rank: another rank's failure
         ms::record_exit(e.exit_code(), e.what(), e.failed_rank());
         return e.exit_code();
+    } catch (const std::bad_alloc&) {
+        return out_of_memory("std::bad_alloc");
+    } catch (const std::length_error& e) {  // a size no container can hold
+        return out_of_memory(e.what());
     }
 }

@@ -189,14 +189,38 @@ class Loader {
     Config finish() {
         for (size_t i = 0; i < fields_.size(); ++i) resolve(i);
         check_fields(cfg_, &locs_);
+        require_model();
         return cfg_;
     }
 
   private:
     enum class State { kPending, kResolving, kDone };
 
+    // A config names its model's size, as Megatron requires --num-layers, --hidden-size and --num-attention-heads:
+    // without them an empty or model-less file would train a default 86M-parameter model without a word.
+    void require_model() const {
+        static constexpr std::string_view kModelKeys[] = {"model.num_layers", "model.hidden_size",
+                                                          "model.num_attention_heads"};
+        std::vector<std::string_view> missing;
+        for (std::string_view key : kModelKeys) {
+            if (!settings_.count(std::string(key))) missing.push_back(key);
+        }
+        if (missing.empty()) return;
+        const std::string what =
+            settings_.empty()
+                ? (file_.empty() ? std::string("no config file was given and no key was set")
+                                 : fmt::format("config file '{}' sets nothing", file_))
+                : fmt::format("{} {} not set", fmt::join(missing, ", "), missing.size() == 1 ? "is" : "are");
+        config_error("", fmt::format("{}: a config must name its model (model.num_layers, model.hidden_size and "
+                                     "model.num_attention_heads); hint: start from an example in configs/ "
+                                     "(configs/demo.yaml is a small model that trains in minutes on a CPU), or "
+                                     "add --set {}=...",
+                                     what, missing.front()));
+    }
+
     void load_root(const YAML::Node& root, const std::string& file) {
-        if (root.IsNull()) return;  // an empty file: defaults
+        file_ = file;
+        if (root.IsNull()) return;  // an empty file: require_model() says what is missing
         if (!root.IsMap()) {
             config_error(mark_loc(file, root.Mark()),
                          fmt::format("the top level must be a mapping of sections (run:, model:, ...), got {}",
@@ -514,6 +538,7 @@ class Loader {
     std::map<std::string, Setting> settings_;          // field path -> the value that wins
     std::map<std::string, std::string> locs_;          // field path -> where it was set
     std::vector<std::string> resolving_;               // the reference chain being resolved
+    std::string file_;                                 // the config file (or text's name); "" when none
 };
 
 }  // namespace

@@ -35,6 +35,8 @@ T count_parameters(T padded_vocab, T max_positions, T L, T C, T F) {
 }
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+// eval.sample_tokens: at most this many context windows (see validate_config).
+constexpr int64_t kSampleWindows = 16;
 
 }  // namespace
 
@@ -217,6 +219,17 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
     if (cfg.eval.eval_interval > 0 && cfg.eval.eval_iters < 1) {
         fail("eval.eval_interval = {} needs eval.eval_iters >= 1, got {}", cfg.eval.eval_interval, cfg.eval.eval_iters);
+    }
+    // The end-of-run sample is text to read in the log, and every token costs a forward pass over the context window.
+    // Megatron refuses more tokens than one window holds; this sampler slides its window, as nanoGPT's does, so a
+    // sample may run a few windows long, but not a count that never finishes.
+    if (cfg.eval.sample_tokens > kSampleWindows * int64_t{max_positions}) {
+        fail(
+            "eval.sample_tokens({}) is more than {} context windows of model.max_position_embeddings({}) tokens = {}; "
+            "the end-of-run sample is text for the log, and each token costs a forward pass over the window; hint: "
+            "at most {}, or 0 to skip sampling",
+            cfg.eval.sample_tokens, kSampleWindows, max_positions, kSampleWindows * int64_t{max_positions},
+            kSampleWindows * int64_t{max_positions});
     }
     // The fault-injection spec that applies (MS_INJECT overrides reliability.inject): its syntax, a rank this world
     // has and a step the run reaches.

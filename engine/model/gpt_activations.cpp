@@ -42,6 +42,7 @@ class Builder {
         }
         ++ops_;
     }
+    // The buffers with their lifetimes; offsets are left to the caller.
     GptActivationPlan finish() {
         for (const GptBuffer& b : plan_.buffers) {
             const auto& r = (b.group == GptBufGroup::kSlot ? plan_.slot_requests
@@ -49,8 +50,6 @@ class Builder {
             MS_CHECK(r.last_use >= 0, "gpt activation plan: buffer '{}' is held but no op touches it", r.name);
         }
         plan_.num_ops = ops_;
-        plan_.slot = plan_buffers(plan_.slot_requests, kGptActivationAlign);
-        plan_.scratch = plan_buffers(plan_.scratch_requests, kGptActivationAlign);
         return std::move(plan_);
     }
 
@@ -157,15 +156,24 @@ const char* gpt_buf_name(GptBuf buf) {
     MS_UNREACHABLE("GptBuf {}", static_cast<int>(buf));
 }
 
-GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, int tp, int max_batch,
-                                       bool sequence_parallel, DType act) {
+namespace {
+
+int part_layers(const GptShape& s, const GptPart& part) {
+    return part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
+}
+
+// The op sequence of one micro-batch on the chunk, walked over its first `walked` layers: every buffer with its
+// lifetime, no offsets yet. walked = all layers gives exact lifetimes; walked = 1 stands for all of them
+// (gpt_activations.h).
+GptActivationPlan walk_ops(const GptShape& s, const GptPart& part, int tp, int max_batch, bool sequence_parallel,
+                           DType act, int walked) {
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0, "tp {} does not divide NH {}, F {}, Vp {}",
              tp, s.NH, s.F, s.Vp);
     const bool sp = sequence_parallel && tp > 1;
     const int64_t N = static_cast<int64_t>(max_batch) * s.seq(), C = s.C;
     const int64_t Nl = sp ? N / tp : N;  // rows of the residual stream held here
     const int64_t NHl = s.NH / tp, Cl = NHl * (s.C / s.NH), Fl = s.F / tp, Vl = s.Vp / tp;
-    const int layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
+    const int layers = walked;
     const bool emb = part.embedding, head = part.head;
     constexpr GptBufGroup kSlot = GptBufGroup::kSlot, kScratch = GptBufGroup::kScratch;
 
@@ -270,6 +278,75 @@ GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, i
     // after backward() returns: the pipeline copies dinp into a send buffer; losses() reads losses
     b.op({dinp, losses});
     return b.finish();
+}
+
+const BufferRequest& request_of(const GptActivationPlan& p, const GptBuffer& b) {
+    return (b.group == GptBufGroup::kSlot ? p.slot_requests : p.scratch_requests)[static_cast<size_t>(b.request)];
+}
+
+constexpr size_t kNumGptBufs = static_cast<size_t>(GptBuf::kSpFull) + 1;
+
+}  // namespace
+
+size_t GptActivationLayout::offset(const GptBuffer& buf) const {
+    const size_t r = static_cast<size_t>(request_of[static_cast<size_t>(buf.id)]);
+    if (buf.layer < 0) return (buf.group == GptBufGroup::kSlot ? slot : scratch).offsets[r];
+    if (buf.group == GptBufGroup::kSlot) {
+        return slot.offsets[static_cast<size_t>(layers_request)] +
+               static_cast<size_t>(buf.layer) * layer_slot.total_bytes + layer_slot.offsets[r];
+    }
+    return scratch.offsets[static_cast<size_t>(layer_scratch_request)] + layer_scratch.offsets[r];
+}
+
+GptActivationLayout plan_gpt_activation_layout(const GptShape& s, const GptPart& part, int tp, int max_batch,
+                                               bool sequence_parallel, DType act) {
+    GptActivationLayout out;
+    out.layers = part_layers(s, part);
+    const GptActivationPlan walk = walk_ops(s, part, tp, max_batch, sequence_parallel, act, std::min(out.layers, 1));
+    out.request_of.assign(kNumGptBufs, -1);
+    BufferRequest layers{"layers", 0, INT_MAX, -1, -1}, layer_scratch{"layer_scratch", 0, INT_MAX, -1, -1};
+    for (const GptBuffer& b : walk.buffers) {
+        const BufferRequest& r = request_of(walk, b);
+        const bool slot = b.group == GptBufGroup::kSlot;
+        std::vector<BufferRequest>& level = b.layer < 0 ? (slot ? out.slot_requests : out.scratch_requests)
+                                                        : (slot ? out.layer_slot_requests : out.layer_scratch_requests);
+        out.request_of[static_cast<size_t>(b.id)] = static_cast<int>(level.size());
+        level.push_back(r);
+        if (b.layer < 0) continue;
+        BufferRequest& block = slot ? layers : layer_scratch;
+        block.first_use = std::min(block.first_use, r.first_use);
+        block.last_use = std::max(block.last_use, r.last_use);
+    }
+    out.layer_slot = plan_buffers(out.layer_slot_requests, kGptActivationAlign);
+    out.layer_scratch = plan_buffers(out.layer_scratch_requests, kGptActivationAlign);
+    if (out.layers > 0) {
+        layers.bytes = static_cast<size_t>(out.layers) * out.layer_slot.total_bytes;
+        layer_scratch.bytes = out.layer_scratch.total_bytes;
+        out.layers_request = static_cast<int>(out.slot_requests.size());
+        out.slot_requests.push_back(layers);
+        out.layer_scratch_request = static_cast<int>(out.scratch_requests.size());
+        out.scratch_requests.push_back(layer_scratch);
+    }
+    out.slot = plan_buffers(out.slot_requests, kGptActivationAlign);
+    out.scratch = plan_buffers(out.scratch_requests, kGptActivationAlign);
+    return out;
+}
+
+GptActivationPlan plan_gpt_activations(const GptShape& s, const GptPart& part, int tp, int max_batch,
+                                       bool sequence_parallel, DType act) {
+    const GptActivationLayout layout = plan_gpt_activation_layout(s, part, tp, max_batch, sequence_parallel, act);
+    GptActivationPlan plan = walk_ops(s, part, tp, max_batch, sequence_parallel, act, layout.layers);
+    plan.slot.offsets.resize(plan.slot_requests.size());
+    plan.scratch.offsets.resize(plan.scratch_requests.size());
+    for (const GptBuffer& b : plan.buffers) {
+        (b.group == GptBufGroup::kSlot ? plan.slot : plan.scratch).offsets[static_cast<size_t>(b.request)] =
+            layout.offset(b);
+    }
+    plan.slot.total_bytes = layout.slot.total_bytes;
+    plan.scratch.total_bytes = layout.scratch.total_bytes;
+    plan.slot.peak_live_bytes = peak_live_bytes(plan.slot_requests);
+    plan.scratch.peak_live_bytes = peak_live_bytes(plan.scratch_requests);
+    return plan;
 }
 
 }  // namespace ms

@@ -47,6 +47,30 @@ std::vector<std::string> table_lines(const std::vector<std::string>& header,
     return lines;
 }
 
+// A chunk's parameter elements and the length of its flat buffer (gpt_param_table: 16-aligned entries back to back).
+struct ChunkParams {
+    int64_t params = 0, flat = 0;
+};
+
+ChunkParams table_params(const std::vector<ParamInfo>& table) {
+    ChunkParams c;
+    for (const ParamInfo& info : table) c.params += info.numel;
+    if (!table.empty()) c.flat = align_up(table.back().offset + table.back().numel, kAlign);
+    return c;
+}
+
+// gpt_param_table() of the chunk without building it layer by layer: every layer adds the same 16-aligned entries,
+// so the table's sizes are affine in its layer count -- read from the table of the chunk's ends alone and of one
+// layer more. A billion layers cost what one does, and nothing per layer exists before the memory check.
+ChunkParams chunk_params(const GptShape& shape, int tp, const GptPart& part) {
+    const GptPart ends{part.first_layer, 0, part.embedding, part.head};
+    const GptPart one{part.first_layer, 1, part.embedding, part.head};
+    const ChunkParams c0 = table_params(gpt_param_table(shape, 0.02f, tp, ends));
+    const ChunkParams c1 = table_params(gpt_param_table(shape, 0.02f, tp, one));
+    const int64_t layers = part.num_layers;
+    return {c0.params + layers * (c1.params - c0.params), c0.flat + layers * (c1.flat - c0.flat)};
+}
+
 void print_table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
     for (const std::string& l : table_lines(header, rows)) log_info("{}", l);
 }
@@ -116,11 +140,11 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             st.layers +=
                 fmt::format("{}{}", c ? "," : "",
                             Lc == 1 ? fmt::format("{}", k * Lc) : fmt::format("{}-{}", k * Lc, (k + 1) * Lc - 1));
-            const auto table = gpt_param_table(shape, 0.02f, p.tp, part);
-            for (const ParamInfo& info : table) st.params += info.numel;
-            flat = align_up(flat + table.back().offset + table.back().numel, kAlign);
-            const GptActivationPlan act =
-                plan_gpt_activations(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
+            const ChunkParams chunk = chunk_params(shape, p.tp, part);
+            st.params += chunk.params;
+            flat = align_up(flat + chunk.flat, kAlign);
+            const GptActivationLayout act =
+                plan_gpt_activation_layout(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
             st.slot_bytes.push_back(act.slot_bytes());
             st.scratch_bytes.push_back(act.scratch_bytes());
             st.activation_bytes += act.bytes(st.slots[static_cast<size_t>(c)]);
@@ -190,6 +214,16 @@ std::string memory_budget_source(const Config& cfg, int ranks_on_node, const Dev
             kDeviceReserveBytes / kGiB);
     }
     return fmt::format("physical memory / {} rank(s) on a node", std::max(1, ranks_on_node));
+}
+
+int64_t bound_eval_iters(int64_t requested, const std::string& key, int64_t split_samples, int64_t global_batch) {
+    const int64_t one_pass = std::max<int64_t>(1, (split_samples + global_batch - 1) / global_batch);
+    if (requested <= one_pass) return requested;
+    log_warn(
+        "{} = {} iterations of {} samples is more than the {} samples of the split: validating on {} iteration(s), "
+        "every sample once (more would only repeat them)",
+        key, requested, global_batch, split_samples, one_pass);
+    return one_pass;
 }
 
 int run_plan(const Config& cfg, int world_size) { return run_plan(cfg, PlanOptions{.world_size = world_size}); }

@@ -84,6 +84,12 @@ double memory_budget_bytes(const Config& cfg, int ranks_on_node, const DeviceMem
 // node" or "GPU memory 80.0 GiB / 1 rank(s) per device, less 1.5 GiB for the CUDA context, cuBLAS and NCCL".
 std::string memory_budget_source(const Config& cfg, int ranks_on_node, const DeviceMemory& device = {});
 
+// The validation iterations of global_batch samples run for `requested` (eval.eval_iters, or `eval --iters`, named by
+// `key`): at most those that cover the split's split_samples once, with a warning when that is fewer. Past one pass
+// samples only repeat, each with the same loss, so the mean learns nothing more (torchtitan's validation also ends
+// with its data), and a count like 2e9 would never finish.
+int64_t bound_eval_iters(int64_t requested, const std::string& key, int64_t split_samples, int64_t global_batch);
+
 // Validates cfg for options.world_size (throws UserError) and prints the derived values, the rank layout, the
 // per-stage memory, the schedule's bubble and whether the largest rank fits. Returns the exit code.
 int run_plan(const Config& cfg, const PlanOptions& options);

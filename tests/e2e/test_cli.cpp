@@ -88,9 +88,61 @@ TEST(CliE2E, SetOverridesAreCheckedToo) {
     EXPECT_TRUE(contains(r.output, "--set: parallel.zero_stage = 3 is not supported (0 or 1)")) << r.output;
 }
 
+// An empty or model-less config would train the default 86M-parameter model for 100 iterations without a word.
+TEST(CliE2E, AConfigMustNameItsModel) {
+    const std::string empty = make_temp_dir() + "/empty.yaml";
+    std::ofstream(empty) << "";
+    for (const char* cmd : {"train", "plan"}) {
+        const auto r = run_cli(std::string(cmd) + " --config " + empty + " --print-config");
+        EXPECT_EQ(r.exit_code, 2) << r.output;
+        EXPECT_TRUE(contains(r.output, "config error: config file '" + empty +
+                                           "' sets nothing: a config must name "
+                                           "its model"))
+            << r.output;
+        EXPECT_TRUE(contains(r.output, "configs/demo.yaml")) << r.output;
+    }
+    const auto none = run_cli("train --print-config");
+    EXPECT_EQ(none.exit_code, 2) << none.output;
+    EXPECT_TRUE(contains(none.output, "no config file was given")) << none.output;
+    const auto modelless = run_cli("plan --config " + write_config("training:\n  train_iters: 5\n"));
+    EXPECT_EQ(modelless.exit_code, 2) << modelless.output;
+    EXPECT_TRUE(contains(modelless.output,
+                         "model.num_layers, model.hidden_size, model.num_attention_heads are not set: a config must "
+                         "name its model"))
+        << modelless.output;
+}
+
+// std::bad_alloc anywhere (here: the synthetic language's 1e17 tokens) is a sentence and exit code 2, not an
+// uncaught exception (134).
+TEST(CliE2E, AnAllocationFailureIsASentence) {
+    const auto r =
+        run_cli("plan --config " MS_SOURCE_DIR "/configs/demo.yaml --set data.synthetic.num_tokens=100000000000000000");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_TRUE(contains(r.output, "memory error: an allocation failed (std::bad_alloc)")) << r.output;
+    EXPECT_TRUE(contains(r.output, "HINT: run `mindspeed-train plan`")) << r.output;
+}
+
+// Validation past one pass over the split only repeats samples: eval.eval_iters is held to one pass (2e9 iterations
+// never finished).
+TEST(CliE2E, EvalItersStopAtTheEndOfTheValidationSplit) {
+    const auto r = run_cli("train --config " MS_SOURCE_DIR
+                           "/configs/demo.yaml --set data.synthetic.num_tokens=65536 --set training.train_iters=1 "
+                           "--set lr_schedule.lr_warmup_iters=0 --set eval.eval_interval=1 "
+                           "--set eval.eval_iters=2000000000 --set eval.sample_tokens=0 --set logging.peak_flops=1e9 "
+                           "--set run.output_dir=" +
+                           make_temp_dir());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "eval.eval_iters = 2000000000 iterations of 16 samples is more than the"))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "every sample once")) << r.output;
+    EXPECT_TRUE(contains(r.output, "validation loss at iteration 1")) << r.output;
+}
+
 TEST(CliE2E, PrintConfigPrintsResolvedYamlThatLoadsAgain) {
     const std::string dir = make_temp_dir();
-    const auto r = run_cli("train --set run.name=cli --set model.num_layers=3 --print-config");
+    const auto r = run_cli(
+        "train --set run.name=cli --set model.num_layers=3 --set model.hidden_size=64 "
+        "--set model.num_attention_heads=4 --print-config");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(contains(r.output, "output_dir: runs/cli")) << r.output;
     EXPECT_TRUE(contains(r.output, "num_layers: 3")) << r.output;

@@ -2,9 +2,13 @@
 // bubble is the closed form of 1F1B, ZeRO-1 divides the optimizer state by dp, a bad world size exits 2 -- and the
 // planner's arithmetic (plan.h): activation bytes worked out by hand and against what a Gpt allocates.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -17,6 +21,7 @@
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
 #include "memory/arena.h"
+#include "memory/planner.h"
 #include "tests/e2e/run_cli.h"
 
 namespace {
@@ -121,6 +126,52 @@ TEST(PlanE2E, WorldSizeThatTpTimesPpDoesNotDivideExitsTwo) {
         << r.output;
 }
 
+// The address space of the commands this test starts: RLIMIT_AS, set here and inherited through run_cli's popen,
+// restored on destruction. A size that the plan got wrong then fails in a second instead of growing for minutes
+// until the kernel kills it. At least the test process's own size, which the limit binds too.
+class ChildAddressSpaceLimit {
+  public:
+    explicit ChildAddressSpaceLimit(size_t bytes) {
+        getrlimit(RLIMIT_AS, &saved_);
+        size_t pages = 0;
+        if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+            if (std::fscanf(f, "%zu", &pages) != 1) pages = 0;
+            std::fclose(f);
+        }
+        const size_t own = pages * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        rlimit limited = saved_;
+        limited.rlim_cur = std::min<rlim_t>(saved_.rlim_max, std::max(bytes, own + (size_t{256} << 20)));
+        setrlimit(RLIMIT_AS, &limited);
+    }
+    ~ChildAddressSpaceLimit() { setrlimit(RLIMIT_AS, &saved_); }
+    ChildAddressSpaceLimit(const ChildAddressSpaceLimit&) = delete;
+    ChildAddressSpaceLimit& operator=(const ChildAddressSpaceLimit&) = delete;
+
+  private:
+    rlimit saved_{};
+};
+
+// A billion layers: the plan is arithmetic on closed-form sizes (plan_gpt_activation_layout, the parameter table's
+// per-layer step), so it prints in a moment within 1 GiB (it used to build every layer's tables and die of
+// std::bad_alloc), and train refuses it with the memory table before building anything per layer.
+TEST(PlanE2E, ABillionLayersArePlannedAndRefusedByArithmetic) {
+    const std::string config = " --config " MS_SOURCE_DIR "/configs/demo.yaml --set model.num_layers=1000000000";
+    {
+        const ChildAddressSpaceLimit limit(size_t{1} << 30);
+        const auto r = run_cli("plan" + config);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        const auto stages = table_rows(r.output, "stage");
+        ASSERT_EQ(stages.size(), 1u) << r.output;
+        EXPECT_EQ(stages[0][1], "0-999999999") << r.output;
+        EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+    }
+    const ChildAddressSpaceLimit limit(size_t{4} << 30);  // MPI maps more than plan does
+    const auto r = run_cli("train" + config + " --set run.output_dir=" + ms::test::make_temp_dir());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("memory error: pipeline stage 0 needs"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("0-999999999"), std::string::npos) << r.output;
+}
+
 TEST(PlanE2E, LongLayoutsAreCutAndBudgetsAreChecked) {
     const auto r = run_cli(demo_plan(128, "--set training.global_batch_size=256 --ranks-per-node 4 --memory-gb 0.001"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -182,6 +233,50 @@ TEST(PlanArithmetic, ActivationBytesByHand) {
         mb4.slot_bytes(),
         4 * 16 * ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) + (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1)));
     EXPECT_EQ(mb4.scratch_bytes(), 4 * 16 * (8 + 8 + 32));
+}
+
+// Planning a chunk costs the same for any layer count (memory/planner.h packs its n requests in O(n^2), and a layer
+// has 16 buffers): the layout places a few dozen requests, the layers standing as one block, and its bytes are the
+// hand-computed ones of ActivationBytesByHand with the layer part times L.
+TEST(PlanArithmetic, TheLayoutHasTheSameRequestsForAnyLayerCount) {
+    ms::GptShape s = hand_shape();
+    const ms::GptActivationLayout one = ms::plan_gpt_activation_layout(s, {}, 1, 1, false);
+    const int64_t layer = 32 + 16 + 16 + 96 + 32 + 16 + 32 + 32 + 16 + 16 + 128 + 128 + 32;
+    const int64_t rest = 32 + 32 + 16 + 16 + 64 + 16 + 16 + 16 + 16 + 16;
+    for (const int L : {2, 1000, 1000000000}) {
+        s.L = L;
+        const ms::GptActivationLayout many = ms::plan_gpt_activation_layout(s, {}, 1, 1, false);
+        EXPECT_EQ(many.slot_requests.size(), one.slot_requests.size()) << L;
+        EXPECT_EQ(many.scratch_requests.size(), one.scratch_requests.size()) << L;
+        EXPECT_EQ(many.layer_slot_requests.size(), one.layer_slot_requests.size()) << L;
+        EXPECT_EQ(many.layer_scratch_requests.size(), one.layer_scratch_requests.size()) << L;
+        EXPECT_EQ(many.slot_bytes(), 4 * (L * layer + rest)) << L;
+        EXPECT_EQ(many.scratch_bytes(), one.scratch_bytes()) << L;
+    }
+}
+
+// The two-level layout against every buffer's exact lifetime in the op sequence walked over all layers: no two
+// buffers live at the same op overlap, for every kind of chunk, tensor and sequence parallelism and 16-bit activations.
+TEST(PlanArithmetic, TheLayoutIsValidForEveryBufferOfEveryLayer) {
+    ms::GptShape s = hand_shape();
+    s.L = 5;
+    const ms::GptPart parts[] = {{}, {0, 2, true, false}, {2, 2, false, false}, {3, 2, false, true}};
+    for (const ms::GptPart& part : parts) {
+        for (const bool sp : {false, true}) {
+            for (const ms::DType act : {ms::DType::kF32, ms::DType::kBF16}) {
+                const auto plan = ms::plan_gpt_activations(s, part, 2, 3, sp, act);
+                const auto layout = ms::plan_gpt_activation_layout(s, part, 2, 3, sp, act);
+                const std::string where = "part " + std::to_string(part.first_layer) + (sp ? " sp" : "");
+                EXPECT_EQ(ms::find_plan_violation(plan.slot_requests, plan.slot, ms::kGptActivationAlign), std::nullopt)
+                    << where;
+                EXPECT_EQ(ms::find_plan_violation(plan.scratch_requests, plan.scratch, ms::kGptActivationAlign),
+                          std::nullopt)
+                    << where;
+                EXPECT_EQ(plan.slot_bytes(), layout.slot_bytes()) << where;
+                EXPECT_EQ(plan.scratch_bytes(), layout.scratch_bytes()) << where;
+            }
+        }
+    }
 }
 
 TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {

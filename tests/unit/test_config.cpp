@@ -61,11 +61,17 @@ std::string validate_error(const std::vector<std::string>& sets, int world_size,
     return expect_user_error([&] { validate_config(cfg, world_size); }, parts);
 }
 
+// The keys every loaded config must set (a config names its model), then `extra`: for tests of other keys.
+std::vector<std::string> named(std::vector<std::string> extra = {}) {
+    std::vector<std::string> s = {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4"};
+    s.insert(s.end(), extra.begin(), extra.end());
+    return s;
+}
+
 // A small valid model so that validation tests change one thing at a time.
 std::vector<std::string> small(std::vector<std::string> extra = {}) {
-    std::vector<std::string> s = {"model.num_layers=2",     "model.hidden_size=64", "model.num_attention_heads=4",
-                                  "model.seq_length=32",    "model.vocab_size=100", "training.micro_batch_size=2",
-                                  "training.train_iters=10"};
+    std::vector<std::string> s = named(
+        {"model.seq_length=32", "model.vocab_size=100", "training.micro_batch_size=2", "training.train_iters=10"});
     s.insert(s.end(), extra.begin(), extra.end());
     return s;
 }
@@ -73,21 +79,42 @@ std::vector<std::string> small(std::vector<std::string> extra = {}) {
 // ---- defaults and plain loading ----
 
 TEST(ConfigTest, NoFileGivesTheDefaultsWithReferencesResolved) {
-    const Config cfg = load_config("", {});
+    const Config cfg = load_config("", named());
     EXPECT_EQ(cfg.schema_version, 1);
-    EXPECT_EQ(cfg.model.num_layers, 12);
+    EXPECT_EQ(cfg.model.num_layers, 2);
+    EXPECT_EQ(cfg.model.seq_length, 1024);
     EXPECT_EQ(cfg.run.output_dir, "runs/run");
     EXPECT_EQ(cfg.logging.metrics_file, "runs/run/metrics.jsonl");
 }
 
-TEST(ConfigTest, EmptyFileAndEmptySectionsAreDefaults) {
-    EXPECT_EQ(load_config(write_yaml(""), {}).model.hidden_size, 768);
-    EXPECT_EQ(load_config(write_yaml("model:\neval:\n"), {}).model.hidden_size, 768);
+TEST(ConfigTest, EmptySectionsAreDefaults) {
+    EXPECT_EQ(load_config(write_yaml("model:\neval:\n"), named()).model.seq_length, 1024);
+    EXPECT_EQ(load_config(write_yaml("eval:\n"), named()).eval.eval_iters, 10);
+}
+
+// An empty or model-less config would otherwise train the default 86M-parameter model without a word.
+TEST(ConfigTest, AConfigMustNameItsModel) {
+    const std::string empty = write_yaml("");
+    expect_user_error([&] { load_config(empty, {}); }, {"config file '" + empty + "' sets nothing",
+                                                        "a config must name its model", "configs/demo.yaml"});
+    expect_user_error([&] { load_config(write_yaml("# only a comment\n"), {}); }, {"sets nothing"});
+    expect_user_error([] { load_config("", {}); }, {"no config file was given", "configs/"});
+    file_error("model:\neval:\n", {"sets nothing", "a config must name its model"});
+    file_error("training:\n  train_iters: 5\n", {"model.num_layers, model.hidden_size, model.num_attention_heads are"});
+    file_error("model:\n  num_layers: 2\n  hidden_size: 64\n",
+               {"model.num_attention_heads is not set", "--set model.num_attention_heads=..."});
+    // --set names it as well as the file does; a value error is reported before what is missing
+    EXPECT_EQ(
+        load_config(write_yaml("model:\n  num_layers: 2\n"), {"model.hidden_size=64", "model.num_attention_heads=4"})
+            .model.hidden_size,
+        64);
+    set_error({"model.num_layers=0"}, {"model.num_layers = 0 must be >= 1"});
 }
 
 TEST(ConfigTest, FileValuesOfEveryType) {
     const Config cfg = load_config(write_yaml("run:\n  name: x\n  seed: 18446744073709551615\n"
-                                              "model:\n  num_layers: 3\n  layernorm_epsilon: 1e-6\n"
+                                              "model:\n  num_layers: 3\n  hidden_size: 8\n  num_attention_heads: 2\n"
+                                              "  layernorm_epsilon: 1e-6\n"
                                               "  untie_embeddings_and_output_weights: false\n"
                                               "training:\n  train_iters: 5000000000\n"
                                               "optimizer:\n  lr: 3.0e-4\n"
@@ -105,7 +132,8 @@ TEST(ConfigTest, FileValuesOfEveryType) {
 
 TEST(ConfigTest, NullOrAutoMeansDerivedForDerivedKeys) {
     const Config cfg = load_config(
-        write_yaml("model:\n  ffn_hidden_size: null\n  vocab_size: ~\nparallel:\n  data_parallel_size: auto\n"), {});
+        write_yaml("model:\n  ffn_hidden_size: null\n  vocab_size: ~\nparallel:\n  data_parallel_size: auto\n"),
+        named());
     EXPECT_EQ(cfg.model.ffn_hidden_size, 0);
     EXPECT_EQ(cfg.model.vocab_size, 0);
     EXPECT_EQ(cfg.parallel.data_parallel_size, 0);
@@ -113,10 +141,11 @@ TEST(ConfigTest, NullOrAutoMeansDerivedForDerivedKeys) {
 }
 
 TEST(ConfigTest, DataPathIsAStringOrAListOfStrings) {
-    EXPECT_EQ(load_config(write_yaml("data:\n  data_path: a/b\n"), {}).data.data_path, std::vector<std::string>{"a/b"});
-    EXPECT_EQ(load_config(write_yaml("data:\n  data_path: [a, b]\n"), {}).data.data_path,
+    EXPECT_EQ(load_config(write_yaml("data:\n  data_path: a/b\n"), named()).data.data_path,
+              std::vector<std::string>{"a/b"});
+    EXPECT_EQ(load_config(write_yaml("data:\n  data_path: [a, b]\n"), named()).data.data_path,
               (std::vector<std::string>{"a", "b"}));
-    EXPECT_EQ(load_config("", {"data.data_path=[x, y, z]"}).data.data_path.size(), 3u);
+    EXPECT_EQ(load_config("", named({"data.data_path=[x, y, z]"})).data.data_path.size(), 3u);
     file_error("data:\n  data_path: [a, {b: c}]\n", {"data.data_path", "a list containing a mapping"});
 }
 
@@ -203,7 +232,8 @@ TEST(ConfigTest, ImpossibleValuesNameKeyValueAndConstraint) {
 // ---- overrides ----
 
 TEST(ConfigTest, OverridesApplyAfterTheFile) {
-    const std::string path = write_yaml("model:\n  num_layers: 4\ntraining:\n  train_iters: 7\n");
+    const std::string path = write_yaml(
+        "model:\n  num_layers: 4\n  hidden_size: 8\n  num_attention_heads: 2\ntraining:\n  train_iters: 7\n");
     const Config cfg =
         load_config(path, {"model.num_layers=6", "data.synthetic.seed=3", "optimizer.lr=1e-3", "run.name=abc"});
     EXPECT_EQ(cfg.model.num_layers, 6);
@@ -211,8 +241,8 @@ TEST(ConfigTest, OverridesApplyAfterTheFile) {
     EXPECT_EQ(cfg.data.synthetic.seed, 3u);
     EXPECT_EQ(cfg.optimizer.lr, 1e-3f);
     EXPECT_EQ(cfg.run.output_dir, "runs/abc");
-    EXPECT_EQ(load_config("", {"model.num_layers=2", "model.num_layers=5"}).model.num_layers, 5);  // last wins
-    EXPECT_EQ(load_config("", {"checkpoint.save="}).checkpoint.save, "");
+    EXPECT_EQ(load_config("", named({"model.num_layers=5"})).model.num_layers, 5);  // last wins
+    EXPECT_EQ(load_config("", named({"checkpoint.save="})).checkpoint.save, "");
 }
 
 TEST(ConfigTest, OverrideErrorsAreAsStrict) {
@@ -234,13 +264,13 @@ TEST(ConfigTest, EnvironmentInterpolation) {
                                "data:\n  data_path: ${MS_CONFIG_TEST_UNSET:-data/default_text_document}\n"
                                "training:\n  train_iters: ${MS_CONFIG_TEST_ITERS:-7}\n"
                                "eval:\n  sample_prompt: cost $$5 and $${NOT_EXPANDED}\n"),
-                    {"run.name=n1"});
+                    named({"run.name=n1"}));
     EXPECT_EQ(cfg.run.output_dir, "/scratch/u/runs/n1");
     EXPECT_EQ(cfg.logging.metrics_file, "/scratch/u/runs/n1/metrics.jsonl");
     EXPECT_EQ(cfg.data.data_path, std::vector<std::string>{"data/default_text_document"});
     EXPECT_EQ(cfg.training.train_iters, 42);
     EXPECT_EQ(cfg.eval.sample_prompt, "cost $$5 and ${NOT_EXPANDED}");
-    EXPECT_EQ(load_config("", {"run.name=${MS_CONFIG_TEST_UNSET:-${MS_CONFIG_TEST_ITERS}}"}).run.name, "42");
+    EXPECT_EQ(load_config("", named({"run.name=${MS_CONFIG_TEST_UNSET:-${MS_CONFIG_TEST_ITERS}}"})).run.name, "42");
 }
 
 TEST(ConfigTest, UndefinedEnvironmentVariableNamesKeyAndVariable) {
@@ -250,12 +280,12 @@ TEST(ConfigTest, UndefinedEnvironmentVariableNamesKeyAndVariable) {
 }
 
 TEST(ConfigTest, ConfigReferences) {
-    const Config cfg = load_config("", {"run.name=r${run.seed}", "logging.metrics_file=${run.output_dir}/m.jsonl",
-                                        "run.seed=9", "eval.sample_prompt=${model.num_layers} layers"});
+    const Config cfg = load_config("", named({"run.name=r${run.seed}", "logging.metrics_file=${run.output_dir}/m.jsonl",
+                                              "run.seed=9", "eval.sample_prompt=${model.num_layers} layers"}));
     EXPECT_EQ(cfg.run.name, "r9");
     EXPECT_EQ(cfg.run.output_dir, "runs/r9");
     EXPECT_EQ(cfg.logging.metrics_file, "runs/r9/m.jsonl");
-    EXPECT_EQ(cfg.eval.sample_prompt, "12 layers");
+    EXPECT_EQ(cfg.eval.sample_prompt, "2 layers");
     set_error({"run.output_dir=${run.nme}"},
               {"run.output_dir: '${run.nme}' refers to no config key", "did you mean '${run.name}'?"});
     set_error({"run.name=${run.output_dir}"}, {"circular ${} reference: run.name -> run.output_dir -> run.name"});
@@ -265,18 +295,20 @@ TEST(ConfigTest, ConfigReferences) {
 // ---- aliases ----
 
 TEST(ConfigTest, Aliases) {
-    EXPECT_EQ(load_config(write_yaml("parallel:\n  use_distributed_optimizer: true\n"), {}).parallel.zero_stage, 1);
-    EXPECT_EQ(load_config(write_yaml("parallel:\n  use_distributed_optimizer: false\n"), {}).parallel.zero_stage, 0);
-    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), {}).mixed_precision.dtype, "bf16");
-    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  fp16: true\n  bf16: false\n"), {}).mixed_precision.dtype,
+    EXPECT_EQ(load_config(write_yaml("parallel:\n  use_distributed_optimizer: true\n"), named()).parallel.zero_stage,
+              1);
+    EXPECT_EQ(load_config(write_yaml("parallel:\n  use_distributed_optimizer: false\n"), named()).parallel.zero_stage,
+              0);
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), named()).mixed_precision.dtype, "bf16");
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  fp16: true\n  bf16: false\n"), named()).mixed_precision.dtype,
               "fp16");
-    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n  dtype: bf16\n"), {}).mixed_precision.dtype,
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n  dtype: bf16\n"), named()).mixed_precision.dtype,
               "bf16");
     // --set replaces what the file said, alias or not.
-    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), {"mixed_precision.dtype=fp32"})
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), named({"mixed_precision.dtype=fp32"}))
                   .mixed_precision.dtype,
               "fp32");
-    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), {"mixed_precision.bf16=false"})
+    EXPECT_EQ(load_config(write_yaml("mixed_precision:\n  bf16: true\n"), named({"mixed_precision.bf16=false"}))
                   .mixed_precision.dtype,
               "fp32");
     file_error("mixed_precision:\n  bf16: true\n  fp16: true\n",
@@ -339,6 +371,16 @@ TEST(ConfigTest, SequenceParallelNeedsRowsDivisibleByTp) {
                    4, {"micro_batch_size(1) * seq_length(30) = 30 rows", "does not divide them"});
 }
 
+// The end-of-run sample slides its context window, up to 16 windows: 2e9 tokens would never finish.
+TEST(ConfigTest, SampleTokensAreBoundedByTheContext) {
+    validate_error(small({"eval.sample_tokens=2000000000"}), 1,
+                   {"eval.sample_tokens(2000000000) is more than 16 context windows of "
+                    "model.max_position_embeddings(32) tokens = 512",
+                    "hint: at most 512, or 0 to skip sampling"});
+    validate_error(small({"eval.sample_tokens=1025", "model.max_position_embeddings=64"}), 1, {"= 1024"});
+    EXPECT_NO_THROW(validate_config(load_config("", small({"eval.sample_tokens=512"})), 1));
+}
+
 TEST(ConfigTest, TensorPipelineAndDataParallelLayoutsValidate) {
     const Config cfg = load_config("", small({"parallel.tensor_model_parallel_size=2"}));
     EXPECT_EQ(validate_config(cfg, 2).dp, 1);
@@ -393,7 +435,7 @@ TEST(ConfigTest, RoundTripIsExact) {
                    "data:\n  data_path: [a, 'b c', '']\n  split: '98,2,0'\n"
                    "eval:\n  sample_prompt: \"line1\\nline2 $${X} 'q' \\\"dq\\\"\"\n"
                    "checkpoint:\n  save: 'null'\n"),
-        {"parallel.use_distributed_optimizer=true", "data.synthetic.seed=3"});
+        named({"parallel.use_distributed_optimizer=true", "data.synthetic.seed=3"}));
     const std::string yaml = ms::config_to_yaml(a);
     const Config b = load_config(write_yaml(yaml), {});
     EXPECT_EQ(ms::config_to_yaml(b), yaml);
@@ -413,7 +455,7 @@ TEST(ConfigTest, RoundTripIsExact) {
 }
 
 TEST(ConfigTest, YamlHasEverySectionAndKey) {
-    const std::string yaml = ms::config_to_yaml(load_config("", {}));
+    const std::string yaml = ms::config_to_yaml(load_config("", named({"model.num_attention_heads=12"})));
     for (const char* s : {"schema_version: 1", "\nrun:", "\nmodel:", "\nparallel:", "\ntraining:", "\nmixed_precision:",
                           "\noptimizer:", "\nlr_schedule:", "\ndata:", "\n  synthetic:", "\ncheckpoint:", "\nlogging:",
                           "\neval:", "num_attention_heads: 12", "lr_decay_style: cosine", "sample_prompt: \"\""}) {

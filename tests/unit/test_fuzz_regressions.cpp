@@ -56,7 +56,8 @@ TEST(FuzzRegression, PipelineTimesVirtualStagesDoesNotOverflow) {
 }
 
 TEST(FuzzRegression, DefaultFfnOfAHugeHiddenSizeIsRefused) {
-    validate_error("model:\n  hidden_size: 1000000000\n  num_attention_heads: 1\n  vocab_size: 100\n", 1,
+    validate_error("model:\n  num_layers: 12\n  hidden_size: 1000000000\n  num_attention_heads: 1\n  vocab_size: 100\n",
+                   1,
                    {"model.ffn_hidden_size = 4 * hidden_size(1000000000) = 4000000000 is more than a 32-bit size "
                     "holds"});
 }
@@ -122,7 +123,7 @@ TEST(FuzzRegression, ExponentialReferenceExpansionIsRefused) {
     expect_user_error([&] { ms::load_config_text(yaml, "bomb.yaml", {}); },
                       {"bomb.yaml:", "the value expands to more than 1048576 characters", "hint:"});
     // long but linear values are fine: 40 references to a 10 KB prompt
-    const Config cfg = ms::load_config_text("run:\n  name: " + repeated_reference("eval.sample_prompt", 40) +
+    const Config cfg = ms::load_config_text(kSmall + "run:\n  name: " + repeated_reference("eval.sample_prompt", 40) +
                                                 "\neval:\n  sample_prompt: " + std::string(10000, 'y') + "\n",
                                             "long.yaml", {});
     EXPECT_EQ(cfg.run.name, std::string(400000, 'y'));
@@ -131,11 +132,16 @@ TEST(FuzzRegression, ExponentialReferenceExpansionIsRefused) {
 // ---- load_config_text: the same loader as load_config, for text ----
 
 TEST(FuzzRegression, LoadConfigTextMatchesLoadConfigAndNamesItsSource) {
-    const ms::Config cfg = ms::load_config_text("model:\n  num_layers: 3\n", "mem.yaml", {"model.hidden_size=96"});
+    const ms::Config cfg = ms::load_config_text("model:\n  num_layers: 3\n  num_attention_heads: 2\n", "mem.yaml",
+                                                {"model.hidden_size=96"});
     EXPECT_EQ(cfg.model.num_layers, 3);
     EXPECT_EQ(cfg.model.hidden_size, 96);
-    EXPECT_EQ(ms::config_to_yaml(ms::load_config_text("", "empty.yaml", {})),
-              ms::config_to_yaml(ms::load_config("", {})));
+    const std::vector<std::string> model = {"model.num_layers=2", "model.hidden_size=64",
+                                            "model.num_attention_heads=4"};
+    EXPECT_EQ(ms::config_to_yaml(ms::load_config_text("", "empty.yaml", model)),
+              ms::config_to_yaml(ms::load_config("", model)));
+    expect_user_error([] { ms::load_config_text("", "empty.yaml", {}); },
+                      {"config file 'empty.yaml' sets nothing", "a config must name its model"});
     expect_user_error([] { ms::load_config_text("model:\n  num_layer: 3\n", "mem.yaml", {}); },
                       {"mem.yaml:2:3", "unknown key 'model.num_layer'"});
     expect_user_error([] { ms::load_config_text("model: [\n", "mem.yaml", {}); }, {"mem.yaml:", "YAML syntax error"});

@@ -101,10 +101,12 @@ TEST(ReliabilityConfig, KeysAreValidated) {
     EXPECT_NE(policy.find("reliability.nan_policy = 'ignore' must be one of: fail, skip"), std::string::npos) << policy;
     const std::string timeout = error_of([] { ms::load_config("", {"reliability.collective_timeout_s=-1"}); });
     EXPECT_NE(timeout.find("reliability.collective_timeout_s = -1.0 must be >= 0"), std::string::npos) << timeout;
-    ms::Config cfg = ms::load_config("", {"reliability.inject=crash@step=2,rank=4", "model.vocab_size=64"});
+    ms::Config cfg = ms::load_config("", {"reliability.inject=crash@step=2,rank=4", "model.vocab_size=64",
+                                          "model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4"});
     const std::string inject = error_of([&] { ms::validate_config(cfg, 4); });
     EXPECT_NE(inject.find("rank 4 is not in [0, 4)"), std::string::npos) << inject;
-    const ms::Config defaults = ms::load_config("", {});
+    const ms::Config defaults =
+        ms::load_config("", {"model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4"});
     EXPECT_EQ(defaults.reliability.nan_policy, "fail");
     EXPECT_EQ(defaults.reliability.collective_timeout_s, 600.0);
     EXPECT_EQ(defaults.reliability.inject, "");
@@ -157,7 +159,8 @@ struct OneRank {
 
     explicit OneRank(const std::string& policy, const std::string& inject = "") {
         cfg = ms::load_config("", {"run.output_dir=" + dir.path(), "reliability.nan_policy=" + policy,
-                                   "reliability.inject=" + inject, "training.train_iters=10"});
+                                   "reliability.inject=" + inject, "training.train_iters=10", "model.num_layers=2",
+                                   "model.hidden_size=64", "model.num_attention_heads=4"});
         groups = ms::make_process_groups(world, 1, 1, 1);
     }
 };
