@@ -390,6 +390,7 @@ void arm_exit_record(std::string output_dir, int rank, std::vector<std::string> 
     r.rank = rank;
     r.host = static_cast<size_t>(rank) < hosts.size() ? hosts[static_cast<size_t>(rank)] : std::string("?");
     r.hosts = std::move(hosts);
+    g_exit_claimed.store(0);  // a new run's record, not yet written (r.written is reset above)
     prepare_signal_exit_record(r);
 }
 
