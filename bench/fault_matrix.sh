@@ -75,6 +75,75 @@ EOF
   done
 done
 
+# ---- signals in every phase (engine/train/reliability.h "Signals", README "Stopping a run") ----
+# Each case starts a run, waits for the output line that says the phase has begun, sends the signal(s) (50 ms apart)
+# to the process named in "sent to", and measures the seconds from the first signal to the launcher's return.
+# Codes per rank from exit_status/rank_XXXXX.json ("-": none). The phases are made long through the config:
+# 2000 thin layers (setup, load, save: seconds each), a validation of 2000 iterations, 4096 sampled tokens.
+SIG_LONG_SETUP="--set model.num_layers=2000 --set model.hidden_size=32"
+SIG_LONG_VALID="--set data.synthetic.num_tokens=2000000 --set data.split=50,50,0 --set eval.eval_interval=2 --set eval.eval_iters=2000"
+SIG_KILL_AFTER_S=120
+SIG_CKPT_MODEL="$SIG_LONG_SETUP --set model.vocab_size=256"   # generate's byte-level tokenizer needs 256
+SIG_BIG_DATA="--set data.synthetic.num_tokens=2000000 --set data.split=50,50,0"
+MPI2="mpiexec -n 2 --oversubscribe --allow-run-as-root"
+SIG_BIN=$(realpath "$BIN")   # each case runs in its own directory
+
+# signal_case NAME SIGNALS TARGET LINE COMMAND...; TARGET: launcher (the command's process), rank1 (its last child)
+signal_case() {
+  local name=$1 sigs=$2 target=$3 line=$4; shift 4
+  local dir=$WORK/sig-$name
+  mkdir -p "$dir"
+  (cd "$dir" && OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive exec "$@" > "$dir/log" 2>&1) &
+  local pid=$! t0 t1 rc to
+  to=$pid
+  until grep -qF -- "$line" "$dir/log" 2>/dev/null; do kill -0 $pid 2>/dev/null || break; sleep 0.02; done
+  [ "$target" = rank1 ] && to=$(pgrep -P $pid | sort -n | tail -1)
+  t0=$(date +%s.%N)
+  for s in ${sigs//,/ }; do kill -"$s" "$to" 2>/dev/null; sleep 0.05; done
+  local deadline=$(($(date +%s) + SIG_KILL_AFTER_S))
+  while kill -0 $pid 2>/dev/null && [ "$(date +%s)" -lt $deadline ]; do sleep 0.01; done
+  t1=$(date +%s.%N)
+  kill -KILL $pid 2>/dev/null || true
+  set +e; wait $pid; rc=$?; set -e
+  python3 - "$dir/run" "$name" "$sigs" "$target" "$rc" "$t0" "$t1" <<'PY'
+import glob, json, os, sys
+d, name, sigs, target, rc, t0, t1 = sys.argv[1:8]
+codes = [str(json.load(open(p))["code"]) for p in sorted(glob.glob(f"{d}/exit_status/rank_*.json"))] or ["-"]
+top = f"{d}/exit_status.json"
+reason = json.load(open(top))["reason"] if os.path.exists(top) else "(no exit_status.json)"
+rc = int(rc)
+status = f"{rc}" + (f" (128+{rc - 128})" if rc > 128 else "")
+print(f"| {name} | {sigs} | {target} | {status} | {float(t1) - float(t0):.2f} | {' '.join(codes)} | {reason[:110]} |")
+PY
+}
+
+signal_matrix() {
+  local train="$SIG_BIN train --config $PWD/tests/parallel/tiny.yaml --set run.output_dir=run"
+  local ck=$WORK/sig-ckpt
+  echo
+  echo "| phase | signal | sent to | launcher status | signal -> exit (s) | exit_status codes | reason |"
+  echo "|---|---|---|---|---|---|---|"
+  signal_case setup TERM launcher "derived: global batch" $train $SIG_LONG_SETUP --set training.train_iters=4
+  signal_case setup-dp2 USR1 launcher "derived: global batch" $MPI2 $train $SIG_LONG_SETUP --set training.train_iters=4
+  signal_case setup-dp2-one-rank TERM rank1 "derived: global batch" $MPI2 $train $SIG_LONG_SETUP --set training.train_iters=4
+  # a checkpoint of the 2000-layer model, then a signal while a run reads it
+  OMP_NUM_THREADS=1 $SIG_BIN train --config tests/parallel/tiny.yaml --set run.output_dir=$WORK/sig-mk $SIG_CKPT_MODEL \
+    --set training.train_iters=2 --set checkpoint.save=$ck > $WORK/sig-mk.log 2>&1
+  signal_case load TERM launcher "memory per rank:" $train $SIG_CKPT_MODEL --set training.train_iters=4 --set checkpoint.load=$ck
+  signal_case train SIGINT launcher "iteration        2/" $train --set training.train_iters=100000 --set checkpoint.save=ckpt
+  signal_case validation TERM launcher "iteration        2/" $train $SIG_LONG_VALID --set training.train_iters=6 --set checkpoint.save=ckpt
+  signal_case validation-dp2 USR1 launcher "iteration        2/" $MPI2 $train $SIG_LONG_VALID --set training.train_iters=6 --set checkpoint.save=ckpt
+  signal_case save TERM launcher "iteration        2/" $train $SIG_LONG_SETUP --set training.train_iters=4 --set checkpoint.save=ckpt --set checkpoint.save_interval=2
+  signal_case sample TERM launcher "checkpoint: saved iteration 3" $train --set training.train_iters=3 --set model.seq_length=256 --set eval.sample_tokens=4096 --set checkpoint.save=ckpt
+  signal_case eval-command TERM launcher "eval: " $SIG_BIN eval --config $PWD/tests/parallel/tiny.yaml $SIG_CKPT_MODEL $SIG_BIG_DATA --load $ck --iters 100
+  signal_case generate-command TERM launcher "generate: " $SIG_BIN generate --load $ck --prompt ab --tokens 100000
+  signal_case double-signal TERM,TERM launcher "iteration        1/" $train --set model.num_layers=500 --set model.hidden_size=32 --set training.train_iters=100
+  signal_case mpiexec-sigterm TERM launcher "iteration        2/" $MPI2 $train --set training.train_iters=100000 --set checkpoint.save=ckpt
+  signal_case mpiexec-sigusr1 USR1 launcher "iteration        2/" $MPI2 $train --set training.train_iters=100000 --set checkpoint.save=ckpt
+}
+
+signal_matrix
+
 # ---- named failures: every failure leaves exit_status.json naming the first failing rank (README "Exit codes") ----
 # A rank SIGSTOPped (hung inside a collective) or killed with SIGKILL from outside once iteration 2 is logged, a
 # crash at a later step, a data file missing on one rank, a config that differs between ranks. "-> exit": from the

@@ -696,8 +696,8 @@ SetupStopWatch::SetupStopWatch() : state_(std::make_unique<State>()) {
             if (seen == std::chrono::steady_clock::time_point{}) seen = now;
             if (std::chrono::duration<double>(now - seen).count() < kSetupStopGraceS) continue;
             const std::string reason = fmt::format(
-                "{} received during setup: exited {:.1f} s later without waiting for the other ranks (setup was "
-                "still in a long phase); nothing to save",
+                "{} received during setup: setup was still running {:.1f} s later, so this process exited "
+                "without waiting for it or for other ranks; nothing to save (no step has run)",
                 signal_name(sig), kSetupStopGraceS);
             if (g_exit_claimed.load() != 0) return;  // the main thread is already ending the run
             write_event(exit_record(), "signal", {{"signal", signal_name(sig)}, {"phase", "setup"}}, /*local=*/false);

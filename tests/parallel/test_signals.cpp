@@ -193,6 +193,35 @@ TEST(Signals, SigusrToMpiexecDuringValidationStopsEveryRankWith3) {
     EXPECT_TRUE(fs::exists(tmp / "ckpt/iter_0000002/manifest.json")) << r.output;
 }
 
+// Open MPI 4's mpirun turns a SIGTERM into a job kill and exits 1, whatever the ranks record (README "Stopping a
+// run"): this test pins that down, so that a launcher that changes it shows here.
+TEST(Signals, SigtermToMpiexecIsAJobKillThatExits1) {
+    ms::test::TempDir tmp("ms_signals");
+    const SignalRun r = run_and_signal(tmp, mpiexec(2) + train(tmp, "--set training.train_iters=100000"),
+                                       "iteration        2/", {SIGTERM});
+    expect_stopped_fast(r, 1);
+}
+
+// The README's launcher script: a SIGTERM to it reaches mpirun as SIGUSR1, and the script returns the ranks' 3.
+TEST(Signals, SigtermToTheReadmeMpirunScriptGives3) {
+    ms::test::TempDir tmp("ms_signals");
+    {
+        std::ofstream script(tmp / "run.sh");
+        script << mpiexec(2) << train(tmp, "--set training.train_iters=100000") << " & pid=$!\n"
+               << "trap 'kill -USR1 $pid 2>/dev/null' TERM INT USR1\n"
+               << "while kill -0 $pid 2>/dev/null; do wait $pid; done\n"
+               << "wait $pid\n";
+    }
+    const SignalRun r = run_and_signal(tmp, "bash " + tmp / "run.sh", "iteration        2/", {SIGTERM});
+    expect_stopped_fast(r, 3);
+    for (int rank : {0, 1}) {
+        const nlohmann::json s = rank_status(tmp, rank);
+        ASSERT_FALSE(s.is_null()) << rank << "\n" << r.output;
+        EXPECT_EQ(s["code"], 3) << rank;
+        EXPECT_TRUE(has(s["reason"], "SIGUSR1 received")) << s["reason"];
+    }
+}
+
 // ---- training: SIGINT is a stop signal like SIGTERM ----
 
 TEST(Signals, SigintDuringTrainingSavesAndExits3) {
