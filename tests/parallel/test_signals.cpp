@@ -1,12 +1,12 @@
 // test_signals.cpp: a stop signal ends every phase of a run fast, the documented way (engine/train/reliability.h
-// "Signals", README "Exit codes"): setup, training, validation, the end-of-run sample, the `eval` and `generate`
+// "Signals", README "Stopping a run"): setup, training, validation, the end-of-run sample, the `eval` and `generate`
 // commands; SIGTERM, SIGUSR1 and SIGINT alike; a second signal at once, with a status; under mpiexec, SIGUSR1 to the
-// launcher gives the launcher's exit code 3.
+// launcher gives the launcher's exit code 3, SIGTERM does not, and the README's script turns one into the other.
 //
 // Each test starts the binary, waits for a line of its output that says the phase has begun, sends the signal and
 // measures the seconds to exit. The phases are made long through the config (many layers, a long validation, many
-// sampled tokens), so that without the fix the run would go on well past kStopBoundS; the bound is what a loaded
-// two-core machine needs with a wide margin (the runs measured here stop within 0.1-0.6 s; bench/fault_matrix.sh).
+// sampled tokens), so that a run that does not act on the signal goes on well past kStopBoundS. The bound: several
+// times the seconds-to-exit bench/fault_matrix.sh measures for every phase, for a loaded two-core machine.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -99,13 +99,13 @@ std::string train(const ms::test::TempDir& tmp, const std::string& sets) {
                        MS_SOURCE_DIR, tmp / "run", sets);
 }
 
-// A validation of 2000 iterations (8000 micro-batches, tens of seconds) every 2 iterations: the synthetic data is
+// A validation of 2000 iterations (8000 micro-batches) every 2 iterations: the synthetic data is
 // large enough, and split evenly, that the validation split holds them all.
 const std::string kLongValidation =
     "--set data.synthetic.num_tokens=2000000 --set data.split=50,50,0 --set eval.eval_interval=2 "
     "--set eval.eval_iters=2000";
 
-// 2000 thin layers: setup (plan, build, initialisation) takes seconds, and so does each step.
+// 2000 thin layers: setup (plan, build, initialisation) is long, and so is each step.
 const std::string kLongSetup = "--set model.num_layers=2000 --set model.hidden_size=32";
 
 nlohmann::json status_of(const ms::test::TempDir& tmp, const std::string& file) {
