@@ -1,14 +1,16 @@
 // plan.h: the layout and memory planner behind `mindspeed-train plan` and the trainer's memory check. Pure
-// arithmetic over the config: no MPI, nothing large allocated. Every byte count is an allocation the trainer makes
+// arithmetic over the config: no MPI, nothing large allocated, nothing built per layer (a billion layers cost what
+// one does, so the check runs before the model exists). Every byte count is an allocation the trainer makes
 // from its per-rank arena (engine/train/trainer.cpp), with the same function computing it where one exists:
 //   parameters, gradients  the flat buffers of PipelineModel: padded_flat_size(flat, dp) fp32 elements each, flat
-//                          being the stage's local chunks laid out back to back, each 16-element aligned; with
-//                          mixed_precision bf16 / fp16 also the 16-bit weights, the same elements at 2 bytes
+//                          being the stage's local chunks (gpt_param_table()'s sizes, affine in the layer count)
+//                          laid out back to back, each 16-element aligned; with mixed_precision bf16 / fp16 also the
+//                          16-bit weights, the same elements at 2 bytes
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
 //   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C activations, or
 //                          B*T*C/tp with sequence parallelism); zero_stage 1's reduce-scatter works in place
-//   activations            per local chunk, plan_gpt_activations(): slot bytes times the chunk's slots (the peak of
-//                          its micro-batches in flight in the stage's schedule) plus one scratch block
+//   activations            per local chunk, plan_gpt_activation_layout(): slot bytes times the chunk's slots (the
+//                          peak of its micro-batches in flight in the stage's schedule) plus one scratch block
 // Not in the arena, so not here: token buffers (B*T int32 each) and small per-call bookkeeping. The MPI
 // communicator holds no buffers (mpi_communicator.h).
 #pragma once

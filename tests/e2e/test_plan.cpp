@@ -279,6 +279,15 @@ TEST(PlanArithmetic, TheLayoutIsValidForEveryBufferOfEveryLayer) {
     }
 }
 
+// Validation (train's and `eval`'s) covers the split at most once: ceil(samples / global batch) iterations.
+TEST(PlanArithmetic, EvalItersStopAtOnePassOverTheSplit) {
+    EXPECT_EQ(ms::bound_eval_iters(10, "eval.eval_iters", 468, 16), 10);
+    EXPECT_EQ(ms::bound_eval_iters(30, "eval.eval_iters", 468, 16), 30);
+    EXPECT_EQ(ms::bound_eval_iters(31, "eval.eval_iters", 468, 16), 30);
+    EXPECT_EQ(ms::bound_eval_iters(2000000000, "eval.eval_iters", 468, 16), 30);
+    EXPECT_EQ(ms::bound_eval_iters(5, "--iters", 3, 16), 1);  // a split smaller than one batch: one iteration
+}
+
 TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
     // A Gpt given an arena allocates its slots as kActivation and its scratch as kWorkspace: exactly the plan's bytes.
     ms::GptShape s = hand_shape();
