@@ -211,7 +211,10 @@ void bias_backward_slice(const float* dout, float* dbias, int64_t N, int64_t M, 
 }
 
 // The calling thread's share of the backward on fp32 operands: columns k_cols of dinp (= or += per dinp_beta,
-// skipped when dinp is null) and rows m_rows of dweight and dbias (+=), both thread_columns ranges, block by block.
+// skipped when dinp is null), and of dweight (+=) its columns k_cols when K > M, else its rows m_rows; dbias (+=)
+// over m_rows. k_cols and m_rows are thread_columns ranges, computed block by block. Every block's call packs again
+// the operand that spans the whole reduction: inp (N, K) when dweight is cut by rows, dout (N, M) when by columns,
+// so dweight is cut along the longer of its two dims, which keeps the operand packed again the smaller one.
 void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta,
                      float* dweight, float* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
     const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
@@ -222,11 +225,19 @@ void backward_slices(const float* dout, const float* inp, const float* weight, f
                         dinp_beta, dinp + b.begin, K);
         });
     }
-    for_each_block(s.M, m_rows, [&](const Slice& b) {
-        // dweight[b, :] (m, K) += dout[:, b]^T (m, N) @ inp (N, K)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K, 1.0f,
-                    dweight + b.begin * s.K, K);
-    });
+    if (s.K > s.M) {
+        for_each_block(s.K, k_cols, [&](const Slice& b) {
+            // dweight[:, b] (M, k) += dout^T (M, N) @ inp[:, b] (N, k)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, b.size(), N, 1.0f, dout, M, inp + b.begin, K, 1.0f,
+                        dweight + b.begin, K);
+        });
+    } else {
+        for_each_block(s.M, m_rows, [&](const Slice& b) {
+            // dweight[b, :] (m, K) += dout[:, b]^T (m, N) @ inp (N, K)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K, 1.0f,
+                        dweight + b.begin * s.K, K);
+        });
+    }
     if (dbias && m_rows.size() > 0) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
 }
 
