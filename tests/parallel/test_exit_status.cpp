@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/job_run.h"
 #include "tests/common/temp_dir.h"
 
 namespace {
@@ -30,12 +31,8 @@ namespace fs = std::filesystem;
 constexpr double kTimeoutS = 3;     // reliability.collective_timeout_s in these runs
 constexpr double kExitSlackS = 30;  // "time to exit <= timeout + 30 s"
 
-struct JobRun {
-    int code = -1;  // the shell's view: exit code, or 128 + signal
-    double seconds = 0;
-    std::string output;
-    std::string dir;  // run.output_dir
-};
+using ms::test::JobRun;
+using ms::test::read_json;
 
 // The trainer on tests/parallel/tiny.yaml under `mpiexec -n np` (one thread per rank: ranks share the cores).
 std::string train_command(int np, const std::string& dir, const std::string& sets) {
@@ -47,18 +44,9 @@ std::string train_command(int np, const std::string& dir, const std::string& set
 }
 
 JobRun run_job(const ms::test::TempDir& tmp, int np, const std::string& sets, const std::string& env = "") {
-    JobRun r;
-    r.dir = tmp / "run";
-    const std::string cmd = fmt::format("cd {} && {} {} 2>&1", tmp.path(), env, train_command(np, r.dir, sets));
-    const auto t0 = std::chrono::steady_clock::now();
-    FILE* p = popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return r;
+    const std::string dir = tmp / "run";
+    return ms::test::run_command(fmt::format("cd {} && {} {} 2>&1", tmp.path(), env, train_command(np, dir, sets)),
+                                 dir);
 }
 
 std::string read_text(const std::string& path) {
@@ -66,15 +54,7 @@ std::string read_text(const std::string& path) {
     return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-nlohmann::json read_json(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) return nullptr;
-    return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-}
-
-nlohmann::json rank_status(const JobRun& r, int rank) {
-    return read_json(fmt::format("{}/exit_status/rank_{:05d}.json", r.dir, rank));
-}
+nlohmann::json rank_status(const JobRun& r, int rank) { return ms::test::rank_status(r.dir, rank); }
 
 nlohmann::json last_event(const JobRun& r) {
     std::ifstream f(r.dir + "/events.jsonl");

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/job_run.h"
 #include "tests/common/temp_dir.h"
 
 namespace {
@@ -32,12 +33,8 @@ namespace fs = std::filesystem;
 constexpr double kTimeoutS = 3;     // reliability.collective_timeout_s in these runs
 constexpr double kExitSlackS = 30;  // "time to exit <= timeout + 30 s"
 
-struct TrainRun {
-    int code = -1;  // the shell's view: exit code, or 128 + signal
-    double seconds = 0;
-    std::string output;
-    std::string dir;
-};
+using TrainRun = ms::test::JobRun;
+using ms::test::read_json;
 
 std::string ranks_flag(int np) {
     return np == 1 ? std::string() : "mpiexec -n " + std::to_string(np) + " --oversubscribe --allow-run-as-root ";
@@ -52,35 +49,15 @@ std::string train_args() {
 
 // Trains tests/parallel/tiny.yaml for 6 iterations with `inject` (MS_INJECT) on `np` ranks (1: no launcher).
 TrainRun train(const ms::test::TempDir& tmp, int np, const std::string& inject, const std::string& sets = "") {
-    TrainRun r;
-    r.dir = tmp / "run";
-    const std::string cmd = fmt::format(
-        "cd {} && MS_INJECT='{}' {}{}{} --set training.train_iters=6 --set "
-        "run.output_dir={} {} 2>&1",
-        tmp.path(), inject, kEnv, ranks_flag(np), train_args(), r.dir, sets);
-    const auto t0 = std::chrono::steady_clock::now();
-    FILE* p = popen(cmd.c_str(), "r");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-    const int status = pclose(p);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return r;
-}
-
-nlohmann::json read_json(const std::string& path) {
-    std::ifstream f(path);
-    if (!f) return nullptr;
-    return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    const std::string dir = tmp / "run";
+    return ms::test::run_command(fmt::format("cd {} && MS_INJECT='{}' {}{}{} --set training.train_iters=6 --set "
+                                             "run.output_dir={} {} 2>&1",
+                                             tmp.path(), inject, kEnv, ranks_flag(np), train_args(), dir, sets),
+                                 dir);
 }
 
 // exit_status/rank_XXXXX.json of `rank`, or null when that rank left none (it was killed).
-nlohmann::json rank_status(const TrainRun& r, int rank) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "rank_%05d.json", rank);
-    return read_json(r.dir + "/exit_status/" + name);
-}
+nlohmann::json rank_status(const TrainRun& r, int rank) { return ms::test::rank_status(r.dir, rank); }
 
 nlohmann::json trace(const TrainRun& r, int rank) {
     char name[32];

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/common/job_run.h"
 #include "tests/common/temp_dir.h"
 
 namespace {
@@ -109,13 +110,9 @@ const std::string kLongValidation =
 const std::string kLongSetup = "--set model.num_layers=2000 --set model.hidden_size=32";
 
 nlohmann::json status_of(const ms::test::TempDir& tmp, const std::string& file) {
-    std::ifstream f(tmp / ("run/" + file));
-    if (!f) return nullptr;
-    return nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+    return ms::test::read_json(tmp / ("run/" + file));
 }
-nlohmann::json rank_status(const ms::test::TempDir& tmp, int rank) {
-    return status_of(tmp, fmt::format("exit_status/rank_{:05d}.json", rank));
-}
+nlohmann::json rank_status(const ms::test::TempDir& tmp, int rank) { return ms::test::rank_status(tmp / "run", rank); }
 
 void expect_stopped_fast(const SignalRun& r, int code) {
     ASSERT_TRUE(r.reached) << r.output;
