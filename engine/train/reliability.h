@@ -45,29 +45,7 @@
 //   nan      a NaN into its first gradient element after the backward of iteration S
 //   sigterm  SIGTERM to itself at the start of iteration S
 //
-// Run files in run.output_dir (JSON; times are UTC ISO 8601):
-//   events.jsonl                 rank 0: one object per line {"time", "event", "rank", ...}, each line one
-//                                write(2) to a file opened O_APPEND: start (config hash, layout, injection),
-//                                checkpoint_loaded, checkpoint_saved, signal, nan_skip, nan_fail,
-//                                collective_timeout, fault_injected, exit. A resumed run appends.
-//   events/rank_XXXXX.jsonl      rank X > 0, only what it saw itself: an injected fault, a NaN it found, a timeout,
-//                                a failing exit
-//   exit_status.json             {code, reason, iteration, rank, host, time, requeue, failed_rank, [hung_ranks]}:
-//                                rank 0's; when rank 0 ends without one (killed), the first other rank that fails
-//                                writes it (and, when a collective found ranks lost, appends its exit event to
-//                                events.jsonl, since rank 0 may be killed before it does).
-//                                rank, host: the writer. failed_rank {rank, host, [tp, pp, dp], [state]}: the first
-//                                failing rank -- the writer itself, a peer whose input or config differed, or the
-//                                first rank a collective's roll call found lost. hung_ranks (exit code 18, when the
-//                                roll call found any): every lost rank, each {rank, host, tp, pp, dp, state}, state
-//                                "stopped", "dead", "alive, silent" (never came to a wait) or "silent" (another
-//                                host). Written from the input checks on (arm_exit_record), so a data error or a
-//                                config hash that differs between ranks leaves one too.
-//   exit_status/rank_XXXXX.json  the same for every rank that ends through the trainer: a rank without one was
-//                                killed (a crash, or the launcher tearing the job down)
-//   comm_traces/rank_XXXXX.json  flight recorders (collective_watch.h)
-// At start rank 0 deletes the previous run's exit_status files and moves its comm_traces/ to comm_traces.prev/,
-// so that what a wrapper reads after this run is this run's.
+// Run files in run.output_dir (events.jsonl, exit_status.json, ...): engine/train/run_end.h.
 #pragma once
 
 #include <csignal>
@@ -82,6 +60,7 @@
 #include "comm/watch_options.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "engine/train/run_end.h"
 
 namespace ms {
 
@@ -113,15 +92,6 @@ FaultInjection parse_fault_injection(std::string_view spec, std::string_view sou
 // The spec that applies: MS_INJECT when set and non-empty, else cfg.inject.
 FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters);
 
-// ---- signals ----
-
-// SIGTERM, SIGUSR1 and SIGINT set the stop flag (the first signal's number); a second one ends the process at once
-// (with its exit record once one is armed).
-void install_signal_handlers();
-int stop_signal();  // 0 until a stop signal arrived, then its number
-const volatile std::sig_atomic_t* stop_signal_flag();
-const char* signal_name(int sig);  // "SIGTERM", "SIGUSR1", ...
-
 // A stop signal ended the run outside a step boundary (setup; the trainer's other phases return exit_on_signal()'s
 // code): exit code 3, already logged and recorded.
 class SignalStop : public RunError {
@@ -147,25 +117,6 @@ class SetupStopWatch {
     struct State;
     std::unique_ptr<State> state_;
 };
-
-// ---- exit record ----
-
-// Arms record_exit() as soon as run.output_dir and the ranks' hosts are known (the trainer, right after MPI is
-// up), so that the input checks and the config-hash check leave a status too. hosts: by world rank, to name a
-// failing peer. A Reliability adds the layout (coordinates) later.
-void arm_exit_record(std::string output_dir, int rank, std::vector<std::string> hosts);
-
-// "world rank 1 (host h)", with ", tp 0, pp 1, dp 0" once a Reliability knows the layout: how errors that can
-// differ between ranks and the status name a rank (by the hosts arm_exit_record() was given).
-std::string describe_rank(int world_rank);
-
-// Writes exit_status.json, exit_status/rank_XXXXX.json and the exit event for this process, once: later calls
-// do nothing. Does nothing before arm_exit_record() or a Reliability (no output directory yet). apps/main.cpp calls
-// it for every RunError (with its failed_rank()); the trainer calls it before it throws or returns, so the files
-// exist before MPI_Finalize (after which the launcher may kill the process). The failing rank is lost[0] when a
-// collective found lost ranks (comm/watch_options.h), else failed_rank when another rank failed first, else this
-// one.
-void record_exit(int code, const std::string& reason, int failed_rank = -1, const std::vector<LostRank>& lost = {});
 
 struct StepVerdict {
     bool skip_step = false;  // a NaN/Inf somewhere, nan_policy skip: no rank steps the optimizer
