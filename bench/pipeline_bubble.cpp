@@ -1,5 +1,5 @@
 // pipeline_bubble.cpp: the theoretical pipeline bubble of each schedule, from simulate() over the generated action
-// lists, next to its closed form (performance-anchors §4a), for pp = 4 and m = 4, 8, 16, 32.
+// lists, next to its closed form (docs/design.md §4), for pp = 4 and m = 4, 8, 16, 32.
 //   build/pipeline_bubble [pp] [t_comm]
 // Costs: t_forward = 1, t_backward = 2 per micro-batch through a whole stage (a chunk costs 1/v of that); t_comm
 // (default 0) is added to every receive. Bubble = idle share of the step = 1 - mean busy / makespan. Closed forms:

@@ -1,4 +1,4 @@
-// communicator.h: the typed collective interface every parallel axis talks to (DESIGN.md §4).
+// communicator.h: the typed collective interface every parallel axis talks to (docs/design.md §4).
 //
 // One Communicator is one process group (world, tp, pp, dp, mp, embd). Implementations: MPI on host buffers
 // (comm/mpi/), NCCL later (comm/nccl/). A group of size 1 is a real object whose collectives are no-ops, so one

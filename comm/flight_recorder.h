@@ -1,5 +1,5 @@
 // flight_recorder.h: the last kCapacity operations of one communicator, for the post-mortem of a hang
-// (reference/ecosystem-reliability.md A6.1, B6: PyTorch's NCCL flight recorder, torchtitan's comm_traces/).
+// (docs/formats.md "Run files": PyTorch's NCCL flight recorder, torchtitan's comm_traces/).
 //
 // Each operation a communicator posts gets the next sequence number of that communicator (1, 2, ...; every member
 // rank numbers the same collective the same, since calls are issued in the same order on every member) and a slot

@@ -1,4 +1,4 @@
-// process_groups.h: the tp/pp/dp/mp/embd communicators of one rank, split from world (DESIGN.md §4, anchors 9.7).
+// process_groups.h: the tp/pp/dp/mp/embd communicators of one rank, split from world (docs/design.md §4).
 //
 // Rank order "tp-dp-pp" (Megatron), TP fastest:  global rank = tp_rank + tp * (dp_rank + dp * pp_rank).
 // So TP groups are adjacent ranks (one node), PP is the slowest axis.

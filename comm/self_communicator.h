@@ -1,7 +1,7 @@
 // self_communicator.h: the communicator of a group of one rank, without MPI.
 //
 // Every collective is the identity (reduce_scatter / all_gather / all_to_all copy in to out), so single-rank code
-// and tests run the same code path as any parallel layout (DESIGN.md §4: size-1 groups are real objects).
+// and tests run the same code path as any parallel layout (docs/design.md §4: size-1 groups are real objects).
 #pragma once
 
 #include <cstring>

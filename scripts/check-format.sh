@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# check-format.sh: every tracked C++ / CUDA source is as .clang-format says (STYLE.md: one .clang-format, checked in
-# CI). Uses clang-format 14 (Debian 12's, which scripts/setup.sh installs): another major version formats a few
+# check-format.sh: every tracked C++ / CUDA source is as .clang-format says (docs/style.md: one .clang-format, checked
+# in CI). Uses clang-format 14 (Debian 12's, which scripts/setup.sh installs): another major version formats a few
 # constructs differently, so with none of version 14 the check says so and is skipped rather than failing on them.
 #   scripts/check-format.sh          report the files that differ (exit 1 when any does)
 #   scripts/check-format.sh --fix    reformat them in place

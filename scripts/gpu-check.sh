@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the one prepared script for a machine with an NVIDIA GPU (see ../shared/device/README.md for
-# carrying the Debian dependencies there):
+# gpu-check.sh: the one prepared script for a machine with an NVIDIA GPU (the Debian dependencies travel in
+# .devdeps, see docs/gpu.md):
 #   eval "$(bash .devdeps/unpack-deps.sh .devdeps /tmp/prefix)" && bash scripts/gpu-check.sh
 # Steps, in priority order, each bounded by `timeout` and by one overall deadline (MS_GPU_CHECK_BUDGET seconds,
 # default 400), none stopping the others when it fails:

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
-scripts/check-format.sh  # STYLE.md: one .clang-format, checked here
+scripts/check-format.sh  # docs/style.md: one .clang-format, checked here
 # Tests share 2 cores with each other's processes: threads that spin while waiting only steal time there.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 (cd build && ctest --output-on-failure --timeout 900 "$@")

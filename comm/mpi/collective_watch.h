@@ -1,5 +1,5 @@
 // collective_watch.h: bounded waits for the MPI communicators of one process, and their flight recorders
-// (reference/ecosystem-reliability.md A6.1, B6).
+// (docs/formats.md).
 //
 // One CollectiveWatch is shared by MPI_COMM_WORLD's MpiCommunicator and every communicator split from it
 // (MpiRuntime owns it). A Handle's wait polls its MPI requests with MPI_Testall on the calling thread instead of

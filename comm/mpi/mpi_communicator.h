@@ -1,4 +1,4 @@
-// mpi_communicator.h: the Communicator over an MPI communicator, on host buffers (DESIGN.md §4).
+// mpi_communicator.h: the Communicator over an MPI communicator, on host buffers (docs/design.md §4).
 //
 // Every call posts non-blocking MPI operations (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather,
 // MPI_Ibcast, MPI_Ialltoall, MPI_Isend/MPI_Irecv) and returns a Handle that completes them with MPI_Waitall /

@@ -1,4 +1,4 @@
-// nccl_communicator.h: the Communicator over an NCCL communicator, on device memory (DESIGN.md §4).
+// nccl_communicator.h: the Communicator over an NCCL communicator, on device memory (docs/design.md §4).
 //
 // Bootstrap through MPI: every NcclCommunicator has an MpiCommunicator over the same ranks in the same order (its
 // host communicator). The first one (create_world) gets its NCCL communicator from rank 0's ncclGetUniqueId,

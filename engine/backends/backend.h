@@ -11,7 +11,7 @@
 //     kAdd is used where an activation feeds two consumers (the residual stream).
 // Every op is deterministic: the same inputs give bit-identical outputs on the same machine and thread count.
 //
-// Precision contract (mixed precision, DESIGN.md §6). An op computes on one "activation dtype" D, fp32, bf16 or
+// Precision contract (mixed precision, docs/design.md §6). An op computes on one "activation dtype" D, fp32, bf16 or
 // fp16 (engine/core/half.h), taken from its activation tensors:
 //   - activations and their gradients (inp, out, dout, dinp, qkv, logits/dlogits, a, b) and the model weights an op
 //     reads (weight, bias, table, pos) are D;
@@ -180,7 +180,7 @@ struct ResidualForwardArgs {
     Tensor bias;  // (M) with M dividing n: added to b[i] as bias[i % M] (optional)
 };
 
-// Vocab-parallel softmax cross-entropy in pieces, so TP can all-reduce between them (DESIGN.md §5).
+// Vocab-parallel softmax cross-entropy in pieces, so TP can all-reduce between them (docs/design.md §5).
 // Columns >= vocab_valid_local (the padded tail of the vocabulary) are masked out of max, sum and gradient.
 //   phase kMax:       row_max[n]  = max_j logits[n, j]                               (before an all-reduce max)
 //   phase kSumExp:    sum_exp[n]  = sum_j exp(logits[n, j] - row_max[n]);

@@ -1,4 +1,4 @@
-// atomic_dir.h: the checkpoint commit protocol (reference/ecosystem-reliability.md A6.4 and B3), Megatron names.
+// atomic_dir.h: the checkpoint commit protocol (docs/formats.md), Megatron names.
 //
 //   <save>/
 //     latest_checkpointed_iteration.txt   "1000" -- the tracker, written last

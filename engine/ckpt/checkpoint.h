@@ -1,5 +1,5 @@
 // checkpoint.h: training checkpoints -- save, auto-resume, and a reader of canonical tensors -- under any layout
-// (DESIGN.md §8, reference/ecosystem-reliability.md A3.3, A6.4, A6.5, B3). atomic_dir.h does the commit protocol.
+// (docs/design.md §8, docs/formats.md). atomic_dir.h does the commit protocol.
 //
 // On disk (format version 1; every *.safetensors holds F32 tensors in C order):
 //
@@ -51,7 +51,7 @@
 //
 // No RNG state is saved: weights are initialised from Philox by global element index, there is no dropout, and the
 // data order is a pure function of (seed, source fingerprint, global sample index), so the whole data state is
-// consumed_samples (DESIGN.md invariants 1, 3). Same layout, same config => the resumed run continues bit for bit.
+// consumed_samples (docs/design.md invariants 1, 3). Same layout, same config => the resumed run continues bit for bit.
 //
 // Save (collective over world, at a step boundary): all ranks agree on the iteration (min/max all-reduce), rank 0
 // creates <save>/iter_X.tmp/, every rank writes its files there, rank 0 commits (manifest, directory rename,

@@ -1,4 +1,4 @@
-// hf_gpt2.h: Hugging Face GPT-2 interop (reference/ecosystem-reliability.md B3, the HF GPT-2 row): export a
+// hf_gpt2.h: Hugging Face GPT-2 interop (docs/formats.md): export a
 // checkpoint as a hub-style GPT-2 directory, and import one as a model-only checkpoint.
 //
 // A Hugging Face GPT-2 directory, as this code reads and writes it:

@@ -1,4 +1,4 @@
-// safetensors.h: the Hugging Face safetensors format (reference/ecosystem-reliability.md A3.1), written and read
+// safetensors.h: the Hugging Face safetensors format (docs/formats.md), written and read
 // here without a dependency.
 //
 //   [8 bytes: N, u64 little-endian][N bytes: JSON header, padded with spaces to a multiple of 8][byte buffer]

@@ -1,6 +1,6 @@
-// config.h: the resolved run configuration, one struct per YAML section (DESIGN.md §7).
+// config.h: the resolved run configuration, one struct per YAML section (docs/design.md §7).
 //
-// Key names are Megatron's flags in snake_case (reference/ecosystem-reliability.md B1). Defaults live here,
+// Key names are Megatron's flags in snake_case (docs/formats.md). Defaults live here,
 // next to each field. load_config() fills it from YAML + `--set section.key=value` overrides, strictly:
 // an unknown key, a wrong type or an impossible value throws ms::UserError (exit code 2) naming the key,
 // the value, the constraint and a hint. validate_config() checks the combinations and computes the derived

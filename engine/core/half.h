@@ -1,8 +1,8 @@
 // half.h: the 16-bit float storage types (bf16, fp16) and their conversions to and from fp32, the same bits on the
 // host, in the CUDA emulation and on a GPU.
 //
-// Mixed precision (DESIGN.md §6, backends/backend.h) stores activations and model weights in 16 bits and computes in
-// fp32: an op loads with to_float(), computes in fp32, and rounds once on store with from_float<T>(). Rounding is
+// Mixed precision (docs/design.md §6, backends/backend.h) stores activations and model weights in 16 bits and computes
+// in fp32: an op loads with to_float(), computes in fp32, and rounds once on store with from_float<T>(). Rounding is
 // IEEE round-to-nearest-even; a NaN becomes the canonical quiet NaN 0x7FFF, as the GPU's cvt.rn does; fp16
 // overflows to +-inf (|x| >= 65520) and keeps subnormals. Both conversions are plain integer arithmetic, so the
 // host, the CPU emulation of the kernels and the GPU agree bit for bit (tests/unit/test_half.cpp checks fp16

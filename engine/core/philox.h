@@ -1,7 +1,7 @@
 // philox.h: Philox4x32-10 counter-based RNG (Salmon et al., SC'11) and the layout-invariant draws built on it.
 //
 // Every parameter element is a pure function of (seed, parameter name, global element index), so any
-// TP/PP/DP split of a tensor starts from bit-identical values (DESIGN.md invariant 1).
+// TP/PP/DP split of a tensor starts from bit-identical values (docs/design.md invariant 1).
 #pragma once
 
 #include <array>

@@ -6,7 +6,7 @@
 // split_begin + s * seq_length; inputs are its first seq_length tokens, targets its last seq_length.
 // The order in which samples are visited is a pure function of (seed, source fingerprint, global sample
 // index) -- a seeded bijection per epoch, no stored permutation -- so the whole data state is
-// consumed_samples and resume works under any data-parallel size (DESIGN.md invariant 3).
+// consumed_samples and resume works under any data-parallel size (docs/design.md invariant 3).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // megatron_source.cpp: open and validate a Megatron MMapIndexedDataset (<prefix>.idx + <prefix>.bin).
 //
-// .idx layout (MMIDIDX v1, little-endian; reference/ecosystem-reliability.md A2.1):
+// .idx layout (MMIDIDX v1, little-endian; docs/formats.md):
 //   0        9   magic "MMIDIDX\0\0"
 //   9        8   u64 version (1)
 //   17       1   u8 dtype code (1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 6 f64, 7 f32, 8 u16); we read 8 and 4

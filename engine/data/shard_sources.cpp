@@ -1,4 +1,4 @@
-// shard_sources.cpp: llm.c token shards and nanoGPT flat .bin files (reference/ecosystem-reliability.md A2.2, A2.3).
+// shard_sources.cpp: llm.c token shards and nanoGPT flat .bin files (docs/formats.md).
 //
 // llm.c shard: 256 x int32 header {20240520 magic, 1 version, ntok, 0...}, then ntok uint16 tokens;
 //              file size == 1024 + 2 * ntok. Shards matching data.data_path are concatenated in sorted order.

@@ -3,7 +3,7 @@
 // to Vp with the padded logits masked), forward and backward over a Backend.
 //
 // Parameters live in one contiguous fp32 buffer in the order of param_table(); gradients mirror it. Mixed precision
-// (Options::dtype bf16 or fp16, DESIGN.md §6): the fp32 buffer holds the master weights the optimizer updates, a
+// (Options::dtype bf16 or fp16, docs/design.md §6): the fp32 buffer holds the master weights the optimizer updates, a
 // second flat buffer of the same layout holds the 16-bit weights the ops read (refresh_weights() rounds the master
 // into it), activations and their gradients are 16-bit, and gradients, statistics and the loss stay fp32
 // (backends/backend.h's precision contract). With fp32 the two buffers are one. Names are
@@ -14,7 +14,7 @@
 // the slots; buffers whose lifetimes do not overlap share memory. With Options::arena every block (and owned
 // parameters and gradients) is a named allocation of that arena; without one, each is its own HostBuffer.
 //
-// Tensor parallelism (Megatron, DESIGN.md §5) over the `tp` communicator (size 1: every collective is a no-op):
+// Tensor parallelism (Megatron, docs/design.md §5) over the `tp` communicator (size 1: every collective is a no-op):
 //   wte                      vocab-parallel rows (Vp/tp each); embedding and cross-entropy reduce over tp
 //   c_attn (weight, bias)    column-parallel, split per head: rank r holds [Q_heads(r) | K_heads(r) | V_heads(r)]
 //   mlp.c_fc (weight, bias)  column-parallel rows (F/tp each)
@@ -69,7 +69,8 @@ enum class ShardKind : uint8_t {
     kQkvRows,     // dim 0 = [Q | K | V] blocks, each split per head (column-parallel c_attn)
 };
 
-// The part of the model one Gpt object holds: a pipeline model chunk (DESIGN.md §5). The default is the whole model.
+// The part of the model one Gpt object holds: a pipeline model chunk (docs/design.md §5). The default is the whole
+// model.
 struct GptPart {
     int first_layer = 0;
     int num_layers = -1;    // -1: every layer from first_layer on

@@ -1,5 +1,5 @@
 // distributed_optimizer.h: the data-parallel gradient reduction, global gradient norm, clipping and AdamW step
-// over the flat parameter/gradient buffers, for zero_stage 0 and 1 (DESIGN.md §5).
+// over the flat parameter/gradient buffers, for zero_stage 0 and 1 (docs/design.md §5).
 //
 // Range map (the same on every rank of a dp group, since every DP replica has the same parameter table):
 //   flat buffer      [0, padded)      padded = ceil(flat / (dp * 16)) * dp * 16; the tail is zeros

@@ -1,4 +1,4 @@
-// device_peak.h: dense peak FLOP/s of the GPUs we know, the MFU denominators on the CUDA backend (DESIGN.md §8).
+// device_peak.h: dense peak FLOP/s of the GPUs we know, the MFU denominators on the CUDA backend (docs/design.md §8).
 //
 // From NVIDIA's datasheets, dense (the datasheets' tensor-core figures are with 2:4 sparsity: halved here). fp32 is
 // the non-tensor (SIMT) rate, which is what fp32 kernels without tensor cores can reach; tf32 and bf16 are the

@@ -1,5 +1,5 @@
 // reliability.h: how a run ends -- stop signals, the NaN policy, fault injection, and the run files that say what
-// happened (reference/ecosystem-reliability.md A6.2, A6.3, B6, B7; README "Exit codes"). Collective timeouts, the
+// happened (docs/formats.md; README "Exit codes"). Collective timeouts, the
 // flight recorder and the roll call that names a hung or dead rank live in comm/mpi/collective_watch.h; Reliability
 // configures them (with the layout, so that a lost rank is named by its coordinates too).
 //

@@ -1,4 +1,4 @@
-// test_collectives.cpp: every Communicator call of MpiCommunicator, with exact expectations (DESIGN.md anchors
+// test_collectives.cpp: every Communicator call of MpiCommunicator, with exact expectations (docs/style.md
 // 9.10). Rank r contributes pattern(r, i) = (r + 1) * (i % 7 + 1): sums stay far below 2^24, so fp32 is exact and
 // results are compared with ==. Averages are checked on power-of-two group sizes, where dividing by the size is
 // exact; int32 averages use C++ integer division, as documented in mpi_communicator.h.

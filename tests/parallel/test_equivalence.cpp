@@ -1,5 +1,5 @@
-// test_equivalence.cpp: every tensor x data parallel layout trains the same model as one rank (DESIGN.md
-// invariant 2; the torchtitan method of reference/aesthetics-anchors.md §9.11).
+// test_equivalence.cpp: every tensor x data parallel layout trains the same model as one rank (docs/design.md
+// invariant 2; the torchtitan method of docs/style.md).
 //
 // Each layout runs tests/parallel/tiny.yaml under mpirun with only parallel.* changed. Held constant: the global
 // batch and its samples, the initial weights (Philox by global element index), the loss normalisation. Compared

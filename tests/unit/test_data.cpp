@@ -1,4 +1,4 @@
-// test_data.cpp: data/ -- file formats (written byte by byte here, from reference/ecosystem-reliability.md A2),
+// test_data.cpp: data/ -- file formats (written byte by byte here, from docs/formats.md),
 // their validation errors, the byte tokenizer + preprocess round trip, the sampler's order and windows, and the
 // synthetic language's entropy rate.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // test_safetensors.cpp: engine/ckpt/safetensors -- round trips of every engine dtype (with an empty and a 0-rank
 // tensor and metadata), one tiny file checked byte by byte against the format in
-// reference/ecosystem-reliability.md A3.1, the Python `safetensors` package when the machine has it, and one
+// docs/formats.md, the Python `safetensors` package when the machine has it, and one
 // crafted corrupt input per validation rule, each of which must be a UserError naming the file, the tensor and
 // the problem.
 #include <gtest/gtest.h>

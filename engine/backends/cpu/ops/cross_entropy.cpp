@@ -1,4 +1,4 @@
-// cross_entropy.cpp: vocab-parallel softmax cross-entropy in pieces (backend.h, DESIGN.md §5).
+// cross_entropy.cpp: vocab-parallel softmax cross-entropy in pieces (backend.h, docs/design.md §5).
 //
 // Layouts: logits (N, Vp_local), targets (N) int32 global ids, row_max/sum_exp/target_logit/dloss (N) fp32.
 // Column j of this shard is global id vocab_start + j; columns j >= vocab_valid_local are the padded tail of the

@@ -1,5 +1,5 @@
 /*
-Vocab-parallel softmax cross-entropy in pieces (backend.h, DESIGN.md §5), so that tensor parallelism can all-reduce
+Vocab-parallel softmax cross-entropy in pieces (docs/design.md §5), so that tensor parallelism can all-reduce
 between them: kMax (then an all-reduce max), kSumExp (then all-reduce sums), backward; without tensor parallelism
 kMaxSumExp does both pieces in one read of the logits: each thread keeps a running max m and a sum s of exp(x - m),
 scaled by exp(m_old - m_new) when m grows, and the block combines the threads' (m, s) as sum s * exp(m - M) under the
