@@ -28,12 +28,6 @@ void mpi_abort_hook(int exit_code) {
     if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
 }
 
-std::string host_name() {
-    char host[256] = {};
-    if (gethostname(host, sizeof(host) - 1) != 0) return "?";
-    return host;
-}
-
 // "NAME=value" for each set variable, space separated.
 std::string env_list(std::initializer_list<const char*> names) {
     std::string out;

@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,6 +18,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "comm/flight_recorder.h"
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
@@ -37,12 +37,6 @@ namespace {
                     save, what, std::generic_category().message(err)));
 }
 
-std::string this_host() {
-    char host[256] = {};
-    if (::gethostname(host, sizeof(host) - 1) != 0) return "?";
-    return host;
-}
-
 // Field 22 of /proc/<pid>/stat: the process's start time in clock ticks after boot; nullopt when unreadable.
 std::optional<uint64_t> process_start_ticks(int64_t pid) {
     std::ifstream f(fmt::format("/proc/{}/stat", pid));
@@ -55,15 +49,6 @@ std::optional<uint64_t> process_start_ticks(int64_t pid) {
         if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
     }
     return std::nullopt;
-}
-
-std::string utc_now() {
-    const std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    ::gmtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return buf;
 }
 
 std::string read_small_file(const std::string& path, bool* exists) {
@@ -91,7 +76,7 @@ void check_dir_writable(const std::string& save) {
     std::error_code ec;
     fs::create_directories(save, ec);
     if (ec) throw_unwritable(save, "cannot create it", ec.value());
-    const std::string probe = fmt::format("{}/.write_probe.{}.{}", save, this_host(), ::getpid());
+    const std::string probe = fmt::format("{}/.write_probe.{}.{}", save, host_name(), ::getpid());
     const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) throw_unwritable(save, fmt::format("cannot create a file in it ('{}')", probe), errno);
     const bool written = ::write(fd, "x", 1) == 1;
@@ -109,12 +94,14 @@ uint64_t free_bytes(const std::string& dir) {
 
 SaveDirLock::SaveDirLock(const std::string& save) {
     path_ = (fs::path(save) / kLockFile).string();
-    const std::string host = this_host();
+    const std::string host = host_name();
     const int64_t pid = ::getpid();
-    content_ =
-        json{{"host", host}, {"pid", pid}, {"started", utc_now()}, {"proc_start", process_start_ticks(pid).value_or(0)}}
-            .dump() +
-        "\n";
+    content_ = json{{"host", host},
+                    {"pid", pid},
+                    {"started", utc_iso8601(unix_seconds())},
+                    {"proc_start", process_start_ticks(pid).value_or(0)}}
+                   .dump() +
+               "\n";
     const std::string mine = fmt::format("{}.{}.{}", path_, host, pid);
     write_file_atomic(mine, content_);
     // Two runs that find the same stale lock race to replace it: a bounded number of rounds, each re-reading.

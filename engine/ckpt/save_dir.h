@@ -2,7 +2,7 @@
 // room is left, and the lock that keeps a second run from saving into it. What crashed saves left is cleaned by
 // atomic_dir.h clean_uncommitted, under this lock.
 //
-//   <save>/mindspeed-train.lock   {"host": "node7", "pid": 4242, "started": "2026-12-01T11:06:32Z",
+//   <save>/mindspeed-train.lock   {"host": "node7", "pid": 4242, "started": "2026-12-01T11:06:32.120Z",
 //                                  "proc_start": 123456}   -- present while a run holds the directory
 #pragma once
 

@@ -12,6 +12,12 @@ AbortHook g_abort_hook = nullptr;
 }  // namespace
 
 void set_error_context(const std::string& context) { g_context = context; }
+
+std::string host_name() {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) != 0) return "?";
+    return host;
+}
 void set_abort_hook(AbortHook hook) { g_abort_hook = hook; }
 
 void fatal(const char* expr, const char* file, int line, const char* func, const std::string& msg) {

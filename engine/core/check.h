@@ -74,6 +74,8 @@ class UserError : public RunError {
 
 // Context printed in front of every fatal message; comm/ fills in rank and coordinates once known.
 void set_error_context(const std::string& context);
+// This machine's host name ("?" when it cannot be read): how errors, logs and run files name a host.
+std::string host_name();
 using AbortHook = void (*)(int exit_code);
 void set_abort_hook(AbortHook hook);
 

@@ -23,6 +23,7 @@
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/save_dir.h"
+#include "engine/core/check.h"
 #include "tests/common/temp_dir.h"
 #include "tests/e2e/run_cli.h"
 
@@ -440,12 +441,6 @@ TEST(CheckpointFailures, InjectedSaveFailuresNeverExposeAPartialCheckpoint) {
 
 // ---- the save directory's hazards, found at startup (checkpoint.h open_save_dir, check_no_newer_checkpoint) ----
 
-std::string this_host() {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    return host;
-}
-
 ino_t inode(const std::string& path) {
     struct stat st {};
     return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
@@ -561,12 +556,12 @@ TEST(CheckpointDir, LockRefusesASecondWriterAndTakesOverADeadOnesLock) {
     const std::string save = d / "ckpt", lock = save + "/" + ms::kLockFile;
     fs::create_directories(save);
     const std::string live =
-        nlohmann::json{{"host", this_host()}, {"pid", ::getpid()}, {"started", "2026-01-01T00:00:00Z"}}.dump();
+        nlohmann::json{{"host", ms::host_name()}, {"pid", ::getpid()}, {"started", "2026-01-01T00:00:00Z"}}.dump();
     std::ofstream(lock) << live;
     const TrainRun r = train(2, d / "run", 2, ckpt_sets(save, save) + " --set parallel.zero_stage=1");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("checkpoint.save '" + save + "' is in use by another run: its lock '" + lock +
-                            "' is held by pid " + std::to_string(::getpid()) + " on host " + this_host() +
+                            "' is held by pid " + std::to_string(::getpid()) + " on host " + ms::host_name() +
                             " (started 2026-01-01T00:00:00Z)"),
               std::string::npos)
         << r.output;
@@ -577,7 +572,7 @@ TEST(CheckpointDir, LockRefusesASecondWriterAndTakesOverADeadOnesLock) {
     if (child == 0) ::_exit(0);
     ASSERT_GT(child, 0);
     ::waitpid(child, nullptr, 0);
-    std::ofstream(lock) << nlohmann::json{{"host", this_host()}, {"pid", child}, {"started", "then"}}.dump();
+    std::ofstream(lock) << nlohmann::json{{"host", ms::host_name()}, {"pid", child}, {"started", "then"}}.dump();
     const TrainRun dead = train(2, d / "run", 2, ckpt_sets(save, save) + " --set parallel.zero_stage=1");
     EXPECT_EQ(dead.exit_code, 0) << dead.output;
     EXPECT_NE(dead.output.find("taking over the lock '" + lock + "' of pid " + std::to_string(child)),

@@ -262,9 +262,7 @@ TEST(AtomicDirTest, CleanUncommittedRemovesLeftoversAndRestoresAMovedAsideCheckp
 // writer with a sentence naming it; a dead holder of this host is taken over; the lock goes with its holder.
 TEST(AtomicDirTest, SaveDirLockRefusesALiveHolderAndTakesOverADeadOne) {
     TempDir dir;
-    char host_buf[256] = {};
-    ::gethostname(host_buf, sizeof(host_buf) - 1);
-    const std::string host = host_buf, lock = dir / ms::kLockFile;
+    const std::string host = ms::host_name(), lock = dir / ms::kLockFile;
     const auto expect_refused = [&](const std::string& holder, const std::string& named) {
         std::ofstream(lock) << holder;
         try {
