@@ -237,7 +237,7 @@ bool holds_committed_name(const std::string& dir) {
 }
 
 // The model table of the whole model at tp 1 (canonical names and global shapes in model order).
-std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s, 0.02f, 1); }
+std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s); }
 
 void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;

@@ -119,7 +119,7 @@ std::string write_model_checkpoint(const std::string& save_dir, const Config& cf
                                                {"dp_rank", "0"},
                                                {"dp_size", "1"},
                                                {"vocab_size", std::to_string(shape.V)}};
-    for (const ParamInfo& p : gpt_param_table(shape, 0.02f, 1)) {
+    for (const ParamInfo& p : gpt_param_table(shape)) {
         tensors.push_back({p.name, DType::kF32, p.shape, params + p.offset});
         const ShardBox b = shard_box(p, 0, 1);
         meta[p.name] = json{{"global_shape", p.global_shape},

@@ -31,7 +31,7 @@ GptShape checkpoint_shape(const CheckpointReader& r);
 void read_whole_model(const CheckpointReader& r, Gpt& model);
 
 // Writes a committed model-only checkpoint <save>/iter_XXXXXXX (state.iteration) from a whole model's flat
-// parameter buffer laid out by gpt_param_table(shape, *, 1): the model file, train_state.json (`state`),
+// parameter buffer laid out by gpt_param_table(shape): the model file, train_state.json (`state`),
 // config.resolved.yaml (config_to_yaml(cfg)) and the manifest (the trainer's fields for a 1-rank layout, plus
 // `extra_manifest` merged in). Refuses (UserError(kExitCheckpoint)) a save directory that already holds a committed
 // checkpoint, whose tracker this would overwrite. Returns the committed directory.

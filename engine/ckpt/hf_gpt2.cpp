@@ -177,7 +177,7 @@ int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::
                         kExitCheckpoint);
     std::vector<CanonicalTensor> tensors;  // HF layout; kept alive for the writer
     int64_t params = 0;
-    for (const ParamInfo& p : gpt_param_table(s, 0.02f, 1)) {
+    for (const ParamInfo& p : gpt_param_table(s)) {
         CanonicalTensor t = r.tensor(p.name);
         t.shape = p.global_shape;  // c_attn comes as its (3, C, C) view: the same bytes
         if (p.name == "wte.weight") {
@@ -257,7 +257,7 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
             throw UserError(e.what(), kExitConfigError);
         }
     }();
-    const std::vector<ParamInfo> table = gpt_param_table(s, 0.02f, 1);
+    const std::vector<ParamInfo> table = gpt_param_table(s);
     std::map<std::string, std::string> key_of;  // canonical name -> the file's key
     std::string lm_head_key;
     const std::regex mask_buffer(R"(h\.\d+\.attn\.(bias|masked_bias))");

@@ -32,7 +32,7 @@ int part_layers(const GptShape& s, const GptPart& part) {
 
 }  // namespace
 
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp, const GptPart& part) {
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart& part) {
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0,
              "tensor-parallel size {} must divide heads {}, ffn {} and padded vocab {}", tp, s.NH, s.F, s.Vp);
     const int num_layers = part_layers(s, part);
@@ -40,8 +40,9 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp
              "model part: layers [{}, {}) outside [0, {})", part.first_layer, part.first_layer + num_layers, s.L);
     std::vector<ParamInfo> t;
     int64_t offset = 0;
-    const float proj_std = init_std / std::sqrt(2.0f * static_cast<float>(s.L));
-    auto add = [&](std::string name, std::vector<int64_t> global, ShardKind shard, float std_, float value) {
+    const float proj = std::sqrt(2.0f * static_cast<float>(s.L));  // the residual projections' init divisor
+    // divisor 0: constant `value`; else N(0, (init_std / divisor)^2)
+    auto add = [&](std::string name, std::vector<int64_t> global, ShardKind shard, float divisor, float value) {
         ParamInfo p;
         p.name = std::move(name);
         p.global_shape = global;
@@ -53,7 +54,8 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp
         for (int64_t d : p.shape) p.numel *= d;
         p.offset = offset;
         p.weight_decay = p.shape.size() >= 2;
-        p.init_std = std_;
+        p.init = divisor > 0.0f ? InitKind::kNormal : InitKind::kConstant;
+        p.init_divisor = divisor > 0.0f ? divisor : 1.0f;
         p.init_value = value;
         offset = align_up(offset + p.numel, kParamAlign);
         t.push_back(std::move(p));
@@ -61,23 +63,23 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
     if (part.embedding || part.head) {
-        add("wte.weight", {s.Vp, C}, K::kRows, init_std, 0);
+        add("wte.weight", {s.Vp, C}, K::kRows, 1, 0);
         t.back().pp_duplicate = !part.embedding;
     }
-    if (part.embedding) add("wpe.weight", {s.T, C}, K::kReplicated, init_std, 0);
+    if (part.embedding) add("wpe.weight", {s.T, C}, K::kReplicated, 1, 0);
     for (int l = part.first_layer; l < part.first_layer + num_layers; ++l) {
         const std::string h = "h." + std::to_string(l) + ".";
         add(h + "ln_1.weight", {C}, K::kReplicated, 0, 1);
         add(h + "ln_1.bias", {C}, K::kReplicated, 0, 0);
-        add(h + "attn.c_attn.weight", {3 * C, C}, K::kQkvRows, init_std, 0);
+        add(h + "attn.c_attn.weight", {3 * C, C}, K::kQkvRows, 1, 0);
         add(h + "attn.c_attn.bias", {3 * C}, K::kQkvRows, 0, 0);
-        add(h + "attn.c_proj.weight", {C, C}, K::kCols, proj_std, 0);
+        add(h + "attn.c_proj.weight", {C, C}, K::kCols, proj, 0);
         add(h + "attn.c_proj.bias", {C}, K::kReplicated, 0, 0);
         add(h + "ln_2.weight", {C}, K::kReplicated, 0, 1);
         add(h + "ln_2.bias", {C}, K::kReplicated, 0, 0);
-        add(h + "mlp.c_fc.weight", {F, C}, K::kRows, init_std, 0);
+        add(h + "mlp.c_fc.weight", {F, C}, K::kRows, 1, 0);
         add(h + "mlp.c_fc.bias", {F}, K::kRows, 0, 0);
-        add(h + "mlp.c_proj.weight", {C, F}, K::kCols, proj_std, 0);
+        add(h + "mlp.c_proj.weight", {C, F}, K::kCols, proj, 0);
         add(h + "mlp.c_proj.bias", {C}, K::kReplicated, 0, 0);
     }
     if (part.head) {
@@ -109,7 +111,7 @@ int64_t ParamInfo::global_index(int64_t i, int tp_rank, int tp_size) const {
 
 int64_t gpt_num_params(const GptShape& s) {
     int64_t n = 0;
-    for (const ParamInfo& p : gpt_param_table(s, 0.02f, 1)) n += p.numel;
+    for (const ParamInfo& p : gpt_param_table(s)) n += p.numel;
     return n;
 }
 
@@ -232,7 +234,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     MS_CHECK(shape.C % shape.NH == 0, "hidden {} not divisible by heads {}", shape.C, shape.NH);
     MS_CHECK(shape.Vp >= shape.V, "padded vocab {} < vocab {}", shape.Vp, shape.V);
     MS_CHECK(o.num_slots >= 1, "num_slots {} < 1", o.num_slots);
-    table_ = gpt_param_table(shape_, 0.02f, tp.size(), part_);
+    table_ = gpt_param_table(shape_, tp.size(), part_);
     const int num_layers = part_layers(shape_, part_);
     int index = 0;
     if (part_.embedding || part_.head) wte_ = index++;
@@ -304,12 +306,13 @@ const ParamInfo& Gpt::param(const std::string& name) const {
     MS_UNREACHABLE("no parameter named '{}'", name);
 }
 
-void Gpt::init_weights(uint64_t seed) {
+void Gpt::init_weights(uint64_t seed, float init_std) {
+    MS_CHECK(init_std > 0.0f && std::isfinite(init_std), "init std {} is not a positive number", init_std);
     backend_.synchronize();  // the host writes the parameters
     float* w = params();
     for (const ParamInfo& p : table_) {
         float* dst = w + p.offset;
-        if (p.init_std == 0.0f) {
+        if (p.init == InitKind::kConstant) {
             for (int64_t i = 0; i < p.numel; ++i) dst[i] = p.init_value;
             continue;
         }
@@ -317,10 +320,11 @@ void Gpt::init_weights(uint64_t seed) {
         // Rows of wte past the real vocabulary are never looked up and their logits are masked: keep them 0.
         const int64_t live = p.name == "wte.weight" ? static_cast<int64_t>(shape_.V) * shape_.C : INT64_MAX;
         const int tp_rank = tp_.rank(), tp_size = tp_.size();
+        const float std_p = p.std_for(init_std);
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < p.numel; ++i) {
             const int64_t g = p.global_index(i, tp_rank, tp_size);
-            dst[i] = g < live ? p.init_std * philox_normal(seed, stream, static_cast<uint64_t>(g)) : 0.0f;
+            dst[i] = g < live ? std_p * philox_normal(seed, stream, static_cast<uint64_t>(g)) : 0.0f;
         }
     }
     refresh_weights();

@@ -78,6 +78,16 @@ struct GptPart {
     bool head = true;       // final LayerNorm, the output head tied to wte, and the loss (the last chunk)
 };
 
+// How a parameter's elements start. The table holds the rule, not the numbers: the model's init std (the config's
+// model.init_method_std) is init_weights()'s argument.
+enum class InitKind : uint8_t {
+    kConstant,  // every element init_value (biases 0, LayerNorm weights 1)
+    kNormal,    // N(0, (init_std / init_divisor)^2)
+};
+
+// GPT-2's init std, the default of model.init_method_std (engine/config/config.h) and of init_weights().
+inline constexpr float kGpt2InitStd = 0.02f;
+
 struct ParamInfo {
     std::string name;                   // canonical, e.g. "h.3.mlp.c_fc.weight"
     std::vector<int64_t> shape;         // this rank's shard, e.g. (4C/tp, C)
@@ -86,8 +96,12 @@ struct ParamInfo {
     int64_t offset = 0;         // element offset in the flat parameter buffer
     int64_t numel = 0;          // elements of the shard
     bool weight_decay = false;  // true for >= 2-D weights; false for biases, LayerNorm and other 1-D params
-    float init_std = 0.0f;      // N(0, init_std); 0 -> constant init_value
-    float init_value = 0.0f;
+    InitKind init = InitKind::kConstant;
+    float init_divisor = 1.0f;  // kNormal: sqrt(2 L) for the residual output projections (attn.c_proj, mlp.c_proj)
+    float init_value = 0.0f;    // kConstant
+
+    // The std of this parameter's elements when the model's init std is `init_std` (0 for kConstant).
+    float std_for(float init_std) const { return init == InitKind::kNormal ? init_std / init_divisor : 0.0f; }
 
     // Row-major index in the global tensor of element `i` of tensor-parallel rank `tp_rank`'s shard.
     int64_t global_index(int64_t i, int tp_rank, int tp_size) const;
@@ -101,7 +115,7 @@ struct ParamInfo {
 // The parameter table of `part` of a GPT-2 of this shape as held by one of tp_size tensor-parallel ranks (pure
 // function; used by the model, the optimizer, checkpoints and tests). Requires NH, F and Vp divisible by tp_size.
 // Offsets start at 0 and are 16-element aligned.
-std::vector<ParamInfo> gpt_param_table(const GptShape& s, float init_std, int tp_size = 1, const GptPart& part = {});
+std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp_size = 1, const GptPart& part = {});
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);
@@ -146,11 +160,11 @@ class Gpt {
     const GptPart& part() const { return part_; }
     const ParamInfo& param(const std::string& name) const;
 
-    // Layout-invariant init: global element i of parameter p is N(0, std_p) drawn from Philox(seed, name_hash(p), i)
-    // (each TP rank draws exactly its shard's elements);
-    // residual output projections (attn.c_proj, mlp.c_proj) use std / sqrt(2 L); biases 0; LayerNorm weights 1;
-    // padded vocabulary rows of wte 0.
-    void init_weights(uint64_t seed);
+    // Layout-invariant init: global element i of parameter p is p.std_for(init_std) * philox_normal(seed,
+    // name_hash(p), i) (each TP rank draws exactly its shard's elements): init_std for the weights, init_std /
+    // sqrt(2 L) for the residual output projections (attn.c_proj, mlp.c_proj); biases 0; LayerNorm weights 1;
+    // padded vocabulary rows of wte 0. init_std is the config's model.init_method_std.
+    void init_weights(uint64_t seed, float init_std = kGpt2InitStd);
 
     // tokens, targets: (B, T) int32 with B <= max_batch, T <= shape.T. Returns the mean loss over B*T.
     // With targets == nullptr only the logits are computed (returns NaN). Keeps activations in `slot` for backward().

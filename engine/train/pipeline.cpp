@@ -106,7 +106,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         const int k = model_chunk(c);
         GptPart part{k * Lc, Lc, k == 0, k == K - 1};
         bases.push_back(flat_);
-        for (ParamInfo p : gpt_param_table(shape, 0.02f, groups.tp_size, part)) {
+        for (ParamInfo p : gpt_param_table(shape, groups.tp_size, part)) {
             p.offset += flat_;
             table_.push_back(std::move(p));
         }
@@ -153,8 +153,8 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         send_pool_.push_back({send_block_.as<std::byte>() + i * send_elems_ * es, Handle()});
 }
 
-void PipelineModel::init_weights(uint64_t seed) {
-    for (auto& c : chunks_) c->init_weights(seed);
+void PipelineModel::init_weights(uint64_t seed, float init_std) {
+    for (auto& c : chunks_) c->init_weights(seed, init_std);
 }
 
 void PipelineModel::refresh_weights() {

@@ -59,7 +59,7 @@ class PipelineModel {
     // weights = params rounded to dtype() over the whole flat range (no-op in fp32): after anything writes params()
     // other than an optimizer that writes the copy itself (AdamWArgs::param_copy).
     void refresh_weights();
-    void init_weights(uint64_t seed);
+    void init_weights(uint64_t seed, float init_std = kGpt2InitStd);  // init_std: the config's model.init_method_std
 
     // Forward and backward of one step's micro-batches on this rank's data-parallel slice (samples from
     // first_sample + (mb * dp + dp_rank) * micro_batch), gradients accumulated into grads() (zeroed first) and the

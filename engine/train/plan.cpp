@@ -65,8 +65,8 @@ ChunkParams table_params(const std::vector<ParamInfo>& table) {
 ChunkParams chunk_params(const GptShape& shape, int tp, const GptPart& part) {
     const GptPart ends{part.first_layer, 0, part.embedding, part.head};
     const GptPart one{part.first_layer, 1, part.embedding, part.head};
-    const ChunkParams c0 = table_params(gpt_param_table(shape, 0.02f, tp, ends));
-    const ChunkParams c1 = table_params(gpt_param_table(shape, 0.02f, tp, one));
+    const ChunkParams c0 = table_params(gpt_param_table(shape, tp, ends));
+    const ChunkParams c1 = table_params(gpt_param_table(shape, tp, one));
     const int64_t layers = part.num_layers;
     return {c0.params + layers * (c1.params - c0.params), c0.flat + layers * (c1.flat - c0.flat)};
 }

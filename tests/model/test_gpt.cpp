@@ -1,6 +1,7 @@
 // test_gpt.cpp: whole-model properties of Gpt that need no reference implementation: the loss at init, that a
 // tiny model can overfit one batch, bit-exact reruns, layout-invariant init, the padded vocabulary, agreement
-// of the fast and reference CPU backends, gradient accumulation over micro-batches, and the GPT-2 124M table.
+// of the fast and reference CPU backends, gradient accumulation over micro-batches, the GPT-2 124M table, and that the
+// init std scales the same draws.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/config/config.h"
 #include "tests/model/gpt_test_util.h"
 
 namespace ms {
@@ -129,12 +131,12 @@ TEST(Gpt, InitIsLayoutInvariant) {
         if (!residual_proj) {
             EXPECT_TRUE(bit_equal(a, b, p.numel)) << p.name << " changed with L";
         } else {
-            EXPECT_FLOAT_EQ(m3.param(p.name).init_std, 0.02f / std::sqrt(6.0f)) << p.name;
+            EXPECT_FLOAT_EQ(m3.param(p.name).std_for(kGpt2InitStd), 0.02f / std::sqrt(6.0f)) << p.name;
             EXPECT_FALSE(bit_equal(a, b, p.numel)) << p.name << " should depend on L";
         }
         // gpt.h's contract, exactly: element i is init_std * philox_normal(seed, name_hash(name), i) for any shape
-        if (p.init_std == 0.0f) continue;
-        const float std2 = p.init_std, std3 = m3.param(p.name).init_std;
+        if (p.init == InitKind::kConstant) continue;
+        const float std2 = p.std_for(kGpt2InitStd), std3 = m3.param(p.name).std_for(kGpt2InitStd);
         const int64_t live = p.name == "wte.weight" ? int64_t(s2.V) * s2.C : p.numel;
         int64_t mismatches = 0;
         for (int64_t i = 0; i < live; ++i) {
@@ -160,6 +162,40 @@ TEST(Gpt, InitIsLayoutInvariant) {
     Gpt m2b(s2, *backend, test::tp_self(), 1);
     m2b.init_weights(6);
     EXPECT_FALSE(bit_equal(param_ptr(m2, "wte.weight"), param_ptr(m2b, "wte.weight"), int64_t(s2.V) * s2.C));
+}
+
+// (d') The init std is init_weights()'s argument (the config's model.init_method_std), not a table entry: the same
+// Philox draws scaled, so with half the std every normal-initialised element is exactly half (halving is exact in
+// binary floating point), the residual projections included (std / sqrt(2 L)); constants do not move.
+TEST(Gpt, InitStdScalesTheDraws) {
+    auto backend = test::make_cpu_backend(OpMode::kFast);
+    const GptShape s = test::tiny_shape();
+    EXPECT_EQ(ModelConfig{}.init_method_std, kGpt2InitStd);  // the config's default is the model's default
+    Gpt a(s, *backend, test::tp_self(), 1), b(s, *backend, test::tp_self(), 1), d(s, *backend, test::tp_self(), 1);
+    a.init_weights(11, 0.02f);
+    b.init_weights(11, 0.01f);
+    d.init_weights(11);
+    EXPECT_TRUE(bit_equal(a.params(), d.params(), a.flat_size())) << "the default std is not 0.02";
+    int normal = 0;
+    for (const ParamInfo& p : a.params_info()) {
+        const float* wa = param_ptr(a, p.name);
+        const float* wb = param_ptr(b, p.name);
+        int64_t mismatches = 0, nonzero = 0;
+        for (int64_t i = 0; i < p.numel; ++i) {
+            const float expect = p.init == InitKind::kNormal ? 0.5f * wa[i] : wa[i];
+            mismatches += wb[i] != expect;
+            nonzero += wa[i] != 0.0f;
+        }
+        EXPECT_EQ(mismatches, 0) << p.name;
+        if (p.init == InitKind::kNormal) {
+            ++normal;
+            EXPECT_GT(nonzero, 0) << p.name;
+            const float divisor = p.name.ends_with("c_proj.weight") ? std::sqrt(2.0f * float(s.L)) : 1.0f;
+            EXPECT_EQ(p.init_divisor, divisor) << p.name;
+            EXPECT_EQ(wb[0], (0.01f / divisor) * philox_normal(11, name_hash(p.name), 0)) << p.name;
+        }
+    }
+    EXPECT_EQ(normal, 2 + 4 * s.L);  // wte, wpe, and c_attn, attn.c_proj, c_fc, mlp.c_proj per layer
 }
 
 // (e) Rows V..Vp-1 of wte are never looked up and their logits are masked: 0 at init, exactly 0 gradient.
@@ -284,14 +320,15 @@ TEST(Gpt, ParamTableOfGpt2Small) {
     EXPECT_EQ(gpt_num_params(s), 124'475'904);
     EXPECT_EQ(gpt_num_params(s) - (Vp - V) * C, 124'439'808);  // Hugging Face's count for gpt2
 
-    const std::vector<ParamInfo> t = gpt_param_table(s, 0.02f);
+    const std::vector<ParamInfo> t = gpt_param_table(s);
     ASSERT_EQ(t.size(), size_t(2 + 12 * L + 2));
     auto expect = [&](size_t i, const std::string& name, std::vector<int64_t> shape, bool wd, float std_, float value) {
         ASSERT_LT(i, t.size());
         EXPECT_EQ(t[i].name, name);
         EXPECT_EQ(t[i].shape, shape) << name;
         EXPECT_EQ(t[i].weight_decay, wd) << name;
-        EXPECT_FLOAT_EQ(t[i].init_std, std_) << name;
+        EXPECT_EQ(t[i].init, std_ > 0 ? InitKind::kNormal : InitKind::kConstant) << name;
+        EXPECT_FLOAT_EQ(t[i].std_for(0.02f), std_) << name;
         EXPECT_EQ(t[i].init_value, value) << name;
     };
     const float proj = 0.02f / std::sqrt(24.0f);

@@ -32,7 +32,7 @@ Trainee make_trainee(const GptShape& s, Backend& backend, Communicator& dp, Comm
     Trainee st;
     Gpt::Options o;
     o.max_batch = B, o.num_slots = slots, o.arena = arena;
-    const ParamInfo last = gpt_param_table(s, 0.02f).back();
+    const ParamInfo last = gpt_param_table(s).back();
     o.flat_capacity = padded_flat_size(last.offset + last.numel, 1);
     st.model = std::make_unique<Gpt>(s, backend, test::tp_self(), o);
     st.model->init_weights(7);

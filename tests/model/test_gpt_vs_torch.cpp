@@ -86,7 +86,7 @@ std::vector<double> read_lines(const fs::path& path) {
 // LayerNorm gains 1 + 0.1 n, biases 0.02 n, with n ~ N(0, 1) from a stream of their own.
 void perturb_vectors(Gpt& model, uint64_t seed) {
     for (const ParamInfo& p : model.params_info()) {
-        if (p.init_std != 0.0f) continue;
+        if (p.init != InitKind::kConstant) continue;
         float* w = model.params() + p.offset;
         const float amp = p.init_value == 1.0f ? 0.1f : 0.02f;
         for (int64_t i = 0; i < p.numel; ++i) w[i] += amp * philox_normal(seed, name_hash(p.name) ^ 0x5eedu, i);
