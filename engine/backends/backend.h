@@ -53,6 +53,7 @@ enum class OpKind : uint16_t {
     kLayerNormResidualForward,  // layernorm_forward with residual_out defined (the residual add fused in front)
     kCrossEntropyForward,
     kCrossEntropyBackward,
+    kLmHeadLoss,  // matmul + cross-entropy (forward and backward) of the LM head, chunk by chunk over the rows
     kAdamW,
     kSumSquares,
     kCast,
@@ -213,6 +214,40 @@ struct CrossEntropyBackwardArgs {
     int64_t vocab_valid_local;
 };
 
+// The LM head and its loss in one op, chunk by chunk over the rows, so the (N, Vp_local) logits are never held whole
+// (issue 14). For each chunk of rows: logits = lnf @ wte^T, rounded to D as matmul_forward stores them; the rows'
+// losses as cross_entropy_forward (kMaxSumExp) defines them, padded columns >= vocab_valid_local masked out; and with
+// dloss defined the backward: dlogits as cross_entropy_backward defines them (rounded to D, masked columns 0), then
+// dlnf = dlogits @ wte (overwrite) and dwte += dlogits^T @ lnf. So the op computes what matmul_forward, the
+// cross-entropy forward and backward and matmul_backward compute on the whole logits, up to summation order: dwte's
+// product is summed chunk by chunk (each chunk's fp32 product added into dwte), and a backend may order the exp-sum
+// differently (the CPU's fp32 rows have the bits of its cross_entropy ops; the CUDA backend runs kMaxSumExp).
+// Tensor parallelism: a group of one only (vocab_start must be 0). A vocab-parallel head needs all-reduces of the
+// row max and the sums between a chunk's phases; for tp > 1 the model runs the unfused ops.
+// Memory: nothing larger than one chunk of logits is held, in `scratch`, which the caller plans with
+// lm_head_loss_scratch_elems(); the op allocates no logits of its own. The chunk's size is the backend's choice
+// (lm_head_loss_chunk_rows) unless chunk_rows says otherwise; dwte's bits depend on it (its summation order).
+struct LmHeadLossArgs {
+    Tensor lnf;      // (N, C) the final LayerNorm's output
+    Tensor wte;      // (Vp_local, C) the output embedding (tied to the token embedding)
+    Tensor targets;  // (N) int32 global ids
+    Tensor dloss;    // (N) fp32 per-row loss gradient, e.g. loss_scale / N (optional: undefined runs the forward only)
+    Tensor losses;   // (N) fp32 = log(sum_exp) + row_max - target_logit, overwritten
+    Tensor dlnf;     // (N, C) overwritten (required with dloss, else unused)
+    Tensor dwte;     // (Vp_local, C) fp32 += (required with dloss, else unused)
+    Tensor scratch;  // (>= lm_head_loss_scratch_elems(...)) fp32: a chunk's logits and statistics (contents undefined)
+    int64_t vocab_start;        // 0: a tensor-parallel group of one
+    int64_t vocab_valid_local;  // number of unmasked columns
+    int64_t chunk_rows = 0;     // rows per chunk; 0: lm_head_loss_chunk_rows(kind, D, N, Vp_local)
+};
+enum class BackendKind : uint8_t;  // below
+// The rows per chunk a backend of `kind` picks for lm_head_loss on activation dtype D (1 <= rows <= max(N, 1)): the
+// CPU keeps a chunk's logits near its caches, a GPU takes chunks large enough that the GEMMs run at full rate.
+int64_t lm_head_loss_chunk_rows(BackendKind kind, DType D, int64_t N, int64_t Vp_local);
+// The fp32 elements of lm_head_loss's scratch on such a backend, for chunks of chunk_rows rows (0: the backend's
+// choice above).
+int64_t lm_head_loss_scratch_elems(BackendKind kind, DType D, int64_t N, int64_t Vp_local, int64_t chunk_rows = 0);
+
 // One fused AdamW pass (decoupled weight decay, bias correction), for n contiguous elements:
 //   g = grad * grad_scale;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   param -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * param )
@@ -276,6 +311,7 @@ class Backend {
     virtual void residual_forward(const ResidualForwardArgs& a) = 0;
     virtual void cross_entropy_forward(const CrossEntropyForwardArgs& a) = 0;
     virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
+    virtual void lm_head_loss(const LmHeadLossArgs& a) = 0;
     virtual void adamw(const AdamWArgs& a) = 0;
     // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm). x is fp32.
     virtual double sum_squares(const Tensor& x) = 0;

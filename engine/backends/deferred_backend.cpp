@@ -42,6 +42,7 @@ void DeferredBackend::run_queue() {
         [&](const ResidualForwardArgs& a) { b.residual_forward(a); },
         [&](const CrossEntropyForwardArgs& a) { b.cross_entropy_forward(a); },
         [&](const CrossEntropyBackwardArgs& a) { b.cross_entropy_backward(a); },
+        [&](const LmHeadLossArgs& a) { b.lm_head_loss(a); },
         [&](const AdamWArgs& a) { b.adamw(a); },
         [&](const CastArgs& a) { b.cast(a); },
         [&](const Zero& z) { b.zero(z.x); },

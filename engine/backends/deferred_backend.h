@@ -56,6 +56,7 @@ class DeferredBackend final : public Backend {
     void residual_forward(const ResidualForwardArgs& a) override { queue_.emplace_back(a); }
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override { queue_.emplace_back(a); }
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override { queue_.emplace_back(a); }
+    void lm_head_loss(const LmHeadLossArgs& a) override { queue_.emplace_back(a); }
     void adamw(const AdamWArgs& a) override { queue_.emplace_back(a); }
     double sum_squares(const Tensor& x) override;
     void cast(const CastArgs& a) override { queue_.emplace_back(a); }
@@ -68,7 +69,7 @@ class DeferredBackend final : public Backend {
     using Op = std::variant<EmbeddingForwardArgs, EmbeddingBackwardArgs, LayerNormForwardArgs, LayerNormBackwardArgs,
                             MatmulForwardArgs, MatmulBackwardArgs, AttentionForwardArgs, AttentionBackwardArgs,
                             GeluForwardArgs, GeluBackwardArgs, ResidualForwardArgs, CrossEntropyForwardArgs,
-                            CrossEntropyBackwardArgs, AdamWArgs, CastArgs, Zero>;
+                            CrossEntropyBackwardArgs, LmHeadLossArgs, AdamWArgs, CastArgs, Zero>;
     // Runs the queue on inner_, in call order, and empties it (keeping its capacity).
     void run_queue();
 

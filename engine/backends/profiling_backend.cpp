@@ -14,7 +14,7 @@ namespace ms {
 namespace {
 
 // Flag bits of a group's key: which optional parts the call had.
-enum : uint32_t { kBias = 1, kGelu = 2, kDinp = 4, kAdd = 8, kResidual = 16, kCopy = 32 };
+enum : uint32_t { kBias = 1, kGelu = 2, kDinp = 4, kAdd = 8, kResidual = 16, kCopy = 32, kBackward = 64 };
 
 const char* op_name(OpKind op) {
     switch (op) {
@@ -45,6 +45,8 @@ const char* op_name(OpKind op) {
             return "cross-entropy forward";
         case OpKind::kCrossEntropyBackward:
             return "cross-entropy backward";
+        case OpKind::kLmHeadLoss:
+            return "lm head + loss";
         case OpKind::kAdamW:
             return "adamw";
         case OpKind::kSumSquares:
@@ -77,6 +79,9 @@ std::string describe(OpKind op, const std::array<int64_t, 4>& d, uint32_t flags)
         case OpKind::kAttentionBackward:
             s += fmt::format(" B {} T {} NH {} HS {}", d[0], d[1], d[2], d[3]);
             break;
+        case OpKind::kLmHeadLoss:
+            s += fmt::format(" N {} C {} Vp {}", d[0], d[1], d[2]);
+            break;
         case OpKind::kCrossEntropyForward:  // d[1]: the phase + 1
             s += fmt::format(" n {} ({})", d[0], d[1] == 1 ? "max" : d[1] == 2 ? "sum-exp" : "max and sum-exp");
             break;
@@ -90,6 +95,7 @@ std::string describe(OpKind op, const std::array<int64_t, 4>& d, uint32_t flags)
     if (flags & kAdd) s += " (+=)";
     if (flags & kResidual) s += " +residual";
     if (flags & kCopy) s += " +16-bit copy";
+    if (flags & kBackward) s += " +backward";
     return s;
 }
 
@@ -200,6 +206,11 @@ void ProfilingBackend::cross_entropy_forward(const CrossEntropyForwardArgs& a) {
 }
 void ProfilingBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
     timed({OpKind::kCrossEntropyBackward, {a.logits.numel()}}, [&] { inner_->cross_entropy_backward(a); });
+}
+void ProfilingBackend::lm_head_loss(const LmHeadLossArgs& a) {
+    const auto [N, C] = rows_cols(a.lnf);
+    const int64_t Vp = a.wte.ndim > 0 ? a.wte.shape[0] : 0;
+    timed({OpKind::kLmHeadLoss, {N, C, Vp}, flag(a.dloss.defined(), kBackward)}, [&] { inner_->lm_head_loss(a); });
 }
 void ProfilingBackend::adamw(const AdamWArgs& a) {
     timed({OpKind::kAdamW, {a.param.numel()}, flag(a.param_copy.defined(), kCopy)}, [&] { inner_->adamw(a); });

@@ -33,6 +33,11 @@ std::vector<Check> required_checks(OpKind op) {
             checks.push_back(Check::kGradient);
             checks.push_back(Check::kContract);
             break;
+        case OpKind::kLmHeadLoss:
+            checks.push_back(Check::kExact);     // the reference is bit-identical to the unfused reference ops
+            checks.push_back(Check::kGradient);  // dlnf, dwte vs finite differences of the losses
+            checks.push_back(Check::kContract);  // dwte +=, dlnf =, masked padding, forward only, chunking
+            break;
         case OpKind::kResidualForward:
             checks.push_back(Check::kExact);
             checks.push_back(Check::kContract);  // out may alias a

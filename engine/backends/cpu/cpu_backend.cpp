@@ -32,6 +32,7 @@ class CpuBackend final : public Backend {
     void residual_forward(const ResidualForwardArgs& a) override { cpu::residual_forward(a, mode_); }
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override { cpu::cross_entropy_forward(a, mode_); }
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override { cpu::cross_entropy_backward(a, mode_); }
+    void lm_head_loss(const LmHeadLossArgs& a) override { cpu::lm_head_loss(a, mode_); }
     void adamw(const AdamWArgs& a) override { cpu::adamw(a, mode_); }
     double sum_squares(const Tensor& x) override { return cpu::sum_squares(x, mode_); }
     void cast(const CastArgs& a) override { cpu::cast(a, mode_); }

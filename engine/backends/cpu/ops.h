@@ -25,6 +25,7 @@ void gelu_backward(const GeluBackwardArgs& a, OpMode mode);
 void residual_forward(const ResidualForwardArgs& a, OpMode mode);
 void cross_entropy_forward(const CrossEntropyForwardArgs& a, OpMode mode);
 void cross_entropy_backward(const CrossEntropyBackwardArgs& a, OpMode mode);
+void lm_head_loss(const LmHeadLossArgs& a, OpMode mode);
 void adamw(const AdamWArgs& a, OpMode mode);
 double sum_squares(const Tensor& x, OpMode mode);
 void cast(const CastArgs& a, OpMode mode);

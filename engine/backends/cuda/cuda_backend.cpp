@@ -20,6 +20,7 @@
 #include "engine/backends/cuda/kernels/embedding.cuh"
 #include "engine/backends/cuda/kernels/gelu.cuh"
 #include "engine/backends/cuda/kernels/layernorm.cuh"
+#include "engine/backends/cuda/kernels/lm_head_loss.cuh"
 #include "engine/backends/cuda/kernels/matmul.cuh"
 #include "engine/backends/cuda/kernels/residual.cuh"
 #include "engine/backends/cuda/kernels/sum_squares.cuh"
@@ -612,6 +613,83 @@ void CudaBackend::cross_entropy_backward(const CrossEntropyBackwardArgs& a) {
         cuda::cross_entropy_backward(a.logits.as<T>(), a.targets.i32(), a.row_max.f32(), a.sum_exp.f32(), a.dloss.f32(),
                                      to_int(N, "cross_entropy", "N"), to_int(Vp, "cross_entropy", "Vp_local"),
                                      a.vocab_start, static_cast<int>(a.vocab_valid_local), stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+// Chunk by chunk over the rows (backend.h, kernels/lm_head_loss.cu): the chunk's logits by one GEMM into the scratch,
+// cross_entropy.cu's kMaxSumExp, the losses, then with dloss the cross-entropy backward in place and the matmul
+// backward (dlnf rows overwritten, dwte +=). Scratch: row_max, sum_exp, target_logit (3R fp32) padded to 256 bytes,
+// then the (R, Vp) logits in D (lm_head_loss_scratch_elems).
+void CudaBackend::lm_head_loss(const LmHeadLossArgs& a) {
+    const char* op = "lm_head_loss";
+    const DType D = activation_dtype(a.lnf, op, "lnf");
+    const int64_t C = a.lnf.dim(-1);
+    MS_CHECK(C > 0 && a.wte.dim(-1) == C, "{}: wte is (.., {}) but lnf is (.., {})", op, a.wte.dim(-1), C);
+    const int64_t N = a.lnf.numel() / C, Vp = a.wte.numel() / C;
+    MS_CHECK(a.vocab_valid_local >= 0 && a.vocab_valid_local <= Vp,
+             "{}: vocab_valid_local({}) is outside [0, Vp_local({})]", op, a.vocab_valid_local, Vp);
+    MS_CHECK(a.vocab_start == 0,
+             "{}: vocab_start = {}: the fused head is for a tensor-parallel group of one (vocab_start 0); a "
+             "vocab-parallel head runs the unfused ops, which all-reduce between the cross-entropy phases",
+             op, a.vocab_start);
+    MS_CHECK(a.chunk_rows >= 0, "{}: chunk_rows = {} is negative", op, a.chunk_rows);
+    check_numel(a.targets, N, op, "targets (N)");
+    check_numel(a.losses, N, op, "losses (N)");
+    check_d(a.wte, D, op, "wte");
+    check_fp32(a.losses, op, "losses", "statistic");
+    const bool backward = a.dloss.defined();
+    if (backward) {
+        check_numel(a.dloss, N, op, "dloss (N)");
+        MS_CHECK(a.dlnf.defined() && a.dwte.defined(), "{}: with dloss, dlnf and dwte are required", op);
+        check_numel(a.dlnf, N * C, op, "dlnf (N * C)");
+        check_numel(a.dwte, Vp * C, op, "dwte (Vp_local * C)");
+        check_fp32(a.dloss, op, "dloss", "statistic");
+        check_d(a.dlnf, D, op, "dlnf");
+        check_fp32(a.dwte, op, "dwte", "parameter gradient");
+    }
+    const int64_t R = a.chunk_rows > 0 ? std::min(a.chunk_rows, std::max<int64_t>(N, 1))
+                                       : lm_head_loss_chunk_rows(BackendKind::kCUDA, D, N, Vp);
+    const int64_t need = lm_head_loss_scratch_elems(BackendKind::kCUDA, D, N, Vp, R);
+    MS_CHECK(a.scratch.numel() >= need && a.scratch.dtype == DType::kF32,
+             "{}: scratch is {} {} elements, but chunks of {} rows need {} fp32 (lm_head_loss_scratch_elems)", op,
+             a.scratch.numel(), dtype_name(a.scratch.dtype), R, need);
+    const int c = to_int(C, op, "C"), vp = to_int(Vp, op, "Vp_local");
+    to_int(N, op, "N");
+    to_int(R * Vp, op, "chunk rows * Vp_local");
+    const int valid = static_cast<int>(a.vocab_valid_local);
+    float* row_max = a.scratch.f32();
+    float* sum_exp = row_max + R;
+    float* target_logit = sum_exp + R;
+    void* logits_mem = a.scratch.f32() + (3 * R + 63) / 64 * 64;
+    dispatch(D, [&]<class T>(T) {
+        T* logits = static_cast<T*>(logits_mem);
+        const T* wte = a.wte.as<T>();
+        for (int64_t r0 = 0; r0 < N; r0 += R) {
+            const int rows = static_cast<int>(std::min(R, N - r0));
+            const T* x = a.lnf.as<T>() + r0 * C;
+#if defined(MS_CUDA_RUNTIME)
+            gemm_->forward(logits, static_cast<T*>(nullptr), x, wte, static_cast<const T*>(nullptr), rows, c, vp,
+                           stream_);
+#else
+            cuda::matmul_forward(logits, x, wte, nullptr, rows, c, vp, stream_);
+#endif
+            cuda::cross_entropy_forward(row_max, sum_exp, target_logit, static_cast<const T*>(logits),
+                                        a.targets.i32() + r0, rows, vp, 0, valid, cuda::CrossEntropyPhase::kMaxSumExp,
+                                        stream_);
+            cuda::lm_head_loss_forward(a.losses.f32() + r0, row_max, sum_exp, target_logit, rows, stream_);
+            if (!backward) continue;
+            cuda::cross_entropy_backward(logits, a.targets.i32() + r0, row_max, sum_exp, a.dloss.f32() + r0, rows, vp,
+                                         0, valid, stream_);
+            T* dx = a.dlnf.as<T>() + r0 * C;
+#if defined(MS_CUDA_RUNTIME)
+            gemm_->backward(dx, a.dwte.f32(), nullptr, static_cast<const T*>(logits), x, wte,
+                            static_cast<const T*>(nullptr), rows, c, vp, cuda::DinpWrite::kOverwrite, stream_);
+#else
+            cuda::matmul_backward<T>(dx, a.dwte.f32(), nullptr, logits, x, wte, rows, c, vp,
+                                     cuda::DinpWrite::kOverwrite, stream_);
+#endif
+        }
     });
     MS_CUDA_LAUNCH_CHECK();
 }

@@ -91,6 +91,7 @@ class CudaBackend final : public Backend {
     void residual_forward(const ResidualForwardArgs& a) override;
     void cross_entropy_forward(const CrossEntropyForwardArgs& a) override;
     void cross_entropy_backward(const CrossEntropyBackwardArgs& a) override;
+    void lm_head_loss(const LmHeadLossArgs& a) override;
     void adamw(const AdamWArgs& a) override;
     double sum_squares(const Tensor& x) override;
     void cast(const CastArgs& a) override;

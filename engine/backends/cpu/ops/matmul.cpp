@@ -3,16 +3,9 @@
 // Layouts (row-major): inp/dinp (N, K), weight/dweight (M, K) (Linear orientation), bias/dbias (M), out/dout (N, M).
 // Backward: dinp = dout @ weight (= or += per `accumulate`, skipped when dinp is undefined),
 //           dweight += dout^T @ inp,  dbias += sum_n dout[n, :].
-// Fast path: one thread pool for the whole backend. The output columns (dweight's rows) are cut into blocks whose
-// width is a function of the column count alone (block_width), each block is one single-threaded OpenBLAS sgemm
-// call, and each OpenMP thread takes a contiguous run of whole blocks; bias and dbias are done on the same blocks.
-// Why not OpenBLAS's own threads: its pthread pool and OpenMP's idle-spinning workers fight over the cores.
-// Why blocks fixed by the shape and not one call per thread: OpenBLAS's sgemm kernels give a column bits that
-// depend on the width of the call it is in and on its place there (the AVX2 Haswell/Zen and the Cooperlake
-// kernels cover a call with micro-tiles of several widths, each accumulating in its own order), so a split that
-// follows the thread count changes the result with the thread count. With the blocks fixed, every output element
-// comes from the same sgemm call, of the same shape, at the same place, whatever the thread count and whichever
-// kernel OpenBLAS picked.
+// Fast path: one thread pool for the whole backend. The output columns (dweight's rows) are cut into fixed blocks,
+// each one single-threaded OpenBLAS sgemm call, shared out over the OpenMP team (column_blocks.h says why that keeps
+// the bits independent of the thread count); bias and dbias are done on the same blocks.
 // Reference path: triple loops with double accumulators.
 // GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in the same
 // mode: bit-identical to the two ops called one after the other.
@@ -21,13 +14,13 @@
 // scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for kAdd,
 // old value plus new term) once into the D output; dweight and dbias accumulate straight into their fp32 tensors.
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/column_blocks.h"
 #include "engine/backends/cpu/ops/precision.h"
 
 namespace ms::cpu {
@@ -66,46 +59,6 @@ void forward_reference(const MatmulForwardArgs& a, const MatmulShape& s) {
             out[n * s.M + m] = from_float<D>(static_cast<float>(acc));
         }
     }
-}
-
-// OpenBLAS is told once to run single-threaded: the parallelism comes from the OpenMP slices below.
-void use_single_threaded_blas() {
-    static const bool done = [] {
-        openblas_set_num_threads(1);
-        return true;
-    }();
-    (void)done;
-}
-
-// A range [begin, end) of columns (of dweight's rows).
-struct Slice {
-    int64_t begin, end;
-    int size() const { return static_cast<int>(end - begin); }
-};
-
-// The width of the blocks n columns are cut into: a multiple of 16 (whole sgemm panels), at least kMinWidth so that
-// the operand every block's call packs again (the one spanning all the columns) is packed few times, and wide
-// enough that there are at most kMaxBlocks blocks. 24 blocks divide evenly over 1, 2, 3, 4, 6, 8, 12 and 24 threads.
-int64_t block_width(int64_t n) {
-    constexpr int64_t kPanel = 16, kMinWidth = 128, kMaxBlocks = 24;
-    const int64_t even = ((n + kMaxBlocks - 1) / kMaxBlocks + kPanel - 1) / kPanel * kPanel;
-    return std::max(kMinWidth, even);
-}
-
-// The calling OpenMP thread's columns of n: a contiguous run of whole blocks (possibly none), the blocks shared out
-// as evenly as their count allows.
-Slice thread_columns(int64_t n) {
-    const int64_t width = block_width(n);
-    const int64_t blocks = (n + width - 1) / width;
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    return {std::min(n, blocks * t / threads * width), std::min(n, blocks * (t + 1) / threads * width)};
-}
-
-// f(block) for each block of n columns inside `cols` (a thread_columns(n) range).
-template <class F>
-void for_each_block(int64_t n, const Slice& cols, F&& f) {
-    const int64_t width = block_width(n);
-    for (int64_t b = cols.begin; b < cols.end; b += width) f(Slice{b, std::min(cols.end, b + width)});
 }
 
 // Columns `cols` (one block) of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
