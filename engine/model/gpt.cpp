@@ -147,19 +147,19 @@ struct Gpt::Activations {  // void*: the activation dtype; float*: fp32 statisti
         void* dqkv = nullptr;   // (N, 3C/tp)
     };
     std::vector<Layer> layers;
-    void* encoded = nullptr;        // (N, C)
-    void* lnf = nullptr;            // (N, C)               head only
-    float* lnf_mean = nullptr;      // (N)                  head only
-    float* lnf_rstd = nullptr;      // (N)                  head only
-    void* logits = nullptr;         // (N, Vp/tp), dlogits after backward; head only
-    float* losses = nullptr;        // (N)                  head only
-    float* row_max = nullptr;       // (N)                  head only
-    float* sum_exp = nullptr;       // (N) followed by target_logit: one all-reduce for both; head only
-    float* target_logit = nullptr;  // (N)
-    int32_t* tokens = nullptr;      // (N) the last forward's inputs (for the embedding backward); embedding only
-    int32_t* targets = nullptr;     // (N)                  head only
-    void* dout = nullptr;           // (N, C) gradient of the output; parts without the head
-    void* dinp = nullptr;           // (N, C) gradient of the input; parts without the embedding
+    void* encoded = nullptr;     // (N, C)
+    void* lnf = nullptr;         // (N, C)               head only
+    float* lnf_mean = nullptr;   // (N)                  head only
+    float* lnf_rstd = nullptr;   // (N)                  head only
+    void* logits = nullptr;      // (N, Vp/tp), dlogits after backward; head only
+    float* losses = nullptr;     // (N)                  head only
+    float* row_max = nullptr;    // (N)                  head only
+    float* sum_exp = nullptr;    // (2, N): sum_exp, then from sum_exp + B*T of the call the target logits, so one
+                                 // all-reduce covers both; head only
+    int32_t* tokens = nullptr;   // (N) the last forward's inputs (for the embedding backward); embedding only
+    int32_t* targets = nullptr;  // (N)                  head only
+    void* dout = nullptr;        // (N, C) gradient of the output; parts without the head
+    void* dinp = nullptr;        // (N, C) gradient of the input; parts without the embedding
     // scratch shared by all slots
     void* proj_out = nullptr;  // (N, C) c_proj outputs before the residual add (forward)
     void* dres = nullptr;      // (N, C) gradient of the residual stream
@@ -171,7 +171,7 @@ struct Gpt::Activations {  // void*: the activation dtype; float*: fp32 statisti
 };
 
 // Points the field of `a` that `buf` names at p.
-void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N) {
+void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p) {
     using L = Activations::Layer;
     using A = Activations;
     static constexpr std::pair<GptBuf, void * L::*> kLayerActs[] = {
@@ -205,7 +205,6 @@ void Gpt::bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N) {
     }
     if (buf.id == GptBuf::kSumExp) {
         a.sum_exp = f;
-        a.target_logit = f + N;
         return;
     }
     auto assign = [&](auto& object, const auto& acts, const auto& stats) {
@@ -280,7 +279,6 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
 
     const GptActivationPlan plan =
         plan_gpt_activations(shape, part_, tp.size(), o.max_batch, o.sequence_parallel, dtype_);
-    const int64_t N = static_cast<int64_t>(o.max_batch) * shape.seq();
     scratch_block_ =
         MemoryBlock(static_cast<size_t>(plan.scratch_bytes()), o.arena, MemCategory::kWorkspace, what + " scratch");
     for (int i = 0; i < o.num_slots; ++i) {
@@ -292,7 +290,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
             const bool slot = buf.group == GptBufGroup::kSlot;
             std::byte* base = (slot ? slot_blocks_.back() : scratch_block_).as<std::byte>();
             const Plan& p = slot ? plan.slot : plan.scratch;
-            bind(*a, buf, base + p.offsets[static_cast<size_t>(buf.request)], N);
+            bind(*a, buf, base + p.offsets[static_cast<size_t>(buf.request)]);
         }
         slots_.push_back(std::move(a));
     }
@@ -511,11 +509,12 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     // without tensor parallelism, both in one call (one read of the logits on the GPU)
     const int64_t valid = std::clamp<int64_t>(shape_.V - vocab_start, 0, Vl);
     Tensor tgt(a.targets, DType::kI32, {N});
+    float* target_logit = a.sum_exp + N;  // right after this call's N sums, so 2 N elements hold both
     CrossEntropyForwardArgs ce{A(a.logits, {N, Vl}),
                                tgt,
                                S(a.row_max, {N}),
                                S(a.sum_exp, {N}),
-                               S(a.target_logit, {N}),
+                               S(target_logit, {N}),
                                vocab_start,
                                valid,
                                CrossEntropyPhase::kMaxSumExp};
@@ -533,7 +532,7 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     be.synchronize();  // the host reads the kernels' statistics below
     double total = 0;
     for (int64_t n = 0; n < N; ++n) {
-        a.losses[n] = std::log(a.sum_exp[n]) + a.row_max[n] - a.target_logit[n];
+        a.losses[n] = std::log(a.sum_exp[n]) + a.row_max[n] - target_logit[n];
         total += a.losses[n];
     }
     return static_cast<float>(total / static_cast<double>(N));

@@ -201,7 +201,7 @@ class Gpt {
         return o;
     }
     struct Activations;
-    static void bind(Activations& a, const GptBuffer& buf, std::byte* p, int64_t N);
+    static void bind(Activations& a, const GptBuffer& buf, std::byte* p);
     GptShape shape_;
     Backend& backend_;
     Communicator& tp_;

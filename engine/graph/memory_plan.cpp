@@ -1,0 +1,167 @@
+// memory_plan.cpp: liveness over the representative graph and the two-level plan (memory_plan.h).
+#include "engine/graph/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "engine/core/check.h"
+
+namespace ms::graph {
+namespace {
+
+size_t align(size_t bytes) { return (bytes + kMemoryAlign - 1) / kMemoryAlign * kMemoryAlign; }
+
+// A tensor's lifetime in steps and whether a micro-batch keeps it between its calls.
+struct Lifetime {
+    int first = INT_MAX, last = -1;
+    bool slot = false;
+};
+
+std::vector<Lifetime> lifetimes(const Graph& g) {
+    const int forward = g.num_forward();
+    const int handoff = forward, end = static_cast<int>(g.nodes.size()) + 1;
+    std::vector<Lifetime> life(g.tensors.size());
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        const int step = static_cast<int>(i) < forward ? static_cast<int>(i) : static_cast<int>(i) + 1;
+        for (const auto* list : {&g.nodes[i].in, &g.nodes[i].out}) {
+            for (TensorId t : *list) {
+                if (t == kNoTensor) continue;
+                Lifetime& l = life[static_cast<size_t>(t)];
+                l.first = std::min(l.first, step);
+                l.last = std::max(l.last, step);
+            }
+        }
+    }
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        Lifetime& l = life[t];
+        const TensorInfo& info = g.tensors[t];
+        if (info.role == Role::kParameter || info.role == Role::kGradient || l.last < 0) {
+            l.last = -1;  // no memory here
+            continue;
+        }
+        l.slot = l.first < handoff && l.last > handoff;  // kept from the forward to the backward
+        switch (info.role) {
+            case Role::kInput:
+                l.first = 0;
+                l.slot = true;
+                break;
+            case Role::kOutput:
+                l.last = info.read_after_backward ? end : std::max(l.last, handoff);
+                l.slot = true;
+                break;
+            case Role::kGradInput:
+                l.first = std::min(l.first, handoff);
+                l.last = end;
+                l.slot = true;
+                break;
+            default:
+                break;
+        }
+    }
+    return life;
+}
+
+}  // namespace
+
+std::string layer_key(const TensorInfo& t) {
+    if (t.layer < 0) return t.name;
+    const std::string prefix = fmt::format("h.{}.", t.layer);
+    const size_t at = t.name.find(prefix);
+    MS_CHECK(at != std::string::npos, "memory plan: tensor '{}' of layer {} is not named h.{}.*", t.name, t.layer,
+             t.layer);
+    return t.name.substr(0, at) + "h.*." + t.name.substr(at + prefix.size());
+}
+
+MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers) {
+    const std::vector<Lifetime> life = lifetimes(g);
+    MemoryPlan p;
+    p.first_layer = first_layer;
+    p.num_layers = num_layers;
+    const int forward = g.num_forward();
+    // the steps of the layers' forward ops and of their backward ops
+    int begin[2] = {INT_MAX, INT_MAX}, end[2] = {-1, -1};
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        if (g.nodes[i].layer < 0) continue;
+        const int phase = static_cast<int>(i) < forward ? 0 : 1;
+        const int step = static_cast<int>(i) + phase;
+        begin[phase] = std::min(begin[phase], step);
+        end[phase] = std::max(end[phase], step);
+    }
+    // layer level: the first layer's slot tensors side by side; its scratch tensors of each phase planned
+    std::vector<std::string> scratch_keys[2];
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        const TensorInfo& info = g.tensors[t];
+        if (info.layer != first_layer || life[t].last < 0) continue;
+        if (life[t].slot) {
+            p.layer_places[layer_key(info)] = {MemGroup::kSlot, p.layer_slot_bytes};
+            p.layer_slot_bytes += align(static_cast<size_t>(info.bytes()));
+            continue;
+        }
+        const int phase = life[t].first < forward ? 0 : 1;
+        scratch_keys[phase].push_back(layer_key(info));
+        p.layer_scratch_requests[phase].push_back(
+            BufferRequest{info.name, static_cast<size_t>(info.bytes()), life[t].first, life[t].last, -1});
+    }
+    for (int phase = 0; phase < 2; ++phase)
+        p.layer_scratch[phase] = plan_buffers(p.layer_scratch_requests[phase], kMemoryAlign);
+    // chunk level
+    std::vector<std::string> slot_names, scratch_names;
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        const TensorInfo& info = g.tensors[t];
+        if (info.layer >= 0 || life[t].last < 0) continue;
+        auto& names = life[t].slot ? slot_names : scratch_names;
+        auto& requests = life[t].slot ? p.slot_requests : p.scratch_requests;
+        names.push_back(info.name);
+        requests.push_back(
+            BufferRequest{info.name, static_cast<size_t>(info.bytes()), life[t].first, life[t].last, -1});
+    }
+    int layers_request = -1, layer_scratch_request[2] = {-1, -1};
+    if (num_layers > 0 && end[0] >= 0) {
+        layers_request = static_cast<int>(p.slot_requests.size());
+        p.slot_requests.push_back(BufferRequest{"layers", p.layer_slot_bytes * static_cast<size_t>(num_layers),
+                                                begin[0], std::max(end[0], end[1]), -1});
+        for (int phase = 0; phase < 2; ++phase) {
+            if (end[phase] < 0) continue;
+            layer_scratch_request[phase] = static_cast<int>(p.scratch_requests.size());
+            p.scratch_requests.push_back(BufferRequest{phase == 0 ? "layer_scratch.forward" : "layer_scratch.backward",
+                                                       p.layer_scratch[phase].total_bytes, begin[phase], end[phase],
+                                                       -1});
+        }
+    }
+    p.slot = plan_buffers(p.slot_requests, kMemoryAlign);
+    p.scratch = plan_buffers(p.scratch_requests, kMemoryAlign);
+    for (size_t i = 0; i < slot_names.size(); ++i) p.chunk_places[slot_names[i]] = {MemGroup::kSlot, p.slot.offsets[i]};
+    for (size_t i = 0; i < scratch_names.size(); ++i)
+        p.chunk_places[scratch_names[i]] = {MemGroup::kScratch, p.scratch.offsets[i]};
+    if (layers_request >= 0) p.layers_offset = p.slot.offsets[static_cast<size_t>(layers_request)];
+    for (int phase = 0; phase < 2; ++phase) {
+        if (layer_scratch_request[phase] < 0) continue;
+        const size_t base = p.scratch.offsets[static_cast<size_t>(layer_scratch_request[phase])];
+        for (size_t i = 0; i < scratch_keys[phase].size(); ++i)
+            p.layer_places[scratch_keys[phase][i]] = {MemGroup::kScratch, base + p.layer_scratch[phase].offsets[i]};
+    }
+    return p;
+}
+
+MemoryPlan::Place MemoryPlan::place(const Graph& g, TensorId t) const {
+    const TensorInfo& info = g.info(t);
+    if (info.role == Role::kParameter || info.role == Role::kGradient) return {};
+    const std::string key = layer_key(info);
+    if (info.layer < 0) {
+        const auto it = chunk_places.find(key);
+        return it == chunk_places.end() ? Place{} : it->second;
+    }
+    MS_CHECK(info.layer >= first_layer && info.layer < first_layer + num_layers,
+             "memory plan: tensor '{}' of layer {} outside the planned layers [{}, {})", info.name, info.layer,
+             first_layer, first_layer + num_layers);
+    const auto it = layer_places.find(key);
+    if (it == layer_places.end()) return {};
+    if (it->second.group == MemGroup::kSlot)
+        return {MemGroup::kSlot,
+                layers_offset + static_cast<size_t>(info.layer - first_layer) * layer_slot_bytes + it->second.offset};
+    return it->second;  // the one copy of a layer's scratch, shared by the layers
+}
+
+}  // namespace ms::graph

@@ -1,0 +1,29 @@
+// passes.h: rewrites of a chunk's graph (graph.h), one file each, each reporting what it changed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/graph/graph.h"
+
+namespace ms::graph {
+
+struct PassReport {
+    std::string pass;  // "fusion", ...
+    std::vector<std::string> steps =
+        {};  // one line per rewrite: "h.0.ln_2: residual + layernorm -> residual+layernorm"
+};
+
+// fusion.cpp. Four patterns, each bit-identical to the ops it replaces on every backend but cuBLASLt's GELU
+// epilogues (backend.h):
+//   residual then layernorm of its sum              -> residual+layernorm (one pass over the rows)
+//   matmul then gelu of its output                   -> matmul+gelu (a GEMM epilogue on the GPU)
+//   matmul_backward then gelu_backward of its dx     -> matmul_backward through the GELU (dx never stored)
+//   bias_gradient of dy, then the matmul_backward of the bias's row-parallel linear, whose dy is that dy or its
+//   all-gather (sequence parallelism)                -> the matmul_backward's dbias (no extra pass over dy; under
+//                                                       sequence parallelism the sum over all rows, so the bias
+//                                                       needs no tp all-reduce after the step)
+// The bias gradient has no Backend op of its own: a graph that keeps one does not compile (program.h).
+PassReport fuse(Graph& g);
+
+}  // namespace ms::graph

@@ -1,0 +1,271 @@
+// program.cpp: compiling a chunk's graph to flat programs (program.h).
+#include "engine/graph/program.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <span>
+
+#include "engine/core/check.h"
+
+namespace ms::graph {
+namespace {
+
+class Compiler {
+  public:
+    Compiler(const Graph& g, const MemoryPlan& plan, const Bindings& at, Backend& be, Communicator& tp,
+             double* loss_sum)
+        : g_(g), plan_(plan), at_(at), be_(be), tp_(tp), loss_sum_(loss_sum) {}
+
+    void* address(TensorId t) const {
+        const TensorInfo& i = g_.info(t);
+        if (i.role == Role::kParameter) return at_.weights + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
+        if (i.role == Role::kGradient) return at_.grads + i.param_offset;
+        const MemoryPlan::Place p = plan_.place(g_, t);
+        MS_CHECK(p.group != MemGroup::kNone, "graph program: tensor '{}' has no memory in the plan", i.name);
+        return (p.group == MemGroup::kSlot ? at_.slot : at_.scratch) + p.offset;
+    }
+    // t viewed with these dims (its element count), or an undefined tensor for kNoTensor
+    Tensor view(TensorId t, std::initializer_list<int64_t> dims) const {
+        if (t == kNoTensor) return {};
+        Tensor v(address(t), g_.info(t).dtype, dims);
+        MS_CHECK(v.numel() == g_.info(t).numel(), "graph program: '{}' viewed as {} elements, holds {}",
+                 g_.info(t).name, v.numel(), g_.info(t).numel());
+        return v;
+    }
+    Tensor rows(TensorId t) const {  // (rows, cols) or (rows)
+        if (t == kNoTensor) return {};
+        const auto& s = g_.info(t).shape;
+        return s.size() == 1 ? view(t, {s[0]}) : view(t, {s[0], s[1]});
+    }
+    int64_t dim(TensorId t, size_t d) const { return g_.info(t).shape.at(d); }
+    // The first rows of t (a position table, of which a call uses its T rows)
+    Tensor leading_rows(TensorId t, int64_t count) const {
+        if (t == kNoTensor) return {};
+        MS_CHECK(count <= dim(t, 0), "graph program: {} rows of '{}', which has {}", count, g_.info(t).name, dim(t, 0));
+        return Tensor(address(t), g_.info(t).dtype, {count, dim(t, 1)});
+    }
+
+    Program::Step step(const Node& n);
+
+  private:
+    const Graph& g_;
+    const MemoryPlan& plan_;
+    Bindings at_;
+    Backend& be_;
+    Communicator& tp_;
+    double* loss_sum_;
+};
+
+Program::Step Compiler::step(const Node& n) {
+    const auto in = [&](size_t i) { return i < n.in.size() ? n.in[i] : kNoTensor; };
+    const auto out = [&](size_t i) { return i < n.out.size() ? n.out[i] : kNoTensor; };
+    Backend* be = &be_;
+    Communicator* tp = &tp_;
+    const std::string label = fmt::format("{} {}", n.label, op_name(n.op));
+    switch (n.op) {
+        case OpCode::kLoadTokens:
+        case OpCode::kLoadTargets: {
+            int32_t* dst = static_cast<int32_t*>(address(out(0)));
+            const int64_t count = g_.info(out(0)).numel(), vocab = n.vocab_valid;
+            const bool tokens = n.op == OpCode::kLoadTokens;
+            return {label, [=](const RunArgs& r) {
+                        const int32_t* src = tokens ? r.tokens : r.targets;
+                        be->synchronize();  // an earlier call's ops may still read the buffer
+                        for (int64_t i = 0; i < count; ++i) {
+                            MS_CHECK(src[i] >= 0 && src[i] < vocab, "{} {} at {} outside the vocabulary [0, {})",
+                                     tokens ? "token" : "target", src[i], i, vocab);
+                            dst[i] = src[i];
+                        }
+                    }};
+        }
+        case OpCode::kEmbedding: {
+            const int64_t T = n.T;
+            EmbeddingForwardArgs a{view(in(0), {g_.info(in(0)).numel()}),
+                                   rows(in(1)),
+                                   n.pos_on_this_rank ? leading_rows(in(2), T) : Tensor(),
+                                   rows(out(0)),
+                                   n.vocab_start,
+                                   T};
+            return {label, [=](const RunArgs&) { be->embedding_forward(a); }};
+        }
+        case OpCode::kLayerNorm:
+        case OpCode::kResidualLayerNorm: {
+            const bool fused = n.op == OpCode::kResidualLayerNorm;
+            const size_t w = fused ? 3 : 1, o = fused ? 1 : 0;
+            LayerNormForwardArgs a{.inp = fused ? Tensor() : rows(in(0)),
+                                   .weight = rows(in(w)),
+                                   .bias = rows(in(w + 1)),
+                                   .out = rows(out(o)),
+                                   .mean = rows(out(o + 1)),
+                                   .rstd = rows(out(o + 2)),
+                                   .eps = n.eps};
+            if (fused) {
+                a.residual_a = rows(in(0));
+                a.residual_b = rows(in(1));
+                a.residual_bias = rows(in(2));
+                a.residual_out = rows(out(0));
+            }
+            return {label, [=](const RunArgs&) { be->layernorm_forward(a); }};
+        }
+        case OpCode::kMatmul:
+        case OpCode::kMatmulGelu: {
+            MatmulForwardArgs a{rows(in(0)), rows(in(1)), rows(in(2)), rows(out(0)), rows(out(1))};
+            return {label, [=](const RunArgs&) { be->matmul_forward(a); }};
+        }
+        case OpCode::kGelu: {
+            GeluForwardArgs a{view(in(0), {g_.info(in(0)).numel()}), view(out(0), {g_.info(out(0)).numel()})};
+            return {label, [=](const RunArgs&) { be->gelu_forward(a); }};
+        }
+        case OpCode::kAttention: {
+            const int64_t B = n.B, T = n.T;
+            AttentionForwardArgs a{view(in(0), {B, T, dim(in(0), 1)}), view(out(0), {B, T, dim(out(0), 1)}),
+                                   view(out(1), {B, n.NH, T}), n.NH};
+            return {label, [=](const RunArgs&) { be->attention_forward(a); }};
+        }
+        case OpCode::kResidual: {
+            const int64_t count = g_.info(out(0)).numel();
+            ResidualForwardArgs a{view(in(0), {count}), view(in(1), {count}), view(out(0), {count}), rows(in(2))};
+            return {label, [=](const RunArgs&) { be->residual_forward(a); }};
+        }
+        case OpCode::kCrossEntropy: {
+            const TensorId logits = in(0), sums = out(1);
+            const int64_t N = dim(logits, 0);
+            float* s = sums == kNoTensor ? nullptr : static_cast<float*>(address(sums));
+            CrossEntropyForwardArgs a{rows(logits),
+                                      view(in(1), {N}),
+                                      rows(n.ce_phase == CrossEntropyPhase::kSumExp ? in(2) : out(0)),
+                                      s ? Tensor::f32(s, {N}) : Tensor(),
+                                      s ? Tensor::f32(s + N, {N}) : Tensor(),
+                                      n.vocab_start,
+                                      n.vocab_valid,
+                                      n.ce_phase};
+            return {label, [=](const RunArgs&) { be->cross_entropy_forward(a); }};
+        }
+        case OpCode::kLoss: {
+            const int64_t N = dim(in(2), 0);
+            const float* row_max = static_cast<const float*>(address(in(2)));
+            const float* sums = static_cast<const float*>(address(in(3)));
+            float* losses = static_cast<float*>(address(out(0)));
+            double* total = loss_sum_;
+            MS_CHECK(total != nullptr, "graph program: a loss op needs somewhere to put the loss");
+            return {label, [=](const RunArgs&) {
+                        be->synchronize();  // the host reads the kernels' statistics
+                        double sum = 0;
+                        for (int64_t i = 0; i < N; ++i) {
+                            losses[i] = std::log(sums[i]) + row_max[i] - sums[N + i];
+                            sum += losses[i];
+                        }
+                        *total = sum;
+                    }};
+        }
+        case OpCode::kLossGradient: {
+            float* dloss = static_cast<float*>(address(out(0)));
+            const int64_t N = g_.info(out(0)).numel();
+            return {label, [=](const RunArgs& r) {
+                        be->synchronize();  // the previous call's cross-entropy backward may still read it
+                        const float d = r.loss_scale / static_cast<float>(N);
+                        for (int64_t i = 0; i < N; ++i) dloss[i] = d;
+                    }};
+        }
+        case OpCode::kCrossEntropyBackward: {
+            const int64_t N = dim(in(0), 0);
+            const float* sums = static_cast<const float*>(address(in(3)));
+            CrossEntropyBackwardArgs a{
+                rows(in(0)), view(in(1), {N}), rows(in(2)),  Tensor::f32(const_cast<float*>(sums), {N}),
+                rows(in(4)), n.vocab_start,    n.vocab_valid};
+            return {label, [=](const RunArgs&) { be->cross_entropy_backward(a); }};
+        }
+        case OpCode::kMatmulBackward: {
+            MatmulBackwardArgs a{rows(in(0)),  rows(in(1)),  rows(in(2)),  rows(out(0)),
+                                 rows(out(1)), rows(out(2)), n.accumulate, rows(in(3))};
+            return {label, [=](const RunArgs&) { be->matmul_backward(a); }};
+        }
+        case OpCode::kGeluBackward: {
+            const int64_t count = g_.info(in(0)).numel();
+            GeluBackwardArgs a{view(in(0), {count}), view(in(1), {count}), view(out(0), {count})};
+            return {label, [=](const RunArgs&) { be->gelu_backward(a); }};
+        }
+        case OpCode::kAttentionBackward: {
+            const int64_t B = n.B, T = n.T, cols = dim(in(0), 1);
+            AttentionBackwardArgs a{view(in(0), {B, T, cols}),      view(in(1), {B, T, 3 * cols}),
+                                    view(in(2), {B, T, cols}),      view(in(3), {B, n.NH, T}),
+                                    view(out(0), {B, T, 3 * cols}), n.NH};
+            return {label, [=](const RunArgs&) { be->attention_backward(a); }};
+        }
+        case OpCode::kLayerNormBackward: {
+            LayerNormBackwardArgs a{rows(in(0)),  rows(in(1)),  rows(in(2)),  rows(in(3)), rows(in(4)),
+                                    rows(out(0)), rows(out(1)), rows(out(2)), n.accumulate};
+            return {label, [=](const RunArgs&) { be->layernorm_backward(a); }};
+        }
+        case OpCode::kEmbeddingBackward: {
+            const int64_t T = n.T;
+            EmbeddingBackwardArgs a{view(in(0), {g_.info(in(0)).numel()}),
+                                    rows(in(1)),
+                                    rows(out(0)),
+                                    leading_rows(out(1), T),
+                                    n.vocab_start,
+                                    T};
+            return {label, [=](const RunArgs&) { be->embedding_backward(a); }};
+        }
+        case OpCode::kTpCopy:
+            return {label, [](const RunArgs&) {}};
+        case OpCode::kAllReduce: {
+            void* data = address(in(0));
+            const DType t = g_.info(in(0)).dtype;
+            const size_t count = static_cast<size_t>(g_.info(in(0)).numel());
+            const ReduceOp op = n.reduce;
+            return {label, [=](const RunArgs&) {
+                        visit_float(t, [&](auto z) {
+                            using T = decltype(z);
+                            tp->all_reduce(std::span<T>(static_cast<T*>(data), count), op, Priority::kHigh).wait();
+                        });
+                    }};
+        }
+        case OpCode::kAllGather:
+        case OpCode::kReduceScatter: {
+            const bool gather = n.op == OpCode::kAllGather;
+            const void* src = address(in(0));
+            void* dst = address(out(0));
+            const DType t = g_.info(in(0)).dtype;
+            const size_t local = static_cast<size_t>(g_.info(gather ? in(0) : out(0)).numel());
+            const size_t full = local * static_cast<size_t>(tp_.size());
+            return {
+                label, [=](const RunArgs&) {
+                    visit_float(t, [&](auto z) {
+                        using T = decltype(z);
+                        const T* s = static_cast<const T*>(src);
+                        T* d = static_cast<T*>(dst);
+                        if (gather) {
+                            tp->all_gather(std::span<const T>(s, local), std::span<T>(d, full), Priority::kHigh).wait();
+                        } else {
+                            tp->reduce_scatter(std::span<const T>(s, full), std::span<T>(d, local), ReduceOp::kSum,
+                                               Priority::kHigh)
+                                .wait();
+                        }
+                    });
+                }};
+        }
+        case OpCode::kBiasGradient:
+            MS_UNREACHABLE(
+                "graph program: '{}' keeps an unfused bias gradient, which no backend op computes: run the "
+                "fusion pass (passes.h) first",
+                n.label);
+        default:
+            break;
+    }
+    MS_UNREACHABLE("graph program: no backend call for {} ('{}')", op_name(n.op), n.label);
+}
+
+}  // namespace
+
+Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, const Bindings& at, Backend& backend,
+                        Communicator& tp, double* loss_sum) {
+    Compiler c(g, plan, at, backend, tp, loss_sum);
+    std::vector<Program::Step> steps;
+    for (const Node& n : g.nodes)
+        if (n.phase == phase) steps.push_back(c.step(n));
+    return Program(std::move(steps));
+}
+
+}  // namespace ms::graph

@@ -1,0 +1,103 @@
+// gpt_graph.h: GPT-2 as an op graph (engine/graph/graph.h): the builder of one pipeline chunk's forward under a
+// tensor-parallel layout, and GptProgram, which runs the chunk from the compiled programs.
+//
+// The builder writes the forward unfused, in the order of Megatron's GPT (gpt.h describes the model and its
+// tensor-parallel split); derive_backward() adds the backward and fuse() the fusions (engine/graph/passes.h). Tensor
+// names are stable across batch sizes: "tokens", "encoded", "h.3.ln1", "h.3.qkv", ..., "logits", "losses", and
+// "d.<name>" for gradients, so a graph for a smaller batch finds its tensors in the plan made for the largest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "engine/graph/graph.h"
+#include "engine/graph/memory_plan.h"
+#include "engine/graph/passes.h"
+#include "engine/graph/program.h"
+#include "engine/model/gpt.h"
+#include "memory/memory_block.h"
+
+namespace ms {
+
+struct GptGraphSpec {
+    GptShape shape = {};
+    GptPart part = {};
+    int tp_size = 1, tp_rank = 0;
+    bool sequence_parallel = false;  // with tp_size > 1
+    DType act = DType::kF32;
+    int B = 1, T = 1;       // the micro-batch
+    bool with_loss = true;  // the head computes the loss (and the graph its backward); false: logits only
+    bool fuse = true;       // run the fusion pass (false: the graph as derived, for plan --graph's comparison)
+};
+
+// The chunk's graph: forward, backward (unless the head is built without the loss) and the fusion pass's report.
+struct GptGraph {
+    graph::Graph g;
+    graph::PassReport fusion;
+};
+GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
+
+// Where a chunk's activations live, for micro-batches of up to max_batch sequences of shape.seq(): what GptProgram
+// allocates and `plan` reports. Its cost does not grow with the layer count (memory_plan.h).
+graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
+                                  bool sequence_parallel, DType act);
+
+// One chunk run from compiled programs: Gpt's forward/backward contract (gpt.h) over external parameters,
+// weights and gradients, with activations in `num_slots` slot blocks and one scratch block laid out by the graph's
+// memory plan (made for max_batch rows of shape.seq()).
+class GptProgram {
+  public:
+    struct Options {
+        int max_batch = 1;
+        int num_slots = 1;
+        GptPart part;
+        bool sequence_parallel = false;
+        DType dtype = DType::kF32;
+        float* params = nullptr;  // fp32 master weights (flat, gpt_param_table layout)
+        void* weights = nullptr;  // what the ops read: params itself in fp32, else the 16-bit copy
+        float* grads = nullptr;
+        Arena* arena = nullptr;
+    };
+    GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
+
+    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot = 0);
+    void backward(float loss_scale, int slot = 0);
+    void finish_gradients();
+    void* input(int slot);
+    const void* output(int slot) const;
+    void* grad_output(int slot);
+    const void* grad_input(int slot) const;
+    Tensor logits_tensor() const;
+    const float* losses() const;
+    const graph::MemoryPlan& memory_plan() const { return plan_; }
+
+  private:
+    struct Compiled {
+        GptGraph graph;
+        std::vector<graph::Program> forward, backward;  // per slot
+    };
+    const Compiled& compiled(int B, int T, bool with_loss);
+    void* address(graph::TensorId t, int slot) const;  // of a tensor of the full micro-batch's graph
+    void* tensor(const std::string& name, int slot) const;
+
+    GptShape shape_;
+    Backend& backend_;
+    Communicator& tp_;
+    Options o_;
+    std::vector<ParamInfo> table_;
+    graph::MemoryPlan plan_;
+    std::vector<MemoryBlock> slot_blocks_;
+    MemoryBlock scratch_block_;
+    std::vector<double> loss_sum_;  // per slot
+    std::map<std::tuple<int, int, bool>, std::unique_ptr<Compiled>> programs_;
+    const Compiled* full_ = nullptr;             // the graph of a full micro-batch with the loss
+    graph::TensorId output_ = graph::kNoTensor;  // without the head: the last layer's output
+    int B_ = 0, T_ = 0;
+    const Compiled* last_ = nullptr;
+};
+
+}  // namespace ms
