@@ -9,13 +9,20 @@
 #            (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=retain:true,...). Each command changes only itself.
 # Prints ms/step, tokens/s, MFU against the sgemm peak measured in the same environment, and the ratio.
 #   bench/cpu_gpt2_124m.sh [build-dir] [rounds]
+# The PyTorch peer runs on MS_BENCH_PYTHON (default Debian's /usr/bin/python3 with python3-torch 1.13: foreach
+# AdamW, masked-matmul attention). For PyTorch 2.x (scaled_dot_product_attention, fused AdamW on the CPU), point it
+# at a bench-only virtualenv, never used by setup or CI:
+#   python3 -m venv /opt/bench-venv && /opt/bench-venv/bin/pip install torch numpy   (PyPI; or the CPU-only wheel
+#       from --index-url https://download.pytorch.org/whl/cpu where that host is reachable)
+#   MS_BENCH_PYTHON=/opt/bench-venv/bin/python bench/cpu_gpt2_124m.sh build 2
+# "best" preloads Debian's libjemalloc2 for PyTorch when it is installed (/usr/lib/*/libjemalloc.so.2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${2:-2}
 threads=${MS_BENCH_THREADS:-2}
 steps=${MS_BENCH_STEPS:-6}
-py=/usr/bin/python3
+py=${MS_BENCH_PYTHON:-/usr/bin/python3}
 bin=$build/mindspeed-train
 [ -x "$bin" ] || { echo "bench: $bin not found: run scripts/setup.sh first" >&2; exit 2; }
 jemalloc=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n1 || true)

@@ -4,8 +4,10 @@
 GPT-2 (nanoGPT-style module: pre-LN blocks, GELU tanh, tied head, padded vocab) trained with torch.optim.AdamW
 on random tokens. Prints one line per step "step N ms M" and a final JSON line with the median ms/step of the
 timed steps.
-  CPU (the default): fp32, foreach AdamW (the fastest CPU path in torch 1.13), masked-matmul attention, on the given
-       number of threads. Run with Debian's /usr/bin/python3 (python3-torch).
+  CPU (the default): fp32 on the given number of threads. With Debian's /usr/bin/python3 (python3-torch 1.13):
+       foreach AdamW (the fastest CPU path in 1.13) and masked-matmul attention. With PyTorch 2.x (the bench-only
+       virtualenv of bench/cpu_gpt2_124m.sh, MS_BENCH_PYTHON): F.scaled_dot_product_attention (causal) and fused
+       AdamW (on the CPU since 2.4). --attention / --adamw force either path; the JSON line says which ran.
   GPU (--device cuda): F.scaled_dot_product_attention (causal), fused AdamW, optionally torch.compile (--compile),
        TF32 matmuls (--dtype tf32) or bf16 autocast (--dtype bf16); fp32 is strict fp32 (TF32 off). Each step
        ends with torch.cuda.synchronize(). --max-seconds stops after the step that crosses it (torch.compile
@@ -37,7 +39,7 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
-        if mask is None:  # --device cuda: the fused causal kernel
+        if mask is None:  # torch >= 2.0 (--attention): the fused causal kernel
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
@@ -91,6 +93,10 @@ def main():
                     help="tf32: fp32 with TF32 matmuls (GPU); bf16: autocast, fp32 master weights")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (GPU)")
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after the step that crosses this (0: never)")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "masked"], default="auto",
+                    help="auto: F.scaled_dot_product_attention where this torch has it (>= 2.0), else masked matmuls")
+    ap.add_argument("--adamw", choices=["auto", "fused", "foreach"], default="auto",
+                    help="auto: fused on the GPU and on the CPU from torch 2.4, else foreach")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -98,10 +104,13 @@ def main():
     if cuda:  # strict fp32 matmuls, as mindspeed-train's by default, unless --dtype tf32 (MS_CUDA_TF32=1 there)
         torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
-    sdpa = cuda and hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0
+    sdpa = a.attention == "sdpa" or (a.attention == "auto" and has_sdpa)
+    torch_major_minor = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    adamw = a.adamw if a.adamw != "auto" else ("fused" if cuda or torch_major_minor >= (2, 4) else "foreach")
     model = GPT(a.layers, a.hidden, a.heads, a.positions, a.padded_vocab, sdpa=sdpa).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            **({"fused": True} if cuda else {"foreach": True}))
+                            **({"fused": True} if adamw == "fused" else {"foreach": True}))
     step_model = torch.compile(model) if a.compile else model
     x = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
@@ -125,7 +134,7 @@ def main():
             break
     result = {"median_ms_per_step": statistics.median(times) if times else None, "steps": len(times),
               "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": a.dtype, "compile": a.compile,
-              "sdpa": sdpa, "torch": torch.__version__}
+              "sdpa": sdpa, "adamw": adamw, "threads": torch.get_num_threads(), "torch": torch.__version__}
     print(json.dumps(result), flush=True)
 
 
