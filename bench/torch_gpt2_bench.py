@@ -101,7 +101,7 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     cuda = a.device == "cuda"
-    if cuda:  # strict fp32 matmuls, as mindspeed-train's by default, unless --dtype tf32 (MS_CUDA_TF32=1 there)
+    if cuda:  # strict fp32 matmuls, as mindspeed-train's by default, unless --dtype tf32 (debug.cuda_tf32: true there)
         torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = a.dtype == "tf32"
     has_sdpa = hasattr(F, "scaled_dot_product_attention")  # torch >= 2.0

@@ -7,10 +7,10 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <new>
 
 #include "engine/core/check.h"
+#include "engine/core/switches.h"
 
 namespace ms::alloc_guard {
 namespace {
@@ -51,13 +51,7 @@ void* allocate_aligned(size_t bytes, size_t align) {
 
 }  // namespace
 
-bool enabled() {
-    static const bool on = [] {
-        const char* v = std::getenv("MS_CHECK_ALLOCS");
-        return v != nullptr && std::strcmp(v, "1") == 0;
-    }();
-    return on;
-}
+bool enabled() { return switches().check_allocs; }  // MS_CHECK_ALLOCS=1
 
 void arm() {
     g_allocations.store(0, std::memory_order_relaxed);

@@ -17,6 +17,7 @@
 #include <functional>
 #include <vector>
 
+#include "engine/backends/backend.h"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/cublas_gemm.h"
 #include "engine/core/half.h"
@@ -85,7 +86,7 @@ int main() {
     std::printf("gemm_bench on %s, bf16, N = %d: name | K x M | path | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s\n",
                 prop.name, N);
     for (GemmPath path : {GemmPath::kLt, GemmPath::kCublas}) {
-        CublasGemm gemm(path);
+        CublasGemm gemm(ms::CudaDebugOptions{}, path);  // fp32 products in fp32, GELU in the epilogues
         for (const Shape& s : shapes) {
             const size_t NK = static_cast<size_t>(N) * s.K, NM = static_cast<size_t>(N) * s.M;
             const size_t MK = static_cast<size_t>(s.M) * s.K;

@@ -8,7 +8,7 @@ micro-batch of --batch sequences per step (no accumulation), synthetic tokens (d
 does not depend on the data). Runs, one after another, each bounded by its share of --budget seconds, in the order
 3, 4, 1, 5, 2, 6 (the bf16 pair first, the TF32 pair last: the one squeezed when time runs short):
   1. mindspeed-train, run.backend: cuda, fp32 (the CUDA backend's kernels and cuBLAS GEMMs, TF32 off), --steps steps;
-  2. the same with MS_CUDA_TF32=1 (the GEMMs on TF32 tensor cores);
+  2. the same with debug.cuda_tf32: true (the GEMMs on TF32 tensor cores);
   3. the same in mixed precision, mixed_precision.dtype: bf16 (bf16 activations and weights, bf16 GEMMs with fp32
      accumulation, fp32 master weights, gradients and AdamW state);
   4. PyTorch bf16 autocast, torch.compile + F.scaled_dot_product_attention + fused AdamW (bench/torch_gpt2_bench.py);
@@ -90,7 +90,7 @@ OURS_PRECISION = dict(PRECISION, bf16="bf16 mixed precision (fp32 master)")
 
 
 def mindspeed(binary, out, batch, steps, seconds, kind, profile=False):
-    """mindspeed-train on run.backend: cuda; kind tf32 sets MS_CUDA_TF32=1 (the CUDA backend's cuBLAS GEMMs), kind bf16
+    """mindspeed-train on run.backend: cuda; kind tf32 sets debug.cuda_tf32=true (the CUDA backend's cuBLAS GEMMs), kind bf16
     mixed_precision.dtype: bf16; profile sets MS_PROFILE_OPS=1 (every op timed alone: the op table, not a speed)."""
     label = "mindspeed-train" + ("" if kind == "fp32" else "-" + kind) + ("-profile" if profile else "")
     run_dir = os.path.join(out, label + "-run")
@@ -100,11 +100,12 @@ def mindspeed(binary, out, batch, steps, seconds, kind, profile=False):
         "training.micro_batch_size": batch, "training.global_batch_size": batch, "training.train_iters": steps,
         "lr_schedule.lr_warmup_iters": 2, "logging.log_interval": 1, "eval.eval_interval": 0,
         "eval.sample_tokens": 0, "mixed_precision.dtype": "bf16" if kind == "bf16" else "fp32",
+        "debug.cuda_tf32": "true" if kind == "tf32" else "false",
     }
     cmd = [binary, "train", "--config", "configs/gpt2-124m.yaml"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    env = dict(os.environ, MS_CUDA_TF32="1" if kind == "tf32" else "0", MS_PROFILE_OPS="1" if profile else "0")
+    env = dict(os.environ, MS_PROFILE_OPS="1" if profile else "0")
     rc, wall = run(cmd, os.path.join(out, label + ".log"), seconds, env=env)
     its, losses = [], []
     try:

@@ -320,11 +320,27 @@ class Backend {
     virtual void zero(const Tensor& x) = 0;
 };
 
+// The CUDA backend's diagnosis choices, from the config's debug: section (cuda_debug_options(cfg.debug)); they change
+// numerics, hence config keys. The defaults are the production path.
+enum class CudaFp32Gemm : uint8_t { kFp32, kTf32 };             // debug.cuda_tf32
+enum class CudaGelu : uint8_t { kEpilogue, kKernels };          // debug.cuda_gelu_epilogue
+enum class CudaAttention : uint8_t { kTensorCores, kScalar };   // debug.cuda_attention (bf16 / fp16)
+enum class CudaAttentionBackward : uint8_t { kFused, kSplit };  // debug.cuda_attention_bwd (tensor cores)
+struct CudaDebugOptions {
+    CudaFp32Gemm fp32_gemm = CudaFp32Gemm::kFp32;
+    CudaGelu gelu = CudaGelu::kEpilogue;
+    CudaAttention attention = CudaAttention::kTensorCores;
+    CudaAttentionBackward attention_backward = CudaAttentionBackward::kFused;
+};
+struct DebugConfig;  // engine/config/config.h
+CudaDebugOptions cuda_debug_options(const DebugConfig& debug);
+
 struct BackendOptions {
     BackendKind kind = BackendKind::kCPU;
     OpMode mode = OpMode::kFast;  // kReference: naive loops, the executable spec, for tests
     int num_threads = 0;          // 0: OpenMP's default
     int local_rank = 0;           // kCUDA: this rank runs on device local_rank % (devices visible)
+    CudaDebugOptions cuda;        // kCUDA only
 };
 
 // kCPU: the CPU backend. kCUDA: the CUDA backend registered by this binary (fatal when there is none; the config

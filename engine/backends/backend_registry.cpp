@@ -1,8 +1,9 @@
-// backend_registry.cpp: make_backend() and the registered CUDA backend (backend.h).
+// backend_registry.cpp: make_backend(), the registered CUDA backend and its debug options (backend.h).
 #include <memory>
 
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/ops.h"
+#include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "memory/arena_memory.h"
 
@@ -29,6 +30,17 @@ void register_cuda_backend(const char* name, BackendFactory make) {
 }
 
 const char* cuda_backend_name() { return cuda_registration().name; }
+
+// The strings were checked against their choices when the config was read (config_schema.cpp).
+CudaDebugOptions cuda_debug_options(const DebugConfig& debug) {
+    CudaDebugOptions o;
+    o.fp32_gemm = debug.cuda_tf32 ? CudaFp32Gemm::kTf32 : CudaFp32Gemm::kFp32;
+    o.gelu = debug.cuda_gelu_epilogue ? CudaGelu::kEpilogue : CudaGelu::kKernels;
+    o.attention = debug.cuda_attention == "scalar" ? CudaAttention::kScalar : CudaAttention::kTensorCores;
+    o.attention_backward =
+        debug.cuda_attention_bwd == "split" ? CudaAttentionBackward::kSplit : CudaAttentionBackward::kFused;
+    return o;
+}
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
     if (options.kind == BackendKind::kCPU) return cpu::make_cpu_backend(options);

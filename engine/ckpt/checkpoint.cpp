@@ -15,6 +15,7 @@
 #include "engine/core/check.h"
 #include "engine/core/log.h"
 #include "engine/core/philox.h"
+#include "engine/core/switches.h"
 #include "engine/core/timer.h"
 #include "engine/data/file_source.h"
 #include "engine/optim/adamw.h"
@@ -66,9 +67,9 @@ std::vector<int64_t> sum_i64(Communicator& comm, const std::vector<int64_t>& v) 
 
 // MS_INJECT_CKPT_FAIL=<phase>[@<world rank>]: the phase this rank fails at, or "".
 std::string injected_phase(int world_rank) {
-    const char* env = std::getenv("MS_INJECT_CKPT_FAIL");
-    if (!env || !*env) return "";
-    std::string spec = env, phase = spec;
+    const std::string& spec = switches().inject_ckpt_fail;
+    if (spec.empty()) return "";
+    std::string phase = spec;
     const size_t at = spec.find('@');
     if (at != std::string::npos) {
         phase = spec.substr(0, at);

@@ -139,6 +139,17 @@ struct ReliabilityConfig {
     std::string inject;  // fault injection for tests: "<crash|hang|nan|sigterm>@step=S[,rank=R]"; MS_INJECT wins
 };
 
+// Diagnosis choices that change numerics: config keys, so they are part of the config hash (docs/style.md
+// "Switches"). They were the environment variables MS_CUDA_TF32, MS_CUDA_GELU_EPILOGUE, MS_CUDA_ATTENTION and
+// MS_CUDA_ATTENTION_BWD, which a run now refuses (engine/core/switches.h). Only the CUDA backend reads them
+// (BackendOptions::cuda, engine/backends/backend.h); the defaults are the production path.
+struct DebugConfig {
+    bool cuda_tf32 = false;          // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); false: true fp32
+    bool cuda_gelu_epilogue = true;  // the MLP's GELU / dGELU in cuBLASLt's epilogues; false: gelu.cu's kernels
+    std::string cuda_attention = "tensor_cores";  // tensor_cores | scalar: the kernels of bf16 / fp16 attention
+    std::string cuda_attention_bwd = "fused";     // fused | split: the tensor-core backward (one kernel or two)
+};
+
 struct Config {
     int schema_version = 1;
     RunConfig run;
@@ -153,6 +164,7 @@ struct Config {
     LoggingConfig logging;
     EvalConfig eval;
     ReliabilityConfig reliability;
+    DebugConfig debug;
 };
 
 // Values computed from a Config and the world size; printed at start.
@@ -178,5 +190,8 @@ DerivedConfig validate_config(const Config& cfg, int world_size);
 
 // The resolved config as YAML (for --print-config and the run directory).
 std::string config_to_yaml(const Config& cfg);
+// The config hash every rank checks against rank 0's and the run records: name_hash (philox.h) of config_to_yaml(),
+// so every key, the debug: section included, is part of it.
+uint64_t config_hash(const Config& cfg);
 
 }  // namespace ms

@@ -208,6 +208,20 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "seconds a collective may wait before the run ends with exit code 18; 0 "
                                       "waits forever"}},
         {"reliability.inject", &c.reliability.inject, {}},
+
+        {"debug.cuda_tf32", &c.debug.cuda_tf32,
+         Constraint{.hint = "true runs run.backend: cuda's fp32 GEMMs on TF32 tensor cores (was MS_CUDA_TF32=1)"}},
+        {"debug.cuda_gelu_epilogue", &c.debug.cuda_gelu_epilogue,
+         Constraint{.hint = "false runs the MLP's GELU on gelu.cu's kernels instead of cuBLASLt's epilogues (was "
+                            "MS_CUDA_GELU_EPILOGUE=0)"}},
+        {"debug.cuda_attention", &c.debug.cuda_attention,
+         Constraint{.choices = {"tensor_cores", "scalar"},
+                    .hint = "scalar runs bf16 / fp16 attention on the scalar kernels, to tell a tensor-core kernel "
+                            "fault from one elsewhere (was MS_CUDA_ATTENTION=scalar)"}},
+        {"debug.cuda_attention_bwd", &c.debug.cuda_attention_bwd,
+         Constraint{.choices = {"fused", "split"},
+                    .hint = "split runs the tensor-core backward as two kernels, dQ then dK/dV (was "
+                            "MS_CUDA_ATTENTION_BWD=split)"}},
     };
     // clang-format on
 }

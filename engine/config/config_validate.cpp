@@ -63,6 +63,21 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
         !e.empty()) {
         fail("{}", e);
     }
+    // debug.cuda_*: only the CUDA backend reads them, so on another one a changed value would be silently ignored.
+    if (cfg.run.backend != "cuda") {
+        const DebugConfig d = cfg.debug, def;
+        const char* key = d.cuda_tf32 != def.cuda_tf32                     ? "debug.cuda_tf32"
+                          : d.cuda_gelu_epilogue != def.cuda_gelu_epilogue ? "debug.cuda_gelu_epilogue"
+                          : d.cuda_attention != def.cuda_attention         ? "debug.cuda_attention"
+                          : d.cuda_attention_bwd != def.cuda_attention_bwd ? "debug.cuda_attention_bwd"
+                                                                           : nullptr;
+        if (key != nullptr) {
+            fail(
+                "{} is set but run.backend = '{}': only the CUDA backend reads it; hint: remove {}, or set "
+                "run.backend: cuda",
+                key, cfg.run.backend, key);
+        }
+    }
     if (cfg.mixed_precision.loss_scale > 0 && cfg.mixed_precision.dtype != "fp16") {
         fail(
             "mixed_precision.loss_scale = {} is set but mixed_precision.dtype = '{}': loss scaling is for fp16 only "

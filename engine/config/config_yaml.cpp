@@ -9,6 +9,7 @@
 
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
+#include "engine/core/philox.h"
 
 namespace ms {
 namespace {
@@ -75,5 +76,7 @@ std::string config_to_yaml(const Config& cfg) {
     out << YAML::EndMap;
     return std::string(out.c_str()) + "\n";
 }
+
+uint64_t config_hash(const Config& cfg) { return name_hash(config_to_yaml(cfg)); }
 
 }  // namespace ms

@@ -19,6 +19,7 @@
 #include "comm/process_groups.h"
 #include "engine/backends/backend.h"
 #include "engine/core/log.h"
+#include "engine/core/switches.h"
 
 namespace ms {
 namespace {
@@ -89,10 +90,14 @@ FaultInjection parse_fault_injection(std::string_view spec, std::string_view sou
     return f;
 }
 
-FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters) {
-    const char* env = std::getenv("MS_INJECT");
-    if (env && *env) return parse_fault_injection(env, "MS_INJECT", world_size, train_iters);
+FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters,
+                                       std::string_view env_inject) {
+    if (!env_inject.empty()) return parse_fault_injection(env_inject, "MS_INJECT", world_size, train_iters);
     return parse_fault_injection(cfg.inject, "reliability.inject", world_size, train_iters);
+}
+
+FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters) {
+    return resolve_fault_injection(cfg, world_size, train_iters, switches().inject);
 }
 
 // ---- Reliability ----

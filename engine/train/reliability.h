@@ -89,8 +89,11 @@ struct FaultInjection {
 // Parses one spec (empty: kNone). Throws UserError naming `source`, the spec, what is wrong and the grammar.
 FaultInjection parse_fault_injection(std::string_view spec, std::string_view source, int world_size,
                                      int64_t train_iters);
-// The spec that applies: MS_INJECT when set and non-empty, else cfg.inject.
+// The spec that applies: MS_INJECT (switches().inject, engine/core/switches.h) when non-empty, else cfg.inject.
 FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters);
+// The same with MS_INJECT's value given (tests).
+FaultInjection resolve_fault_injection(const ReliabilityConfig& cfg, int world_size, int64_t train_iters,
+                                       std::string_view env_inject);
 
 // A stop signal ended the run outside a step boundary (setup; the trainer's other phases return exit_on_signal()'s
 // code): exit code 3, already logged and recorded.

@@ -71,7 +71,7 @@ const TrainRun& cpu_baseline(const std::string& dtype) {
 // (tiny.yaml's F = 256, 128 per TP rank, are multiples of 8, so both runs here take the fused path), so this fp32
 // comparison is also the check that cuBLASLt's GELU is the CPU's tanh GELU (erf's differs by up to 4.7e-4, far above
 // these bounds). Unmeasured: if its fp32 tanh is an approximation coarser than 5e-6, this fails too; then
-// MS_CUDA_GELU_EPILOGUE=0 (gelu.cu's kernels instead of the epilogues) tells the two causes apart.
+// debug.cuda_gelu_epilogue: false (gelu.cu's kernels instead of the epilogues) tells the two causes apart.
 constexpr RunTolerances kFp32{5e-6, 5e-6};
 
 // bf16 and fp16 against the CPU in the same dtype: PROVISIONAL until measured on a GPU (the test prints the measured

@@ -15,8 +15,9 @@
 // elements around them must stay intact, and a second run must give the same bits (at T = 130; at T = 70 the
 // dispatch check below repeats the kernels too: the emulation is slow, and the whole file stays under 30 s). One
 // case also checks that attention_forward / attention_backward dispatch to these kernels (the fused backward when
-// given scratch, the split one without), and to the scalar ones under MS_CUDA_ATTENTION=scalar; another that
-// CudaBackend runs the fused backward on the scratch it owns, twice. A death test checks that the emulation catches a
+// given scratch, the split one without), and to the scalar ones under AttentionKernels::kScalar; another that
+// CudaBackend runs the fused backward on the scratch it owns, twice, and the split one under
+// debug.cuda_attention_bwd: split (BackendOptions::cuda). A death test checks that the emulation catches a
 // fused backward whose blocks wait on blocks that have not run.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
@@ -206,16 +207,16 @@ void check_attention_tc(int HS, const Tolerances& tol) {
             EXPECT_TRUE(bit_identical(dqkv_f.values(), first_fused))
                 << "attention_backward with scratch did not run the fused tensor-core backward";
 
-            // MS_CUDA_ATTENTION=scalar: the same launchers run the scalar kernels (fp32 P and dS, other bits), which
-            // still match the reference within the same tolerances
-            setenv("MS_CUDA_ATTENTION", "scalar", 1);
+            // AttentionKernels::kScalar (debug.cuda_attention: scalar): the same launchers run the scalar kernels
+            // (fp32 P and dS, other bits), which still match the reference within the same tolerances
+            const auto scalar = cuda::AttentionKernels::kScalar;
             HalfBuf<S> out_s(size_t{1} * B * T * C), dqkv_s(size_t{1} * B * T * 3 * C);
-            cuda::attention_forward(out_s.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream);
+            cuda::attention_forward(out_s.data(), lse.data(), qkv.data(), B, T, NH, HS, kStream, scalar);
             cuda::attention_backward(dqkv_s.data(), dout.data(), qkv.data(), out_ref.data(), lse_ref.data(), B, T, NH,
-                                     HS, kStream);
-            unsetenv("MS_CUDA_ATTENTION");
-            EXPECT_FALSE(bit_identical(out_s.values(), first_out)) << "MS_CUDA_ATTENTION=scalar kept tensor cores";
-            EXPECT_FALSE(bit_identical(dqkv_s.values(), first_dqkv)) << "MS_CUDA_ATTENTION=scalar kept tensor cores";
+                                     HS, kStream, scalar);
+            EXPECT_EQ(cuda::attention_backward_scratch_bytes<S>(B, T, NH, HS, scalar), 0u);
+            EXPECT_FALSE(bit_identical(out_s.values(), first_out)) << "AttentionKernels::kScalar kept tensor cores";
+            EXPECT_FALSE(bit_identical(dqkv_s.values(), first_dqkv)) << "AttentionKernels::kScalar kept tensor cores";
             expect_close(tag + "scalar out", max_rel_error(out_s.values(), out_ref.values()), tol.out);
             const std::vector<float> got_s = dqkv_s.values();
             for (int part = 0; part < 3; ++part) {
@@ -240,9 +241,9 @@ TEST(CudaEmuAttentionTc, Fp16HeadSize16) { check_attention_tc<fp16>(16, kFp16Tol
 TEST(CudaEmuAttentionTc, Fp16HeadSize64) { check_attention_tc<fp16>(64, kFp16Tol); }
 
 // Through CudaBackend, which owns the fused backward's scratch: a bf16 attention_backward at a tensor-core head size
-// runs the fused kernel (the default; the split one under MS_CUDA_ATTENTION_BWD=split), bit for bit as the launcher on
-// fresh scratch, and again on the scratch the first call left behind (semaphores at their final counts, accumulator
-// full): each launch resets what it relies on.
+// runs the fused kernel (the default), bit for bit as the launcher on fresh scratch, and again on the scratch the first
+// call left behind (semaphores at their final counts, accumulator full): each launch resets what it relies on. With
+// BackendOptions::cuda.attention_backward = kSplit (debug.cuda_attention_bwd: split) it runs the split one.
 TEST(CudaEmuAttentionTc, BackendRunsTheFusedBackwardOnItsOwnScratch) {
     // T = 130, HS = 32 in bf16: a shape where the fused and split dQ differ in a few bits (so the check below tells
     // them apart)
@@ -279,6 +280,17 @@ TEST(CudaEmuAttentionTc, BackendRunsTheFusedBackwardOnItsOwnScratch) {
         EXPECT_TRUE(bit_identical(dqkv.values(), want.values())) << "call " << call;
         EXPECT_TRUE(dqkv.guards_intact()) << "call " << call;
     }
+    o.cuda.attention_backward = CudaAttentionBackward::kSplit;
+    auto be_split = make_backend_with_cuda(o);
+    HalfBuf<bf16> dqkv(size_t{1} * B * T * 3 * C);
+    be_split->attention_backward({.dout = dout.tensor({B, T, C}),
+                                  .qkv = qkv.tensor({B, T, 3 * C}),
+                                  .out = out.tensor({B, T, C}),
+                                  .lse = lse.tensor({B, NH, T}),
+                                  .dqkv = dqkv.tensor({B, T, 3 * C}),
+                                  .NH = NH});
+    be_split->synchronize();
+    EXPECT_TRUE(bit_identical(dqkv.values(), split.values())) << "debug.cuda_attention_bwd: split ran another backward";
 }
 
 // The fused backward's blocks wait on one another in ticket order; taken in the reverse order, the first block

@@ -86,11 +86,8 @@ TEST(FaultInjection, EnvironmentWinsOverConfig) {
     ms::ReliabilityConfig cfg;
     cfg.inject = "nan@step=2";
     EXPECT_EQ(ms::resolve_fault_injection(cfg, 2, 10).source, "reliability.inject");
-    setenv("MS_INJECT", "hang@step=3,rank=1", 1);
-    const auto f = ms::resolve_fault_injection(cfg, 2, 10);
-    setenv("MS_INJECT", "", 1);  // set but empty: the config applies again
-    const auto g = ms::resolve_fault_injection(cfg, 2, 10);
-    unsetenv("MS_INJECT");
+    const auto f = ms::resolve_fault_injection(cfg, 2, 10, "hang@step=3,rank=1");  // MS_INJECT's value
+    const auto g = ms::resolve_fault_injection(cfg, 2, 10, "");  // set but empty: the config applies again
     EXPECT_EQ(f.kind, FaultKind::kHang);
     EXPECT_EQ(f.source, "MS_INJECT");
     EXPECT_EQ(g.kind, FaultKind::kNan);

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/backends/backend.h"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/kernels/gelu.cuh"
 #include "engine/core/check.h"
@@ -183,8 +184,8 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, V 
 
 struct CublasGemm::Impl {
     GemmPath path = GemmPath::kLt;
-    bool tf32 = false;           // MS_CUDA_TF32=1
-    bool gelu_epilogues = true;  // MS_CUDA_GELU_EPILOGUE=0: GELU and dGELU by gelu.cu's kernels (for diagnosis)
+    bool tf32 = false;           // CudaFp32Gemm::kTf32 (debug.cuda_tf32)
+    bool gelu_epilogues = true;  // CudaGelu::kKernels (debug.cuda_gelu_epilogue: false): gelu.cu's kernels instead
     cublasLtHandle_t lt = nullptr;
     void* workspace = nullptr;  // (kWorkspaceBytes) for cuBLASLt
     std::map<PlanKey, std::unique_ptr<Plan>> plans;
@@ -217,14 +218,12 @@ struct CublasGemm::Impl {
     std::unique_ptr<Plan> make_plan(const LtProduct& p, const PlanKey& key);
 };
 
-CublasGemm::CublasGemm(GemmPath path) : impl_(std::make_unique<Impl>()) {
+CublasGemm::CublasGemm(const CudaDebugOptions& debug, GemmPath path) : impl_(std::make_unique<Impl>()) {
     Impl& g = *impl_;
     g.path = path;
-    // fp32 products stay fp32 unless MS_CUDA_TF32=1 lets them use TF32 tensor cores (PyTorch's allow_tf32)
-    const char* tf32 = std::getenv("MS_CUDA_TF32");
-    g.tf32 = tf32 != nullptr && std::string(tf32) == "1";
-    const char* gelu_epilogues = std::getenv("MS_CUDA_GELU_EPILOGUE");
-    g.gelu_epilogues = gelu_epilogues == nullptr || std::string(gelu_epilogues) != "0";
+    // fp32 products stay fp32 unless debug.cuda_tf32 lets them use TF32 tensor cores (PyTorch's allow_tf32)
+    g.tf32 = debug.fp32_gemm == CudaFp32Gemm::kTf32;
+    g.gelu_epilogues = debug.gelu == CudaGelu::kEpilogue;
     MS_CUBLAS_CHECK(cublasLtCreate(&g.lt));
     MS_CUDA_CHECK(cudaMalloc(&g.workspace, kWorkspaceBytes));
     MS_CUBLAS_CHECK(cublasCreate(&g.handle));

@@ -27,8 +27,8 @@
 // the epilogues on an RTX 3060 (cuBLASLt 13.0) passes comparing GELU_AUX_BIAS / DGELU_BGRAD with the tanh formula at
 // fp32 to a relative 2e-4, which erf's GELU would fail (it is 4.7e-4 away from tanh's at x = -2.7). Not yet seen on our
 // own GPU run: tests/gpu's fp32 model test compares the fused MLP with the CPU's tanh GELU (GpuTrain).
-// MS_CUDA_GELU_EPILOGUE=0 runs the GELU and dGELU as gelu.cu's kernels instead (the plain epilogues stay), for
-// diagnosis.
+// CudaGelu::kKernels (the config's debug.cuda_gelu_epilogue: false) runs the GELU and dGELU as gelu.cu's kernels
+// instead (the plain epilogues stay), for diagnosis.
 //
 // Plans: a product's matmul descriptor, its three matrix layouts and the algorithm the heuristic picked are made once
 // per key (product, dtypes, epilogue, m, n, k and the alignments of the pointers, which the heuristic reads) and
@@ -44,14 +44,15 @@
 // the same ones.
 //
 // Precision, T = float: true fp32 (CUBLAS_COMPUTE_32F, no TF32), like PyTorch's default for fp32 matmuls since 1.12,
-// so the GPU run is compared with the CPU backend at fp32 tolerances; MS_CUDA_TF32=1 allows TF32 tensor cores
-// (CUBLAS_COMPUTE_32F_FAST_TF32) instead. T = bf16 / fp16: T inputs, fp32 accumulation (CUBLAS_COMPUTE_32F), one
-// rounding per output element: out = round(acc + bias), gelu_out = round(gelu(acc + bias)) and out = round(acc +
-// bias) (so the GELU's input is the fp32 value, not the rounded out: backend.h), dinp = round(acc) or round(old +
-// acc), or round(gelu'(gelu_inp) * acc); dweight is an fp32 C with beta 1. Split-K: only the reduction scheme
-// CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (fp32 partial sums in the workspace, reduced in a fixed order), never in the
-// output type, and never the in-place one; the fallback sets CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. So the
-// results are deterministic for a given shape, alignment, device and library version.
+// so the GPU run is compared with the CPU backend at fp32 tolerances; CudaFp32Gemm::kTf32 (debug.cuda_tf32: true)
+// allows TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) instead. T = bf16 / fp16: T inputs, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), one rounding per output element: out = round(acc + bias), gelu_out = round(gelu(acc + bias))
+// and out = round(acc + bias) (so the GELU's input is the fp32 value, not the rounded out: backend.h), dinp =
+// round(acc) or round(old + acc), or round(gelu'(gelu_inp) * acc); dweight is an fp32 C with beta 1. Split-K: only the
+// reduction scheme CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (fp32 partial sums in the workspace, reduced in a fixed
+// order), never in the output type, and never the in-place one; the fallback sets
+// CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. So the results are deterministic for a given shape, alignment,
+// device and library version.
 //
 // Streams: every call takes the stream it runs on. The workspace (32 MiB, cudaMalloc'd once) and the dbias scratch
 // are shared by all calls, so calls on different streams must not overlap (the CudaBackend has one stream).
@@ -64,6 +65,10 @@
 
 struct CUstream_st;
 
+namespace ms {
+struct CudaDebugOptions;  // engine/backends/backend.h
+}
+
 namespace ms::cuda {
 
 enum class DinpWrite : uint8_t;
@@ -74,7 +79,8 @@ enum class GemmPath : uint8_t { kLt, kCublas };
 
 class CublasGemm {
   public:
-    explicit CublasGemm(GemmPath path = GemmPath::kLt);
+    // debug: the fp32 products' math (fp32 or TF32) and the GELU fusion (BackendOptions::cuda).
+    explicit CublasGemm(const CudaDebugOptions& debug, GemmPath path = GemmPath::kLt);
     ~CublasGemm();
     CublasGemm(const CublasGemm&) = delete;
     CublasGemm& operator=(const CublasGemm&) = delete;

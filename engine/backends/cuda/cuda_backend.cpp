@@ -25,6 +25,7 @@
 #include "engine/backends/cuda/kernels/residual.cuh"
 #include "engine/backends/cuda/kernels/sum_squares.cuh"
 #include "engine/core/check.h"
+#include "engine/core/switches.h"
 #include "memory/arena_memory.h"
 
 namespace ms {
@@ -171,9 +172,10 @@ class ManagedArenaMemory final : public ArenaMemory {
 }  // namespace
 #endif
 
-CudaBackend::CudaBackend(const BackendOptions& options) {
+CudaBackend::CudaBackend(const BackendOptions& options) : debug_(options.cuda) {
     MS_CHECK(options.kind == BackendKind::kCUDA, "CudaBackend built for backend kind {}",
              static_cast<int>(options.kind));
+    switches();  // refuses the retired MS_CUDA_* variables, which debug_ replaces, if nothing read them before
 #if defined(MS_CUDA_RUNTIME)
     // The device first: every later CUDA call of this process (stream, scratch, arena) then lands on it.
     int count = 0;
@@ -201,7 +203,7 @@ CudaBackend::CudaBackend(const BackendOptions& options) {
                                prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
     device_memory_ = {prop.totalGlobalMem, count};
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    gemm_ = {new cuda::CublasGemm(), [](cuda::CublasGemm* g) { delete g; }};
+    gemm_ = {new cuda::CublasGemm(debug_), [](cuda::CublasGemm* g) { delete g; }};
 #else
     device_name_ = "the CPU emulation of the CUDA kernels";
 #endif
@@ -491,6 +493,13 @@ AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor
             static_cast<int>(HS)};
 }
 
+// The launchers' kernels for the config's debug.cuda_attention and debug.cuda_attention_bwd.
+cuda::AttentionKernels attention_kernels(const CudaDebugOptions& o) {
+    if (o.attention == CudaAttention::kScalar) return cuda::AttentionKernels::kScalar;
+    return o.attention_backward == CudaAttentionBackward::kSplit ? cuda::AttentionKernels::kTensorCoresSplitBackward
+                                                                 : cuda::AttentionKernels::kTensorCores;
+}
+
 }  // namespace
 
 void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
@@ -498,7 +507,8 @@ void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
     const DType D = activation_dtype(a.qkv, "attention", "qkv");
     check_d(a.out, D, "attention", "out");
     dispatch(D, [&]<class T>(T) {
-        cuda::attention_forward(a.out.as<T>(), a.lse.f32(), a.qkv.as<T>(), d.B, d.T, d.NH, d.HS, stream_);
+        cuda::attention_forward(a.out.as<T>(), a.lse.f32(), a.qkv.as<T>(), d.B, d.T, d.NH, d.HS, stream_,
+                                attention_kernels(debug_));
     });
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -512,10 +522,11 @@ void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
     check_d(a.out, D, "attention", "out");
     check_d(a.dqkv, D, "attention", "dqkv");
     dispatch(D, [&]<class T>(T) {
-        const size_t bytes = cuda::attention_backward_scratch_bytes<T>(d.B, d.T, d.NH, d.HS);
+        const cuda::AttentionKernels kernels = attention_kernels(debug_);
+        const size_t bytes = cuda::attention_backward_scratch_bytes<T>(d.B, d.T, d.NH, d.HS, kernels);
         void* scratch = bytes > 0 ? attention_scratch_.reserve(bytes) : nullptr;
         cuda::attention_backward(a.dqkv.as<T>(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(), a.lse.f32(), scratch,
-                                 d.B, d.T, d.NH, d.HS, stream_);
+                                 d.B, d.T, d.NH, d.HS, stream_, kernels);
     });
     MS_CUDA_LAUNCH_CHECK();
 }

@@ -108,6 +108,7 @@ class CudaBackend final : public Backend {
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
     DeviceScratch attention_scratch_;    // (attention_backward_scratch_bytes) fused backward: fp32 dQ, semaphores
+    CudaDebugOptions debug_;             // the config's debug.cuda_* (BackendOptions::cuda)
     // The matmuls on a GPU (cublas_gemm.h): the cuBLASLt handle, its workspace and the per-shape plan cache, with
     // the cuBLAS fallback. Null in the emulation, which has no cuBLAS; the deleter is a function pointer so that the
     // emulation build needs no CublasGemm destructor.

@@ -18,17 +18,15 @@ Rows past T (the last tile's tail) read row T-1 (keeping every softmax row non-e
 Dispatch: bf16 / fp16 with HS in {16, 32, 48, 64} (and 16-byte aligned tensors) run the tensor-core kernels of
 attention_tc.cu, which compute the same equations with bf16 / fp16 mma operands (P and dS rounded to the storage
 type before their products); fp32, and every other HS, run the scalar kernels below (fp32 math from shared memory:
-16 x 16 tiles, slow, the spec). MS_CUDA_ATTENTION=scalar sends bf16 / fp16 to the scalar kernels too: on a GPU, it
-tells a tensor-core kernel fault from one elsewhere without a rebuild (read at every launch; any other value, or
-none, keeps the dispatch above). The tensor-core backward is fused (one kernel, dQ added in a fixed order through
-scratch) when the caller passes scratch, split (two kernels, no scratch) otherwise or under MS_CUDA_ATTENTION_BWD=split
-(read once, at the first backward; =fused is the default, any other value aborts).
+16 x 16 tiles, slow, the spec). AttentionKernels::kScalar (the config's debug.cuda_attention: scalar) sends bf16 /
+fp16 to the scalar kernels too: on a GPU, it tells a tensor-core kernel fault from one elsewhere. The tensor-core
+backward is fused (one kernel, dQ added in a fixed order through scratch) when the caller passes scratch, split (two
+kernels, no scratch) otherwise or under AttentionKernels::kTensorCoresSplitBackward (debug.cuda_attention_bwd:
+split).
 Accumulation contract: out and lse are overwritten; dqkv is overwritten (every element of it, Q, K and V columns).
 */
 #include "engine/backends/cuda/kernels/attention.cuh"
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
@@ -243,21 +241,13 @@ void check_shape(int B, int T, int NH, int HS) {
     MS_ASSERT(B <= 65535 && NH <= 65535, "attention: B = %d or NH = %d is over the grid's y/z limit of 65535", B, NH);
 }
 
-// The tensor-core path, unless MS_CUDA_ATTENTION=scalar asks for the scalar kernels (header).
-bool tensor_cores_allowed() {
-    const char* v = std::getenv("MS_CUDA_ATTENTION");
-    return v == nullptr || std::strcmp(v, "scalar") != 0;
-}
+// The tensor-core path, unless the caller asks for the scalar kernels (header).
+bool tensor_cores_allowed(AttentionKernels kernels) { return kernels != AttentionKernels::kScalar; }
 
-// The tensor-core backward given scratch: MS_CUDA_ATTENTION_BWD, read once (header).
-AttentionTcBackward tc_backward_kind() {
-    static const AttentionTcBackward kind = [] {
-        const char* v = std::getenv("MS_CUDA_ATTENTION_BWD");
-        if (v == nullptr || *v == '\0' || std::strcmp(v, "fused") == 0) return AttentionTcBackward::kFused;
-        MS_ASSERT(std::strcmp(v, "split") == 0, "MS_CUDA_ATTENTION_BWD=%s: expected split or fused", v);
-        return AttentionTcBackward::kSplit;
-    }();
-    return kind;
+// The tensor-core backward given scratch (header).
+AttentionTcBackward tc_backward_kind(AttentionKernels kernels) {
+    return kernels == AttentionKernels::kTensorCoresSplitBackward ? AttentionTcBackward::kSplit
+                                                                  : AttentionTcBackward::kFused;
 }
 
 }  // namespace
@@ -266,11 +256,12 @@ AttentionTcBackward tc_backward_kind() {
 // kernel launchers
 
 template <class S>
-void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream,
+                       AttentionKernels kernels) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
-        if (tensor_cores_allowed() && attention_tc_eligible(HS, {out, qkv})) {
+        if (tensor_cores_allowed(kernels) && attention_tc_eligible(HS, {out, qkv})) {
             return attention_tc_forward(out, lse, qkv, B, T, NH, HS, stream);
         }
     }
@@ -281,12 +272,12 @@ void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, i
 }
 
 template <class S>
-size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
+size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS, AttentionKernels kernels) {
     if constexpr (std::is_same_v<S, float>) {
         return 0;
     } else {
-        if (!tensor_cores_allowed() || !attention_tc_eligible(HS, {}) ||
-            tc_backward_kind() == AttentionTcBackward::kSplit) {
+        if (!tensor_cores_allowed(kernels) || !attention_tc_eligible(HS, {}) ||
+            tc_backward_kind(kernels) == AttentionTcBackward::kSplit) {
             return 0;
         }
         return attention_tc_backward_scratch_bytes(B, T, NH, HS);
@@ -295,18 +286,19 @@ size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS) {
 
 template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                        int HS, cudaStream_t stream) {
-    attention_backward(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, HS, stream);
+                        int HS, cudaStream_t stream, AttentionKernels kernels) {
+    attention_backward(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, HS, stream, kernels);
 }
 
 template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
-                        int T, int NH, int HS, cudaStream_t stream) {
+                        int T, int NH, int HS, cudaStream_t stream, AttentionKernels kernels) {
     check_shape(B, T, NH, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
-        if (tensor_cores_allowed() && attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
-            const AttentionTcBackward kind = scratch != nullptr ? tc_backward_kind() : AttentionTcBackward::kSplit;
+        if (tensor_cores_allowed(kernels) && attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
+            const AttentionTcBackward kind =
+                scratch != nullptr ? tc_backward_kind(kernels) : AttentionTcBackward::kSplit;
             return attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, kind, stream);
         }
     }
@@ -321,12 +313,12 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
 }
 
 #define MS_INSTANTIATE(S)                                                                                          \
-    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);                    \
+    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t, AttentionKernels);  \
     template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int,        \
-                                        cudaStream_t);                                                             \
+                                        cudaStream_t, AttentionKernels);                                           \
     template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
-                                        cudaStream_t);                                                             \
-    template size_t attention_backward_scratch_bytes<S>(int, int, int, int);
+                                        cudaStream_t, AttentionKernels);                                           \
+    template size_t attention_backward_scratch_bytes<S>(int, int, int, int, AttentionKernels);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
 #undef MS_INSTANTIATE
 
