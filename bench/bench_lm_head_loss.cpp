@@ -3,8 +3,9 @@
 // (N, Vp) logits held) against the fused lm_head_loss (chunks of rows, backend.h), on the fast CPU backend in fp32,
 // at N = 4*64 and N = 8*256 rows, on 1 and 2 OpenMP threads, side by side in one run.
 //   build/bench_lm_head_loss [repeats] [chunk rows to sweep...]
-// Each line: the median ms per call of `repeats` calls after one warm-up, the GFLOP/s of the three GEMMs (6 N C Vp
-// flops), and the logits memory the call holds (unfused: the (N, Vp) logits; fused: its scratch). The chunk rows
+// Each line: the median ms per call of `repeats` calls after one warm-up (the variants interleaved call by call), the
+// GFLOP/s of the three GEMMs (6 N C Vp flops), and the logits memory the call holds (unfused: the (N, Vp) logits;
+// fused: its scratch). The chunk rows
 // given on the command line (default 32 64 128 256) are timed too, at both thread counts, to show the backend's
 // choice (lm_head_loss_chunk_rows) against its neighbours. OPENBLAS_CORETYPE as in bench_ops.cpp.
 #include <cblas.h>
@@ -39,16 +40,24 @@ std::vector<float> filled(int64_t n, float lo, float hi, uint32_t seed) {
 Tensor t(std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor::f32(v.data(), dims); }
 Tensor t(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) { return Tensor::i32(v.data(), dims); }
 
-double median_seconds(int repeats, const std::function<void()>& fn) {
-    fn();
-    std::vector<double> times;
+// Medians of `repeats` timed calls of each variant after one warm-up call each, the variants interleaved call by
+// call, so a change in the machine's load (other jobs on a shared machine) falls on all of them alike.
+std::vector<double> interleaved_medians(int repeats, const std::vector<std::function<void()>>& variants) {
+    for (const auto& fn : variants) fn();
+    std::vector<std::vector<double>> times(variants.size());
     for (int r = 0; r < repeats; ++r) {
-        const double t0 = ms::now_seconds();
-        fn();
-        times.push_back(ms::now_seconds() - t0);
+        for (size_t v = 0; v < variants.size(); ++v) {
+            const double t0 = ms::now_seconds();
+            variants[v]();
+            times[v].push_back(ms::now_seconds() - t0);
+        }
     }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    std::vector<double> medians;
+    for (auto& t : times) {
+        std::sort(t.begin(), t.end());
+        medians.push_back(t[t.size() / 2]);
+    }
+    return medians;
 }
 
 void line(const std::string& what, int threads, int64_t N, double seconds, int64_t logits_bytes) {
@@ -63,7 +72,7 @@ void bench_rows(ms::Backend& be, int64_t N, int repeats, const std::vector<int64
     auto row_max = losses, sum_exp = losses, target_logit = losses;
     std::vector<int32_t> targets(N);
     for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 7919) % V);
-    std::vector<float> logits;  // allocated only while the unfused rows run
+    std::vector<float> logits;  // the unfused ops' (N, Vp) logits
     const auto unfused = [&] {
         be.matmul_forward({.inp = t(lnf, {N, C}), .weight = t(wte, {Vp, C}), .bias = {}, .out = t(logits, {N, Vp})});
         be.cross_entropy_forward({.logits = t(logits, {N, Vp}),
@@ -108,23 +117,30 @@ void bench_rows(ms::Backend& be, int64_t N, int repeats, const std::vector<int64
         };
     };
     const int64_t chosen = ms::lm_head_loss_chunk_rows(ms::BackendKind::kCPU, ms::DType::kF32, N, Vp);
+    std::vector<int64_t> chunks = {chosen};
+    for (int64_t c : sweep) {
+        if (c != chosen && c < N) chunks.push_back(c);
+    }
+    int64_t max_elems = 0;
+    for (int64_t chunk : chunks) {
+        max_elems =
+            std::max(max_elems, ms::lm_head_loss_scratch_elems(ms::BackendKind::kCPU, ms::DType::kF32, N, Vp, chunk));
+    }
+    scratch.assign(static_cast<size_t>(max_elems), 0.0f);
+    logits.assign(static_cast<size_t>(N * Vp), 0.0f);
+    std::vector<std::function<void()>> variants = {unfused};
+    for (int64_t chunk : chunks) variants.push_back(fused(chunk));
     fmt::print("N = {} rows (lm_head_loss_chunk_rows: {}):\n", N, chosen);
     for (const int threads : {1, 2}) {
         omp_set_num_threads(threads);
-        logits.assign(static_cast<size_t>(N * Vp), 0.0f);
-        line("unfused (4 ops)", threads, N, median_seconds(repeats, unfused), N * Vp * 4);
-        logits = {};
-        logits.shrink_to_fit();
-        std::vector<int64_t> chunks = {chosen};
-        for (int64_t c : sweep) {
-            if (c != chosen && c < N) chunks.push_back(c);
-        }
-        for (int64_t chunk : chunks) {
-            const int64_t elems = ms::lm_head_loss_scratch_elems(ms::BackendKind::kCPU, ms::DType::kF32, N, Vp, chunk);
-            scratch.assign(static_cast<size_t>(elems), 0.0f);
+        const std::vector<double> med = interleaved_medians(repeats, variants);
+        line("unfused (4 ops)", threads, N, med[0], N * Vp * 4);
+        for (size_t i = 0; i < chunks.size(); ++i) {
+            const int64_t chunk = chunks[i];
             const std::string what = chunk == chosen ? fmt::format("fused, chunk {} (default)", chunk)
                                                      : fmt::format("fused, chunk {}", chunk);
-            line(what, threads, N, median_seconds(repeats, fused(chunk)), elems * 4);
+            line(what, threads, N, med[i + 1],
+                 ms::lm_head_loss_scratch_elems(ms::BackendKind::kCPU, ms::DType::kF32, N, Vp, chunk) * 4);
         }
     }
 }
