@@ -9,10 +9,11 @@
 // (backends/backend.h's precision contract). With fp32 the two buffers are one. Names are
 // Hugging Face GPT-2's (`wte.weight`, `h.3.attn.c_attn.weight`, ...) but weights are stored in Linear
 // orientation (out_features, in_features); HF's Conv1D stores the transpose. c_attn's rows are [Q | K | V],
-// each block head-major. Activations for up to `max_batch` sequences are allocated once at construction, laid out
-// by a static plan (engine/model/gpt_activations.h): one block per activation slot and one scratch block shared by
-// the slots; buffers whose lifetimes do not overlap share memory. With Options::arena every block (and owned
-// parameters and gradients) is a named allocation of that arena; without one, each is its own HostBuffer.
+// each block head-major. forward() and backward() run the chunk's op graph (engine/model/gpt_graph.h: built,
+// differentiated, fused and compiled once per batch shape); activations for up to `max_batch` sequences are
+// allocated once at construction, laid out by the graph's memory plan: one block per activation slot and one scratch
+// block shared by the slots; tensors whose lifetimes do not overlap share memory. With Options::arena every block
+// (and owned parameters and gradients) is a named allocation of that arena; without one, each is its own HostBuffer.
 //
 // Tensor parallelism (Megatron, docs/design.md §5) over the `tp` communicator (size 1: every collective is a no-op):
 //   wte                      vocab-parallel rows (Vp/tp each); embedding and cross-entropy reduce over tp
@@ -43,7 +44,7 @@
 
 namespace ms {
 
-struct GptBuffer;  // engine/model/gpt_activations.h
+class GptProgram;  // engine/model/gpt_graph.h
 
 struct GptShape {
     int L = 12;      // layers
@@ -200,30 +201,21 @@ class Gpt {
         o.flat_capacity = flat_capacity;
         return o;
     }
-    struct Activations;
-    static void bind(Activations& a, const GptBuffer& buf, std::byte* p);
     GptShape shape_;
     Backend& backend_;
     Communicator& tp_;
-    int64_t C_local_, F_local_, NH_local_, Vp_local_;  // this TP rank's share of C (attention), F, NH, Vp
-    int max_batch_;
     GptPart part_;
     std::vector<ParamInfo> table_;
-    int wte_ = -1, wpe_ = -1, first_layer_param_ = 0, ln_f_ = -1;  // table indices (-1: not held)
-    bool sp_ = false;                                              // sequence parallelism (with tp > 1)
-    std::vector<int> layernorm_params_;  // table indices summed over tp after the backward when sp_
+    bool sp_ = false;  // sequence parallelism (with tp > 1)
     int64_t num_params_ = 0;
     DType dtype_ = DType::kF32;
     MemoryBlock params_;                    // (flat) when owned
     MemoryBlock weights_;                   // (flat, dtype_) when owned and dtype_ is not fp32
     MemoryBlock grads_;                     // (flat) when owned
-    std::vector<MemoryBlock> slot_blocks_;  // (num_slots) the slots' buffers, laid out by the activation plan
-    MemoryBlock scratch_block_;             // forward/backward scratch shared by the slots
     float* params_ptr_ = nullptr;
     float* grads_ptr_ = nullptr;
     void* weights_ptr_ = nullptr;
-    std::vector<std::unique_ptr<Activations>> slots_;
-    int B_ = 0, T_ = 0;  // shape of the last forward
+    std::unique_ptr<GptProgram> program_;  // the activations and the compiled forward and backward
 };
 
 }  // namespace ms

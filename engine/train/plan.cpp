@@ -9,7 +9,7 @@
 #include "engine/core/check.h"
 #include "engine/core/log.h"
 #include "engine/data/dataset.h"
-#include "engine/model/gpt_activations.h"
+#include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/parallel/topology.h"
 #include "engine/train/pipeline.h"
@@ -143,11 +143,13 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             const ChunkParams chunk = chunk_params(shape, p.tp, part);
             st.params += chunk.params;
             flat = align_up(flat + chunk.flat, kAlign);
-            const GptActivationLayout act =
-                plan_gpt_activation_layout(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
-            st.slot_bytes.push_back(act.slot_bytes());
-            st.scratch_bytes.push_back(act.scratch_bytes());
-            st.activation_bytes += act.bytes(st.slots[static_cast<size_t>(c)]);
+            const graph::MemoryPlan act =
+                plan_gpt_memory(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
+            const auto slot = static_cast<int64_t>(act.slot_bytes());
+            const auto scratch = static_cast<int64_t>(act.scratch_bytes());
+            st.slot_bytes.push_back(slot);
+            st.scratch_bytes.push_back(scratch);
+            st.activation_bytes += slot * st.slots[static_cast<size_t>(c)] + scratch;
         }
         st.padded = padded_flat_size(flat, p.dp);
         st.param_bytes = st.grad_bytes = 4 * st.padded;

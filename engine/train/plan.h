@@ -9,8 +9,9 @@
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
 //   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C activations, or
 //                          B*T*C/tp with sequence parallelism); zero_stage 1's reduce-scatter works in place
-//   activations            per local chunk, plan_gpt_activation_layout(): slot bytes times the chunk's slots (the
-//                          peak of its micro-batches in flight in the stage's schedule) plus one scratch block
+//   activations            per local chunk, plan_gpt_memory(), the op graph's plan: slot bytes times the chunk's
+//                          slots (the peak of its micro-batches in flight in the stage's schedule) plus one scratch
+//                          block
 // Not in the arena, so not here: token buffers (B*T int32 each) and small per-call bookkeeping. The MPI
 // communicator holds no buffers (mpi_communicator.h).
 #pragma once

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -17,7 +18,7 @@
 #include "comm/self_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/model/gpt.h"
-#include "engine/model/gpt_activations.h"
+#include "engine/model/gpt_graph.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
 #include "memory/arena.h"
@@ -151,7 +152,7 @@ class ChildAddressSpaceLimit {
     rlimit saved_{};
 };
 
-// A billion layers: the plan is arithmetic on closed-form sizes (plan_gpt_activation_layout, the parameter table's
+// A billion layers: the plan is arithmetic on closed-form sizes (plan_gpt_memory's two levels, the parameter table's
 // per-layer step), so it prints in a moment within 3 GiB (it used to build every layer's tables and die of
 // std::bad_alloc), and train refuses it with the memory table before building anything per layer.
 TEST(PlanE2E, ABillionLayersArePlannedAndRefusedByArithmetic) {
@@ -195,91 +196,121 @@ ms::GptShape hand_shape() {
     return s;
 }
 
-// Activation bytes by hand. Since the static activation plan (engine/model/gpt_activations.h) a chunk holds one
-// block per slot plus one scratch block shared by its slots (before: everything per slot), and holds only what its
-// part uses (dout without the head, dinp without the embedding, tokens, targets and the head's buffers where used).
+// Activation bytes by hand. A chunk holds one block per slot plus one scratch block shared by its slots, laid out by
+// its op graph's liveness (engine/graph/memory_plan.h), and holds only what its part uses (tokens, targets and the
+// head's tensors where used, the received output gradient without the head).
 TEST(PlanArithmetic, ActivationBytesByHand) {
     const ms::GptShape s = hand_shape();
     auto plan = [&](ms::GptPart part, int tp, int B, bool sp = false) {
-        return ms::plan_gpt_activations(s, part, tp, B, sp);
+        return ms::plan_gpt_memory(s, part, tp, B, sp, ms::DType::kF32);
     };
     // Elements, each rounded up to 16; N = 4, C = 8. tp 1 (C/tp 8, NH/tp 2, F/tp 32, Vp/tp 16):
-    //   layer: ln1 32, mean 16, rstd 16, qkv 96, atty 32, lse 16, res2 32, ln2 32, mean 16, rstd 16, fch 128,
-    //          fch_gelu 128, res3 32
-    //   slot:  encoded 32, lnf 32, mean 16, rstd 16, logits 64, losses 16, row_max 16, sum_exp 16, tokens 16,
+    //   layer: ln_1 32, mean 16, rstd 16, qkv 96, atty 32, lse 16, res2 32, ln_2 32, mean 16, rstd 16, fch 128,
+    //          fch_gelu 128, res3 32: all kept from the forward to the backward, side by side
+    //   slot:  encoded 32, ln_f 32, mean 16, rstd 16, logits 64, losses 16, row_max 16, ce_sums 16, tokens 16,
     //          targets 16 -- all live at the cross-entropy backward, so the slot is their sum
     const int64_t layer1 = 32 + 16 + 16 + 96 + 32 + 16 + 32 + 32 + 16 + 16 + 128 + 128 + 32;
     const int64_t rest1 = 32 + 32 + 16 + 16 + 64 + 16 + 16 + 16 + 16 + 16;
-    // scratch: dres 32 and dln 32 live through the backward, beside either dfch 128 (MLP) or datty 32 + dqkv 96
-    // (attention); proj_out (forward) and dloss (before dres and dln) reuse that memory
-    const int64_t scratch1 = 32 + 32 + 128;
+    // scratch: the residual stream's gradient d.output 32 lives through the layers' backward, beside the layer's
+    // backward scratch: d.fch 128 then d.ln_2 32 (MLP), or d.atty 32 + d.qkv 96 then d.ln_1 (attention); the
+    // forward's c_proj partial sums, dloss and d.ln_f reuse that memory
+    const int64_t scratch1 = 32 + 128 + 32;
     const auto whole = plan({}, 1, 1);
-    EXPECT_EQ(whole.slot_bytes(), 4 * (layer1 + rest1));
-    EXPECT_EQ(whole.scratch_bytes(), 4 * scratch1);
-    EXPECT_EQ(whole.bytes(3), 4 * (3 * (layer1 + rest1) + scratch1));
-    // without the head: no lnf, stats, logits, losses, targets (-192), but dout 32 for the received gradient
+    EXPECT_EQ(whole.layer_slot_bytes, static_cast<size_t>(4 * layer1));
+    EXPECT_EQ(whole.slot_bytes(), static_cast<size_t>(4 * (layer1 + rest1)));
+    EXPECT_EQ(whole.scratch_bytes(), static_cast<size_t>(4 * scratch1));
+    // without the head: no ln_f, stats, logits, losses, targets, but dout 32 for the received gradient, which the
+    // backward then accumulates into in place (it is the residual stream's gradient: no d.output in the scratch)
     const auto no_head = plan({0, 1, true, false}, 1, 1);
-    EXPECT_EQ(no_head.slot_bytes(), 4 * (layer1 + 32 + 16 + 32));
-    EXPECT_EQ(no_head.scratch_bytes(), 4 * scratch1);
+    EXPECT_EQ(no_head.slot_bytes(), static_cast<size_t>(4 * (layer1 + 32 + 16 + 32)));
+    EXPECT_EQ(no_head.scratch_bytes(), static_cast<size_t>(4 * (128 + 32)));
     // tp 2 (C/tp 4, NH/tp 1, F/tp 16, Vp/tp 8): qkv 48, atty 16, lse 16, fch 64, fch_gelu 64; logits 32;
-    // scratch dres 32 + dln 32 + max(dfch 64, datty 16 + dqkv 48)
+    // scratch d.output 32 + max(d.fch 64 + d.ln_2 32, d.atty 16 + d.qkv 48 + d.ln_1 32)
     const int64_t layer2 = 32 + 16 + 16 + 48 + 16 + 16 + 32 + 32 + 16 + 16 + 64 + 64 + 32;
     const int64_t rest2 = 32 + 32 + 16 + 16 + 32 + 16 + 16 + 16 + 16 + 16;
-    EXPECT_EQ(plan({}, 2, 1).slot_bytes(), 4 * (layer2 + rest2));
-    EXPECT_EQ(plan({}, 2, 1).scratch_bytes(), 4 * (32 + 32 + 64));
-    // sequence parallelism at tp 2: the residual stream holds N/2 rows (res2, res3, encoded: 16 each); scratch dres
-    // 16, sp_local 16 and sp_full 32 live throughout: 16 + 32 (dln) + 64 + 16 + 32
+    EXPECT_EQ(plan({}, 2, 1).slot_bytes(), static_cast<size_t>(4 * (layer2 + rest2)));
+    EXPECT_EQ(plan({}, 2, 1).scratch_bytes(), static_cast<size_t>(4 * (32 + 96)));
+    // sequence parallelism at tp 2: the residual stream holds N/2 rows (res2, res3, encoded: 16 each) and so do the
+    // LayerNorm statistics (2 values, still 16 after rounding); the LayerNorms' outputs are gathered to all rows
+    // (ln_1, ln_2, ln_f: 32, their local halves scratch). Scratch: d.output 16 rows beside the layer backward's
+    // largest moment, d.fch 64 + the gathered gradient of the MLP's output 32
     const int64_t layer2_sp = layer2 - 2 * 16;
     const int64_t rest2_sp = rest2 - 16;
-    EXPECT_EQ(plan({}, 2, 1, true).slot_bytes(), 4 * (layer2_sp + rest2_sp));
-    EXPECT_EQ(plan({}, 2, 1, true).scratch_bytes(), 4 * (16 + 32 + 64 + 16 + 32));
-    // micro batch 4: N = 16, every buffer a multiple of 16 already
+    EXPECT_EQ(plan({}, 2, 1, true).slot_bytes(), static_cast<size_t>(4 * (layer2_sp + rest2_sp)));
+    EXPECT_EQ(plan({}, 2, 1, true).scratch_bytes(), static_cast<size_t>(4 * (16 + 64 + 32)));
+    // micro batch 4: N = 16, every tensor a multiple of 16 already
     const auto mb4 = plan({}, 1, 4);
-    EXPECT_EQ(
-        mb4.slot_bytes(),
-        4 * 16 * ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) + (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1)));
-    EXPECT_EQ(mb4.scratch_bytes(), 4 * 16 * (8 + 8 + 32));
+    EXPECT_EQ(mb4.slot_bytes(),
+              static_cast<size_t>(4 * 16 *
+                                  ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) +
+                                   (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1))));
+    EXPECT_EQ(mb4.scratch_bytes(), static_cast<size_t>(4 * 16 * (8 + 32 + 8)));
 }
 
 // Planning a chunk costs the same for any layer count (memory/planner.h packs its n requests in O(n^2), and a layer
-// has 16 buffers): the layout places a few dozen requests, the layers standing as one block, and its bytes are the
-// hand-computed ones of ActivationBytesByHand with the layer part times L.
-TEST(PlanArithmetic, TheLayoutHasTheSameRequestsForAnyLayerCount) {
+// has 20 tensors): the plan is made from the chunk's first two layers, the layers standing as one block, and its
+// bytes are the hand-computed ones of ActivationBytesByHand with the layer part times L.
+TEST(PlanArithmetic, ThePlanHasTheSameRequestsForAnyLayerCount) {
     ms::GptShape s = hand_shape();
-    const ms::GptActivationLayout one = ms::plan_gpt_activation_layout(s, {}, 1, 1, false);
+    s.L = 2;
+    const ms::graph::MemoryPlan two = ms::plan_gpt_memory(s, {}, 1, 1, false, ms::DType::kF32);
     const int64_t layer = 32 + 16 + 16 + 96 + 32 + 16 + 32 + 32 + 16 + 16 + 128 + 128 + 32;
     const int64_t rest = 32 + 32 + 16 + 16 + 64 + 16 + 16 + 16 + 16 + 16;
     for (const int L : {2, 1000, 1000000000}) {
         s.L = L;
-        const ms::GptActivationLayout many = ms::plan_gpt_activation_layout(s, {}, 1, 1, false);
-        EXPECT_EQ(many.slot_requests.size(), one.slot_requests.size()) << L;
-        EXPECT_EQ(many.scratch_requests.size(), one.scratch_requests.size()) << L;
-        EXPECT_EQ(many.layer_slot_requests.size(), one.layer_slot_requests.size()) << L;
-        EXPECT_EQ(many.layer_scratch_requests.size(), one.layer_scratch_requests.size()) << L;
-        EXPECT_EQ(many.slot_bytes(), 4 * (L * layer + rest)) << L;
-        EXPECT_EQ(many.scratch_bytes(), one.scratch_bytes()) << L;
+        const ms::graph::MemoryPlan many = ms::plan_gpt_memory(s, {}, 1, 1, false, ms::DType::kF32);
+        EXPECT_EQ(many.slot_requests.size(), two.slot_requests.size()) << L;
+        EXPECT_EQ(many.scratch_requests.size(), two.scratch_requests.size()) << L;
+        EXPECT_EQ(many.layer_places.size(), two.layer_places.size()) << L;
+        EXPECT_EQ(many.slot_bytes(), static_cast<size_t>(4 * (L * layer + rest))) << L;
+        EXPECT_EQ(many.scratch_bytes(), two.scratch_bytes()) << L;
     }
 }
 
-// The two-level layout against every buffer's exact lifetime in the op sequence walked over all layers: no two
-// buffers live at the same op overlap, for every kind of chunk, tensor and sequence parallelism and 16-bit activations.
-TEST(PlanArithmetic, TheLayoutIsValidForEveryBufferOfEveryLayer) {
+// The two-level plan against every tensor's exact lifetime in the whole graph of a 5-layer chunk: no two tensors
+// live at the same op overlap, for every kind of chunk, tensor and sequence parallelism and 16-bit activations.
+TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
     ms::GptShape s = hand_shape();
     s.L = 5;
     const ms::GptPart parts[] = {{}, {0, 2, true, false}, {2, 2, false, false}, {3, 2, false, true}};
     for (const ms::GptPart& part : parts) {
         for (const bool sp : {false, true}) {
             for (const ms::DType act : {ms::DType::kF32, ms::DType::kBF16}) {
-                const auto plan = ms::plan_gpt_activations(s, part, 2, 3, sp, act);
-                const auto layout = ms::plan_gpt_activation_layout(s, part, 2, 3, sp, act);
                 const std::string where = "part " + std::to_string(part.first_layer) + (sp ? " sp" : "");
-                EXPECT_EQ(ms::find_plan_violation(plan.slot_requests, plan.slot, ms::kGptActivationAlign), std::nullopt)
-                    << where;
-                EXPECT_EQ(ms::find_plan_violation(plan.scratch_requests, plan.scratch, ms::kGptActivationAlign),
-                          std::nullopt)
-                    << where;
-                EXPECT_EQ(plan.slot_bytes(), layout.slot_bytes()) << where;
-                EXPECT_EQ(plan.scratch_bytes(), layout.scratch_bytes()) << where;
+                const ms::GptGraphSpec spec{
+                    .shape = s, .part = part, .tp_size = 2, .sequence_parallel = sp, .act = act, .B = 3, .T = 4};
+                const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s, 2, part)).g;
+                const ms::graph::MemoryPlan plan = ms::plan_gpt_memory(s, part, 2, 3, sp, act);
+                for (const ms::graph::MemGroup group : {ms::graph::MemGroup::kSlot, ms::graph::MemGroup::kScratch}) {
+                    std::vector<ms::BufferRequest> requests;
+                    ms::Plan placed;
+                    for (size_t t = 0; t < g.tensors.size(); ++t) {
+                        const auto id = static_cast<ms::graph::TensorId>(t);
+                        const ms::graph::MemoryPlan::Place p = plan.place(g, id);
+                        if (p.group != group) continue;
+                        int first = INT_MAX, last = -1;
+                        for (size_t i = 0; i < g.nodes.size(); ++i) {
+                            const auto& n = g.nodes[i];
+                            const bool touches = std::find(n.in.begin(), n.in.end(), id) != n.in.end() ||
+                                                 std::find(n.out.begin(), n.out.end(), id) != n.out.end();
+                            if (!touches) continue;
+                            first = std::min(first, static_cast<int>(i));
+                            last = std::max(last, static_cast<int>(i));
+                        }
+                        // the host writes inputs before the first op and reads outputs after the last
+                        const ms::graph::Role role = g.tensors[t].role;
+                        if (role == ms::graph::Role::kInput) first = 0;
+                        if (role == ms::graph::Role::kOutput || role == ms::graph::Role::kGradInput)
+                            last = static_cast<int>(g.nodes.size());
+                        requests.push_back({g.tensors[t].name, static_cast<size_t>(g.tensors[t].bytes()), first, last,
+                                            -1});
+                        placed.offsets.push_back(p.offset);
+                    }
+                    placed.total_bytes =
+                        group == ms::graph::MemGroup::kSlot ? plan.slot_bytes() : plan.scratch_bytes();
+                    EXPECT_EQ(ms::find_plan_violation(requests, placed, ms::graph::kMemoryAlign), std::nullopt)
+                        << where;
+                }
             }
         }
     }
@@ -306,9 +337,9 @@ TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
         ms::Gpt::Options o;
         o.max_batch = B, o.part = part, o.num_slots = slots, o.arena = &arena;
         ms::Gpt model(s, *backend, tp, o);
-        const auto plan = ms::plan_gpt_activations(s, part, 1, B, false);
-        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kActivation), static_cast<size_t>(slots * plan.slot_bytes()));
-        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kWorkspace), static_cast<size_t>(plan.scratch_bytes()));
+        const auto plan = ms::plan_gpt_memory(s, part, 1, B, false, ms::DType::kF32);
+        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kActivation), slots * plan.slot_bytes());
+        EXPECT_EQ(arena.live_bytes(ms::MemCategory::kWorkspace), plan.scratch_bytes());
         EXPECT_EQ(arena.live_bytes(ms::MemCategory::kParameter), static_cast<size_t>(model.flat_size()) * 4);
     }
 }

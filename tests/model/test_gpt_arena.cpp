@@ -2,7 +2,7 @@
 // of the trainer's guard that nothing is allocated inside a step (a frozen arena's allocate() aborts the process).
 //
 // Two micro-batches run the way a pipeline schedule interleaves them (forward 0, forward 1, backward 0,
-// backward 1) in two activation slots that share one scratch block (engine/model/gpt_activations.h); the same
+// backward 1) in two activation slots that share one scratch block (engine/graph/memory_plan.h); the same
 // steps run one micro-batch at a time on a model and optimizer with HostBuffers. Losses, gradient norms and
 // parameters after two steps must be bit-identical: the statically planned memory sharing (scratch across slots,
 // buffers with disjoint lifetimes inside a slot) loses nothing an in-flight micro-batch still needs.
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "comm/self_communicator.h"
-#include "engine/model/gpt_activations.h"
+#include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "memory/arena.h"
 #include "tests/model/gpt_test_util.h"
@@ -54,9 +54,9 @@ TEST(GptArena, FrozenInterleavedStepsAllocateNothingAndMatchHostBuffers) {
     Arena arena(size_t{8} << 20, 256, 0, BlockFit::kPacked);
     Trainee on_arena = make_trainee(s, *backend, dp, mp, B, kMicroBatches, &arena);
     Trainee on_host = make_trainee(s, *backend, dp, mp, B, 1, nullptr);
-    const GptActivationPlan plan = plan_gpt_activations(s, GptPart{}, 1, B, false);
-    EXPECT_EQ(arena.live_bytes(MemCategory::kActivation), static_cast<size_t>(kMicroBatches * plan.slot_bytes()));
-    EXPECT_EQ(arena.live_bytes(MemCategory::kWorkspace), static_cast<size_t>(plan.scratch_bytes()));
+    const graph::MemoryPlan plan = plan_gpt_memory(s, GptPart{}, 1, B, false, DType::kF32);
+    EXPECT_EQ(arena.live_bytes(MemCategory::kActivation), kMicroBatches * plan.slot_bytes());
+    EXPECT_EQ(arena.live_bytes(MemCategory::kWorkspace), plan.scratch_bytes());
     EXPECT_EQ(arena.live_bytes(MemCategory::kOptimizer), 2 * arena.live_bytes(MemCategory::kParameter));
     const BuddyStats before = arena.stats();
 

@@ -13,7 +13,7 @@
 
 #include "engine/backends/cuda/cuda_backend.h"
 #include "engine/core/half.h"
-#include "engine/model/gpt_activations.h"
+#include "engine/model/gpt_graph.h"
 #include "tests/model/gpt_test_util.h"
 
 namespace ms {
@@ -98,23 +98,28 @@ TEST(GptMixed, WeightsAreTheRoundedMasterWeightsAfterInitAndAfterASteps) {
 TEST(GptMixed, ActivationPlanHalvesExactlyThe16BitBuffers) {
     const GptShape s = test::tiny_shape();
     for (bool sp : {false, true}) {
-        const GptActivationPlan a = plan_gpt_activations(s, GptPart{}, 2, 3, sp, DType::kF32);
-        const GptActivationPlan b = plan_gpt_activations(s, GptPart{}, 2, 3, sp, DType::kBF16);
-        ASSERT_EQ(a.buffers.size(), b.buffers.size());
+        GptGraphSpec spec{.shape = s, .tp_size = 2, .sequence_parallel = sp, .B = 3, .T = s.T};
+        const graph::Graph a = build_gpt_graph(spec, gpt_param_table(s, 2)).g;
+        spec.act = DType::kBF16;
+        const graph::Graph b = build_gpt_graph(spec, gpt_param_table(s, 2)).g;
+        ASSERT_EQ(a.tensors.size(), b.tensors.size());
         int halved = 0;
-        for (size_t i = 0; i < a.buffers.size(); ++i) {
-            const GptBuffer& buf = a.buffers[i];
-            const auto& ra = (buf.group == GptBufGroup::kSlot ? a.slot_requests : a.scratch_requests)[buf.request];
-            const auto& rb = (buf.group == GptBufGroup::kSlot ? b.slot_requests : b.scratch_requests)[buf.request];
-            if (gpt_buf_is_activation(buf.id)) {
-                EXPECT_EQ(2 * rb.bytes, ra.bytes) << ra.name;
+        for (size_t i = 0; i < a.tensors.size(); ++i) {
+            const graph::TensorInfo &ta = a.tensors[i], &tb = b.tensors[i];
+            ASSERT_EQ(ta.name, tb.name);
+            if (ta.role == graph::Role::kGradient) {
+                EXPECT_EQ(tb.bytes(), ta.bytes()) << ta.name;  // parameter gradients stay fp32
+            } else if (ta.dtype == DType::kF32 && tb.dtype == DType::kBF16) {
+                EXPECT_EQ(2 * tb.bytes(), ta.bytes()) << ta.name;
                 ++halved;
             } else {
-                EXPECT_EQ(rb.bytes, ra.bytes) << ra.name;  // statistics, tokens, targets stay 4 bytes
+                EXPECT_EQ(tb.bytes(), ta.bytes()) << ta.name;  // statistics, tokens, targets stay 4 bytes
             }
         }
         EXPECT_GT(halved, 0);
-        EXPECT_LT(b.slot_bytes() + b.scratch_bytes(), a.slot_bytes() + a.scratch_bytes());
+        const graph::MemoryPlan pa = plan_gpt_memory(s, GptPart{}, 2, 3, sp, DType::kF32);
+        const graph::MemoryPlan pb = plan_gpt_memory(s, GptPart{}, 2, 3, sp, DType::kBF16);
+        EXPECT_LT(pb.slot_bytes() + pb.scratch_bytes(), pa.slot_bytes() + pa.scratch_bytes());
     }
 }
 
