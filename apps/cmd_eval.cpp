@@ -86,7 +86,7 @@ int run_eval(const EvalArgs& a) {
             return kExitSignal;
         }
         sampler.fill(i * mbs, mbs, tokens.data(), targets.data());
-        total += model.forward(tokens.data(), targets.data(), mbs, T);
+        total += model.forward(tokens.data(), targets.data(), mbs, T, 0, 0.0f);  // no backward follows
     }
     const float loss = total / static_cast<float>(micro_batches);
     const double ppl = std::exp(static_cast<double>(loss));

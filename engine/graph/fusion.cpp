@@ -83,10 +83,68 @@ bool fold_bias_gradient(Graph& g, size_t i, PassReport& r) {
     return false;
 }
 
+// The index of the op that writes t in `phase` (the first), or -1.
+int writer(const Graph& g, TensorId t, OpCode op) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        const Node& n = g.nodes[i];
+        if (n.op == op && std::find(n.out.begin(), n.out.end(), t) != n.out.end()) return static_cast<int>(i);
+    }
+    return -1;
+}
+
+// matmul -> logits, cross_entropy (one call: tp of one), loss; loss_gradient, cross_entropy_backward,
+// matmul_backward of the logits -> loss_gradient, lm_head+cross_entropy in the forward
+void fuse_lm_head_loss(Graph& g, const FuseOptions& o, PassReport& r) {
+    int loss = -1;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        if (g.nodes[i].op == OpCode::kLoss) loss = static_cast<int>(i);
+    if (loss < 0) return;
+    const Node loss_node = g.nodes[static_cast<size_t>(loss)];
+    const TensorId logits = loss_node.in[0], targets = loss_node.in[1], sums = loss_node.in[3];
+    const int ce = writer(g, sums, OpCode::kCrossEntropy), mm = writer(g, logits, OpCode::kMatmul);
+    if (ce < 0 || mm < 0 || g.nodes[static_cast<size_t>(ce)].ce_phase != CrossEntropyPhase::kMaxSumExp) return;
+    int grad = -1, ce_bwd = -1, mm_bwd = -1;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        const Node& n = g.nodes[i];
+        if (n.op == OpCode::kLossGradient) grad = static_cast<int>(i);
+        if (n.op == OpCode::kCrossEntropyBackward && n.in[0] == logits) ce_bwd = static_cast<int>(i);
+        if (n.op == OpCode::kMatmulBackward && n.in[0] == logits) mm_bwd = static_cast<int>(i);
+    }
+    if (grad < 0 || ce_bwd < 0 || mm_bwd < 0) return;
+    const Node& m = g.nodes[static_cast<size_t>(mm)];
+    const Node& mb = g.nodes[static_cast<size_t>(mm_bwd)];
+    if (mb.accumulate != Accumulate::kOverwrite) return;
+    Node dloss = g.nodes[static_cast<size_t>(grad)];
+    dloss.phase = Phase::kForward;
+    const TensorId scratch = g.add_tensor({.name = "lm_head.scratch",
+                                           .shape = {o.lm_head_scratch_elems},
+                                           .dtype = DType::kF32,
+                                           .role = Role::kActivation});
+    Node f = loss_node;
+    f.op = OpCode::kLmHeadLoss;
+    f.label = m.label;
+    f.in = {m.in[0], m.in[1], targets, dloss.out[0]};
+    f.out = {loss_node.out[0], mb.out[0], mb.out[1], scratch};
+    f.chunk_rows = o.lm_head_chunk_rows;
+    f.vocab_start = g.nodes[static_cast<size_t>(ce)].vocab_start;
+    f.vocab_valid = g.nodes[static_cast<size_t>(ce)].vocab_valid;
+    // the fused pair takes the loss's place; the rest goes
+    g.nodes[static_cast<size_t>(loss)] = f;
+    g.nodes.insert(g.nodes.begin() + loss, dloss);
+    std::vector<int> gone = {mm, ce, grad + 1, ce_bwd + 1, mm_bwd + 1};  // indices after the insertion
+    std::sort(gone.rbegin(), gone.rend());
+    for (int i : gone) g.nodes.erase(g.nodes.begin() + i);
+    r.steps.push_back(
+        fmt::format("{}: matmul + cross_entropy + loss, loss_gradient + cross_entropy_backward + matmul_backward -> "
+                    "lm_head+cross_entropy in the forward, {} rows a chunk (the logits are never held)",
+                    f.label, o.lm_head_chunk_rows));
+}
+
 }  // namespace
 
-PassReport fuse(Graph& g) {
+PassReport fuse(Graph& g, const FuseOptions& options) {
     PassReport r{.pass = "fusion", .steps = {}};
+    if (options.lm_head_chunk_rows > 0) fuse_lm_head_loss(g, options, r);
     for (size_t i = 0; i < g.nodes.size(); ++i) {
         // each rule leaves node i fused (or removed); the loop then looks at what follows
         while (fold_bias_gradient(g, i, r)) {

@@ -37,6 +37,8 @@ const char* op_name(OpCode op) {
             return "residual+layernorm";
         case OpCode::kMatmulGelu:
             return "matmul+gelu";
+        case OpCode::kLmHeadLoss:
+            return "lm_head+cross_entropy";
         case OpCode::kEmbeddingBackward:
             return "embedding_backward";
         case OpCode::kLayerNormBackward:

@@ -78,6 +78,9 @@ enum class OpCode : uint8_t {
     // fused forward (fusion.cpp)
     kResidualLayerNorm,  // in: a, b, bias, weight, ln_bias       out: sum, y, mean, rstd
     kMatmulGelu,         // in: x, weight, bias                   out: pre, y = gelu(pre)
+    kLmHeadLoss,  // in: x, weight, targets, [dloss]   out: losses, [dx], [dweight (+=)], scratch   attr: chunk_rows
+                  //   the head's matmul, cross-entropy and (with dloss) their backward, chunk by chunk over the rows
+                  //   (Backend::lm_head_loss); runs in the forward, so dloss is made there too
     // backward
     kEmbeddingBackward,     // in: tokens, dx                     out: dtable, dpos (optional)
     kLayerNormBackward,     // in: dy, x, weight, mean, rstd      out: dx (accumulate), dweight, dbias
@@ -108,6 +111,7 @@ struct Node {
     float eps = 0.0f;
     int64_t B = 0, T = 0, NH = 0;                                // attention: batch, sequence, heads held; embedding: T
     int64_t vocab_start = 0, vocab_valid = 0;                    // embedding, cross-entropy
+    int64_t chunk_rows = 0;                                      // kLmHeadLoss: rows per chunk
     ReduceOp reduce = ReduceOp::kSum;                            // all-reduce
     CrossEntropyPhase ce_phase = CrossEntropyPhase::kMaxSumExp;  // cross-entropy forward
     std::string label = {};  // what the builder called it ("h.3.mlp.c_fc"), for plan --graph and errors

@@ -24,6 +24,18 @@ struct PassReport {
 //                                                       sequence parallelism the sum over all rows, so the bias
 //                                                       needs no tp all-reduce after the step)
 // The bias gradient has no Backend op of its own: a graph that keeps one does not compile (program.h).
-PassReport fuse(Graph& g);
+//
+// With lm_head_chunk_rows > 0, also the LM head with its loss (tensor parallelism of one: Backend::lm_head_loss):
+//   matmul -> logits, cross_entropy, loss; and in the backward loss_gradient, cross_entropy_backward and the
+//   matmul_backward of the logits                    -> loss_gradient and lm_head+cross_entropy in the forward,
+//                                                       chunks of lm_head_chunk_rows rows: the (N, Vp) logits are
+//                                                       never held, and the head's input gradient is kept for the
+//                                                       backward instead. Not bit-identical: the head's weight
+//                                                       gradient is summed chunk by chunk (backend.h).
+struct FuseOptions {
+    int64_t lm_head_chunk_rows = 0;     // 0: leave the LM head unfused
+    int64_t lm_head_scratch_elems = 0;  // fp32 elements of the fused op's scratch
+};
+PassReport fuse(Graph& g, const FuseOptions& options = {});
 
 }  // namespace ms::graph

@@ -163,9 +163,36 @@ Program::Step Compiler::step(const Node& n) {
             float* dloss = static_cast<float*>(address(out(0)));
             const int64_t N = g_.info(out(0)).numel();
             return {label, [=](const RunArgs& r) {
+                        if (r.loss_scale == 0.0f) return;  // a forward no backward follows
                         be->synchronize();  // the previous call's cross-entropy backward may still read it
                         const float d = r.loss_scale / static_cast<float>(N);
                         for (int64_t i = 0; i < N; ++i) dloss[i] = d;
+                    }};
+        }
+        case OpCode::kLmHeadLoss: {
+            const int64_t N = dim(in(0), 0);
+            LmHeadLossArgs a{.lnf = rows(in(0)),
+                             .wte = rows(in(1)),
+                             .targets = view(in(2), {N}),
+                             .dloss = rows(in(3)),
+                             .losses = rows(out(0)),
+                             .dlnf = rows(out(1)),
+                             .dwte = rows(out(2)),
+                             .scratch = rows(out(3)),
+                             .vocab_start = n.vocab_start,
+                             .vocab_valid_local = n.vocab_valid,
+                             .chunk_rows = n.chunk_rows};
+            LmHeadLossArgs forward_only = a;  // what a forward no backward follows computes
+            forward_only.dloss = forward_only.dlnf = forward_only.dwte = Tensor();
+            const float* losses = static_cast<const float*>(address(out(0)));
+            double* total = loss_sum_;
+            MS_CHECK(total != nullptr, "graph program: a loss op needs somewhere to put the loss");
+            return {label, [=](const RunArgs& r) {
+                        be->lm_head_loss(r.loss_scale == 0.0f ? forward_only : a);
+                        be->synchronize();  // the host reads the losses
+                        double sum = 0;
+                        for (int64_t i = 0; i < N; ++i) sum += losses[i];
+                        *total = sum;
                     }};
         }
         case OpCode::kCrossEntropyBackward: {

@@ -27,7 +27,8 @@ struct Bindings {
 struct RunArgs {
     const int32_t* tokens = nullptr;   // (N) for kLoadTokens
     const int32_t* targets = nullptr;  // (N) for kLoadTargets
-    float loss_scale = 1.0f;           // kLossGradient: dloss = loss_scale / N
+    float loss_scale = 1.0f;           // kLossGradient: dloss = loss_scale / N; 0: no backward follows (eval), so
+                                       //   ops that prepare it in the forward (the fused LM head) skip that
 };
 
 class Program {

@@ -32,6 +32,13 @@ Bytes op_bytes(const Graph& g, const Node& n) {
         const bool accumulates = info.role == Role::kGradient || (i == 0 && n.accumulate == Accumulate::kAdd);
         if (accumulates && !in_place) b.read += info.bytes();
     }
+    if (n.op == OpCode::kLmHeadLoss && n.chunk_rows > 0) {
+        // each chunk of rows streams the weight, and with the backward reads and writes its gradient, again
+        const int64_t chunks = (g.info(n.in[0]).shape[0] + n.chunk_rows - 1) / n.chunk_rows;
+        const int64_t w = g.info(n.in[1]).bytes(), dw = n.out[2] == kNoTensor ? 0 : g.info(n.out[2]).bytes();
+        b.read += (chunks - 1) * (w + dw);
+        b.written += (chunks - 1) * dw;
+    }
     return b;
 }
 

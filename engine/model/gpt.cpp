@@ -163,6 +163,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     po.part = part_;
     po.sequence_parallel = sp_;
     po.dtype = dtype_;
+    po.graph = o.graph;
     po.params = params_ptr_;
     po.weights = weights_ptr_;
     po.grads = grads_ptr_;
@@ -219,10 +220,10 @@ int64_t Gpt::activation_elems(int B, int T) const {
 void* Gpt::grad_output(int slot) { return program_->grad_output(slot); }
 const void* Gpt::grad_input(int slot) const { return program_->grad_input(slot); }
 
-float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot) {
-    return program_->forward(tokens, targets, B, T, slot);
+float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale) {
+    return program_->forward(tokens, targets, B, T, slot, loss_scale);
 }
-void Gpt::backward(float loss_scale, int slot) { program_->backward(loss_scale, slot); }
+void Gpt::backward(int slot) { program_->backward(slot); }
 void Gpt::finish_gradients() { program_->finish_gradients(); }
 
 }  // namespace ms

@@ -46,6 +46,14 @@ namespace ms {
 
 class GptProgram;  // engine/model/gpt_graph.h
 
+// Choices that change which ops the graph runs, not what the model is.
+struct GptGraphOptions {
+    BackendKind backend = BackendKind::kCPU;  // picks the fused LM head's chunk size (lm_head_loss_chunk_rows)
+    // model.cross_entropy_loss_fusion: the LM head, its loss and their backward as one chunked op in the forward
+    // (engine/graph/passes.h), where tp is 1 and the chunk computes the loss; otherwise the ops as written.
+    bool lm_head_loss_fusion = false;
+};
+
 struct GptShape {
     int L = 12;      // layers
     int C = 768;     // hidden
@@ -134,10 +142,11 @@ class Gpt {
         // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
         bool sequence_parallel = false;
-        Arena* arena = nullptr;     // where activations (and owned params/grads) come from; nullptr: HostBuffers
-        DType dtype = DType::kF32;  // activations and the weights the ops read: fp32, bf16 or fp16
-        void* weights = nullptr;    // external storage of the 16-bit weights (>= flat_size() elements of dtype), with
-                                    //   external params when dtype is not fp32; unused for fp32
+        Arena* arena = nullptr;      // where activations (and owned params/grads) come from; nullptr: HostBuffers
+        DType dtype = DType::kF32;   // activations and the weights the ops read: fp32, bf16 or fp16
+        GptGraphOptions graph = {};  // the fused LM head (model.cross_entropy_loss_fusion) and the backend it is for
+        void* weights = nullptr;     // external storage of the 16-bit weights (>= flat_size() elements of dtype), with
+                                     //   external params when dtype is not fp32; unused for fp32
     };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
@@ -171,11 +180,14 @@ class Gpt {
     // With targets == nullptr only the logits are computed (returns NaN). Keeps activations in `slot` for backward().
     // A part without the embedding reads its input from input(slot) instead of tokens (which may be null); a part
     // without the head leaves its output in output(slot) and returns NaN (targets may be null).
-    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot = 0);
-    // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=). Must follow forward() on the slot (with
-    // targets for the head). A part without the head starts from grad_output(slot); a part without the embedding
-    // leaves the gradient of its input in grad_input(slot).
-    void backward(float loss_scale, int slot = 0);
+    // loss_scale: what the slot's backward() starts from, d(loss_scale * mean loss) (fp16's loss scaling over the
+    // micro-batches' count), given here because the fused LM head computes its gradients in the forward; 0: no
+    // backward follows (evaluation), which lets the fused head skip them.
+    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot = 0, float loss_scale = 1.0f);
+    // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=), loss_scale being the slot's forward()'s.
+    // Must follow forward() on the slot (with targets for the head). A part without the head starts from
+    // grad_output(slot); a part without the embedding leaves the gradient of its input in grad_input(slot).
+    void backward(int slot = 0);
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
     // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
     void finish_gradients();
@@ -209,9 +221,9 @@ class Gpt {
     bool sp_ = false;  // sequence parallelism (with tp > 1)
     int64_t num_params_ = 0;
     DType dtype_ = DType::kF32;
-    MemoryBlock params_;                    // (flat) when owned
-    MemoryBlock weights_;                   // (flat, dtype_) when owned and dtype_ is not fp32
-    MemoryBlock grads_;                     // (flat) when owned
+    MemoryBlock params_;   // (flat) when owned
+    MemoryBlock weights_;  // (flat, dtype_) when owned and dtype_ is not fp32
+    MemoryBlock grads_;    // (flat) when owned
     float* params_ptr_ = nullptr;
     float* grads_ptr_ = nullptr;
     void* weights_ptr_ = nullptr;

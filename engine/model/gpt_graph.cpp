@@ -213,7 +213,15 @@ GptGraph GptBuilder::build() {
             g_.tensors[static_cast<size_t>(g_.grad_of[static_cast<size_t>(input)])].role = Role::kGradInput;
     }
     GptGraph out{.g = std::move(g_), .fusion = {}};
-    if (s_.fuse) out.fusion = graph::fuse(out.g);
+    if (!s_.fuse) return out;
+    graph::FuseOptions fo;
+    const int64_t Vl = s.Vp / s_.tp_size;
+    if (s_.options.lm_head_loss_fusion && s_.tp_size == 1 && part.head && s_.with_loss) {
+        fo.lm_head_chunk_rows = lm_head_loss_chunk_rows(s_.options.backend, s_.act, N_, Vl);
+        fo.lm_head_scratch_elems =
+            lm_head_loss_scratch_elems(s_.options.backend, s_.act, N_, Vl, fo.lm_head_chunk_rows);
+    }
+    out.fusion = graph::fuse(out.g, fo);
     return out;
 }
 
@@ -225,7 +233,7 @@ GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>&
 }
 
 graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
-                                  bool sequence_parallel, DType act) {
+                                  bool sequence_parallel, DType act, const GptGraphOptions& options) {
     const int num_layers = part.num_layers < 0 ? shape.L - part.first_layer : part.num_layers;
     GptPart first = part;  // the representative graph: the chunk with its first layers (memory_plan.h)
     first.num_layers = std::min(num_layers, 2);
@@ -236,7 +244,8 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
                             .sequence_parallel = sequence_parallel,
                             .act = act,
                             .B = max_batch,
-                            .T = shape.seq()};
+                            .T = shape.seq(),
+                            .options = options};
     const GptGraph g = build_gpt_graph(spec, gpt_param_table(shape, tp_size, first));
     return graph::plan_graph_memory(g.g, part.first_layer, num_layers);
 }
@@ -246,7 +255,7 @@ GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp
     MS_CHECK(o.params != nullptr && o.grads != nullptr && o.weights != nullptr,
              "GptProgram: parameters, weights and gradients are external");
     table_ = gpt_param_table(shape, tp.size(), o.part);
-    plan_ = plan_gpt_memory(shape, o.part, tp.size(), o.max_batch, o.sequence_parallel, o.dtype);
+    plan_ = plan_gpt_memory(shape, o.part, tp.size(), o.max_batch, o.sequence_parallel, o.dtype, o.graph);
     const int num_layers = plan_.num_layers;
     const std::string what = fmt::format("layers {}-{}", o.part.first_layer, o.part.first_layer + num_layers - 1);
     scratch_block_ = MemoryBlock(plan_.scratch_bytes(), o.arena, MemCategory::kWorkspace, what + " scratch");
@@ -254,6 +263,7 @@ GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp
         slot_blocks_.emplace_back(plan_.slot_bytes(), o.arena, MemCategory::kActivation,
                                   fmt::format("{} slot {}", what, i));
     loss_sum_.assign(static_cast<size_t>(o.num_slots), 0.0);
+    loss_scale_.assign(static_cast<size_t>(o.num_slots), 0.0f);
     // the graph of a full micro-batch: names the hand-off tensors, and the step-end tp gradient sums
     full_ = &compiled(o.max_batch, shape.seq(), true);
     if (!o.part.head) {
@@ -277,7 +287,8 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
                       .act = o_.dtype,
                       .B = B,
                       .T = T,
-                      .with_loss = with_loss};
+                      .with_loss = with_loss,
+                      .options = o_.graph};
     entry->graph = build_gpt_graph(spec, table_);
     for (int i = 0; i < o_.num_slots; ++i) {
         const graph::Bindings at{static_cast<std::byte*>(o_.weights), o_.grads,
@@ -291,19 +302,22 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
     return *entry;
 }
 
-float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot) {
+float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale) {
     const bool with_loss = o_.part.head && targets != nullptr;
     const Compiled& c = compiled(B, T, with_loss || !o_.part.head);
     B_ = B;
     T_ = T;
     last_ = &c;
-    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, 1.0f});
+    loss_scale_.at(static_cast<size_t>(slot)) = with_loss || !o_.part.head ? loss_scale : 0.0f;
+    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, loss_scale});
     if (!with_loss) return std::numeric_limits<float>::quiet_NaN();
     return static_cast<float>(loss_sum_[static_cast<size_t>(slot)] / (static_cast<double>(B) * T));
 }
 
-void GptProgram::backward(float loss_scale, int slot) {
-    MS_CHECK(last_ != nullptr, "backward() without a forward()");
+void GptProgram::backward(int slot) {
+    const float loss_scale = loss_scale_.at(static_cast<size_t>(slot));
+    MS_CHECK(last_ != nullptr && loss_scale != 0.0f,
+             "backward() of slot {} without a forward() that prepared it (targets on the head, a loss scale)", slot);
     const Compiled& c = compiled(B_, T_, true);
     c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale});
 }

@@ -32,6 +32,7 @@ struct GptGraphSpec {
     int B = 1, T = 1;       // the micro-batch
     bool with_loss = true;  // the head computes the loss (and the graph its backward); false: logits only
     bool fuse = true;       // run the fusion pass (false: the graph as derived, for plan --graph's comparison)
+    GptGraphOptions options = {};
 };
 
 // The chunk's graph: forward, backward (unless the head is built without the loss) and the fusion pass's report.
@@ -44,7 +45,7 @@ GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>&
 // Where a chunk's activations live, for micro-batches of up to max_batch sequences of shape.seq(): what GptProgram
 // allocates and `plan` reports. Its cost does not grow with the layer count (memory_plan.h).
 graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
-                                  bool sequence_parallel, DType act);
+                                  bool sequence_parallel, DType act, const GptGraphOptions& options = {});
 
 // One chunk run from compiled programs: Gpt's forward/backward contract (gpt.h) over external parameters,
 // weights and gradients, with activations in `num_slots` slot blocks and one scratch block laid out by the graph's
@@ -57,6 +58,7 @@ class GptProgram {
         GptPart part;
         bool sequence_parallel = false;
         DType dtype = DType::kF32;
+        GptGraphOptions graph = {};
         float* params = nullptr;  // fp32 master weights (flat, gpt_param_table layout)
         void* weights = nullptr;  // what the ops read: params itself in fp32, else the 16-bit copy
         float* grads = nullptr;
@@ -64,8 +66,8 @@ class GptProgram {
     };
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
 
-    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot = 0);
-    void backward(float loss_scale, int slot = 0);
+    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale);
+    void backward(int slot);
     void finish_gradients();
     void* input(int slot);
     const void* output(int slot) const;
@@ -92,7 +94,8 @@ class GptProgram {
     graph::MemoryPlan plan_;
     std::vector<MemoryBlock> slot_blocks_;
     MemoryBlock scratch_block_;
-    std::vector<double> loss_sum_;  // per slot
+    std::vector<double> loss_sum_;   // per slot
+    std::vector<float> loss_scale_;  // per slot: its forward's, for its backward (0: none may follow)
     std::map<std::tuple<int, int, bool>, std::unique_ptr<Compiled>> programs_;
     const Compiled* full_ = nullptr;             // the graph of a full micro-batch with the loss
     graph::TensorId output_ = graph::kNoTensor;  // without the head: the last layer's output

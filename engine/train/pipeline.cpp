@@ -85,7 +85,7 @@ int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int 
 
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
-                             Arena* arena, DType dtype)
+                             Arena* arena, DType dtype, const GptGraphOptions& graph)
     : shape_(shape),
       backend_(backend),
       groups_(groups),
@@ -131,6 +131,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.sequence_parallel = sequence_parallel;
         o.arena = arena;
         o.dtype = dtype;
+        o.graph = graph;
         o.weights = static_cast<std::byte*>(weights()) + static_cast<size_t>(bases[static_cast<size_t>(c)]) * es;
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
@@ -236,7 +237,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 const int s = slot_of[c][mb] >= 0 ? slot_of[c][mb] : acquire(c, mb);
                 const bool needs_data = chunk.part().embedding || chunk.part().head;
                 if (needs_data) fill(sampler, first_sample, mb, T);
-                const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, s);
+                const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, s, loss_scale);
                 if (chunk.part().head) loss += l;
                 break;
             }
@@ -251,7 +252,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kBackward: {
                 const int s = slot_of[c][mb];
-                chunk.backward(loss_scale, s);
+                chunk.backward(s);
                 if (chunk.part().embedding) {  // nothing to send: the slot is free now
                     free_slots[c].push_back(s);
                     slot_of[c][mb] = -1;
@@ -295,7 +296,7 @@ std::optional<float> PipelineModel::evaluate(const Sampler& sampler, int64_t mic
             if (k > 0) {
                 receive(chunk.input(0), act, (k - 1) % pp_size, tag(0, k - 1, 0));
             }
-            const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0);
+            const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0, 0.0f);  // no backward
             if (chunk.part().head) total += l;
             if (k < K - 1) post_send(chunk.output(0), act, (k + 1) % pp_size, tag(0, k, 0));
         }

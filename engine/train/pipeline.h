@@ -47,7 +47,7 @@ class PipelineModel {
     // slot blocks, the send buffers (plan.h's StagePlan::allocations() lists the same sequence).
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                   ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
-                  Arena* arena = nullptr, DType dtype = DType::kF32);
+                  Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {});
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }

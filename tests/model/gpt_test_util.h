@@ -84,7 +84,7 @@ inline StepResult train_step(Gpt& model, AdamW& opt, Backend& backend, const int
                              int B, int T, float lr, float clip_grad) {
     model.zero_grads();
     const float loss = model.forward(tokens, targets, B, T);
-    model.backward(1.0f);
+    model.backward();
     const double norm = std::sqrt(backend.sum_squares(Tensor::f32(model.grads(), {flat_size(model)})));
     opt.step(model.params(), model.grads(), lr, clip_coefficient(norm, clip_grad));
     return {loss, norm};

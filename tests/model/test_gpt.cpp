@@ -220,7 +220,7 @@ TEST(Gpt, PaddedVocabRowsStayZero) {
         const auto targets = test::random_tokens(N, s.V, 3, 2);
         model.zero_grads();
         model.forward(tokens.data(), targets.data(), B, s.T);
-        model.backward(1.0f);
+        model.backward();
         for (int64_t i = pad_begin; i < pad_end; ++i)
             ASSERT_EQ(model.grads()[wte.offset + i], 0.0f) << backend->name() << " wte grad element " << i;
     }
@@ -247,8 +247,8 @@ TEST(Gpt, FastAndReferenceBackendsAgree) {
         worst_logits = std::max(worst_logits, rel_max_error(mf.logits(), mr.logits(), N * s.Vp));
         mf.zero_grads();
         mr.zero_grads();
-        mf.backward(1.0f);
-        mr.backward(1.0f);
+        mf.backward();
+        mr.backward();
         for (const ParamInfo& p : mf.params_info()) {
             const double e = rel_max_error(mf.grads() + p.offset, mr.grads() + p.offset, p.numel);
             if (e > worst_grad) worst_grad = e, worst_name = p.name;
@@ -265,7 +265,7 @@ TEST(Gpt, FastAndReferenceBackendsAgree) {
 }
 
 // Gradients accumulate (+=) over micro-batches (backend.h's contract): two micro-batches of one sequence, each
-// backward(1/2), give the gradient of the mean loss over the batch of both.
+// a loss scale of 1/2, give the gradient of the mean loss over the batch of both.
 TEST(Gpt, GradientsAccumulateOverMicroBatches) {
     const GptShape s = test::tiny_shape();
     const int T = s.T;
@@ -279,14 +279,14 @@ TEST(Gpt, GradientsAccumulateOverMicroBatches) {
 
         model.zero_grads();
         const float full_loss = model.forward(tokens.data(), targets.data(), 2, T);
-        model.backward(1.0f);
+        model.backward();
         const std::vector<float> full(model.grads(), model.grads() + n);
 
         model.zero_grads();
         float acc_loss = 0;
         for (int mb = 0; mb < 2; ++mb) {
-            acc_loss += 0.5f * model.forward(tokens.data() + mb * T, targets.data() + mb * T, 1, T);
-            model.backward(0.5f);
+            acc_loss += 0.5f * model.forward(tokens.data() + mb * T, targets.data() + mb * T, 1, T, 0, 0.5f);
+            model.backward();
         }
         double worst = 0;
         for (const ParamInfo& p : model.params_info()) {

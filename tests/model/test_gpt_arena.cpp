@@ -76,12 +76,12 @@ TEST(GptArena, FrozenInterleavedStepsAllocateNothingAndMatchHostBuffers) {
         on_host.model->zero_grads();
         float arena_loss[kMicroBatches], host_loss[kMicroBatches];
         for (int mb = 0; mb < kMicroBatches; ++mb) {
-            arena_loss[mb] = on_arena.model->forward(tok(mb), tgt(mb), B, s.T, mb);
+            arena_loss[mb] = on_arena.model->forward(tok(mb), tgt(mb), B, s.T, mb, scale);
         }
-        for (int mb = 0; mb < kMicroBatches; ++mb) on_arena.model->backward(scale, mb);
+        for (int mb = 0; mb < kMicroBatches; ++mb) on_arena.model->backward(mb);
         for (int mb = 0; mb < kMicroBatches; ++mb) {
-            host_loss[mb] = on_host.model->forward(tok(mb), tgt(mb), B, s.T, 0);
-            on_host.model->backward(scale, 0);
+            host_loss[mb] = on_host.model->forward(tok(mb), tgt(mb), B, s.T, 0, scale);
+            on_host.model->backward(0);
         }
         const OptimizerStepResult ra = on_arena.optimizer->step(1e-3f, 1.0f);
         const OptimizerStepResult rh = on_host.optimizer->step(1e-3f, 1.0f);

@@ -34,7 +34,7 @@ test::StepResult step(Gpt& model, AdamW& opt, Backend& be, const std::vector<int
                       const std::vector<int32_t>& targets, int B, int T) {
     model.zero_grads();
     const float loss = model.forward(tokens.data(), targets.data(), B, T);
-    model.backward(1.0f);
+    model.backward();
     const double norm = std::sqrt(be.sum_squares(Tensor::f32(model.grads(), {test::flat_size(model)})));
     opt.step(model.params(), model.grads(), 1e-3f, clip_coefficient(norm, 1.0f));
     model.refresh_weights();
@@ -198,8 +198,8 @@ TEST(GptMixed, CudaEmulatedMatchesTheCpuInBf16AndFp16) {
         const float loss_c = mc.forward(tokens.data(), targets.data(), B, s.T);
         cuda->synchronize();
         const double logits_err = rel_max_error(logits_of(mc).data(), logits_of(mr).data(), int64_t{B} * s.T * s.Vp);
-        mr.backward(1.0f);
-        mc.backward(1.0f);
+        mr.backward();
+        mc.backward();
         cuda->synchronize();
         double worst_grad = 0;
         for (const ParamInfo& p : mr.params_info())

@@ -236,7 +236,7 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
     const float loss = model.forward(pb.tokens.data(), pb.targets.data(), kB, T);
     const std::vector<float> logits(model.logits(), model.logits() + N * s.Vp);
     model.zero_grads();
-    model.backward(1.0f);
+    model.backward();
 
     // logits: the V real columns of every row (the padded ones are masked and not part of the contract)
     double e_logits = 0, e_logits_x = 0, e_torch_x = 0;
