@@ -17,6 +17,7 @@ size_t align(size_t bytes) { return (bytes + kMemoryAlign - 1) / kMemoryAlign * 
 struct Lifetime {
     int first = INT_MAX, last = -1;
     bool slot = false;
+    bool crosses = false;  // an op of another layer touches it (a layer's output read by the next layer's first op)
 };
 
 std::vector<Lifetime> lifetimes(const Graph& g) {
@@ -31,6 +32,8 @@ std::vector<Lifetime> lifetimes(const Graph& g) {
                 Lifetime& l = life[static_cast<size_t>(t)];
                 l.first = std::min(l.first, step);
                 l.last = std::max(l.last, step);
+                const int layer = g.tensors[static_cast<size_t>(t)].layer;
+                if (layer >= 0 && g.nodes[i].layer != layer) l.crosses = true;
             }
         }
     }
@@ -74,11 +77,12 @@ std::string layer_key(const TensorInfo& t) {
     return t.name.substr(0, at) + "h.*." + t.name.substr(at + prefix.size());
 }
 
-MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers) {
+MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, int leading) {
     const std::vector<Lifetime> life = lifetimes(g);
     MemoryPlan p;
     p.first_layer = first_layer;
     p.num_layers = num_layers;
+    p.leading = std::clamp(leading, 0, num_layers);
     const int forward = g.num_forward();
     // the steps of the layers' forward ops and of their backward ops
     int begin[2] = {INT_MAX, INT_MAX}, end[2] = {-1, -1};
@@ -89,23 +93,50 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers) {
         begin[phase] = std::min(begin[phase], step);
         end[phase] = std::max(end[phase], step);
     }
-    // layer level: the first layer's slot tensors side by side; its scratch tensors of each phase planned
-    std::vector<std::string> scratch_keys[2];
-    for (size_t t = 0; t < g.tensors.size(); ++t) {
-        const TensorInfo& info = g.tensors[t];
-        if (info.layer != first_layer || life[t].last < 0) continue;
-        if (life[t].slot) {
-            p.layer_places[layer_key(info)] = {MemGroup::kSlot, p.layer_slot_bytes};
-            p.layer_slot_bytes += align(static_cast<size_t>(info.bytes()));
-            continue;
+    // layer level, per kind: the representative layer's slot tensors side by side; the scratch tensors of every
+    // kind planned together per phase. A scratch tensor another layer's op touches (the MLP's output, which the next
+    // layer's fused residual+LayerNorm reads) is held over its own layer's whole phase too: then no tensor of any
+    // layer of its kind shares its bytes, whichever layer follows, and the kinds, planned together, stay apart where
+    // the block of one meets the other.
+    const int num_kinds = p.leading < num_layers && p.leading > 0 ? 2 : 1;
+    p.kinds.resize(static_cast<size_t>(num_kinds));
+    std::vector<std::pair<int, std::string>> scratch_keys[2];  // [phase]: (kind, key) per request
+    std::vector<BufferRequest> scratch_requests[2];
+    for (int k = 0; k < num_kinds; ++k) {
+        const int rep = first_layer + k;
+        int range[2][2] = {{INT_MAX, -1}, {INT_MAX, -1}};  // [phase][first, last] steps of the layer's ops
+        for (size_t i = 0; i < g.nodes.size(); ++i) {
+            if (g.nodes[i].layer != rep) continue;
+            const int phase = static_cast<int>(i) < forward ? 0 : 1, step = static_cast<int>(i) + phase;
+            range[phase][0] = std::min(range[phase][0], step);
+            range[phase][1] = std::max(range[phase][1], step);
         }
-        const int phase = life[t].first < forward ? 0 : 1;
-        scratch_keys[phase].push_back(layer_key(info));
-        p.layer_scratch_requests[phase].push_back(
-            BufferRequest{info.name, static_cast<size_t>(info.bytes()), life[t].first, life[t].last, -1});
+        MemoryPlan::LayerKind& kind = p.kinds[static_cast<size_t>(k)];
+        for (size_t t = 0; t < g.tensors.size(); ++t) {
+            const TensorInfo& info = g.tensors[t];
+            if (info.layer != rep || life[t].last < 0) continue;
+            if (life[t].slot) {
+                kind.places[layer_key(info)] = {MemGroup::kSlot, kind.slot_bytes};
+                kind.slot_bytes += align(static_cast<size_t>(info.bytes()));
+                continue;
+            }
+            const int phase = life[t].first < forward ? 0 : 1;
+            int first = life[t].first, last = life[t].last;
+            if (life[t].crosses) {
+                first = std::min(first, range[phase][0]);
+                last = std::max(last, range[phase][1]);
+            }
+            scratch_keys[phase].emplace_back(k, layer_key(info));
+            scratch_requests[phase].push_back(
+                BufferRequest{info.name, static_cast<size_t>(info.bytes()), first, last, -1});
+        }
     }
-    for (int phase = 0; phase < 2; ++phase)
-        p.layer_scratch[phase] = plan_buffers(p.layer_scratch_requests[phase], kMemoryAlign);
+    Plan layer_scratch[2];
+    for (int phase = 0; phase < 2; ++phase) {
+        layer_scratch[phase] = plan_buffers(scratch_requests[phase], kMemoryAlign);
+        p.layer_scratch_requests[phase] = scratch_requests[phase];
+        p.layer_scratch[phase] = layer_scratch[phase];
+    }
     // chunk level
     std::vector<std::string> slot_names, scratch_names;
     for (size_t t = 0; t < g.tensors.size(); ++t) {
@@ -120,14 +151,13 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers) {
     int layers_request = -1, layer_scratch_request[2] = {-1, -1};
     if (num_layers > 0 && end[0] >= 0) {
         layers_request = static_cast<int>(p.slot_requests.size());
-        p.slot_requests.push_back(BufferRequest{"layers", p.layer_slot_bytes * static_cast<size_t>(num_layers),
-                                                begin[0], std::max(end[0], end[1]), -1});
+        p.slot_requests.push_back(
+            BufferRequest{"layers", p.layer_slot_offset(num_layers), begin[0], std::max(end[0], end[1]), -1});
         for (int phase = 0; phase < 2; ++phase) {
             if (end[phase] < 0) continue;
             layer_scratch_request[phase] = static_cast<int>(p.scratch_requests.size());
             p.scratch_requests.push_back(BufferRequest{phase == 0 ? "layer_scratch.forward" : "layer_scratch.backward",
-                                                       p.layer_scratch[phase].total_bytes, begin[phase], end[phase],
-                                                       -1});
+                                                       layer_scratch[phase].total_bytes, begin[phase], end[phase], -1});
         }
     }
     p.slot = plan_buffers(p.slot_requests, kMemoryAlign);
@@ -139,10 +169,19 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers) {
     for (int phase = 0; phase < 2; ++phase) {
         if (layer_scratch_request[phase] < 0) continue;
         const size_t base = p.scratch.offsets[static_cast<size_t>(layer_scratch_request[phase])];
-        for (size_t i = 0; i < scratch_keys[phase].size(); ++i)
-            p.layer_places[scratch_keys[phase][i]] = {MemGroup::kScratch, base + p.layer_scratch[phase].offsets[i]};
+        for (size_t i = 0; i < scratch_keys[phase].size(); ++i) {
+            const auto& [k, key] = scratch_keys[phase][i];
+            p.kinds[static_cast<size_t>(k)].places[key] = {MemGroup::kScratch, base + layer_scratch[phase].offsets[i]};
+        }
     }
     return p;
+}
+
+size_t MemoryPlan::layer_slot_offset(int index) const {
+    if (kinds.empty()) return 0;
+    const size_t first = static_cast<size_t>(std::min(index, leading));
+    const size_t rest = static_cast<size_t>(std::max(0, index - leading));
+    return first * kinds[0].slot_bytes + rest * kinds.back().slot_bytes;
 }
 
 MemoryPlan::Place MemoryPlan::place(const Graph& g, TensorId t) const {
@@ -153,14 +192,15 @@ MemoryPlan::Place MemoryPlan::place(const Graph& g, TensorId t) const {
         const auto it = chunk_places.find(key);
         return it == chunk_places.end() ? Place{} : it->second;
     }
-    MS_CHECK(info.layer >= first_layer && info.layer < first_layer + num_layers,
+    const int index = info.layer - first_layer;
+    MS_CHECK(index >= 0 && index < num_layers,
              "memory plan: tensor '{}' of layer {} outside the planned layers [{}, {})", info.name, info.layer,
              first_layer, first_layer + num_layers);
-    const auto it = layer_places.find(key);
-    if (it == layer_places.end()) return {};
+    const LayerKind& kind = kinds[index < leading ? 0 : kinds.size() - 1];
+    const auto it = kind.places.find(key);
+    if (it == kind.places.end()) return {};
     if (it->second.group == MemGroup::kSlot)
-        return {MemGroup::kSlot,
-                layers_offset + static_cast<size_t>(info.layer - first_layer) * layer_slot_bytes + it->second.offset};
+        return {MemGroup::kSlot, layers_offset + layer_slot_offset(index) + it->second.offset};
     return it->second;  // the one copy of a layer's scratch, shared by the layers
 }
 

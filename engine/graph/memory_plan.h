@@ -44,12 +44,18 @@ struct MemoryPlan {
         MemGroup group = MemGroup::kNone;
         size_t offset = 0;  // bytes, in the slot block or the scratch block
     };
+    // One kind of layer (all layers alike, or, with activation recomputation of a block of layers, the recomputed
+    // ones and the rest): its tensors by their name without "h.<l>." ("h.*.qkv", "d.h.*.qkv"); slot offsets inside
+    // one layer's share of "layers", scratch offsets in the scratch block.
+    struct LayerKind {
+        std::unordered_map<std::string, Place> places;
+        size_t slot_bytes = 0;
+    };
     int first_layer = 0, num_layers = 0;
-    // layer level: the first layer's tensors by their name without "h.<l>." ("h.*.qkv", "d.h.*.qkv"); slot offsets
-    // inside one layer's share of "layers", scratch offsets in the scratch block
-    std::unordered_map<std::string, Place> layer_places;
-    size_t layer_slot_bytes = 0;
-    std::vector<BufferRequest> layer_scratch_requests[2];  // [forward, backward]
+    int leading = 0;               // the chunk's first `leading` layers are of kinds[0], the rest of kinds[1]
+    std::vector<LayerKind> kinds;  // 1 or 2
+    // the layers' scratch tensors of every kind, planned together: [forward, backward]
+    std::vector<BufferRequest> layer_scratch_requests[2];
     Plan layer_scratch[2];
     // chunk level: the chunk's own tensors by name, and the blocks "layers", "layer_scratch.{forward,backward}"
     std::unordered_map<std::string, Place> chunk_places;
@@ -62,10 +68,13 @@ struct MemoryPlan {
     // Where tensor t of g lives: g is a graph of this chunk from the same builder, for any batch up to the one
     // planned; {kNone} for parameters, gradients and tensors no op touches.
     Place place(const Graph& g, TensorId t) const;
+    // Bytes of the slot the layers before the chunk's index-th hold.
+    size_t layer_slot_offset(int index) const;
 };
 
-// representative: the chunk's graph with its first min(num_layers, 2) layers, from first_layer.
-MemoryPlan plan_graph_memory(const Graph& representative, int first_layer, int num_layers);
+// representative: the chunk's graph with its first min(num_layers, 2) layers, from first_layer. leading: how many of
+// the chunk's first layers are like the representative's first (kinds[0]); the others are like its second.
+MemoryPlan plan_graph_memory(const Graph& representative, int first_layer, int num_layers, int leading);
 
 // "h.*.<what>" for a tensor of layer l named "[d.]h.<l>.<what>"; the name itself for the chunk's own tensors.
 std::string layer_key(const TensorInfo& t);

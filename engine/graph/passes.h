@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/graph/graph.h"
+#include "engine/graph/recompute_options.h"
 
 namespace ms::graph {
 
@@ -37,5 +38,16 @@ struct FuseOptions {
     int64_t lm_head_scratch_elems = 0;  // fp32 elements of the fused op's scratch
 };
 PassReport fuse(Graph& g, const FuseOptions& options = {});
+
+// recompute.cpp: activation recomputation (Megatron's keys). A recomputed layer keeps less from its forward to its
+// backward: right before the layer's backward, copies of (some of) its forward ops run again from what it did keep,
+// writing fresh tensors ("<name>.recompute") that its backward ops read instead, so the forward's own outputs die
+// inside the forward. The ops are deterministic, so the gradients are bit-identical to keeping everything.
+//   kFull       every op of the layer: only its input (the previous layer's output) stays
+//   kSelective  the cheap ops: LayerNorms (and the tensor-parallel copy or all-gather after them) and the GELU: the
+//               layer keeps its GEMM outputs, the attention's output and statistics, and the LayerNorms' inputs
+// Which layers: RecomputeOptions::recomputes() (recompute_options.h). Run it after derive_backward() and before
+// fuse().
+PassReport recompute(Graph& g, const RecomputeOptions& options, int first_layer);
 
 }  // namespace ms::graph

@@ -40,6 +40,7 @@
 
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
+#include "engine/graph/recompute_options.h"
 #include "memory/memory_block.h"
 
 namespace ms {
@@ -52,6 +53,8 @@ struct GptGraphOptions {
     // model.cross_entropy_loss_fusion: the LM head, its loss and their backward as one chunked op in the forward
     // (engine/graph/passes.h), where tp is 1 and the chunk computes the loss; otherwise the ops as written.
     bool lm_head_loss_fusion = false;
+    // model.recompute_granularity / recompute_method / recompute_num_layers (engine/graph/passes.h)
+    graph::RecomputeOptions recompute = {};
 };
 
 struct GptShape {

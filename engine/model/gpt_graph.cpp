@@ -197,6 +197,7 @@ GptGraph GptBuilder::build() {
         res = act("input", Nl_, C, Role::kInput);
     }
     const TensorId input = res;
+    graph::PassReport recompute{.pass = "recompute", .steps = {}};
     const int num_layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
     const int end = part.first_layer + num_layers;
     for (int l = part.first_layer; l < end; ++l) res = layer(res, l, l == end - 1);
@@ -209,10 +210,11 @@ GptGraph GptBuilder::build() {
     }
     if (!part.head || s_.with_loss) {
         graph::derive_backward(g_);
+        recompute = graph::recompute(g_, s_.options.recompute, part.first_layer);
         if (!part.embedding)
             g_.tensors[static_cast<size_t>(g_.grad_of[static_cast<size_t>(input)])].role = Role::kGradInput;
     }
-    GptGraph out{.g = std::move(g_), .fusion = {}};
+    GptGraph out{.g = std::move(g_), .recompute = std::move(recompute), .fusion = {}};
     if (!s_.fuse) return out;
     graph::FuseOptions fo;
     const int64_t Vl = s.Vp / s_.tp_size;
@@ -237,6 +239,16 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
     const int num_layers = part.num_layers < 0 ? shape.L - part.first_layer : part.num_layers;
     GptPart first = part;  // the representative graph: the chunk with its first layers (memory_plan.h)
     first.num_layers = std::min(num_layers, 2);
+    // with a recomputed block of leading layers and others after it, the representative's first layer stands for
+    // the block and its second for the rest
+    GptGraphOptions rep_options = options;
+    int leading = num_layers;
+    const graph::RecomputeOptions& rc = options.recompute;
+    if (rc.granularity == graph::RecomputeGranularity::kFull && rc.method == graph::RecomputeMethod::kBlock &&
+        rc.num_layers < num_layers) {
+        leading = rc.num_layers;
+        rep_options.recompute.num_layers = std::min(leading, 1);
+    }
     const GptGraphSpec spec{.shape = shape,
                             .part = first,
                             .tp_size = tp_size,
@@ -245,9 +257,9 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
                             .act = act,
                             .B = max_batch,
                             .T = shape.seq(),
-                            .options = options};
+                            .options = rep_options};
     const GptGraph g = build_gpt_graph(spec, gpt_param_table(shape, tp_size, first));
-    return graph::plan_graph_memory(g.g, part.first_layer, num_layers);
+    return graph::plan_graph_memory(g.g, part.first_layer, num_layers, leading);
 }
 
 GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)

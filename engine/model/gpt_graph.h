@@ -38,7 +38,7 @@ struct GptGraphSpec {
 // The chunk's graph: forward, backward (unless the head is built without the loss) and the fusion pass's report.
 struct GptGraph {
     graph::Graph g;
-    graph::PassReport fusion;
+    graph::PassReport recompute, fusion;
 };
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 

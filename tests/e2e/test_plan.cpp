@@ -216,7 +216,7 @@ TEST(PlanArithmetic, ActivationBytesByHand) {
     // forward's c_proj partial sums, dloss and d.ln_f reuse that memory
     const int64_t scratch1 = 32 + 128 + 32;
     const auto whole = plan({}, 1, 1);
-    EXPECT_EQ(whole.layer_slot_bytes, static_cast<size_t>(4 * layer1));
+    EXPECT_EQ(whole.kinds[0].slot_bytes, static_cast<size_t>(4 * layer1));
     EXPECT_EQ(whole.slot_bytes(), static_cast<size_t>(4 * (layer1 + rest1)));
     EXPECT_EQ(whole.scratch_bytes(), static_cast<size_t>(4 * scratch1));
     // without the head: no ln_f, stats, logits, losses, targets, but dout 32 for the received gradient, which the
@@ -240,10 +240,9 @@ TEST(PlanArithmetic, ActivationBytesByHand) {
     EXPECT_EQ(plan({}, 2, 1, true).scratch_bytes(), static_cast<size_t>(4 * (16 + 64 + 32)));
     // micro batch 4: N = 16, every tensor a multiple of 16 already
     const auto mb4 = plan({}, 1, 4);
-    EXPECT_EQ(mb4.slot_bytes(),
-              static_cast<size_t>(4 * 16 *
-                                  ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) +
-                                   (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1))));
+    EXPECT_EQ(mb4.slot_bytes(), static_cast<size_t>(4 * 16 *
+                                                    ((8 + 1 + 1 + 24 + 8 + 2 + 8 + 8 + 1 + 1 + 32 + 32 + 8) +
+                                                     (8 + 8 + 1 + 1 + 16 + 1 + 1 + 2 + 1 + 1))));
     EXPECT_EQ(mb4.scratch_bytes(), static_cast<size_t>(4 * 16 * (8 + 32 + 8)));
 }
 
@@ -261,26 +260,41 @@ TEST(PlanArithmetic, ThePlanHasTheSameRequestsForAnyLayerCount) {
         const ms::graph::MemoryPlan many = ms::plan_gpt_memory(s, {}, 1, 1, false, ms::DType::kF32);
         EXPECT_EQ(many.slot_requests.size(), two.slot_requests.size()) << L;
         EXPECT_EQ(many.scratch_requests.size(), two.scratch_requests.size()) << L;
-        EXPECT_EQ(many.layer_places.size(), two.layer_places.size()) << L;
+        EXPECT_EQ(many.kinds[0].places.size(), two.kinds[0].places.size()) << L;
         EXPECT_EQ(many.slot_bytes(), static_cast<size_t>(4 * (L * layer + rest))) << L;
         EXPECT_EQ(many.scratch_bytes(), two.scratch_bytes()) << L;
     }
 }
 
 // The two-level plan against every tensor's exact lifetime in the whole graph of a 5-layer chunk: no two tensors
-// live at the same op overlap, for every kind of chunk, tensor and sequence parallelism and 16-bit activations.
+// live at the same op overlap, for every kind of chunk, tensor and sequence parallelism, 16-bit activations and
+// activation recomputation (where the recomputed block's layers and the others are laid out differently).
 TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
     ms::GptShape s = hand_shape();
     s.L = 5;
     const ms::GptPart parts[] = {{}, {0, 2, true, false}, {2, 2, false, false}, {3, 2, false, true}};
     for (const ms::GptPart& part : parts) {
         for (const bool sp : {false, true}) {
-            for (const ms::DType act : {ms::DType::kF32, ms::DType::kBF16}) {
-                const std::string where = "part " + std::to_string(part.first_layer) + (sp ? " sp" : "");
-                const ms::GptGraphSpec spec{
-                    .shape = s, .part = part, .tp_size = 2, .sequence_parallel = sp, .act = act, .B = 3, .T = 4};
+            for (int variant = 0; variant < 5; ++variant) {
+                // fp32, bf16, then recomputation: selective, full for a block of one layer, full for every layer
+                using G = ms::graph::RecomputeGranularity;
+                const ms::DType act = variant == 1 ? ms::DType::kBF16 : ms::DType::kF32;
+                ms::GptGraphOptions options;
+                options.recompute.granularity = variant < 2 ? G::kNone : variant == 2 ? G::kSelective : G::kFull;
+                options.recompute.method =
+                    variant == 3 ? ms::graph::RecomputeMethod::kBlock : ms::graph::RecomputeMethod::kUniform;
+                const std::string where = "part " + std::to_string(part.first_layer) + (sp ? " sp" : "") + " variant " +
+                                          std::to_string(variant);
+                const ms::GptGraphSpec spec{.shape = s,
+                                            .part = part,
+                                            .tp_size = 2,
+                                            .sequence_parallel = sp,
+                                            .act = act,
+                                            .B = 3,
+                                            .T = 4,
+                                            .options = options};
                 const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s, 2, part)).g;
-                const ms::graph::MemoryPlan plan = ms::plan_gpt_memory(s, part, 2, 3, sp, act);
+                const ms::graph::MemoryPlan plan = ms::plan_gpt_memory(s, part, 2, 3, sp, act, options);
                 for (const ms::graph::MemGroup group : {ms::graph::MemGroup::kSlot, ms::graph::MemGroup::kScratch}) {
                     std::vector<ms::BufferRequest> requests;
                     ms::Plan placed;
@@ -302,12 +316,11 @@ TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
                         if (role == ms::graph::Role::kInput) first = 0;
                         if (role == ms::graph::Role::kOutput || role == ms::graph::Role::kGradInput)
                             last = static_cast<int>(g.nodes.size());
-                        requests.push_back({g.tensors[t].name, static_cast<size_t>(g.tensors[t].bytes()), first, last,
-                                            -1});
+                        requests.push_back(
+                            {g.tensors[t].name, static_cast<size_t>(g.tensors[t].bytes()), first, last, -1});
                         placed.offsets.push_back(p.offset);
                     }
-                    placed.total_bytes =
-                        group == ms::graph::MemGroup::kSlot ? plan.slot_bytes() : plan.scratch_bytes();
+                    placed.total_bytes = group == ms::graph::MemGroup::kSlot ? plan.slot_bytes() : plan.scratch_bytes();
                     EXPECT_EQ(ms::find_plan_violation(requests, placed, ms::graph::kMemoryAlign), std::nullopt)
                         << where;
                 }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -54,7 +55,7 @@ TEST(GptGraph, StructureFusionAndPlan) {
     // exists
     auto place = [&](const char* name) { return plan.place(g, g.find(name)); };
     EXPECT_EQ(place("h.0.qkv").group, graph::MemGroup::kSlot);
-    EXPECT_EQ(place("h.1.qkv").offset - place("h.0.qkv").offset, plan.layer_slot_bytes);
+    EXPECT_EQ(place("h.1.qkv").offset - place("h.0.qkv").offset, plan.kinds[0].slot_bytes);
     EXPECT_EQ(place("d.h.0.qkv").group, graph::MemGroup::kScratch);
     EXPECT_EQ(place("d.h.0.qkv").offset, place("d.h.1.qkv").offset);
     EXPECT_EQ(place("d.h.0.fch_gelu").group, graph::MemGroup::kNone);
@@ -143,6 +144,63 @@ TEST(GptGraph, FusedLmHeadEvaluationLeavesTheGradients) {
     EXPECT_DEATH(model.backward(), "without a forward");
     const float train = model.forward(tokens.data(), targets.data(), 2, s.T, 0, 1.0f);
     EXPECT_EQ(eval, train);
+}
+
+}  // namespace
+}  // namespace ms::test
+
+namespace ms::test {
+namespace {
+
+graph::RecomputeOptions recompute_of(graph::RecomputeGranularity g, graph::RecomputeMethod m, int n) {
+    graph::RecomputeOptions o;
+    o.granularity = g;
+    o.method = m;
+    o.num_layers = n;
+    return o;
+}
+
+// Recomputation runs the same deterministic ops on the same inputs: loss and every gradient bit-identical to keeping
+// everything, in fp32 and bf16, over two micro-batches of two slots; and the plan keeps less.
+TEST(GptGraph, RecomputationIsBitIdenticalAndKeepsLess) {
+    GptShape s = tiny_shape();
+    s.L = 3;
+    using G = graph::RecomputeGranularity;
+    using M = graph::RecomputeMethod;
+    const graph::RecomputeOptions cases[] = {
+        recompute_of(G::kNone, M::kUniform, 1), recompute_of(G::kSelective, M::kUniform, 1),
+        recompute_of(G::kFull, M::kBlock, 2), recompute_of(G::kFull, M::kUniform, 1)};
+    auto be = make_cpu_backend(OpMode::kFast);
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+        std::vector<float> loss_of[4];
+        std::vector<std::vector<float>> grads_of(4);
+        size_t slot_of[4];
+        for (int c = 0; c < 4; ++c) {
+            Gpt::Options o;
+            o.max_batch = 2;
+            o.num_slots = 2;
+            o.dtype = dtype;
+            o.graph.recompute = cases[c];
+            Gpt model(s, *be, tp_self(), o);
+            model.init_weights(4);
+            model.zero_grads();
+            for (int mb = 0; mb < 2; ++mb) {
+                const auto tokens = random_tokens(2 * s.T, s.V, 20 + mb, 0);
+                const auto targets = random_tokens(2 * s.T, s.V, 20 + mb, 1);
+                loss_of[c].push_back(model.forward(tokens.data(), targets.data(), 2, s.T, mb, 0.5f));
+            }
+            model.backward(1);
+            model.backward(0);
+            grads_of[c].assign(model.grads(), model.grads() + model.flat_size());
+            slot_of[c] = plan_gpt_memory(s, GptPart{}, 1, 2, false, dtype, o.graph).slot_bytes();
+        }
+        for (int c = 1; c < 4; ++c) {
+            EXPECT_EQ(loss_of[c], loss_of[0]) << c << " " << dtype_name(dtype);
+            EXPECT_EQ(std::memcmp(grads_of[c].data(), grads_of[0].data(), grads_of[0].size() * sizeof(float)), 0)
+                << c << " " << dtype_name(dtype);
+            EXPECT_LT(slot_of[c], slot_of[c - 1]) << c << " " << dtype_name(dtype);
+        }
+    }
 }
 
 }  // namespace
