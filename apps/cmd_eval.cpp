@@ -45,30 +45,25 @@ int run_eval(const EvalArgs& a) {
     cfg.parallel = ParallelConfig{};  // one rank, the whole model
     cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
     const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
-    if (cfg.model.vocab_size == 0) cfg.model.vocab_size = source->vocab_size();  // as the trainer resolves it
-    if (source->vocab_size() > cfg.model.vocab_size)
-        throw UserError(
-            fmt::format("config error: model.vocab_size({}) is smaller than the data's largest token id "
-                        "+ 1 ({}) in {}\n---> HINT: set model.vocab_size to at least {}",
-                        cfg.model.vocab_size, source->vocab_size(), source->describe(), source->vocab_size()));
-    const DerivedConfig d = validate_config(cfg, 1);
-    const GptShape shape = gpt_shape(cfg, d);
+    cfg = resolve_vocab(cfg, *source);  // as the trainer resolves it
+    const RunLayout layout = make_run_layout(cfg, 1);
+    const GptShape& shape = layout.shape;
     const std::string dir = resolve_checkpoint(a.load);
     const CheckpointReader reader(dir);
     check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
                            "make the model settings match it, or pass a checkpoint of that model");
 
     const Split split = a.split == "train" ? Split::kTrain : a.split == "test" ? Split::kTest : Split::kValid;
-    const int T = cfg.model.seq_length, mbs = cfg.training.micro_batch_size;
+    const int T = layout.seq_length(), mbs = layout.micro_batch;
     const Sampler sampler(*source, cfg.data.split, split, T, cfg.run.seed);
     // one rank: num_microbatches * mbs = the global batch
     const int64_t iters =
         bound_eval_iters(a.iters > 0 ? a.iters : cfg.eval.eval_iters, a.iters > 0 ? "--iters" : "eval.eval_iters",
-                         sampler.num_samples(), int64_t{d.num_microbatches} * mbs);
-    const int64_t micro_batches = iters * d.num_microbatches;
+                         sampler.num_samples(), layout.global_batch);
+    const int64_t micro_batches = iters * layout.num_microbatches;
     const int64_t samples = micro_batches * mbs;
     log_info("eval: {} (iteration {}) on the {} split of {}: {} iterations of {} samples of {} tokens", dir,
-             reader.iteration(), a.split, source->describe(), iters, d.num_microbatches * mbs, T);
+             reader.iteration(), a.split, source->describe(), iters, layout.global_batch, T);
 
     BackendOptions bo;  // the CPU backend: `eval` is a single-process tool
     bo.num_threads = cfg.run.num_threads;

@@ -55,7 +55,7 @@ int run_generate(const GenerateArgs& a) {
         cfg.parallel = ParallelConfig{};  // one rank, the whole model
         cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
         if (cfg.model.vocab_size == 0) cfg.model.vocab_size = reader.vocab_size();  // no data is opened here
-        shape = gpt_shape(cfg, validate_config(cfg, 1));
+        shape = make_run_layout(cfg, 1).shape;
         check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
                                "make the model settings match it, or pass a checkpoint of that model");
         num_threads = cfg.run.num_threads;

@@ -1,9 +1,13 @@
+// process_groups.cpp: the communicators of the Topology's groups (see process_groups.h).
 #include "comm/process_groups.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <vector>
 
 #include "engine/core/check.h"
 #include "engine/core/log.h"
@@ -11,43 +15,53 @@
 namespace ms {
 namespace {
 
+// comm_choice.h speaks run.backend's config values.
+std::string_view backend_name(BackendKind kind) { return kind == BackendKind::kCUDA ? "cuda" : "cpu"; }
+
 // The communicator of the device groups, agreed by every rank. Collective over world unless run.comm is mpi (or no
 // NCCL could run anyway): each rank says whether it has a device of its own, and one rank without makes it no.
 CommResolution choose_comm(Communicator& world, const CommOptions& o) {
     const NcclRegistration* nccl = nccl_registration();
     bool device_per_rank = false;
-    if (o.comm != CommKind::kMpi && o.backend == "cuda" && nccl != nullptr) {
+    if (o.comm != CommKind::kMpi && o.backend == BackendKind::kCUDA && nccl != nullptr) {
         int32_t shared = o.local_size > nccl->device_count() ? 1 : 0;
         world.all_reduce(std::span<int32_t>(&shared, 1), ReduceOp::kMax).wait();
         device_per_rank = shared == 0;
     }
-    return resolve_comm(o.comm, o.backend, nccl != nullptr, device_per_rank);
+    return resolve_comm(o.comm, backend_name(o.backend), nccl != nullptr, device_per_rank);
+}
+
+// The communicator of `members` (sorted global ranks holding `rank`, or empty: no group), split from `from` with
+// colour `color` and key the rank's position in the list; checked against the list it was made from.
+std::unique_ptr<Communicator> split_group(Communicator& from, int rank, const std::vector<int>& members, int color,
+                                          const char* name) {
+    const auto at = std::find(members.begin(), members.end(), rank);
+    MS_CHECK(members.empty() || at != members.end(), "rank {} is not in its own {} group", rank, name);
+    const int key = members.empty() ? 0 : static_cast<int>(at - members.begin());
+    std::unique_ptr<Communicator> g = from.split(members.empty() ? -1 : color, key, name);
+    MS_CHECK(members.empty() || (g != nullptr && g->size() == static_cast<int>(members.size()) && g->rank() == key),
+             "the {} communicator of rank {} has size {} and rank {}, its topology group {} ranks with it at {}", name,
+             rank, g ? g->size() : 0, g ? g->rank() : -1, members.size(), key);
+    return g;
 }
 
 }  // namespace
 
 GridCoord coord_of(int rank, int tp, int dp) { return {rank % tp, (rank / tp) % dp, rank / (tp * dp)}; }
 
-ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp, const CommOptions& options) {
-    if (tp < 1 || pp < 1 || dp < 1)
-        throw UserError(
-            fmt::format("config error: parallel sizes must be at least 1, got tp({}) pp({}) dp({})", tp, pp, dp));
-    if (static_cast<long>(tp) * pp * dp != world.size())
-        throw UserError(fmt::format(
-            "config error: tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) * data parallel "
-            "size({}) = {} != world size {}\n---> HINT: launch tp * pp * dp ranks (mpirun -n), or leave dp out to "
-            "derive it as world / (tp * pp)",
-            tp, pp, dp, static_cast<long>(tp) * pp * dp, world.size()));
-
+ProcessGroups make_process_groups(Communicator& world, const Topology& topology, const CommOptions& options) {
+    MS_CHECK(topology.world() == world.size(), "the topology tp {} dp {} pp {} has {} ranks, the world {}", topology.tp,
+             topology.dp, topology.pp, topology.world(), world.size());
     const CommResolution choice = choose_comm(world, options);
     const int rank = world.rank();
-    const GridCoord c = coord_of(rank, tp, dp);
+    const Coord c = topology.coord_of(rank);
     ProcessGroups g;
+    g.topology = topology;
     g.comm = choice.kind;
     g.world = &world;
-    g.tp_size = tp;
-    g.pp_size = pp;
-    g.dp_size = dp;
+    g.tp_size = topology.tp;
+    g.pp_size = topology.pp;
+    g.dp_size = topology.dp;
     g.tp_rank = c.tp;
     g.pp_rank = c.pp;
     g.dp_rank = c.dp;
@@ -66,19 +80,16 @@ ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp, c
         log_info("comm: MPI for every group ({})", choice.reason);
     }
     Communicator& device_world = nccl_world ? *nccl_world : world;
-    // color = index of the coordinates the group holds fixed; key = position inside the group.
-    g.tp = device_world.split(c.dp + dp * c.pp, c.tp, "tp");
-    g.dp = device_world.split(c.tp + tp * c.pp, c.dp, "dp");
-    g.pp = world.split(c.tp + tp * c.dp, c.pp, "pp");
-    g.mp = device_world.split(c.dp, rank, "mp");
-    const bool has_embedding = g.is_first_stage() || g.is_last_stage();
-    g.embd = device_world.split(has_embedding ? c.tp + tp * c.dp : -1, c.pp, "embd");
-    MS_CHECK(g.tp->size() == tp && g.dp->size() == dp && g.pp->size() == pp && g.mp->size() == tp * pp,
-             "process groups have sizes tp {} dp {} pp {} mp {}, expected {} {} {} {}", g.tp->size(), g.dp->size(),
-             g.pp->size(), g.mp->size(), tp, dp, pp, tp * pp);
-    MS_CHECK(g.tp->rank() == c.tp && g.dp->rank() == c.dp && g.pp->rank() == c.pp,
-             "group ranks tp {} dp {} pp {} differ from the coordinates {} {} {}", g.tp->rank(), g.dp->rank(),
-             g.pp->rank(), c.tp, c.dp, c.pp);
+    const auto axis_group = [&](Communicator& from, Axis mask, const char* name) {
+        return split_group(from, rank, topology.group_of(rank, mask), topology.group_index(rank, mask), name);
+    };
+    g.tp = axis_group(device_world, Axis::kTP, "tp");
+    g.dp = axis_group(device_world, Axis::kDP, "dp");
+    g.pp = axis_group(world, Axis::kPP, "pp");
+    g.mp = axis_group(device_world, Axis::kTP | Axis::kPP, "mp");
+    // One embedding group per pipeline group: its colour is the pipeline group's index.
+    g.embd =
+        split_group(device_world, rank, topology.embedding_group(rank), topology.group_index(rank, Axis::kPP), "embd");
     return g;
 }
 

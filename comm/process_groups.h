@@ -1,17 +1,16 @@
 // process_groups.h: the tp/pp/dp/mp/embd communicators of one rank, split from world (docs/design.md §4).
 //
-// Rank order "tp-dp-pp" (Megatron), TP fastest:  global rank = tp_rank + tp * (dp_rank + dp * pp_rank).
-// So TP groups are adjacent ranks (one node), PP is the slowest axis.
-//   tp   ranks with the same (dp, pp), ordered by tp_rank            size tp
-//   dp   ranks with the same (tp, pp), ordered by dp_rank            size dp
-//   pp   ranks with the same (tp, dp), ordered by pp_rank            size pp
-//   mp   ranks with the same dp (model parallel: tp x pp), ordered by global rank, i.e. tp_rank + tp * pp_rank
-//   embd the first and the last pp stage of each (tp, dp): {first, last} in that order, for the tied word
-//        embedding's gradient. With pp == 1 it is the rank alone (size 1); middle stages get nullptr.
+// The members of every group come from the Topology (engine/parallel/topology.h, the one place the rank order
+// "tp-dp-pp" is decided): each rank splits with colour Topology::group_index and key its position in
+// Topology::group_of, so a communicator holds exactly the listed ranks in the listed (ascending) order:
+//   tp   groups(Axis::kTP)               size tp
+//   dp   groups(Axis::kDP)               size dp
+//   pp   groups(Axis::kPP)               size pp
+//   mp   groups(Axis::kTP | Axis::kPP)   size tp * pp (model parallel), mp rank = tp_rank + tp * pp_rank
+//   embd embedding_group(rank): {first, last} pp stage of each (tp, dp), for the tied word embedding's gradient;
+//        the rank alone when pp == 1; middle stages hold no word embedding and get nullptr (Megatron's group).
 // Every rank takes part in every split (splits are collective). Size-1 groups are real communicators whose
 // collectives are no-ops, so tp = 1 and pp = 1 run the same code as any other layout.
-// The coordinate math repeats engine/parallel/topology's in a few lines so comm/ does not depend on it; the
-// tests check both against the formula above.
 //
 // Which communicator (CommOptions, run.comm; comm/nccl/comm_choice.h): with MPI every group is an MpiCommunicator
 // split from world. With NCCL, tp, dp, mp and embd are NcclCommunicators split (ncclCommSplit, same color and key)
@@ -24,14 +23,16 @@
 #pragma once
 
 #include <memory>
-#include <string_view>
 
 #include "comm/communicator.h"
 #include "comm/nccl/comm_choice.h"
+#include "engine/backends/backend.h"
+#include "engine/parallel/topology.h"
 
 namespace ms {
 
 struct ProcessGroups {
+    Topology topology;                                   // the layout the groups were split by
     Communicator* world = nullptr;                       // not owned
     std::unique_ptr<Communicator> tp, pp, dp, mp, embd;  // embd: nullptr on middle pipeline stages
     int tp_size = 1, pp_size = 1, dp_size = 1;
@@ -48,22 +49,22 @@ struct ProcessGroups {
 
 // What the groups are made of (the trainer passes run.comm, run.backend and MpiRuntime's node layout).
 struct CommOptions {
-    CommKind comm = CommKind::kMpi;    // run.comm; kAuto and kNccl resolve through resolve_comm (comm_choice.h)
-    std::string_view backend = "cpu";  // run.backend
+    CommKind comm = CommKind::kMpi;           // run.comm; kAuto and kNccl resolve through resolve_comm (comm_choice.h)
+    BackendKind backend = BackendKind::kCPU;  // run.backend, parsed (RunLayout): NCCL needs device memory
     int local_rank = 0;  // among the ranks of this node: NCCL runs on device local_rank % devices, as CudaBackend
     int local_size = 1;  // ranks on this node: more than its devices means ranks share a GPU (no NCCL)
 };
 
-// The coordinates of a world rank: rank = tp_rank + tp * (dp_rank + dp * pp_rank). The one place the rank order
-// is decoded in comm/ (the groups, and the collective watch naming a lost rank).
+// The coordinates of a world rank: rank = tp_rank + tp * (dp_rank + dp * pp_rank), for comm/'s messages (the
+// collective watch naming a lost rank) where only tp and dp are at hand; Topology::coord_of with any pp.
 struct GridCoord {
     int tp, dp, pp;
 };
 GridCoord coord_of(int rank, int tp, int dp);
 
-// Throws ms::UserError unless tp, pp, dp >= 1 and tp * pp * dp == world.size() (checked identically on every rank
-// before any split), and when run.comm: nccl cannot run here (resolve_comm). Collective over world (an
-// MpiCommunicator when options.comm is not kMpi). Logs the communicator it chose.
-ProcessGroups make_process_groups(Communicator& world, int tp, int pp, int dp, const CommOptions& options = {});
+// The groups of `topology` (validated once, by make_topology), which must span world. Throws ms::UserError when
+// run.comm: nccl cannot run here (resolve_comm). Collective over world (an MpiCommunicator when options.comm is not
+// kMpi). Logs the communicator it chose.
+ProcessGroups make_process_groups(Communicator& world, const Topology& topology, const CommOptions& options = {});
 
 }  // namespace ms

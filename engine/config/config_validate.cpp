@@ -13,7 +13,10 @@
 #include "engine/config/config.h"
 #include "engine/config/config_schema.h"
 #include "engine/core/check.h"
+#include "engine/parallel/schedule.h"
+#include "engine/parallel/topology.h"
 #include "engine/train/reliability.h"
+#include "engine/train/run_layout.h"
 
 namespace ms {
 namespace {
@@ -44,12 +47,11 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     const ModelConfig& m = cfg.model;
     const ParallelConfig& p = cfg.parallel;
     const TrainingConfig& t = cfg.training;
-    if (world_size < 1) fail("the world size must be >= 1, got {}", world_size);
     config_detail::check_fields(cfg, nullptr);
 
     // ---- what this build can run ----
     // A binary has the CUDA backend when it registered one (backend.h; apps/main.cpp does when built with CUDA).
-    if (cfg.run.backend == "cuda" && cuda_backend_name() == nullptr) {
+    if (parse_backend_kind(cfg.run.backend) == BackendKind::kCUDA && cuda_backend_name() == nullptr) {
         fail(
             "run.backend = 'cuda' but this binary was built without the CUDA backend (CMake found no CUDA "
             "toolkit, or was given -DMS_ENABLE_CUDA=OFF); hint: rebuild with the CUDA toolkit installed and "
@@ -64,7 +66,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
         fail("{}", e);
     }
     // debug.cuda_*: only the CUDA backend reads them, so on another one a changed value would be silently ignored.
-    if (cfg.run.backend != "cuda") {
+    if (parse_backend_kind(cfg.run.backend) != BackendKind::kCUDA) {
         const DebugConfig d = cfg.debug, def;
         const char* key = d.cuda_tf32 != def.cuda_tf32                     ? "debug.cuda_tf32"
                           : d.cuda_gelu_epilogue != def.cuda_gelu_epilogue ? "debug.cuda_gelu_epilogue"
@@ -78,7 +80,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
                 key, cfg.run.backend, key);
         }
     }
-    if (cfg.mixed_precision.loss_scale > 0 && cfg.mixed_precision.dtype != "fp16") {
+    if (cfg.mixed_precision.loss_scale > 0 && model_dtype(cfg.mixed_precision) != DType::kF16) {
         fail(
             "mixed_precision.loss_scale = {} is set but mixed_precision.dtype = '{}': loss scaling is for fp16 only "
             "(bf16 has fp32's exponent range); hint: remove loss_scale, or set mixed_precision.dtype: fp16",
@@ -127,16 +129,10 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel layout ----
+    // The split of the world into tp x dp x pp: make_topology is its one check (engine/parallel/topology.h).
     // Products of two keys are int64: each key may be as large as INT_MAX.
     const int tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
-    const int64_t model_parallel = int64_t{tp} * pp;
-    if (world_size % model_parallel != 0) {
-        fail(
-            "parallel.tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) = {} does not divide the "
-            "world size {}; hint: use a world size that is a multiple of {}, or change tp/pp",
-            tp, pp, model_parallel, world_size, model_parallel);
-    }
-    const int dp = static_cast<int>(world_size / model_parallel);
+    const int dp = make_topology(world_size, tp, pp).dp;
     if (p.data_parallel_size != 0 && p.data_parallel_size != dp) {
         fail(
             "parallel.data_parallel_size({}) does not match world size {} / (tensor_model_parallel_size({}) * "
@@ -171,7 +167,8 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "layers",
             m.num_layers, pp, vpp, int64_t{pp} * vpp);
     }
-    if ((vpp > 1) != (p.pipeline_schedule == "interleaved_1f1b")) {
+    const ScheduleKind schedule = parse_schedule_kind(p.pipeline_schedule);
+    if ((vpp > 1) != (schedule == ScheduleKind::kInterleaved1F1B)) {
         fail(
             "parallel.pipeline_schedule = '{}' with parallel.virtual_pipeline_model_parallel_size({}): the "
             "interleaved_1f1b schedule needs virtual_pipeline_model_parallel_size > 1 and the other schedules "
@@ -197,12 +194,8 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             lower + micro_times_dp);
     }
     const int num_microbatches = static_cast<int>(global_batch / micro_times_dp);
-    if (vpp > 1 && num_microbatches % pp != 0) {
-        fail(
-            "the interleaved schedule needs the number of micro-batches ({} = global_batch_size({}) / "
-            "(micro_batch_size({}) * dp({}))) to be a multiple of pipeline_model_parallel_size({})",
-            num_microbatches, global_batch, t.micro_batch_size, dp, pp);
-    }
+    // The schedule's own conditions (engine/parallel/schedule.h): the interleaved one needs a multiple of pp.
+    check_schedule(schedule, pp, num_microbatches, vpp);
 
     // ---- schedule, data, checkpoints, eval ----
     const LrScheduleConfig& s = cfg.lr_schedule;
@@ -260,7 +253,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     const int64_t multiple = int64_t{m.make_vocab_size_divisible_by} * tp;
-    const int64_t padded_vocab = (m.vocab_size + multiple - 1) / multiple * multiple;
+    const int64_t padded_vocab = padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp);
     if (padded_vocab > kIntMax) {
         fail(
             "model.vocab_size({}) padded to a multiple of model.make_vocab_size_divisible_by({}) * "

@@ -97,29 +97,41 @@ void interleaved(StageBuilder& b, int pp, int stage, int m, int v) {
 
 }  // namespace
 
-std::vector<std::vector<Action>> make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+std::string schedule_error(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
     const int m = microbatches, v = virtual_stages;
     if (pp < 1 || m < 1 || v < 1) {
-        throw UserError(fmt::format(
+        return fmt::format(
             "config error: a pipeline schedule needs pipeline_model_parallel_size({}), the number of micro-batches "
             "({}) and virtual_pipeline_model_parallel_size({}) all >= 1",
-            pp, m, v));
+            pp, m, v);
     }
     if (kind != ScheduleKind::kInterleaved1F1B && v != 1) {
-        throw UserError(
-            fmt::format("config error: the {} schedule runs one model chunk per stage, got "
-                        "virtual_pipeline_model_parallel_size({})\n---> HINT: set parallel.pipeline_schedule = "
-                        "interleaved_1f1b, or virtual_pipeline_model_parallel_size = 1",
-                        to_string(kind), v));
+        return fmt::format(
+            "config error: the {} schedule runs one model chunk per stage, got "
+            "virtual_pipeline_model_parallel_size({})\n---> HINT: set parallel.pipeline_schedule = "
+            "interleaved_1f1b, or virtual_pipeline_model_parallel_size = 1",
+            to_string(kind), v);
     }
     if (kind == ScheduleKind::kInterleaved1F1B && m % pp != 0) {
         const int lower = m / pp * pp;
-        throw UserError(fmt::format(
+        return fmt::format(
             "config error: the interleaved_1f1b schedule needs the number of micro-batches ({}) to be a multiple of "
             "pipeline_model_parallel_size({})\n---> HINT: use {}{} micro-batches (global_batch_size / "
             "(micro_batch_size * dp)), or the 1f1b schedule",
-            m, pp, lower > 0 ? fmt::format("{} or ", lower) : "", lower + pp));
+            m, pp, lower > 0 ? fmt::format("{} or ", lower) : "", lower + pp);
     }
+    return {};
+}
+
+void check_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+    if (std::string e = schedule_error(kind, pp, microbatches, virtual_stages); !e.empty()) throw UserError(e);
+}
+
+std::vector<std::vector<Action>> make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages) {
+    const int m = microbatches, v = virtual_stages;
+    // A precondition, not a user check: validate_config refused a bad layout with check_schedule's sentence.
+    const std::string error = schedule_error(kind, pp, m, v);
+    MS_CHECK(error.empty(), "{}", error);
 
     std::vector<std::vector<Action>> schedule(pp);
     for (int stage = 0; stage < pp; ++stage) {

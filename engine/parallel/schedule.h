@@ -51,9 +51,14 @@ struct Action {
     bool operator==(const Action&) const = default;
 };
 
-// The schedule of every stage: result[s] is stage s's action list, in execution order. Throws ms::UserError when
-// pp, microbatches or virtual_stages is < 1, when virtual_stages != 1 for kGPipe / k1F1B, or when the interleaved
-// schedule gets microbatches % pp != 0.
+// The sentence (with a hint) saying why (kind, pp, microbatches, virtual_stages) is no schedule, or "": when pp,
+// microbatches or virtual_stages is < 1, when virtual_stages != 1 for kGPipe / k1F1B, or when the interleaved
+// schedule gets microbatches % pp != 0. check_schedule throws it as an ms::UserError (validate_config does, once).
+std::string schedule_error(ScheduleKind kind, int pp, int microbatches, int virtual_stages);
+void check_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages);
+
+// The schedule of every stage: result[s] is stage s's action list, in execution order. Requires a combination
+// check_schedule accepts (fatal otherwise: the config validation refused any other).
 std::vector<std::vector<Action>> make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages);
 
 // The largest number of chunk-activations alive at once in one stage's list (forwards done whose backward is not

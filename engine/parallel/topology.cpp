@@ -80,6 +80,7 @@ std::vector<int> Topology::group_of(int rank, Axis mask) const {
 std::vector<int> Topology::embedding_group(int rank) const {
     Coord c = coord_of(rank);
     if (pp == 1) return {rank};
+    if (c.pp != 0 && c.pp != pp - 1) return {};  // a middle stage: no word embedding
     c.pp = 0;
     const int first = rank_of(c);
     c.pp = pp - 1;
@@ -91,17 +92,18 @@ Topology make_topology(int world, int tp, int pp) {
     if (tp < 1 || pp < 1) {
         throw UserError(fmt::format(
             "config error: parallel.tensor_model_parallel_size({}) and pipeline_model_parallel_size({}) must both "
-            "be >= 1\n---> HINT: use 1 to switch an axis off",
+            "be >= 1; hint: use 1 to switch an axis off",
             tp, pp));
     }
-    if (world % (tp * pp) != 0) {
+    const int64_t model_parallel = int64_t{tp} * pp;
+    if (world % model_parallel != 0) {
         throw UserError(fmt::format(
             "config error: parallel.tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) = {} does not "
-            "divide the world size {}\n---> HINT: launch a multiple of {} ranks, or change tp / pp so that their "
-            "product divides {} (the data-parallel size is derived as world / (tp * pp))",
-            tp, pp, tp * pp, world, tp * pp, world));
+            "divide the world size {}; hint: launch a multiple of {} ranks, or change tp / pp so that their product "
+            "divides {} (the data-parallel size is derived as world / (tp * pp))",
+            tp, pp, model_parallel, world, model_parallel, world));
     }
-    return Topology{tp, world / (tp * pp), pp};
+    return Topology{tp, static_cast<int>(world / model_parallel), pp};
 }
 
 }  // namespace ms

@@ -12,6 +12,8 @@
 // lists them in group_index order (which is also the order of their first ranks). Megatron names:
 //     tp = groups(Axis::kTP), dp = groups(Axis::kDP), pp = groups(Axis::kPP), mp = groups(Axis::kTP | Axis::kPP)
 // and embd = embedding_group(rank): the first and last pipeline stage, for the tied word embedding's gradient.
+// comm/process_groups.cpp splits the communicators from these lists (docs/design.md §4): this file is the one
+// place the rank order is decided.
 #pragma once
 
 #include <cstdint>
@@ -54,14 +56,16 @@ struct Topology {
     // The ranks of one group: the one of `mask` that holds `rank`, sorted.
     std::vector<int> group_of(int rank, Axis mask) const;
 
-    // The tied-embedding group of `rank`: the first and the last pipeline stage with the same (tp, dp) coordinates,
-    // sorted. Just {rank} when pp == 1. Every rank belongs to one, including middle stages (whose group has no
-    // collectives to do but must still take part in the split).
+    // The tied-embedding group of `rank` (Megatron's embedding group): the first and the last pipeline stage with
+    // the same (tp, dp) coordinates, sorted, when `rank` is one of them; just {rank} when pp == 1; empty on a middle
+    // stage, which holds no copy of the word embedding and so has no gradient to sum (it takes part in the
+    // communicator split without a colour). Its index among the embedding groups is group_index(rank, Axis::kPP).
     std::vector<int> embedding_group(int rank) const;
 };
 
-// Validates the layout of `world` ranks into tp x dp x pp (dp derived) and returns it. Throws ms::UserError with
-// both numbers and a hint when a size is < 1 or tp * pp does not divide world.
+// Validates the layout of `world` ranks into tp x dp x pp (dp derived) and returns it: the one check of the split
+// (validate_config calls it). Throws ms::UserError with the numbers and a hint when a size is < 1 or tp * pp does not
+// divide world (tp * pp computed in 64 bits: each may be as large as INT_MAX).
 Topology make_topology(int world, int tp, int pp);
 
 }  // namespace ms

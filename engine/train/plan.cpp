@@ -11,7 +11,6 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
-#include "engine/parallel/topology.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/trainer.h"
 #include "memory/arena.h"
@@ -77,32 +76,19 @@ void print_table(const std::vector<std::string>& header, const std::vector<std::
 
 }  // namespace
 
-GptShape gpt_shape(const Config& cfg, const DerivedConfig& d) {
-    GptShape s;
-    s.L = cfg.model.num_layers;
-    s.C = cfg.model.hidden_size;
-    s.NH = cfg.model.num_attention_heads;
-    s.T = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_length;
-    s.S = cfg.model.seq_length;
-    s.V = cfg.model.vocab_size;
-    s.Vp = d.padded_vocab;
-    s.F = d.ffn_hidden;
-    s.eps = cfg.model.layernorm_epsilon;
-    return s;
-}
-
-PlanShape plan_shape(const Config& cfg, const DerivedConfig& d) {
-    const ParallelConfig& par = cfg.parallel;
-    return PlanShape{par.tensor_model_parallel_size,
-                     par.pipeline_model_parallel_size,
-                     d.dp,
-                     par.virtual_pipeline_model_parallel_size,
-                     parse_schedule_kind(par.pipeline_schedule),
-                     d.num_microbatches,
-                     cfg.training.micro_batch_size,
-                     par.zero_stage,
-                     par.sequence_parallel,
-                     model_dtype(cfg.mixed_precision)};
+PlanShape plan_shape(const RunLayout& l) {
+    PlanShape p;
+    p.tp = l.tp();
+    p.pp = l.pp();
+    p.dp = l.dp();
+    p.virtual_stages = l.virtual_stages;
+    p.kind = l.schedule;
+    p.num_microbatches = l.num_microbatches;
+    p.micro_batch = l.micro_batch;
+    p.zero_stage = l.zero_stage;
+    p.sequence_parallel = l.sequence_parallel;
+    p.dtype = l.dtype;
+    return p;
 }
 
 std::vector<size_t> StagePlan::allocations() const {
@@ -232,50 +218,35 @@ int run_plan(const Config& cfg, int world_size) { return run_plan(cfg, PlanOptio
 
 int run_plan(const Config& cfg_in, const PlanOptions& o) {
     Config cfg = cfg_in;
-    if (cfg.model.vocab_size == 0) {  // from the data, as train resolves it
-        std::unique_ptr<TokenSource> source = open_token_source(cfg.data, 0);
-        cfg.model.vocab_size = source->vocab_size();
-    }
-    const DerivedConfig d = validate_config(cfg, o.world_size);
-    const ParallelConfig& par = cfg.parallel;
-    const int tp = par.tensor_model_parallel_size, pp = par.pipeline_model_parallel_size;
+    if (cfg.model.vocab_size == 0) cfg = resolve_vocab(cfg, *open_token_source(cfg.data, 0));  // as train does
+    const RunLayout layout = make_run_layout(cfg, o.world_size);
     const int rpn = std::max(1, o.ranks_per_node);
-    log_info(
-        "derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
-        "ffn hidden {}",
-        d.world_size, tp, pp, d.dp, d.padded_vocab, cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by,
-        d.ffn_hidden);
-    log_info(
-        "derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
-        "parameters {} ({:.2f} M)",
-        cfg.training.micro_batch_size * d.num_microbatches * d.dp, cfg.training.micro_batch_size, d.num_microbatches,
-        d.dp, d.tokens_per_step, d.num_parameters, static_cast<double>(d.num_parameters) / 1e6);
+    log_derived(layout, cfg);
 
-    log_info("\nranks (order tp-dp-pp: rank = tp + {} * (dp + {} * pp); node = rank / {} ranks per node)", tp, d.dp,
-             rpn);
-    const Topology topo{tp, d.dp, pp};
+    log_info("\nranks (order tp-dp-pp: rank = tp + {} * (dp + {} * pp); node = rank / {} ranks per node)", layout.tp(),
+             layout.dp(), rpn);
     std::vector<std::vector<std::string>> rows;
     for (int r = 0; r < std::min(o.world_size, kMaxRankRows); ++r) {
-        const Coord c = topo.coord_of(r);
+        const Coord c = layout.topology.coord_of(r);
         rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", c.pp), fmt::format("{}", c.dp),
                         fmt::format("{}", r / rpn)});
     }
     print_table({"rank", "tp", "pp", "dp", "node"}, rows);
     if (o.world_size > kMaxRankRows) log_info("... {} more", o.world_size - kMaxRankRows);
 
-    const PlanShape ps = plan_shape(cfg, d);
-    const auto stages = plan_stages(gpt_shape(cfg, d), ps);
+    const PlanShape ps = plan_shape(layout);
+    const auto stages = plan_stages(layout.shape, ps);
     log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {})",
              ps.dtype == DType::kF32
                  ? std::string("fp32")
                  : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype)),
-             par.zero_stage, d.dp);
+             ps.zero_stage, ps.dp);
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
-    const SimResult sim = simulate(make_schedule(ps.kind, pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
+    const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
     log_info(
         "\nbubble: {}, pp {}, micro-batches {}, virtual stages {}: {:.2f}% of the step (theoretical: "
         "t_backward = 2 t_forward, free communication)",
-        to_string(ps.kind), pp, ps.num_microbatches, ps.virtual_stages, 100.0 * sim.bubble_fraction);
+        to_string(ps.kind), ps.pp, ps.num_microbatches, ps.virtual_stages, 100.0 * sim.bubble_fraction);
 
     Config budget_cfg = cfg;
     if (o.memory_gib > 0) budget_cfg.run.memory_limit_gb = o.memory_gib;
@@ -287,7 +258,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
              largest, format_bytes(static_cast<size_t>(budget)),
              o.memory_gib > 0 ? std::string("--memory-gb") : memory_budget_source(budget_cfg, on_node),
              static_cast<double>(peak) <= budget ? "fits" : "does not fit");
-    if (cfg.run.backend == "cuda" && o.memory_gib <= 0 && cfg.run.memory_limit_gb <= 0) {
+    if (layout.backend == BackendKind::kCUDA && o.memory_gib <= 0 && cfg.run.memory_limit_gb <= 0) {
         log_info(
             "run.backend is cuda: train checks against the GPU's memory / ranks per device, less {:.1f} GiB per rank; "
             "pass --memory-gb with that number to check it here (an 80 GiB GPU, one rank each: --memory-gb {:.1f})",

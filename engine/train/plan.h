@@ -24,6 +24,7 @@
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/parallel/schedule.h"
+#include "engine/train/run_layout.h"
 
 namespace ms {
 
@@ -32,9 +33,6 @@ struct PlanOptions {
     int ranks_per_node = 8;  // for the node column and the default memory budget
     double memory_gib = 0;   // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
 };
-
-// The model shape the trainer builds from a validated config.
-GptShape gpt_shape(const Config& cfg, const DerivedConfig& d);
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
 struct StagePlan {
@@ -68,7 +66,8 @@ struct PlanShape {
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).
 std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p);
-PlanShape plan_shape(const Config& cfg, const DerivedConfig& d);
+// The plan's view of a run's layout.
+PlanShape plan_shape(const RunLayout& layout);
 
 // The per-stage memory table, one string per line (header, rule, a row per stage).
 std::vector<std::string> stage_table(const std::vector<StagePlan>& stages);

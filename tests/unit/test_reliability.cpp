@@ -159,7 +159,7 @@ struct OneRank {
         cfg = ms::load_config("", {"run.output_dir=" + dir.path(), "reliability.nan_policy=" + policy,
                                    "reliability.inject=" + inject, "training.train_iters=10", "model.num_layers=2",
                                    "model.hidden_size=64", "model.num_attention_heads=4"});
-        groups = ms::make_process_groups(world, 1, 1, 1);
+        groups = ms::make_process_groups(world, ms::Topology{});
     }
 };
 

@@ -271,7 +271,7 @@ TEST(ScheduleTest, SimulatorDetectsDeadlockAndCountsCommunication) {
 
 TEST(ScheduleTest, RejectsInvalidConfigurationsNamingTheNumbers) {
     try {
-        ms::make_schedule(ScheduleKind::kInterleaved1F1B, 4, 6, 2);
+        ms::check_schedule(ScheduleKind::kInterleaved1F1B, 4, 6, 2);
         FAIL() << "expected a UserError";
     } catch (const ms::UserError& e) {
         const std::string msg = e.what();
@@ -280,11 +280,13 @@ TEST(ScheduleTest, RejectsInvalidConfigurationsNamingTheNumbers) {
             << msg;
         EXPECT_NE(msg.find("---> HINT: use 4 or 8 micro-batches"), std::string::npos) << msg;
     }
-    EXPECT_THROW(ms::make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 2), ms::UserError);
-    EXPECT_THROW(ms::make_schedule(ScheduleKind::k1F1B, 4, 8, 2), ms::UserError);
-    EXPECT_THROW(ms::make_schedule(ScheduleKind::kGPipe, 0, 8, 1), ms::UserError);
-    EXPECT_THROW(ms::make_schedule(ScheduleKind::k1F1B, 4, 0, 1), ms::UserError);
-    EXPECT_THROW(ms::make_schedule(ScheduleKind::kInterleaved1F1B, 4, 8, 0), ms::UserError);
+    EXPECT_THROW(ms::check_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 2), ms::UserError);
+    EXPECT_THROW(ms::check_schedule(ScheduleKind::k1F1B, 4, 8, 2), ms::UserError);
+    EXPECT_THROW(ms::check_schedule(ScheduleKind::kGPipe, 0, 8, 1), ms::UserError);
+    EXPECT_THROW(ms::check_schedule(ScheduleKind::k1F1B, 4, 0, 1), ms::UserError);
+    EXPECT_THROW(ms::check_schedule(ScheduleKind::kInterleaved1F1B, 4, 8, 0), ms::UserError);
+    EXPECT_NO_THROW(ms::check_schedule(ScheduleKind::kInterleaved1F1B, 4, 8, 2));
+    EXPECT_EQ(ms::schedule_error(ScheduleKind::k1F1B, 4, 3, 1), "");
 }
 
 TEST(ScheduleTest, KindNamesRoundTrip) {

@@ -1,0 +1,81 @@
+// run_layout.cpp: make_run_layout and the vocabulary resolution (see run_layout.h).
+#include "engine/train/run_layout.h"
+
+#include <fmt/format.h>
+
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/data/dataset.h"
+
+namespace ms {
+
+BackendKind parse_backend_kind(std::string_view name) {
+    return name == "cuda" ? BackendKind::kCUDA : BackendKind::kCPU;
+}
+
+int64_t padded_vocab_size(int64_t vocab, int divisible_by, int tp) {
+    const int64_t multiple = int64_t{divisible_by} * tp;
+    return (vocab + multiple - 1) / multiple * multiple;
+}
+
+GptShape gpt_shape(const Config& cfg, const DerivedConfig& d) {
+    GptShape s;
+    s.L = cfg.model.num_layers;
+    s.C = cfg.model.hidden_size;
+    s.NH = cfg.model.num_attention_heads;
+    s.T = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_length;
+    s.S = cfg.model.seq_length;
+    s.V = cfg.model.vocab_size;
+    s.Vp = d.padded_vocab;
+    s.F = d.ffn_hidden;
+    s.eps = cfg.model.layernorm_epsilon;
+    return s;
+}
+
+RunLayout make_run_layout(const Config& cfg, int world_size) {
+    const DerivedConfig d = validate_config(cfg, world_size);
+    const ParallelConfig& par = cfg.parallel;
+    RunLayout l;
+    l.backend = parse_backend_kind(cfg.run.backend);
+    l.comm = parse_comm_kind(cfg.run.comm);
+    l.dtype = model_dtype(cfg.mixed_precision);
+    l.schedule = parse_schedule_kind(par.pipeline_schedule);
+    l.topology = Topology{par.tensor_model_parallel_size, d.dp, par.pipeline_model_parallel_size};
+    l.virtual_stages = par.virtual_pipeline_model_parallel_size;
+    l.layers_per_chunk = cfg.model.num_layers / (par.pipeline_model_parallel_size * l.virtual_stages);
+    l.sequence_parallel = par.sequence_parallel;
+    l.zero_stage = par.zero_stage;
+    l.micro_batch = cfg.training.micro_batch_size;
+    l.num_microbatches = d.num_microbatches;
+    l.global_batch = int64_t{l.micro_batch} * l.num_microbatches * d.dp;
+    l.num_parameters = d.num_parameters;
+    l.shape = gpt_shape(cfg, d);
+    return l;
+}
+
+Config resolve_vocab(Config cfg, const TokenSource& source) {
+    if (cfg.model.vocab_size == 0) {
+        cfg.model.vocab_size = source.vocab_size();
+    } else if (source.vocab_size() > cfg.model.vocab_size) {
+        throw UserError(fmt::format(
+            "config error: model.vocab_size({}) is smaller than the data's largest token id + 1 ({}) in {}\n"
+            "---> HINT: set model.vocab_size to at least {} (or 0 to take it from the data)",
+            cfg.model.vocab_size, source.vocab_size(), source.describe(), source.vocab_size()));
+    }
+    return cfg;
+}
+
+void log_derived(const RunLayout& l, const Config& cfg) {
+    log_info(
+        "derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
+        "ffn hidden {}",
+        l.world_size(), l.tp(), l.pp(), l.dp(), l.shape.Vp, l.shape.V, cfg.model.make_vocab_size_divisible_by,
+        l.shape.F);
+    log_info(
+        "derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
+        "parameters {} ({:.2f} M)",
+        l.global_batch, l.micro_batch, l.num_microbatches, l.dp(), l.tokens_per_step(), l.num_parameters,
+        static_cast<double>(l.num_parameters) / 1e6);
+}
+
+}  // namespace ms
