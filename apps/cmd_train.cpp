@@ -63,6 +63,12 @@ Command add_plan_command(CLI::App& parent) {
     cmd->add_option("--memory-gb", plan->memory_gib,
                     "Memory budget per rank in GiB (default: this machine's memory / ranks on a node)")
         ->check(CLI::PositiveNumber);
+    cmd->add_flag(
+        "--graph", plan->graph,
+        "Also print each model chunk's op graph: its ops with the bytes each reads and writes, what the passes "
+        "changed, and the bytes moved before and after them");
+    cmd->add_option("--dot", plan->dot_path,
+                    "Also write the chunks' op graphs as Graphviz to this file (implies --graph)");
     return {cmd, [args, plan]() {
                 const Config cfg = load_config(args->config_path, args->overrides);
                 if (args->print_config) {

@@ -8,6 +8,7 @@
 // 3. The fused LM head: the same step with and without it, and the activation bytes each holds.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -100,6 +101,34 @@ int main(int argc, char** argv) {
         if (!lm_head) row("one layer, forward + backward", before.layer.moved(), after.layer.moved());
         row(lm_head ? "LM head + loss, with the fused LM head" : "LM head + loss, ops as written", before.head.moved(),
             after.head.moved());
+    }
+
+    // in place: gradients that alias another tensor's (identity gradients, the stage's received gradient) and
+    // ops that write their input (the forward all-reduces, the cross-entropy backward over the logits)
+    {
+        const ms::GptGraphSpec spec{.shape = s, .B = B, .T = T};
+        const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s)).g;
+        std::vector<int> uses(g.tensors.size(), 0);
+        for (size_t t = 0; t < g.tensors.size(); ++t) {
+            const ms::graph::TensorId d = g.grad_of[t];
+            if (d != ms::graph::kNoTensor && g.tensors[static_cast<size_t>(d)].role != ms::graph::Role::kGradient)
+                ++uses[static_cast<size_t>(d)];
+        }
+        int aliased = 0;
+        int64_t saved = 0;
+        for (size_t t = 0; t < g.tensors.size(); ++t) {
+            if (uses[t] <= 1) continue;
+            aliased += uses[t] - 1;
+            saved += (uses[t] - 1) * g.tensors[t].bytes();
+        }
+        int in_place = 0;
+        for (const ms::graph::Node& n : g.nodes)
+            for (ms::graph::TensorId t : n.out)
+                if (t != ms::graph::kNoTensor && std::find(n.in.begin(), n.in.end(), t) != n.in.end()) ++in_place;
+        fmt::print(
+            "   in place: {} gradients alias another tensor's ({:.1f} MiB not allocated or copied); {} ops "
+            "write their input\n",
+            aliased, mib(static_cast<double>(saved)), in_place);
     }
 
     // 2. recomputation, 3. the fused LM head

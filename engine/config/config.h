@@ -43,6 +43,9 @@ struct ModelConfig {
     float init_method_std = 0.02f;
     float hidden_dropout = 0.0f;     // only 0 is supported on this backend
     float attention_dropout = 0.0f;  // only 0 is supported on this backend
+    // The LM head's matmul and its cross-entropy (forward and backward) as one op over chunks of rows, so the
+    // (tokens, padded vocabulary) logits are never held (tensor parallelism of one; others run the ops as written).
+    bool cross_entropy_loss_fusion = true;
 };
 
 struct ParallelConfig {
@@ -60,7 +63,10 @@ struct TrainingConfig {
     int global_batch_size = 0;  // 0 -> micro_batch_size * dp
     int64_t train_iters = 100;
     float clip_grad = 1.0f;  // 0 disables clipping
+    // Activation recomputation (engine/graph/recompute_options.h): none | full | selective; uniform | block.
     std::string recompute_granularity = "none";
+    std::string recompute_method = "uniform";
+    int recompute_num_layers = 1;  // uniform: layers per group (1); block: the first layers of each model chunk
 };
 
 // Megatron's precision flags. bf16 / fp16: 16-bit model weights and activations, fp32 master weights, gradients and

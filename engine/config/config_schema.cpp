@@ -125,6 +125,7 @@ std::vector<Field> config_fields(Config& c) {
         {"model.init_method_std", &c.model.init_method_std, positive()},
         {"model.hidden_dropout", &c.model.hidden_dropout, unit_interval_open()},
         {"model.attention_dropout", &c.model.attention_dropout, unit_interval_open()},
+        {"model.cross_entropy_loss_fusion", &c.model.cross_entropy_loss_fusion, {}},
 
         {"parallel.tensor_model_parallel_size", &c.parallel.tensor_model_parallel_size, at_least(1)},
         {"parallel.pipeline_model_parallel_size", &c.parallel.pipeline_model_parallel_size, at_least(1)},
@@ -146,6 +147,8 @@ std::vector<Field> config_fields(Config& c) {
         {"training.clip_grad", &c.training.clip_grad, Constraint{.min = 0, .hint = "0 disables clipping"}},
         {"training.recompute_granularity", &c.training.recompute_granularity,
          one_of({"none", "full", "selective"})},
+        {"training.recompute_method", &c.training.recompute_method, one_of({"uniform", "block"})},
+        {"training.recompute_num_layers", &c.training.recompute_num_layers, at_least(1)},
 
         {"mixed_precision.dtype", &c.mixed_precision.dtype, one_of({"fp32", "bf16", "fp16"})},
         {"mixed_precision.loss_scale", &c.mixed_precision.loss_scale,

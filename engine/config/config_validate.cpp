@@ -103,8 +103,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "yet (both must be 0)",
             m.hidden_dropout, m.attention_dropout);
     }
-    if (t.recompute_granularity != "none") {
-        fail("training.recompute_granularity = '{}' is not supported yet (only 'none')", t.recompute_granularity);
+    if (t.recompute_granularity == "full" && t.recompute_method == "uniform" && t.recompute_num_layers != 1) {
+        fail(
+            "training.recompute_num_layers = {} with recompute_method 'uniform': groups of layers recomputed together "
+            "are not supported yet; use 1 (every layer recomputed on its own) or recompute_method 'block' (the first "
+            "recompute_num_layers layers of each model chunk)",
+            t.recompute_num_layers);
     }
 
     // ---- model shape ----

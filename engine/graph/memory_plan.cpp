@@ -77,7 +77,7 @@ std::string layer_key(const TensorInfo& t) {
     return t.name.substr(0, at) + "h.*." + t.name.substr(at + prefix.size());
 }
 
-MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, int leading) {
+MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, int leading, bool one_block) {
     const std::vector<Lifetime> life = lifetimes(g);
     MemoryPlan p;
     p.first_layer = first_layer;
@@ -160,18 +160,30 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, in
                                                        layer_scratch[phase].total_bytes, begin[phase], end[phase], -1});
         }
     }
-    p.slot = plan_buffers(p.slot_requests, kMemoryAlign);
-    p.scratch = plan_buffers(p.scratch_requests, kMemoryAlign);
+    // chunk level placement: two blocks, or with one_block the scratch requests after the slot ones in one plan
+    const MemGroup scratch_group = one_block ? MemGroup::kSlot : MemGroup::kScratch;
+    const size_t slot_count = p.slot_requests.size();
+    if (one_block) {
+        std::vector<BufferRequest> all = p.slot_requests;
+        all.insert(all.end(), p.scratch_requests.begin(), p.scratch_requests.end());
+        p.slot = plan_buffers(all, kMemoryAlign);
+        p.scratch.offsets.assign(p.slot.offsets.begin() + static_cast<std::ptrdiff_t>(slot_count),
+                                 p.slot.offsets.end());
+        p.slot.offsets.resize(slot_count);
+    } else {
+        p.slot = plan_buffers(p.slot_requests, kMemoryAlign);
+        p.scratch = plan_buffers(p.scratch_requests, kMemoryAlign);
+    }
     for (size_t i = 0; i < slot_names.size(); ++i) p.chunk_places[slot_names[i]] = {MemGroup::kSlot, p.slot.offsets[i]};
     for (size_t i = 0; i < scratch_names.size(); ++i)
-        p.chunk_places[scratch_names[i]] = {MemGroup::kScratch, p.scratch.offsets[i]};
+        p.chunk_places[scratch_names[i]] = {scratch_group, p.scratch.offsets[i]};
     if (layers_request >= 0) p.layers_offset = p.slot.offsets[static_cast<size_t>(layers_request)];
     for (int phase = 0; phase < 2; ++phase) {
         if (layer_scratch_request[phase] < 0) continue;
         const size_t base = p.scratch.offsets[static_cast<size_t>(layer_scratch_request[phase])];
         for (size_t i = 0; i < scratch_keys[phase].size(); ++i) {
             const auto& [k, key] = scratch_keys[phase][i];
-            p.kinds[static_cast<size_t>(k)].places[key] = {MemGroup::kScratch, base + layer_scratch[phase].offsets[i]};
+            p.kinds[static_cast<size_t>(k)].places[key] = {scratch_group, base + layer_scratch[phase].offsets[i]};
         }
     }
     return p;

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -62,6 +63,9 @@ struct MemoryPlan {
     std::vector<BufferRequest> slot_requests, scratch_requests;
     Plan slot, scratch;
     size_t layers_offset = 0;  // in the slot block
+    // Where the graph of a forward without the loss lives when it differs from this one's (the fused LM head has no
+    // logits; a forward for the logits has): a plan of its own over the same blocks, which are sized for both.
+    std::shared_ptr<const MemoryPlan> logits_only;
 
     size_t slot_bytes() const { return slot.total_bytes; }
     size_t scratch_bytes() const { return scratch.total_bytes; }
@@ -74,7 +78,10 @@ struct MemoryPlan {
 
 // representative: the chunk's graph with its first min(num_layers, 2) layers, from first_layer. leading: how many of
 // the chunk's first layers are like the representative's first (kinds[0]); the others are like its second.
-MemoryPlan plan_graph_memory(const Graph& representative, int first_layer, int num_layers, int leading);
+// one_block: everything in the slot block (scratch_bytes() 0): a forward that keeps nothing for a backward and may
+// use its slot's whole block (the logits-only forward beside the fused LM head).
+MemoryPlan plan_graph_memory(const Graph& representative, int first_layer, int num_layers, int leading,
+                             bool one_block = false);
 
 // "h.*.<what>" for a tensor of layer l named "[d.]h.<l>.<what>"; the name itself for the chunk's own tensors.
 std::string layer_key(const TensorInfo& t);

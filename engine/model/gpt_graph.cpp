@@ -258,8 +258,23 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
                             .B = max_batch,
                             .T = shape.seq(),
                             .options = rep_options};
-    const GptGraph g = build_gpt_graph(spec, gpt_param_table(shape, tp_size, first));
-    return graph::plan_graph_memory(g.g, part.first_layer, num_layers, leading);
+    const std::vector<ParamInfo> table = gpt_param_table(shape, tp_size, first);
+    graph::MemoryPlan plan =
+        graph::plan_graph_memory(build_gpt_graph(spec, table).g, part.first_layer, num_layers, leading);
+    if (options.lm_head_loss_fusion && tp_size == 1 && part.head) {
+        // the fused head holds no logits; a forward for the logits (generation) does: it gets its own plan over the
+        // same blocks, sized for both
+        GptGraphSpec logits = spec;
+        logits.with_loss = false;
+        auto other = std::make_shared<graph::MemoryPlan>(
+            graph::plan_graph_memory(build_gpt_graph(logits, table).g, part.first_layer, num_layers, leading, true));
+        const size_t slot = std::max(plan.slot.total_bytes, other->slot.total_bytes);
+        const size_t scratch = std::max(plan.scratch.total_bytes, other->scratch.total_bytes);
+        plan.slot.total_bytes = other->slot.total_bytes = slot;
+        plan.scratch.total_bytes = other->scratch.total_bytes = scratch;
+        plan.logits_only = std::move(other);
+    }
+    return plan;
 }
 
 GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
@@ -302,14 +317,15 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
                       .with_loss = with_loss,
                       .options = o_.graph};
     entry->graph = build_gpt_graph(spec, table_);
+    entry->plan = !with_loss && plan_.logits_only ? plan_.logits_only.get() : &plan_;
     for (int i = 0; i < o_.num_slots; ++i) {
         const graph::Bindings at{static_cast<std::byte*>(o_.weights), o_.grads,
                                  slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>()};
         double* loss = &loss_sum_[static_cast<size_t>(i)];
         entry->forward.push_back(
-            compile_program(entry->graph.g, graph::Phase::kForward, plan_, at, backend_, tp_, loss));
+            compile_program(entry->graph.g, graph::Phase::kForward, *entry->plan, at, backend_, tp_, loss));
         entry->backward.push_back(
-            compile_program(entry->graph.g, graph::Phase::kBackward, plan_, at, backend_, tp_, loss));
+            compile_program(entry->graph.g, graph::Phase::kBackward, *entry->plan, at, backend_, tp_, loss));
     }
     return *entry;
 }
@@ -364,8 +380,15 @@ const void* GptProgram::grad_input(int slot) const {
     return address(g.grad_of[static_cast<size_t>(g.find("input"))], slot);
 }
 Tensor GptProgram::logits_tensor() const {
+    const Compiled& c = last_ != nullptr ? *last_ : *full_;
+    const graph::TensorId t = c.graph.g.find("logits");
+    MS_CHECK(t != kNoTensor && c.plan->place(c.graph.g, t).group != graph::MemGroup::kNone,
+             "logits_tensor(): the last forward held no logits (the fused LM head computes the loss without them: "
+             "call forward() without targets for the logits)");
+    const graph::MemoryPlan::Place p = c.plan->place(c.graph.g, t);
+    const MemoryBlock& block = p.group == graph::MemGroup::kSlot ? slot_blocks_.at(0) : scratch_block_;
     const int64_t N = static_cast<int64_t>(B_ > 0 ? B_ : o_.max_batch) * (T_ > 0 ? T_ : shape_.seq());
-    return Tensor(tensor("logits", 0), o_.dtype, {N, shape_.Vp / tp_.size()});
+    return Tensor(block.as<std::byte>() + p.offset, o_.dtype, {N, shape_.Vp / tp_.size()});
 }
 const float* GptProgram::losses() const { return static_cast<const float*>(tensor("losses", 0)); }
 

@@ -80,6 +80,7 @@ class GptProgram {
   private:
     struct Compiled {
         GptGraph graph;
+        const graph::MemoryPlan* plan = nullptr;        // plan_, or its logits_only
         std::vector<graph::Program> forward, backward;  // per slot
     };
     const Compiled& compiled(int B, int T, bool with_loss);

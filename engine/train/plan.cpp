@@ -12,6 +12,7 @@
 #include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/train/pipeline.h"
+#include "engine/train/plan_graph.h"
 #include "engine/train/trainer.h"
 #include "memory/arena.h"
 
@@ -88,6 +89,7 @@ PlanShape plan_shape(const RunLayout& l) {
     p.zero_stage = l.zero_stage;
     p.sequence_parallel = l.sequence_parallel;
     p.dtype = l.dtype;
+    p.graph = l.graph;
     return p;
 }
 
@@ -130,7 +132,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             st.params += chunk.params;
             flat = align_up(flat + chunk.flat, kAlign);
             const graph::MemoryPlan act =
-                plan_gpt_memory(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype);
+                plan_gpt_memory(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype, p.graph);
             const auto slot = static_cast<int64_t>(act.slot_bytes());
             const auto scratch = static_cast<int64_t>(act.scratch_bytes());
             st.slot_bytes.push_back(slot);
@@ -264,6 +266,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             "pass --memory-gb with that number to check it here (an 80 GiB GPU, one rank each: --memory-gb {:.1f})",
             kDeviceReserveBytes / kGiB, 80.0 - kDeviceReserveBytes / kGiB);
     }
+    if (o.graph || !o.dot_path.empty()) log_chunk_graphs(layout, o.dot_path);
     return kExitOk;
 }
 

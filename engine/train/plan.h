@@ -30,8 +30,10 @@ namespace ms {
 
 struct PlanOptions {
     int world_size = 1;
-    int ranks_per_node = 8;  // for the node column and the default memory budget
-    double memory_gib = 0;   // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
+    int ranks_per_node = 8;     // for the node column and the default memory budget
+    double memory_gib = 0;      // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
+    bool graph = false;         // --graph: also each model chunk's op graph, its passes and bytes (plan_graph.h)
+    std::string dot_path = {};  // --dot FILE: and their Graphviz drawing (implies --graph)
 };
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
@@ -61,7 +63,8 @@ struct PlanShape {
     ScheduleKind kind = ScheduleKind::k1F1B;
     int num_microbatches = 1, micro_batch = 1, zero_stage = 0;
     bool sequence_parallel = false;
-    DType dtype = DType::kF32;  // mixed_precision.dtype: activations and the weights the ops read
+    DType dtype = DType::kF32;   // mixed_precision.dtype: activations and the weights the ops read
+    GptGraphOptions graph = {};  // the fused LM head, recomputation: which ops the chunks' graphs run
 };
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).

@@ -50,6 +50,16 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.global_batch = int64_t{l.micro_batch} * l.num_microbatches * d.dp;
     l.num_parameters = d.num_parameters;
     l.shape = gpt_shape(cfg, d);
+    l.graph.backend = l.backend;
+    l.graph.lm_head_loss_fusion = cfg.model.cross_entropy_loss_fusion;
+    const TrainingConfig& t = cfg.training;
+    using graph::RecomputeGranularity;
+    l.graph.recompute.granularity = t.recompute_granularity == "full"        ? RecomputeGranularity::kFull
+                                    : t.recompute_granularity == "selective" ? RecomputeGranularity::kSelective
+                                                                             : RecomputeGranularity::kNone;
+    l.graph.recompute.method =
+        t.recompute_method == "block" ? graph::RecomputeMethod::kBlock : graph::RecomputeMethod::kUniform;
+    l.graph.recompute.num_layers = t.recompute_num_layers;
     return l;
 }
 

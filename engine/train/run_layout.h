@@ -50,6 +50,8 @@ struct RunLayout {
     // Vp = V padded to a multiple of make_vocab_size_divisible_by * tp (docs/design.md §5); F = model.ffn_hidden_size
     // or 4 * hidden_size when 0; S = model.seq_length.
     GptShape shape;
+    // which ops each chunk's graph runs: model.cross_entropy_loss_fusion, training.recompute_* (and the backend)
+    GptGraphOptions graph;
     int64_t num_parameters = 0;  // with the padded vocabulary, each element once
 
     int world_size() const { return topology.world(); }

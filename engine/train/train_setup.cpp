@@ -215,7 +215,7 @@ void setup_inputs(TrainRun& r, const Config& cfg_in) {
         r.layout = make_run_layout(r.cfg, world.size());
     });
     const Config& cfg = r.cfg;
-    check_same_config(r.mpi, name_hash(config_to_yaml(cfg)));
+    check_same_config(r.mpi, config_hash(cfg));
     r.groups.emplace(make_process_groups(world, r.layout.topology,
                                          {.comm = r.layout.comm,
                                           .backend = r.layout.backend,
@@ -225,7 +225,7 @@ void setup_inputs(TrainRun& r, const Config& cfg_in) {
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     r.reliability = std::make_unique<Reliability>(cfg, *r.groups, r.mpi.hostname());
     r.mpi.set_collective_watch(r.reliability->watch_options());
-    r.reliability->start(world, name_hash(config_to_yaml(cfg)));
+    r.reliability->start(world, config_hash(cfg));
     r.reliability->stop_point(world);
     const int T = r.layout.seq_length();
     r.train_sampler = std::make_unique<Sampler>(*r.source, cfg.data.split, Split::kTrain, T, cfg.run.seed);
@@ -251,6 +251,7 @@ void setup_backend(TrainRun& r) {
     bo.kind = r.layout.backend;
     bo.num_threads = r.cfg.run.num_threads;
     bo.local_rank = r.mpi.local_rank();
+    bo.cuda = cuda_debug_options(r.cfg.debug);
     on_every_rank_or_none(r.world, "start its backend", [&] { r.backend = make_backend(bo); });
     check_memory_fits(r.cfg, r.stages, r.world, r.mpi.local_size(), r.backend->device_memory());
     r.reliability->stop_point(r.world);
@@ -288,9 +289,9 @@ void setup_model(TrainRun& r) {
     const ProcessGroups& groups = *r.groups;
     r.model =
         std::make_unique<PipelineModel>(l.shape, *r.backend, groups, l.micro_batch, l.schedule, l.num_microbatches,
-                                        l.virtual_stages, l.sequence_parallel, &arena, l.dtype);
+                                        l.virtual_stages, l.sequence_parallel, &arena, l.dtype, l.graph);
     PipelineModel& model = *r.model;
-    model.init_weights(r.cfg.run.seed);
+    model.init_weights(r.cfg.run.seed, r.cfg.model.init_method_std);
     r.optimizer = std::make_unique<DistributedOptimizer>(model.params_info(), model.flat_size(), model.params(),
                                                          model.grads(), r.cfg.optimizer, l.zero_stage, *r.backend,
                                                          *groups.dp, *groups.mp, groups.tp_rank, &arena);

@@ -30,6 +30,7 @@
 #include "engine/backends/profiling_backend.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/config/config.h"
+#include "engine/core/switches.h"
 #include "engine/data/dataset.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/optim/loss_scaler.h"
@@ -41,14 +42,6 @@
 
 namespace ms {
 
-// The environment switches the trainer reads, read once at start-up (docs/style.md "Switches").
-struct TrainEnvSwitches {
-    std::string dump_grads;    // MS_DUMP_GRADS=PATH: the first step's gradients to PATH.stage<s> ("" off)
-    bool defer_ops = false;    // MS_DEFER_OPS=1: ops run only when the host synchronizes (deferred_backend.h)
-    bool profile_ops = false;  // MS_PROFILE_OPS=1: every op timed alone (profiling_backend.h)
-};
-TrainEnvSwitches read_train_env_switches();
-
 struct TrainRun {
     explicit TrainRun(MpiRuntime& runtime) : mpi(runtime), world(runtime.world()) {}
     TrainRun(const TrainRun&) = delete;
@@ -56,7 +49,7 @@ struct TrainRun {
 
     MpiRuntime& mpi;
     Communicator& world;
-    TrainEnvSwitches env;
+    Switches env;  // the MS_* environment switches (engine/core/switches.h), read once at start-up
     std::optional<SetupStopWatch> setup_watch;  // until the first step (reliability.h "Signals")
     std::unique_ptr<TokenSource> source;
     Config cfg;        // resolved: vocabulary from the data, the fault injection that applies, bounded eval_iters

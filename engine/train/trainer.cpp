@@ -26,15 +26,6 @@
 
 namespace ms {
 
-// The environment switches, read once here (one place for the three getenv calls).
-TrainEnvSwitches read_train_env_switches() {
-    TrainEnvSwitches s;
-    if (const char* p = std::getenv("MS_DUMP_GRADS"); p != nullptr) s.dump_grads = p;
-    if (const char* p = std::getenv("MS_DEFER_OPS"); p != nullptr && std::string_view(p) == "1") s.defer_ops = true;
-    if (const char* p = std::getenv("MS_PROFILE_OPS"); p != nullptr && std::string_view(p) == "1") s.profile_ops = true;
-    return s;
-}
-
 namespace {
 
 std::string timestamp() {
@@ -389,7 +380,8 @@ int run_train(const Config& cfg_in) {
     prepare_mpi_environment(parse_backend_kind(cfg_in.run.backend));
     MpiRuntime mpi;
     TrainRun run(mpi);
-    run.env = read_train_env_switches();
+    run.env = switches();  // before any thread starts (switches.h)
+    if (const std::string set = describe_switches(run.env); !set.empty()) log_info("{}", set);
     setup_inputs(run, cfg_in);
     setup_backend(run);
     setup_model(run);

@@ -394,3 +394,23 @@ TEST(PlanArithmetic, VirtualStagesInterleaveLayersAndShareOneFlatBuffer) {
 }
 
 }  // namespace
+
+// plan --graph: each chunk's ops with their bytes, the passes' rewrites, and the bytes before and after fusion;
+// --dot writes one Graphviz digraph per chunk.
+TEST(PlanE2E, GraphShowsOpsPassesAndBytes) {
+    const std::string dot = ms::test::make_temp_dir() + "/graph.dot";
+    const auto r = run_cli(demo_plan(2,
+                                     "--set parallel.tensor_model_parallel_size=1 --set "
+                                     "training.recompute_granularity=selective --graph --dot " +
+                                         dot));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* line :
+         {"graph of chunk 0 (layers 0-0, embedding", "graph of chunk 1 (layers 1-1, head and loss",
+          "pass recompute: 1 rewrites", "matmul + gelu -> matmul+gelu", "lm_head+cross_entropy in the forward",
+          "one layer, forward + backward", "fwd matmul+gelu", "bwd layernorm_backward"}) {
+        EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+    }
+    const std::string text = ms::test::read_file(dot);
+    EXPECT_EQ(std::count(text.begin(), text.end(), '{'), 2);  // two digraphs
+    EXPECT_NE(text.find("digraph \"chunk 1\""), std::string::npos);
+}

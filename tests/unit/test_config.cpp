@@ -346,8 +346,8 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"model.untie_embeddings_and_output_weights=true"}), 1,
                    {"untie_embeddings_and_output_weights = true is not supported"});
     validate_error(small({"model.hidden_dropout=0.1"}), 1, {"not supported on this backend yet"});
-    validate_error(small({"training.recompute_granularity=full"}), 1,
-                   {"training.recompute_granularity = 'full' is not supported yet (only 'none')"});
+    validate_error(small({"training.recompute_granularity=full", "training.recompute_num_layers=2"}), 1,
+                   {"training.recompute_num_layers = 2 with recompute_method 'uniform'", "recompute_method 'block'"});
     validate_error(small({"mixed_precision.bf16=true", "mixed_precision.loss_scale=128"}), 1,
                    {"mixed_precision.loss_scale = 128 is set but mixed_precision.dtype = 'bf16'", "fp16 only"});
     validate_error(small({"mixed_precision.fp16=true", "mixed_precision.min_loss_scale=8",
