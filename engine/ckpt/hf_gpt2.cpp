@@ -14,6 +14,7 @@
 #include "engine/core/check.h"
 #include "engine/core/log.h"
 #include "engine/optim/adamw.h"
+#include "engine/train/run_layout.h"
 
 namespace ms {
 namespace {
@@ -246,8 +247,7 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
         m.layernorm_epsilon = s.eps;
     }
     m.vocab_size = s.V;
-    const int64_t multiple = std::max(1, m.make_vocab_size_divisible_by);
-    s.Vp = static_cast<int>((s.V + multiple - 1) / multiple * multiple);
+    s.Vp = static_cast<int>(padded_vocab_size(s.V, std::max(1, m.make_vocab_size_divisible_by), 1));
 
     // model.safetensors -> canonical tensors in the whole model's flat layout.
     const SafetensorsFile file = [&] {
