@@ -95,11 +95,19 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=0, help="stop after the step that crosses this (0: never)")
     ap.add_argument("--attention", choices=["auto", "sdpa", "masked"], default="auto",
                     help="auto: F.scaled_dot_product_attention where this torch has it (>= 2.0), else masked matmuls")
+    ap.add_argument("--ddp", action="store_true",
+                    help="data parallel over the processes torchrun starts (DistributedDataParallel, gloo on the CPU); "
+                         "each rank its own micro-batch, rank 0 prints the JSON line")
     ap.add_argument("--adamw", choices=["auto", "fused", "foreach"], default="auto",
                     help="auto: fused on the GPU and on the CPU from torch 2.4, else foreach")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    rank = 0
+    if a.ddp:
+        import torch.distributed as dist
+        dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
+        rank = dist.get_rank()
+    torch.manual_seed(rank)
     cuda = a.device == "cuda"
     if cuda:  # strict fp32 matmuls, as mindspeed-train's by default, unless --dtype tf32 (debug.cuda_tf32: true there)
         torch.backends.cuda.matmul.allow_tf32 = a.dtype == "tf32"
@@ -112,6 +120,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             **({"fused": True} if adamw == "fused" else {"foreach": True}))
     step_model = torch.compile(model) if a.compile else model
+    if a.ddp:
+        step_model = torch.nn.parallel.DistributedDataParallel(step_model)
     x = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
     y = torch.randint(0, a.vocab, (a.batch, a.seq), device=a.device)
     times = []
@@ -127,15 +137,18 @@ def main():
         if cuda:
             torch.cuda.synchronize()
         dt = (time.perf_counter() - t0) * 1e3
-        print(f"step {step} ms {dt:.1f} loss {loss.item():.4f}", flush=True)
+        if rank == 0:
+            print(f"step {step} ms {dt:.1f} loss {loss.item():.4f}", flush=True)
         if step >= a.warmup:
             times.append(dt)
         if a.max_seconds > 0 and time.perf_counter() - start > a.max_seconds:
             break
     result = {"median_ms_per_step": statistics.median(times) if times else None, "steps": len(times),
               "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": a.dtype, "compile": a.compile,
-              "sdpa": sdpa, "adamw": adamw, "threads": torch.get_num_threads(), "torch": torch.__version__}
-    print(json.dumps(result), flush=True)
+              "sdpa": sdpa, "adamw": adamw, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "ddp": a.ddp}
+    if rank == 0:
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":
