@@ -83,7 +83,7 @@ bool fold_bias_gradient(Graph& g, size_t i, PassReport& r) {
     return false;
 }
 
-// The index of the op that writes t in `phase` (the first), or -1.
+// The index of the first op of kind `op` that writes t, or -1.
 int writer(const Graph& g, TensorId t, OpCode op) {
     for (size_t i = 0; i < g.nodes.size(); ++i) {
         const Node& n = g.nodes[i];

@@ -20,12 +20,17 @@ struct Lifetime {
     bool crosses = false;  // an op of another layer touches it (a layer's output read by the next layer's first op)
 };
 
+// The step of op i: forward ops keep their index; the hand-off step sits between them and the backward ops.
+int step_of(size_t i, int forward) {
+    return static_cast<int>(i) < forward ? static_cast<int>(i) : static_cast<int>(i) + 1;
+}
+
 std::vector<Lifetime> lifetimes(const Graph& g) {
     const int forward = g.num_forward();
     const int handoff = forward, end = static_cast<int>(g.nodes.size()) + 1;
     std::vector<Lifetime> life(g.tensors.size());
     for (size_t i = 0; i < g.nodes.size(); ++i) {
-        const int step = static_cast<int>(i) < forward ? static_cast<int>(i) : static_cast<int>(i) + 1;
+        const int step = step_of(i, forward);
         for (const auto* list : {&g.nodes[i].in, &g.nodes[i].out}) {
             for (TensorId t : *list) {
                 if (t == kNoTensor) continue;
@@ -89,7 +94,7 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, in
     for (size_t i = 0; i < g.nodes.size(); ++i) {
         if (g.nodes[i].layer < 0) continue;
         const int phase = static_cast<int>(i) < forward ? 0 : 1;
-        const int step = static_cast<int>(i) + phase;
+        const int step = step_of(i, forward);
         begin[phase] = std::min(begin[phase], step);
         end[phase] = std::max(end[phase], step);
     }
@@ -107,7 +112,7 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, in
         int range[2][2] = {{INT_MAX, -1}, {INT_MAX, -1}};  // [phase][first, last] steps of the layer's ops
         for (size_t i = 0; i < g.nodes.size(); ++i) {
             if (g.nodes[i].layer != rep) continue;
-            const int phase = static_cast<int>(i) < forward ? 0 : 1, step = static_cast<int>(i) + phase;
+            const int phase = static_cast<int>(i) < forward ? 0 : 1, step = step_of(i, forward);
             range[phase][0] = std::min(range[phase][0], step);
             range[phase][1] = std::max(range[phase][1], step);
         }

@@ -62,13 +62,14 @@ PassReport recompute(Graph& g, const RecomputeOptions& o, int first_layer) {
         std::reverse(kept.begin(), kept.end());
         // fresh tensors for what runs again; the copies of the ops; the backward reads the fresh tensors
         std::map<TensorId, TensorId> fresh;
-        for (TensorId t : needed) {
+        auto make_fresh = [&](TensorId t) {
             TensorInfo info = g.info(t);
             info.name += ".recompute";
             info.role = Role::kActivation;
             info.grad_name.clear();
             fresh[t] = g.add_tensor(std::move(info));
-        }
+        };
+        for (TensorId t : needed) make_fresh(t);
         auto renamed = [&](TensorId t) { return fresh.count(t) ? fresh[t] : t; };
         std::vector<Node> copies;
         for (int i : kept) {
@@ -79,13 +80,7 @@ PassReport recompute(Graph& g, const RecomputeOptions& o, int first_layer) {
             for (TensorId& t : n.out) {
                 // outputs nobody reads again (a LayerNorm's statistics when only its output is needed) still get
                 // fresh memory: the op writes them
-                if (t != kNoTensor && !fresh.count(t)) {
-                    TensorInfo info = g.info(t);
-                    info.name += ".recompute";
-                    info.role = Role::kActivation;
-                    info.grad_name.clear();
-                    fresh[t] = g.add_tensor(std::move(info));
-                }
+                if (t != kNoTensor && !fresh.count(t)) make_fresh(t);
                 t = renamed(t);
             }
             copies.push_back(std::move(n));
