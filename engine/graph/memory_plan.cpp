@@ -121,7 +121,7 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, in
             const TensorInfo& info = g.tensors[t];
             if (info.layer != rep || life[t].last < 0) continue;
             if (life[t].slot) {
-                kind.places[layer_key(info)] = {MemGroup::kSlot, kind.slot_bytes};
+                kind.own[layer_key(info)] = kind.slot_bytes;
                 kind.slot_bytes += align(static_cast<size_t>(info.bytes()));
                 continue;
             }
@@ -188,7 +188,7 @@ MemoryPlan plan_graph_memory(const Graph& g, int first_layer, int num_layers, in
         const size_t base = p.scratch.offsets[static_cast<size_t>(layer_scratch_request[phase])];
         for (size_t i = 0; i < scratch_keys[phase].size(); ++i) {
             const auto& [k, key] = scratch_keys[phase][i];
-            p.kinds[static_cast<size_t>(k)].places[key] = {scratch_group, base + layer_scratch[phase].offsets[i]};
+            p.kinds[static_cast<size_t>(k)].shared[key] = {scratch_group, base + layer_scratch[phase].offsets[i]};
         }
     }
     return p;
@@ -214,11 +214,10 @@ MemoryPlan::Place MemoryPlan::place(const Graph& g, TensorId t) const {
              "memory plan: tensor '{}' of layer {} outside the planned layers [{}, {})", info.name, info.layer,
              first_layer, first_layer + num_layers);
     const LayerKind& kind = kinds[index < leading ? 0 : kinds.size() - 1];
-    const auto it = kind.places.find(key);
-    if (it == kind.places.end()) return {};
-    if (it->second.group == MemGroup::kSlot)
-        return {MemGroup::kSlot, layers_offset + layer_slot_offset(index) + it->second.offset};
-    return it->second;  // the one copy of a layer's scratch, shared by the layers
+    if (const auto own = kind.own.find(key); own != kind.own.end())
+        return {MemGroup::kSlot, layers_offset + layer_slot_offset(index) + own->second};
+    const auto shared = kind.shared.find(key);
+    return shared == kind.shared.end() ? Place{} : shared->second;
 }
 
 }  // namespace ms::graph

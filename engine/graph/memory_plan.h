@@ -46,10 +46,11 @@ struct MemoryPlan {
         size_t offset = 0;  // bytes, in the slot block or the scratch block
     };
     // One kind of layer (all layers alike, or, with activation recomputation of a block of layers, the recomputed
-    // ones and the rest): its tensors by their name without "h.<l>." ("h.*.qkv", "d.h.*.qkv"); slot offsets inside
-    // one layer's share of "layers", scratch offsets in the scratch block.
+    // ones and the rest): its tensors by their name without "h.<l>." ("h.*.qkv", "d.h.*.qkv").
     struct LayerKind {
-        std::unordered_map<std::string, Place> places;
+        std::unordered_map<std::string, size_t> own;  // each layer's copy: the offset inside its share of "layers"
+        // the one copy every layer of the kind uses in turn: in the scratch block (in the slot block with one_block)
+        std::unordered_map<std::string, Place> shared;
         size_t slot_bytes = 0;
     };
     int first_layer = 0, num_layers = 0;

@@ -260,21 +260,29 @@ TEST(PlanArithmetic, ThePlanHasTheSameRequestsForAnyLayerCount) {
         const ms::graph::MemoryPlan many = ms::plan_gpt_memory(s, {}, 1, 1, false, ms::DType::kF32);
         EXPECT_EQ(many.slot_requests.size(), two.slot_requests.size()) << L;
         EXPECT_EQ(many.scratch_requests.size(), two.scratch_requests.size()) << L;
-        EXPECT_EQ(many.kinds[0].places.size(), two.kinds[0].places.size()) << L;
+        EXPECT_EQ(many.kinds[0].own.size(), two.kinds[0].own.size()) << L;
+        EXPECT_EQ(many.kinds[0].shared.size(), two.kinds[0].shared.size()) << L;
         EXPECT_EQ(many.slot_bytes(), static_cast<size_t>(4 * (L * layer + rest))) << L;
         EXPECT_EQ(many.scratch_bytes(), two.scratch_bytes()) << L;
     }
 }
 
 // The two-level plan against every tensor's exact lifetime in the whole graph of a 5-layer chunk: no two tensors
-// live at the same op overlap, for every kind of chunk, tensor and sequence parallelism, 16-bit activations and
-// activation recomputation (where the recomputed block's layers and the others are laid out differently).
+// live at the same op overlap and every one lies inside its block, for every kind of chunk, tensor and sequence
+// parallelism, 16-bit activations and activation recomputation (where the recomputed block's layers and the others
+// are laid out differently); with tp 1 also the forward for the logits beside the fused LM head (its own plan).
 TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
     ms::GptShape s = hand_shape();
     s.L = 5;
     const ms::GptPart parts[] = {{}, {0, 2, true, false}, {2, 2, false, false}, {3, 2, false, true}};
+    struct Layout {
+        int tp;
+        bool sp, with_loss;
+    };
+    const Layout layouts[] = {{2, false, true}, {2, true, true}, {1, false, true}, {1, false, false}};
     for (const ms::GptPart& part : parts) {
-        for (const bool sp : {false, true}) {
+        for (const auto [tp, sp, with_loss] : layouts) {
+            if (!with_loss && !part.head) continue;  // a forward without the loss is the head's
             for (int variant = 0; variant < 5; ++variant) {
                 // fp32, bf16, then recomputation: selective, full for a block of one layer, full for every layer
                 using G = ms::graph::RecomputeGranularity;
@@ -283,18 +291,22 @@ TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
                 options.recompute.granularity = variant < 2 ? G::kNone : variant == 2 ? G::kSelective : G::kFull;
                 options.recompute.method =
                     variant == 3 ? ms::graph::RecomputeMethod::kBlock : ms::graph::RecomputeMethod::kUniform;
-                const std::string where = "part " + std::to_string(part.first_layer) + (sp ? " sp" : "") + " variant " +
+                const std::string where = "part " + std::to_string(part.first_layer) + " tp " + std::to_string(tp) +
+                                          (sp ? " sp" : "") + (with_loss ? "" : " logits") + " variant " +
                                           std::to_string(variant);
                 const ms::GptGraphSpec spec{.shape = s,
                                             .part = part,
-                                            .tp_size = 2,
+                                            .tp_size = tp,
                                             .sequence_parallel = sp,
                                             .act = act,
                                             .B = 3,
                                             .T = 4,
+                                            .with_loss = with_loss,
                                             .options = options};
-                const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s, 2, part)).g;
-                const ms::graph::MemoryPlan plan = ms::plan_gpt_memory(s, part, 2, 3, sp, act, options);
+                const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s, tp, part)).g;
+                const ms::graph::MemoryPlan trained = ms::plan_gpt_memory(s, part, tp, 3, sp, act, options);
+                const ms::graph::MemoryPlan& plan =
+                    !with_loss && trained.logits_only ? *trained.logits_only : trained;
                 for (const ms::graph::MemGroup group : {ms::graph::MemGroup::kSlot, ms::graph::MemGroup::kScratch}) {
                     std::vector<ms::BufferRequest> requests;
                     ms::Plan placed;

@@ -203,5 +203,45 @@ TEST(GptGraph, RecomputationIsBitIdenticalAndKeepsLess) {
     }
 }
 
+// Every tensor of every program Gpt may compile (a training micro-batch, an evaluation, the logits of generation's
+// growing window) lies inside its block, with and without recomputation and the fused head, whichever of the
+// training plan and the logits-only plan sizes the blocks.
+TEST(GptGraph, EveryProgramsTensorsLieInsideTheirBlocks) {
+    GptShape s = tiny_shape();
+    s.L = 3;
+    using G = graph::RecomputeGranularity;
+    using M = graph::RecomputeMethod;
+    for (const graph::RecomputeOptions& rc : {recompute_of(G::kNone, M::kUniform, 1),
+                                              recompute_of(G::kSelective, M::kUniform, 1),
+                                              recompute_of(G::kFull, M::kUniform, 1), recompute_of(G::kFull, M::kBlock, 2)}) {
+        for (const bool fused : {false, true}) {
+            GptGraphOptions options;
+            options.lm_head_loss_fusion = fused;
+            options.recompute = rc;
+            const int max_batch = 4;
+            const graph::MemoryPlan plan = plan_gpt_memory(s, GptPart{}, 1, max_batch, false, DType::kF32, options);
+            for (const int B : {1, max_batch}) {
+                for (const int T : {1, s.T / 2 + 1, s.T}) {
+                    for (const bool with_loss : {true, false}) {
+                        const GptGraphSpec spec{.shape = s, .B = B, .T = T, .with_loss = with_loss, .options = options};
+                        const graph::Graph g = build_gpt_graph(spec, gpt_param_table(s)).g;
+                        const graph::MemoryPlan& p = !with_loss && plan.logits_only ? *plan.logits_only : plan;
+                        for (size_t t = 0; t < g.tensors.size(); ++t) {
+                            const graph::MemoryPlan::Place at = p.place(g, static_cast<graph::TensorId>(t));
+                            if (at.group == graph::MemGroup::kNone) continue;
+                            const size_t block =
+                                at.group == graph::MemGroup::kSlot ? plan.slot_bytes() : plan.scratch_bytes();
+                            EXPECT_LE(at.offset + static_cast<size_t>(g.tensors[t].bytes()), block)
+                                << g.tensors[t].name << " B " << B << " T " << T << " loss " << with_loss << " fused "
+                                << fused << " recompute " << static_cast<int>(rc.granularity) << "/"
+                                << static_cast<int>(rc.method);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 }  // namespace ms::test
