@@ -66,7 +66,22 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
 }
 
-OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale) {
+GradSquares DistributedOptimizer::local_grad_squares() const {
+    GradSquares r;
+    if (dp_.size() > 1) {
+        r.all = backend_.sum_squares(Tensor::f32(grads_, {padded_}));
+        return r;
+    }
+    double uncounted = 0;
+    for (const Segment& s : norm_segments_) {
+        const double sq = backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+        (s.count_in_norm ? r.counted : uncounted) += sq;
+    }
+    r.all = r.counted + uncounted;
+    return r;
+}
+
+OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale, const GradSquares* local) {
     OptimizerStepResult r;
     const std::span<float> all(grads_, static_cast<size_t>(padded_));
     const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
@@ -78,8 +93,12 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     }
 
     double sq = 0;
-    for (const Segment& s : norm_segments_) {
-        if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+    if (local != nullptr && dp_.size() == 1) {
+        sq = local->counted;
+    } else {
+        for (const Segment& s : norm_segments_) {
+            if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+        }
     }
     // in double first: squares of loss-scaled gradients may exceed fp32's range where their unscaled sum does not
     float partial = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));

@@ -27,6 +27,12 @@ namespace ms {
 // The flat buffer length for `flat` elements on `dp` data-parallel ranks.
 int64_t padded_flat_size(int64_t flat, int dp);
 
+// Sums of squares of this rank's gradients as the backward left them, before any reduction (local_grad_squares).
+struct GradSquares {
+    double all = 0;      // over every gradient: the step boundary's NaN/Inf check
+    double counted = 0;  // over the norm's segments (with one data-parallel rank); 0 with more
+};
+
 struct OptimizerStepResult {
     double grad_norm = 0;  // global, before clipping
     bool stepped = false;  // false when the norm was not finite (the step is skipped)
@@ -52,7 +58,13 @@ class DistributedOptimizer {
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
     // unscale multiplies the gradients first (1 / the loss scale with fp16): the norm reported and clipped is the
     // unscaled one. A non-finite norm (an fp16 overflow, a NaN) skips the update: stepped = false.
-    OptimizerStepResult step(float lr, float clip_grad, float unscale = 1.0f);
+    // local: this step's local_grad_squares(). With one data-parallel rank the reduction changes nothing, so the
+    // norm takes its counted sum instead of reading every gradient a second time (bit-identical: the same segments
+    // summed in the same order).
+    OptimizerStepResult step(float lr, float clip_grad, float unscale = 1.0f, const GradSquares* local = nullptr);
+    // The sums of squares of this rank's gradients before the reduction. With one data-parallel rank the norm's
+    // segments cover every gradient and are summed one by one; with more, the whole buffer in one op.
+    GradSquares local_grad_squares() const;
 
     int64_t shard_begin() const { return shard_begin_; }
     int64_t shard_size() const { return shard_size_; }

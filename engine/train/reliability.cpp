@@ -190,15 +190,17 @@ void Reliability::begin_step(int64_t it) {
     }
 }
 
-StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads,
-                                       Backend& backend, bool check_grads) {
+void Reliability::inject_nan(int64_t it, std::span<float> grads, Backend& backend) {
     if (inject_.kind == FaultKind::kNan && inject_.step == it && inject_.rank == rank_ && !grads.empty()) {
         backend.synchronize();  // the host writes the gradients
         grads[0] = std::numeric_limits<float>::quiet_NaN();
         nan_injected_ = true;  // its event is written outside the allocation guard
     }
-    const double grad_sq =
-        check_grads ? backend.sum_squares(Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())})) : 0.0;
+}
+
+StepVerdict Reliability::step_boundary(Communicator& world, int64_t it, float loss, double grad_squares,
+                                       bool check_grads) {
+    const double grad_sq = check_grads ? grad_squares : 0.0;
     int bits = 0;
     if (last_stage_ && !std::isfinite(loss)) bits |= kLossBad | (std::isnan(loss) ? kNaN : 0);
     if (!std::isfinite(grad_sq)) bits |= kGradBad | (std::isnan(grad_sq) ? kNaN : 0);

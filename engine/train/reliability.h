@@ -142,13 +142,15 @@ class Reliability {
 
     // At the start of iteration `it`, before anything of the step: fires crash, hang and sigterm injections.
     void begin_step(int64_t it);
-    // After the backward of `it`, before any data-parallel reduction: fires a nan injection, checks this rank's
-    // loss (last pipeline stage; pass the step's loss everywhere, others ignore it) and gradients, and agrees with
-    // every rank on NaNs and signals (one int32[3] all-reduce over world). Throws NumericalError with nan_policy
-    // fail. Allocates nothing unless it throws. check_grads = false (fp16 loss scaling, whose overflows the loss
-    // scaler handles): only the loss is checked.
-    StepVerdict step_boundary(Communicator& world, int64_t it, float loss, std::span<float> grads, Backend& backend,
-                              bool check_grads = true);
+    // After the backward of `it`, before the gradients are read: fires a nan injection of this rank and step (a
+    // NaN written into the first gradient).
+    void inject_nan(int64_t it, std::span<float> grads, Backend& backend);
+    // After the backward of `it`, before any data-parallel reduction: checks this rank's loss (last pipeline stage;
+    // pass the step's loss everywhere, others ignore it) and the sum of squares of its gradients (grad_squares:
+    // DistributedOptimizer::local_grad_squares().all), and agrees with every rank on NaNs and signals (one int32[3]
+    // all-reduce over world). Throws NumericalError with nan_policy fail. Allocates nothing unless it throws.
+    // check_grads = false (fp16 loss scaling, whose overflows the loss scaler handles): only the loss is checked.
+    StepVerdict step_boundary(Communicator& world, int64_t it, float loss, double grad_squares, bool check_grads);
     // After the step (outside the allocation guard): logs and records what step_boundary found.
     void after_step(int64_t it);
     // Whether some rank has a stop signal: one int32[2] all-reduce (MAX) over world, so every rank answers the same.

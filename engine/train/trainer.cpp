@@ -150,9 +150,13 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     // Every rank's NaN/Inf check and stop signal, agreed before the data-parallel reduction spreads a NaN. With
     // fp16 loss scaling, gradients that overflow are the scaler's business (the step is skipped, the scale
     // lowered): only the loss is checked.
-    const StepVerdict verdict = r.reliability->step_boundary(
-        r.world, it, out.loss, std::span<float>(r.model->grads(), static_cast<size_t>(r.model->flat_size())), backend,
-        /*check_grads=*/!scaler.enabled());
+    // The gradients' sums of squares are taken once: for that check and, when no reduction changes the gradients
+    // (dp 1), for the norm.
+    const bool check_grads = !scaler.enabled();
+    r.reliability->inject_nan(it, std::span<float>(r.model->grads(), static_cast<size_t>(r.model->flat_size())),
+                              backend);
+    const GradSquares squares = check_grads ? r.optimizer->local_grad_squares() : GradSquares{};
+    const StepVerdict verdict = r.reliability->step_boundary(r.world, it, out.loss, squares.all, check_grads);
     out.stop = verdict.stop;
     groups.dp->all_reduce(std::span<float>(&out.loss, 1), ReduceOp::kAvg).wait();
     if (it == 1 && !r.env.dump_grads.empty()) {
@@ -162,7 +166,8 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     out.lr = learning_rate(r.cfg.optimizer, r.cfg.lr_schedule, r.cfg.training.train_iters, it);
     const OptimizerStepResult step = verdict.skip_step
                                          ? OptimizerStepResult{std::numeric_limits<double>::quiet_NaN(), false}
-                                         : r.optimizer->step(out.lr, r.cfg.training.clip_grad, 1.0f / loss_scale);
+                                         : r.optimizer->step(out.lr, r.cfg.training.clip_grad, 1.0f / loss_scale,
+                                                             check_grads ? &squares : nullptr);
     const bool overflow = scaler.enabled() && !verdict.skip_step && !step.stepped;
     scaler.update(overflow);
     // The step's kernels complete inside its time, and what the host reads after it (logs, checkpoints) is its.

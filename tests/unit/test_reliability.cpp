@@ -161,6 +161,12 @@ struct OneRank {
                                    "model.hidden_size=64", "model.num_attention_heads=4"});
         groups = ms::make_process_groups(world, ms::Topology{});
     }
+    // The trainer's step boundary on these gradients: the injection, their sum of squares, the verdict.
+    ms::StepVerdict boundary(ms::Reliability& rel, int64_t it, float loss) {
+        rel.inject_nan(it, grads, *backend);
+        const double squares = backend->sum_squares(ms::Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
+        return rel.step_boundary(world, it, loss, squares, /*check_grads=*/true);
+    }
 };
 
 TEST(StepBoundary, FailNamesRankStageAndIterationAndRecordsExit17) {
@@ -169,14 +175,14 @@ TEST(StepBoundary, FailNamesRankStageAndIterationAndRecordsExit17) {
     rel.start(r.world, 0x1234);
     for (int64_t it = 1; it <= 3; ++it) {
         rel.begin_step(it);
-        const ms::StepVerdict v = rel.step_boundary(r.world, it, 2.5f, r.grads, *r.backend);
+        const ms::StepVerdict v = r.boundary(rel, it, 2.5f);
         EXPECT_FALSE(v.skip_step || v.stop) << it;
         rel.after_step(it);
     }
     rel.begin_step(4);
     std::string msg;
     try {
-        rel.step_boundary(r.world, 4, 2.5f, r.grads, *r.backend);
+        r.boundary(rel, 4, 2.5f);
     } catch (const ms::NumericalError& e) {
         msg = e.what();
         EXPECT_EQ(e.exit_code(), ms::kExitNumerical);
@@ -211,7 +217,7 @@ TEST(StepBoundary, InfInTheLossOfTheLastStageIsFoundAsInf) {
     ms::Reliability rel(r.cfg, r.groups, "h");
     std::string msg;
     try {
-        rel.step_boundary(r.world, 1, std::numeric_limits<float>::infinity(), r.grads, *r.backend);
+        r.boundary(rel, 1, std::numeric_limits<float>::infinity());
     } catch (const ms::NumericalError& e) {
         msg = e.what();
     }
@@ -224,13 +230,13 @@ TEST(StepBoundary, SkipAgreesToSkipAndLogsTheEvent) {
     ms::Reliability rel(r.cfg, r.groups, "h");
     rel.start(r.world, 1);
     rel.begin_step(1);
-    EXPECT_FALSE(rel.step_boundary(r.world, 1, 1.0f, r.grads, *r.backend).skip_step);
+    EXPECT_FALSE(r.boundary(rel, 1, 1.0f).skip_step);
     rel.begin_step(2);
-    EXPECT_TRUE(rel.step_boundary(r.world, 2, 1.0f, r.grads, *r.backend).skip_step);
+    EXPECT_TRUE(r.boundary(rel, 2, 1.0f).skip_step);
     rel.after_step(2);
     r.grads[0] = 0.5f;  // the next backward overwrites the gradients
     rel.begin_step(3);
-    EXPECT_FALSE(rel.step_boundary(r.world, 3, 1.0f, r.grads, *r.backend).skip_step);
+    EXPECT_FALSE(r.boundary(rel, 3, 1.0f).skip_step);
     EXPECT_EQ(rel.finish(10), ms::kExitOk);
     const auto events = read_jsonl(r.dir / "events.jsonl");
     ASSERT_EQ(events.size(), 4u);  // start, fault_injected, nan_skip, exit
