@@ -146,7 +146,7 @@ def main():
     result = {"median_ms_per_step": statistics.median(times) if times else None, "steps": len(times),
               "device": torch.cuda.get_device_name() if cuda else "cpu", "dtype": a.dtype, "compile": a.compile,
               "sdpa": sdpa, "adamw": adamw, "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "ddp": a.ddp}
+              "ddp": a.ddp, "parameters": sum(p.numel() for p in model.parameters())}
     if rank == 0:
         print(json.dumps(result), flush=True)
 
