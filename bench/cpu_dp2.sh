@@ -52,13 +52,16 @@ same_model() {  # $1, $2: the two systems' parameter counts; a comparison of dif
 
 ms_all=() torch_all=()
 for r in $(seq 1 "$rounds"); do
-  res=$(ms_run "$r") && read -r m mp <<< "$res"
-  res=$(torch_run "$r" "") && read -r t tp <<< "$res"
+  res=$(ms_run "$r")
+  read -r m mp <<< "$res"
+  res=$(torch_run "$r" "")
+  read -r t tp <<< "$res"
   same_model "$mp" "$tp"
   echo "round $r: mindspeed-train dp2 ${m} ms/step, pytorch DDP (gloo) ${t} ms/step"
   ms_all+=("$m") torch_all+=("$t")
   if [ -n "$jemalloc" ]; then
-    res=$(torch_run "$r-jemalloc" "$jemalloc") && read -r t tp <<< "$res"
+    res=$(torch_run "$r-jemalloc" "$jemalloc")
+    read -r t tp <<< "$res"
     same_model "$mp" "$tp"
     echo "round $r: pytorch DDP (gloo) with jemalloc ${t} ms/step"
     torch_all+=("$t")

@@ -7,7 +7,8 @@
 #   haswell: OPENBLAS_CORETYPE=Haswell (AVX2), the setting our CI machines are documented to have;
 #   best:    OPENBLAS_CORETYPE=SkylakeX (AVX-512) when the CPU has it, and PyTorch with jemalloc
 #            (LD_PRELOAD=libjemalloc.so.2, MALLOC_CONF=retain:true,...). Each command changes only itself.
-# Prints ms/step, tokens/s, MFU against the sgemm peak measured in the same environment, and the ratio.
+# Prints ms/step, tokens/s, MFU against the sgemm peak measured in the same environment, and the ratio. Both systems
+# report their parameter count, and the script stops when the two differ.
 #   bench/cpu_gpt2_124m.sh [build-dir] [rounds]
 # The PyTorch peer runs on MS_BENCH_PYTHON (default Debian's /usr/bin/python3 with python3-torch 1.13: foreach
 # AdamW, masked-matmul attention). For PyTorch 2.x (scaled_dot_product_attention, fused AdamW on the CPU), point it
@@ -29,7 +30,7 @@ jemalloc=$(ls /usr/lib/*/libjemalloc.so.2 2>/dev/null | head -n1 || true)
 out=$(mktemp -d)
 tokens=$((4 * 64))
 
-ms_run() {  # $1: env label; prints median ms/step and the measured peak
+ms_run() {  # $1: env label; prints median ms/step, the measured peak and the parameter count
   local envcmd=("${@:2}")
   "${envcmd[@]}" env OMP_NUM_THREADS=$threads "$bin" train --config configs/gpt2-124m.yaml \
     --set data.source=synthetic --set data.synthetic.vocab_size=50257 --set data.synthetic.num_tokens=200000 \
@@ -43,13 +44,18 @@ ms_run() {  # $1: env label; prints median ms/step and the measured peak
   [ -n "$peak" ] || { echo "bench: mindspeed-train failed, see $out/ms-$1.log" >&2; tail -5 "$out/ms-$1.log" >&2; exit 1; }
   med=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/ms-$1.log" | awk '{print $NF}' | tail -n +3 |
         sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  echo "$med $peak"
+  echo "$med $peak $(grep -o 'parameters [0-9]*' "$out/ms-$1.log" | head -n1 | awk '{print $2}')"
 }
 
-torch_run() {  # $1: env label
+torch_run() {  # $1: env label; prints median ms/step and the parameter count
   local envcmd=("${@:2}")
   "${envcmd[@]}" "$py" bench/torch_gpt2_bench.py --threads $threads --steps ${MS_BENCH_TORCH_STEPS:-4} --warmup 1 > "$out/torch-$1.log" 2>&1
-  tail -n1 "$out/torch-$1.log" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["median_ms_per_step"])'
+  tail -n1 "$out/torch-$1.log" |
+    "$py" -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms_per_step"], r["parameters"])'
+}
+
+same_model() {  # $1, $2: the two systems' parameter counts; a comparison of different models is refused
+  [ "$1" = "$2" ] || { echo "bench: the models differ: mindspeed-train has $1 parameters, PyTorch $2" >&2; exit 1; }
 }
 
 # FLOPs per step by Megatron's formula (the same one the trainer's MFU uses), 124M at seq 64, micro-batch 4.
@@ -69,8 +75,11 @@ for r in $(seq 1 "$rounds"); do
                        MALLOC_CONF=retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1) ;;
       *) echo "bench: unknown environment '$e' (asis | haswell | best)" >&2; exit 2 ;;
     esac
-    read -r m p < <(ms_run "$e-$r" "${ms_env[@]}")
-    t=$(torch_run "$e-$r" "${torch_env[@]}")
+    res=$(ms_run "$e-$r" "${ms_env[@]}")
+    read -r m p mp <<< "$res"
+    res=$(torch_run "$e-$r" "${torch_env[@]}")
+    read -r t tp <<< "$res"
+    same_model "$mp" "$tp"
     echo "round $r $e: mindspeed-train ${m} ms/step (peak ${p} GFLOP/s), pytorch ${t} ms/step"
     ms_ms[$e]="${ms_ms[$e]:-} $m"; torch_ms[$e]="${torch_ms[$e]:-} $t"; peak[$e]="${peak[$e]:-} $p"
   done
