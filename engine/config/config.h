@@ -126,7 +126,8 @@ struct CheckpointConfig {
 struct LoggingConfig {
     int64_t log_interval = 10;
     std::string metrics_file = "${run.output_dir}/metrics.jsonl";
-    double peak_flops = 0;  // FLOP/s used for MFU; 0 -> measured by an sgemm probe at start
+    double peak_flops = 0;        // FLOP/s used for MFU; 0 -> measured by an sgemm probe at start
+    std::string tensorboard_dir;  // TensorBoard event files (engine/train/tensorboard.h); empty: none
 };
 
 struct EvalConfig {

@@ -196,6 +196,7 @@ std::vector<Field> config_fields(Config& c) {
         {"logging.metrics_file", &c.logging.metrics_file, {}},
         {"logging.peak_flops", &c.logging.peak_flops,
          Constraint{.min = 0, .hint = "0 measures it with an sgemm probe at start"}, true},
+        {"logging.tensorboard_dir", &c.logging.tensorboard_dir, {}},
 
         {"eval.eval_interval", &c.eval.eval_interval, Constraint{.min = 0, .hint = "0 disables validation"}},
         {"eval.eval_iters", &c.eval.eval_iters, at_least(0)},

@@ -368,6 +368,10 @@ void open_run_files(TrainRun& r) {
                         "directory exists and is writable",
                         cfg.logging.metrics_file));
     }
+    if (r.writer && !cfg.logging.tensorboard_dir.empty()) {
+        r.tensorboard = std::make_unique<TensorBoardWriter>(cfg.logging.tensorboard_dir, r.first_it);
+        log_info("tensorboard: {}", r.tensorboard->path());
+    }
 }
 
 }  // namespace ms

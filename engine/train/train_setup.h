@@ -13,7 +13,7 @@
 //                     environment switches' backend wrappers
 //   setup_model       the arena, the model and its initial weights, the optimizer, the loss scaler; the arena frozen
 //   setup_checkpoint  checkpoint.save's lock, the resume from checkpoint.load, the first iteration
-//   open_run_files    the MFU peak, config.resolved.yaml and metrics.jsonl (rank 0)
+//   open_run_files    the MFU peak, config.resolved.yaml, metrics.jsonl and the TensorBoard event file (rank 0)
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,7 @@
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
 #include "engine/train/run_layout.h"
+#include "engine/train/tensorboard.h"
 #include "memory/arena.h"
 
 namespace ms {
@@ -74,6 +75,8 @@ struct TrainRun {
     double flops_per_token = 0;  // the model's training FLOPs per token
     bool writer = false;         // the one rank that writes run files
     std::ofstream metrics;       // logging.metrics_file (writer only)
+    // logging.tensorboard_dir (writer only, when set)
+    std::unique_ptr<TensorBoardWriter> tensorboard;
 };
 
 // Runs `step` on every rank. When it throws a UserError on some rank, every rank throws -- the failing ones their

@@ -251,6 +251,7 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
     j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
     if (scaler.enabled()) j["loss-scale"] = scaler.scale();
     if (r.writer) r.metrics << j.dump() << '\n' << std::flush;
+    if (r.tensorboard) r.tensorboard->add_record(j);
     s.interval_loss = s.interval_time = s.interval_bubble = s.interval_comm = 0;
     s.interval_steps = 0;
 }
@@ -264,12 +265,9 @@ bool run_validation(TrainRun& r, const LoopState& s, int64_t it, const std::func
     r.groups->dp->all_reduce(std::span<float>(&vloss, 1), ReduceOp::kAvg).wait();
     log_info(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} |", it, vloss,
              std::exp(vloss));
-    if (r.writer) {
-        r.metrics
-            << nlohmann::json{{"iteration", it}, {"consumed_samples", s.consumed}, {"validation lm loss", vloss}}.dump()
-            << '\n'
-            << std::flush;
-    }
+    const nlohmann::json j = {{"iteration", it}, {"consumed_samples", s.consumed}, {"validation lm loss", vloss}};
+    if (r.writer) r.metrics << j.dump() << '\n' << std::flush;
+    if (r.tensorboard) r.tensorboard->add_record(j);
     return true;
 }
 
