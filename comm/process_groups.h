@@ -33,8 +33,9 @@ namespace ms {
 
 struct ProcessGroups {
     Topology topology;                                   // the layout the groups were split by
-    Communicator* world = nullptr;                       // not owned
+    Communicator* world = nullptr;                       // not owned, unless it is own_world
     std::unique_ptr<Communicator> tp, pp, dp, mp, embd;  // embd: nullptr on middle pipeline stages
+    std::unique_ptr<Communicator> own_world;  // a decorated world that world points to (link_model_communicator.h)
     int tp_size = 1, pp_size = 1, dp_size = 1;
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;
     CommKind comm = CommKind::kMpi;  // of tp, dp, mp, embd: kMpi or kNccl (world and pp are MPI either way)

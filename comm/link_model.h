@@ -1,0 +1,66 @@
+// link_model.h: the modelled time of a transfer over the links of a cluster, for running communication on one
+// machine as if it crossed NVLink inside a node and InfiniBand between nodes (docs/communication.md).
+//
+// Two link classes, chosen per rank pair by the NodeLayout (comm/nodes.h): same node or other node. A link moves a
+// message of b bytes in alpha + b / beta seconds. Collectives are modelled as rings over the group's ranks in group
+// order (rank i sends to rank (i + 1) % p), each step paced by the slowest link class in the ring -- one hop between
+// nodes makes every step an inter-node step:
+//   all_reduce      2 (p - 1) steps of n / p bytes   (reduce-scatter, then all-gather; n = the buffer)
+//   reduce_scatter  (p - 1) steps of n / p bytes     (n = the input, p blocks)
+//   all_gather      (p - 1) steps of n / p bytes     (n = the output, p blocks)
+//   all_to_all      (p - 1) steps of n / p bytes     (pairwise exchange; n = the input, p blocks)
+//   broadcast       (p - 1) steps, n bytes per link  (a pipelined chain from the root: (p - 1) alpha + n / beta)
+// A point-to-point message takes alpha + b / beta of its pair's class. A group of one moves nothing: 0 s.
+// The same rings say who sends what to whom (ring_sends): what the communication matrix (comm/comm_matrix.h) counts.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/nodes.h"
+
+namespace ms {
+
+enum class LinkClass : uint8_t { kIntraNode, kInterNode, kCount };
+const char* link_class_name(LinkClass c);  // "intra_node", "inter_node"
+
+struct LinkParams {
+    double alpha_s = 0;      // latency per message (or ring step), seconds
+    double bytes_per_s = 1;  // bandwidth
+    double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
+};
+
+struct LinkModel {
+    LinkParams intra, inter;
+    const LinkParams& of(LinkClass c) const { return c == LinkClass::kInterNode ? inter : intra; }
+};
+
+// A collective as a ring: `steps` latencies, and `link_bytes` through each link (the busiest) over the whole op.
+struct RingSchedule {
+    int steps = 0;
+    double link_bytes = 0;
+};
+// `bytes` is the op's size as the table above counts it (n).
+RingSchedule ring_schedule(CommOp op, double bytes, int p);
+// steps * alpha + link_bytes / beta of the ring's class.
+double collective_seconds(const LinkModel& m, CommOp op, double bytes, int p, LinkClass ring);
+
+LinkClass pair_class(const NodeLayout& nodes, int world_a, int world_b);
+// kInterNode when any hop of the ring over `members` (world ranks, in group order) leaves its node.
+LinkClass ring_class(const NodeLayout& nodes, std::span<const int> members);
+
+// What group rank `me` sends in one collective of `bytes` (as ring_schedule counts them), by ring attribution:
+//   all_reduce      2 (p - 1) n / p to me + 1      reduce_scatter, all_gather   (p - 1) n / p to me + 1
+//   broadcast       n to me + 1, except the rank before the root (the chain's end)
+//   all_to_all      n / p to every other rank
+// Integer bytes, rounded down (exact when p divides the buffer, as every caller's padded buffers do). `to` is a
+// group rank. Appends to `out` (reused between calls: no allocation once it has grown).
+struct RingSend {
+    int to;
+    int64_t bytes;
+};
+void ring_sends(CommOp op, int64_t bytes, int p, int me, int root, std::vector<RingSend>& out);
+
+}  // namespace ms
