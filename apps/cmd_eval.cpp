@@ -4,7 +4,8 @@
 // have the config's shape. Samples are the trainer's: global samples [0, iters * global_batch_size) of the split in
 // the sampler's order, in micro-batches of training.micro_batch_size, so `--split valid --iters eval.eval_iters`
 // covers the samples of the trainer's validation at any data-parallel size, and the loss is averaged the same way
-// (the mean of the micro-batch means).
+// (the mean of the micro-batch means). With --json the result is one JSON line alone on stdout (`eval ... --json |
+// jq`): the log goes to stderr.
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -41,6 +42,7 @@ int run_eval(const EvalArgs& a) {
     // checkpoint to read) is ended by the setup watch (engine/train/reliability.h "Signals").
     install_signal_handlers();
     std::optional<SetupStopWatch> setup_watch(std::in_place);
+    if (a.json) set_log_stream(LogStream::kStderr);  // stdout is the JSON alone
     Config cfg = load_config(a.config_path, a.overrides);
     cfg.parallel = ParallelConfig{};  // one rank, the whole model
     cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
@@ -52,6 +54,7 @@ int run_eval(const EvalArgs& a) {
     const CheckpointReader reader(dir);
     check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
                            "make the model settings match it, or pass a checkpoint of that model");
+    check_checkpoint_hyperparameters(reader, shape, a.config_path);
 
     const Split split = a.split == "train" ? Split::kTrain : a.split == "test" ? Split::kTest : Split::kValid;
     const int T = layout.seq_length(), mbs = layout.micro_batch;
@@ -121,7 +124,7 @@ Command add_eval_command(CLI::App& parent) {
                     "Iterations of training.global_batch_size samples (default: eval.eval_iters, as the trainer's "
                     "validation)")
         ->check(CLI::PositiveNumber);
-    cmd->add_flag("--json", a->json, "Also print the result as one JSON line");
+    cmd->add_flag("--json", a->json, "Print the result as one JSON line, alone on stdout (the log goes to stderr)");
     return {cmd, [a]() { return run_eval(*a); }};
 }
 

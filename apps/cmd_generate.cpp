@@ -1,5 +1,9 @@
 // cmd_generate.cpp: `generate` -- sample text from a checkpoint on one rank (engine/train/sampling.h), with the
 // byte-level tokenizer (ids 0..255 = bytes) or GPT-2's BPE (--vocab vocab.json --merges merges.txt).
+//
+// Sampling ends at the tokenizer's end of document (the byte tokenizer's 256, GPT-2's "<|endoftext|>") unless
+// --ignore-eod. Stdout holds only the result -- the prompt and its continuation (without the end-of-document token),
+// or with --ids every token id of both -- and the log lines go to stderr, so the output can be piped.
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -31,13 +35,22 @@ struct GenerateArgs {
     float temperature = 1.0f;
     int top_k = 0;
     uint64_t seed = 1234;
+    bool ignore_eod = false;  // sample all --tokens, past any end of document
+    bool ids = false;         // print token ids instead of text
 };
+
+// The tokenizer's end-of-document id, when the model's vocabulary has it.
+std::optional<int32_t> end_of_document(const std::optional<Gpt2Bpe>& bpe, const GptShape& shape) {
+    const std::optional<int32_t> id = bpe ? bpe->end_of_document() : std::optional<int32_t>(kByteEod);
+    return id && *id < shape.V ? id : std::nullopt;
+}
 
 int run_generate(const GenerateArgs& a) {
     // SIGTERM, SIGUSR1, SIGINT: stop before the next token with exit code 3 and no text; a long start (a large
     // checkpoint to read) is ended by the setup watch (engine/train/reliability.h "Signals").
     install_signal_handlers();
     std::optional<SetupStopWatch> setup_watch(std::in_place);
+    set_log_stream(LogStream::kStderr);  // stdout is the result
     if (a.vocab.empty() != a.merges.empty())
         throw UserError(
             "command line error: GPT-2's BPE needs both --vocab vocab.json and --merges merges.txt (or "
@@ -58,6 +71,7 @@ int run_generate(const GenerateArgs& a) {
         shape = make_run_layout(cfg, 1).shape;
         check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
                                "make the model settings match it, or pass a checkpoint of that model");
+        check_checkpoint_hyperparameters(reader, shape, a.config_path.empty() ? "given by --set" : a.config_path);
         num_threads = cfg.run.num_threads;
     }
 
@@ -96,15 +110,28 @@ int run_generate(const GenerateArgs& a) {
         dir, reader.iteration(), bpe ? "GPT-2 BPE" : "byte-level", context.size(), a.tokens, a.temperature, a.top_k,
         a.seed);
     const size_t prompt_len = context.size();
-    const std::vector<int32_t> out =
-        generate(model, tp, context, a.tokens, a.temperature, a.top_k, a.seed, [] { return stop_signal() != 0; });
+    const std::optional<int32_t> eod = a.ignore_eod ? std::nullopt : end_of_document(bpe, shape);
+    const std::vector<int32_t> out = generate(
+        model, tp, context, a.tokens, a.temperature, a.top_k, a.seed, [] { return stop_signal() != 0; }, eod);
+    const size_t sampled = out.size() - prompt_len;
     if (const int sig = stop_signal()) {
         log_warn("generate: {} received: stopped after {} of {} tokens, no text (exit code 3)", signal_name(sig),
-                 out.size() - prompt_len, a.tokens);
+                 sampled, a.tokens);
         return kExitSignal;
     }
-    std::cout << a.prompt << decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), out.end()))
-              << std::endl;
+    const bool ended = eod && sampled > 0 && out.back() == *eod;
+    if (ended) {
+        log_info("generate: end of document (token {}) after {} of {} tokens (--ignore-eod samples past it)", *eod,
+                 sampled, a.tokens);
+    }
+    if (a.ids) {
+        for (size_t i = 0; i < out.size(); ++i) std::cout << (i > 0 ? " " : "") << out[i];
+        std::cout << std::endl;
+    } else {
+        const auto end = out.end() - (ended ? 1 : 0);  // the end-of-document token is not text
+        std::cout << a.prompt << decode(std::vector<int32_t>(out.begin() + static_cast<long>(prompt_len), end))
+                  << std::endl;
+    }
     return kExitOk;
 }
 
@@ -113,8 +140,8 @@ int run_generate(const GenerateArgs& a) {
 Command add_generate_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "generate",
-        "Sample a continuation of a prompt from a checkpoint (one process, the CPU backend); prints the prompt "
-        "followed by the sampled text");
+        "Sample a continuation of a prompt from a checkpoint (one process, the CPU backend) until --tokens or the "
+        "end of a document; prints the prompt followed by the sampled text on stdout (logs on stderr)");
     auto a = std::make_shared<GenerateArgs>();
     cmd->add_option("--load", a->load,
                     "A checkpoint save directory (its latest committed checkpoint) or an "
@@ -138,6 +165,10 @@ Command add_generate_command(CLI::App& parent) {
     cmd->add_option("--vocab", a->vocab, "GPT-2 vocab.json (with --merges: GPT-2's byte-level BPE)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--merges", a->merges, "GPT-2 merges.txt (with --vocab)")->check(CLI::ExistingFile);
+    cmd->add_flag("--ignore-eod", a->ignore_eod,
+                  "Sample all --tokens: do not stop at the tokenizer's end of document (byte-level 256, GPT-2's "
+                  "<|endoftext|>)");
+    cmd->add_flag("--ids", a->ids, "Print the token ids (the prompt's, then the sampled ones) instead of text");
     return {cmd, [a]() { return run_generate(*a); }};
 }
 

@@ -86,6 +86,22 @@ GptShape checkpoint_shape(const CheckpointReader& r) {
     return s;
 }
 
+void check_checkpoint_hyperparameters(const CheckpointReader& r, const GptShape& configured,
+                                      const std::string& config_name) {
+    const GptShape saved = checkpoint_shape(r);
+    const auto refuse = [&](const char* key, const std::string& in_config, const std::string& in_checkpoint) {
+        throw UserError(fmt::format(
+            "config error: {} is {} in the config {} but {} in the checkpoint {}; the checkpoint's hyper-parameters "
+            "are the model's\n---> HINT: set {}: {} in the config (or --set {}={}), or pass the checkpoint of the "
+            "model the config describes",
+            key, in_config, config_name, in_checkpoint, r.dir(), key, in_checkpoint, key, in_checkpoint));
+    };
+    if (configured.NH != saved.NH)
+        refuse("model.num_attention_heads", std::to_string(configured.NH), std::to_string(saved.NH));
+    if (configured.eps != saved.eps)
+        refuse("model.layernorm_epsilon", fmt::format("{}", configured.eps), fmt::format("{}", saved.eps));
+}
+
 void read_whole_model(const CheckpointReader& r, Gpt& model) {
     for (const ParamInfo& p : model.params_info()) {
         MS_CHECK(p.shape == p.global_shape, "read_whole_model: '{}' is a tensor-parallel shard", p.name);

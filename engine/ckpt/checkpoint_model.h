@@ -26,6 +26,13 @@ std::string resolve_checkpoint(const std::string& path);
 // against the tensors (check_checkpoint_shape). UserError(kExitCheckpoint) when the manifest lacks a dim.
 GptShape checkpoint_shape(const CheckpointReader& r);
 
+// The model hyper-parameters a checkpoint's tensor shapes do not show -- model.num_attention_heads (its manifest) and
+// model.layernorm_epsilon (its config.resolved.yaml) -- are the checkpoint's: where `configured` (the model of the
+// config `config_name`) differs in one, UserError(kExitConfigError) naming the key and both values. Call it after
+// check_checkpoint_shape, which compares the tensors.
+void check_checkpoint_hyperparameters(const CheckpointReader& r, const GptShape& configured,
+                                      const std::string& config_name);
+
 // Copies every tensor of the checkpoint into a whole model (model.params_info() at tp 1: one part holding
 // everything). wte rows >= the checkpoint's padded vocabulary, if the model's is larger, are zero.
 void read_whole_model(const CheckpointReader& r, Gpt& model);

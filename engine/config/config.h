@@ -26,6 +26,7 @@ struct RunConfig {
     std::string comm = "auto";    // auto | mpi | nccl (auto: nccl on cuda when this binary has NCCL, else mpi)
     int num_threads = 0;          // CPU backend threads; 0 = OpenMP default (OMP_NUM_THREADS or all cores)
     double memory_limit_gb = 0;   // GiB per rank train checks its plan against; 0 = physical memory / ranks on node
+    int ranks_per_node = 0;       // 0 = the ranks sharing a host form a node; N = nodes of N consecutive ranks
 };
 
 struct ModelConfig {
@@ -150,6 +151,17 @@ struct ReliabilityConfig {
 // "Switches"). They were the environment variables MS_CUDA_TF32, MS_CUDA_GELU_EPILOGUE, MS_CUDA_ATTENTION and
 // MS_CUDA_ATTENTION_BWD, which a run now refuses (engine/core/switches.h). Only the CUDA backend reads them
 // (BackendOptions::cuda, engine/backends/backend.h); the defaults are the production path.
+// The link model (comm/link_model.h, docs/communication.md): every communication takes the time it would over
+// NVLink-like links inside a node and InfiniBand-like links between nodes (run.ranks_per_node), scaled for the CPU.
+// It only delays operations, so results are unchanged. Off for real runs.
+struct LinkModelConfig {
+    bool enabled = false;
+    double intra_node_latency_us = 10;         // per message or ring step
+    double intra_node_bandwidth_gbps = 1;      // GB/s (1e9 bytes)
+    double inter_node_latency_us = 100;        // 10x the intra-node latency
+    double inter_node_bandwidth_gbps = 0.125;  // 1/8 of the intra-node bandwidth
+};
+
 struct DebugConfig {
     bool cuda_tf32 = false;          // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); false: true fp32
     bool cuda_gelu_epilogue = true;  // the MLP's GELU / dGELU in cuBLASLt's epilogues; false: gelu.cu's kernels
@@ -175,6 +187,7 @@ struct Config {
 };
 
 // Values computed from a Config and the world size; printed at start.
+    LinkModelConfig link_model;
 struct DerivedConfig {
     int world_size = 1;
     int dp = 1;

@@ -107,6 +107,9 @@ std::vector<Field> config_fields(Config& c) {
         {"run.num_threads", &c.run.num_threads, Constraint{.min = 0, .hint = "0 uses the OpenMP default"}},
         {"run.memory_limit_gb", &c.run.memory_limit_gb,
          Constraint{.min = 0, .hint = "0 means physical memory / ranks on the node"}},
+        {"run.ranks_per_node", &c.run.ranks_per_node,
+         Constraint{.min = 0, .hint = "0 takes the nodes from the hosts the ranks run on; N > 0 simulates nodes of N "
+                                      "consecutive ranks"}},
 
         {"model.arch", &c.model.arch, one_of({"gpt"})},
         {"model.num_layers", &c.model.num_layers, at_least(1)},
@@ -216,6 +219,13 @@ std::vector<Field> config_fields(Config& c) {
         {"debug.cuda_tf32", &c.debug.cuda_tf32,
          Constraint{.hint = "true runs run.backend: cuda's fp32 GEMMs on TF32 tensor cores (was MS_CUDA_TF32=1)"}},
         {"debug.cuda_gelu_epilogue", &c.debug.cuda_gelu_epilogue,
+        {"link_model.enabled", &c.link_model.enabled,
+         Constraint{.hint = "true delays every communication by its modelled time (docs/communication.md)"}},
+        {"link_model.intra_node_latency_us", &c.link_model.intra_node_latency_us, at_least(0)},
+        {"link_model.intra_node_bandwidth_gbps", &c.link_model.intra_node_bandwidth_gbps, positive()},
+        {"link_model.inter_node_latency_us", &c.link_model.inter_node_latency_us, at_least(0)},
+        {"link_model.inter_node_bandwidth_gbps", &c.link_model.inter_node_bandwidth_gbps, positive()},
+
          Constraint{.hint = "false runs the MLP's GELU on gelu.cu's kernels instead of cuBLASLt's epilogues (was "
                             "MS_CUDA_GELU_EPILOGUE=0)"}},
         {"debug.cuda_attention", &c.debug.cuda_attention,

@@ -144,6 +144,14 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "to {}",
             p.data_parallel_size, world_size, tp, pp, dp, dp);
     }
+    if (cfg.run.ranks_per_node > 0 && world_size % cfg.run.ranks_per_node != 0) {
+        fail(
+            "run.ranks_per_node({}) does not divide the world size {}: nodes of {} consecutive ranks would leave {} "
+            "rank(s) without a whole node; hint: a divisor of {}, or 0 to take the nodes from the hosts the ranks "
+            "run on",
+            cfg.run.ranks_per_node, world_size, cfg.run.ranks_per_node, world_size % cfg.run.ranks_per_node,
+            world_size);
+    }
     if (m.num_attention_heads % tp != 0) {
         fail(
             "model.num_attention_heads({}) is not divisible by parallel.tensor_model_parallel_size({}); hint: "

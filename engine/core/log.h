@@ -1,4 +1,5 @@
-// log.h: rank-aware logging. log_info prints on the logging rank only (rank 0 for now); log_warn everywhere.
+// log.h: rank-aware logging. log_info prints on the logging rank only (rank 0 for now), to stdout unless a command
+// whose stdout is its result (`eval --json`, `generate`) sends it to stderr; log_warn everywhere, to stderr.
 #pragma once
 
 #include <fmt/format.h>
@@ -7,9 +8,12 @@
 
 namespace ms {
 
+enum class LogStream { kStdout, kStderr };
+
 void set_log_rank(int rank, bool is_logging_rank);
 bool is_logging_rank();
-void log_line(const std::string& line);   // stdout, logging rank only, flushed
+void set_log_stream(LogStream stream);    // where log_line writes (kStdout at start)
+void log_line(const std::string& line);   // the log stream, logging rank only, flushed
 void warn_line(const std::string& line);  // stderr, every rank, prefixed "warning: "
 
 template <typename... Args>

@@ -272,4 +272,9 @@ std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {
     return out;
 }
 
+std::optional<int32_t> Gpt2Bpe::end_of_document() const {
+    const auto it = encoder_.find("<|endoftext|>");
+    return it == encoder_.end() ? std::nullopt : std::optional<int32_t>(it->second);
+}
+
 }  // namespace ms

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -50,6 +51,8 @@ class Gpt2Bpe {
     std::vector<std::string> bpe(std::string_view piece) const;
 
     int vocab_size() const { return max_id_ + 1; }  // one more than the largest id
+    // The id of "<|endoftext|>", GPT-2's end of document (50256), when the vocabulary has it.
+    std::optional<int32_t> end_of_document() const;
     size_t num_merges() const { return ranks_.size(); }
 
   private:

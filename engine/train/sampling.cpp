@@ -12,7 +12,8 @@
 namespace ms {
 
 std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
-                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop) {
+                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop,
+                              std::optional<int32_t> end_token) {
     const GptShape& s = model.shape();
     const uint64_t stream = name_hash("generate");
     std::vector<std::pair<float, int>> probs(static_cast<size_t>(s.V));
@@ -58,6 +59,7 @@ std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t>
             }
         }
         context.push_back(next);
+        if (end_token && next == *end_token) break;
     }
     return context;
 }

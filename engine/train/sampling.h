@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -20,7 +21,10 @@ namespace ms {
 // gathers the full last-position logits and draws the same token, so all ranks stay in step; pass a
 // SelfCommunicator for a whole model on one rank. stop, when given, is called before every token (on every rank:
 // the trainer's agreement on a stop signal); once it returns true, sampling ends and the context so far is returned.
+// end_token, when given (the tokenizer's end-of-document id), ends sampling once it is drawn; it is the last token
+// returned.
 std::vector<int32_t> generate(Gpt& model, Communicator& tp, std::vector<int32_t> context, int num_tokens,
-                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop = {});
+                              float temperature, int top_k, uint64_t seed, const std::function<bool()>& stop = {},
+                              std::optional<int32_t> end_token = std::nullopt);
 
 }  // namespace ms

@@ -9,6 +9,7 @@
 #include <limits>
 #include <span>
 
+#include "comm/link_model_communicator.h"
 #include "comm/synchronizing_communicator.h"
 #include "engine/backends/cpu/probe.h"
 #include "engine/backends/deferred_backend.h"
@@ -89,6 +90,36 @@ double mfu_peak(const Config& cfg, const Backend& backend) {
         "as nan; set logging.peak_flops to its dense fp32 FLOP/s (and add it to the table)",
         backend.device_name());
     return std::numeric_limits<double>::quiet_NaN();
+}
+
+// Every group counted into the communication matrix and, with link_model.enabled, delayed by the link model
+// (comm/link_model_communicator.h); the nodes from run.ranks_per_node (comm/nodes.h). Collective over world.
+void meter_groups(TrainRun& r) {
+    const Config& cfg = r.cfg;
+    std::vector<std::string> hosts;
+    for (int rank = 0; rank < r.world.size(); ++rank) hosts.push_back(r.mpi.host_of(rank));
+    NodeLayout nodes = make_node_layout(cfg.run.ranks_per_node, hosts);
+    const std::string described = nodes.describe();
+    r.comm_matrix = std::make_unique<CommMatrix>(r.world.rank(), std::move(nodes));
+    const LinkModelConfig& lm = cfg.link_model;
+    if (lm.enabled) {
+        r.link_model = std::make_unique<LinkModel>(
+            LinkModel{.intra = {lm.intra_node_latency_us * 1e-6, lm.intra_node_bandwidth_gbps * 1e9},
+                      .inter = {lm.inter_node_latency_us * 1e-6, lm.inter_node_bandwidth_gbps * 1e9}});
+        log_info(
+            "link model: every communication delayed to its modelled time: intra-node {} us + bytes / {} GB/s, "
+            "inter-node {} us + bytes / {} GB/s; {}",
+            lm.intra_node_latency_us, lm.intra_node_bandwidth_gbps, lm.inter_node_latency_us,
+            lm.inter_node_bandwidth_gbps, described);
+        if (nodes_by_host(hosts).num_nodes > 1) {
+            log_warn(
+                "link model: the ranks run on more than one host, whose clocks the modelled point-to-point times "
+                "compare; the link model is meant for ranks on one machine");
+        }
+    } else {
+        log_info("comm: nodes: {}", described);
+    }
+    model_links(*r.groups, *r.comm_matrix, r.link_model.get());
 }
 
 // The data and layout lines of the start-up log.
@@ -221,6 +252,7 @@ void setup_inputs(TrainRun& r, const Config& cfg_in) {
                                           .backend = r.layout.backend,
                                           .local_rank = r.mpi.local_rank(),
                                           .local_size = r.mpi.local_size()}));
+    meter_groups(r);
     // Stop signals, the NaN policy, fault injection, collective timeouts with flight recorders, and the run's
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     r.reliability = std::make_unique<Reliability>(cfg, *r.groups, r.mpi.hostname());

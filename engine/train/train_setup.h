@@ -8,7 +8,8 @@
 // Phases, in order (each collective over world; every input check agreed by all ranks before the first collective
 // that could wait for a rank that failed alone):
 //   setup_inputs      exit record, stop signals, the input checks (data, vocabulary, config -> RunLayout), the
-//                     config hash, process groups, reliability, samplers and the start-up log
+//                     config hash, process groups (counted, and delayed by the link model), reliability, samplers
+//                     and the start-up log
 //   setup_backend     the memory plan, the backend (CUDA picks this rank's device), the memory check, the
 //                     environment switches' backend wrappers
 //   setup_model       the arena, the model and its initial weights, the optimizer, the loss scaler; the arena frozen
@@ -25,6 +26,8 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "comm/comm_matrix.h"
+#include "comm/link_model.h"
 #include "comm/process_groups.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/profiling_backend.h"
@@ -55,6 +58,9 @@ struct TrainRun {
     std::unique_ptr<TokenSource> source;
     Config cfg;        // resolved: vocabulary from the data, the fault injection that applies, bounded eval_iters
     RunLayout layout;  // of cfg at this world size
+    // What every group sends, and link_model.enabled's delays (docs/communication.md): the groups refer to them.
+    std::unique_ptr<CommMatrix> comm_matrix;
+    std::unique_ptr<LinkModel> link_model;  // null: communication takes the time it takes
     std::optional<ProcessGroups> groups;
     std::unique_ptr<Reliability> reliability;
     std::unique_ptr<Sampler> train_sampler, valid_sampler;  // valid_sampler: when eval.eval_interval > 0

@@ -71,11 +71,13 @@ void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std
 }
 
 // What the loop carries from step to step: the counters train_state.json records, the log interval's sums and the
-// communication accounting per step (time in pipeline receives -- the measured bubble --, time in every other
-// collective -- exposed communication: all of ours is synchronous today --, and bytes sent per group).
+// communication accounting per step (time in pipeline receives -- the measured bubble --, time waited in every other
+// collective -- exposed communication --, the same collectives' time from issue to completion -- total
+// communication, the exposed part and the part hidden behind compute; under the link model, the modelled time --,
+// and bytes sent per group).
 struct LoopState {
     int64_t consumed = 0, skipped = 0, nan_iters = 0;
-    double interval_loss = 0, interval_time = 0, interval_bubble = 0, interval_comm = 0;
+    double interval_loss = 0, interval_time = 0, interval_bubble = 0, interval_comm = 0, interval_comm_total = 0;
     int64_t interval_steps = 0;
     double profiled_seconds = 0;  // MS_PROFILE_OPS: the steps after the first, which the op table covers
     int64_t profiled_steps = 0;
@@ -115,6 +117,13 @@ double other_wait(const ProcessGroups& g) {
     return w;
 }
 
+// Seconds from issue to completion of the operations of the groups other_wait() counts (the matrix's totals).
+double other_total(const CommMatrix& m) {
+    double s = 0;
+    for (std::string_view g : {"tp", "dp", "mp", "embd"}) s += m.op_seconds(CommMatrix::group_index(g));
+    return s;
+}
+
 // After the first step every buffer of a step has been used once: the arena's peak against the plan, on all ranks.
 void log_memory_peak(TrainRun& r, LoopState& s) {
     s.memory_peak = r.arena->stats().peak_block_bytes;
@@ -134,7 +143,8 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     Backend& backend = *r.backend;
     LossScaler& scaler = *r.scaler;
     const double t0 = now_seconds();
-    const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait(groups);
+    const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait(groups),
+                 other_total0 = other_total(*r.comm_matrix);
     const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
                   dp_bytes0 = groups.dp->stats().total_bytes();
     r.reliability->begin_step(it);  // MS_INJECT crash, hang, sigterm
@@ -156,7 +166,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     r.reliability->inject_nan(it, std::span<float>(r.model->grads(), static_cast<size_t>(r.model->flat_size())),
                               backend);
     const GradSquares squares = check_grads ? r.optimizer->local_grad_squares() : GradSquares{};
-    const StepVerdict verdict = r.reliability->step_boundary(r.world, it, out.loss, squares.all, check_grads);
+    const StepVerdict verdict = r.reliability->step_boundary(*groups.world, it, out.loss, squares.all, check_grads);
     out.stop = verdict.stop;
     groups.dp->all_reduce(std::span<float>(&out.loss, 1), ReduceOp::kAvg).wait();
     if (it == 1 && !r.env.dump_grads.empty()) {
@@ -195,6 +205,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     s.interval_time += now_seconds() - t0;
     s.interval_bubble += groups.pp->stats().wait_seconds - pp_wait0;
     s.interval_comm += other_wait(groups) - other_wait0;
+    s.interval_comm_total += other_total(*r.comm_matrix) - other_total0;
     s.step_bytes_tp = groups.tp->stats().total_bytes() - tp_bytes0;
     s.step_bytes_pp = groups.pp->stats().total_bytes() - pp_bytes0;
     s.step_bytes_dp = groups.dp->stats().total_bytes() - dp_bytes0;
@@ -213,10 +224,12 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
     const double loss = s.interval_steps > 0 ? s.interval_loss / static_cast<double>(s.interval_steps)
                                              : std::numeric_limits<double>::quiet_NaN();
     // fractions of the step, averaged over all ranks
-    std::array<float, 2> shares = {static_cast<float>(s.interval_bubble / s.interval_time),
-                                   static_cast<float>(s.interval_comm / s.interval_time)};
+    std::array<float, 3> shares = {static_cast<float>(s.interval_bubble / s.interval_time),
+                                   static_cast<float>(s.interval_comm / s.interval_time),
+                                   static_cast<float>(s.interval_comm_total / s.interval_time)};
     r.world.all_reduce(std::span<float>(shares), ReduceOp::kSum).wait();
-    const double bubble_pct = 100.0 * shares[0] / world_size, comm_pct = 100.0 * shares[1] / world_size;
+    const double bubble_pct = 100.0 * shares[0] / world_size, comm_pct = 100.0 * shares[1] / world_size,
+                 comm_total_pct = 100.0 * shares[2] / world_size;
     const LossScaler& scaler = *r.scaler;
     const int64_t global_batch = r.layout.global_batch;
     log_info(
@@ -227,10 +240,11 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
         timestamp(), it, cfg.training.train_iters, s.consumed, ms_per_iter, step.lr, global_batch, loss,
         scaler.enabled() ? fmt::format("loss scale: {:.1f} | ", scaler.scale()) : std::string(), step.grad_norm,
         s.skipped, s.nan_iters, tokens_per_s, mfu,
-        world_size == 1 ? std::string()
-                        : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | bytes sent "
-                                      "per step (rank 0): tp {} pp {} dp {} |",
-                                      bubble_pct, comm_pct, s.step_bytes_tp, s.step_bytes_pp, s.step_bytes_dp));
+        world_size == 1
+            ? std::string()
+            : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | total comm: {:.1f}% | "
+                          "bytes sent per step (rank 0): tp {} pp {} dp {} |",
+                          bubble_pct, comm_pct, comm_total_pct, s.step_bytes_tp, s.step_bytes_pp, s.step_bytes_dp));
     nlohmann::json j = {
         {"iteration", it},
         {"consumed_samples", s.consumed},
@@ -245,6 +259,7 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
         {"mfu", mfu / 100.0},
         {"pipeline_bubble", bubble_pct / 100.0},
         {"exposed_comm", comm_pct / 100.0},
+        {"total_comm", comm_total_pct / 100.0},
         {"bytes_per_step", {{"tp", s.step_bytes_tp}, {"pp", s.step_bytes_pp}, {"dp", s.step_bytes_dp}}},
         {"memory_planned_bytes", r.planned},
         {"memory_peak_bytes", s.memory_peak}};
@@ -252,7 +267,7 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
     if (scaler.enabled()) j["loss-scale"] = scaler.scale();
     if (r.writer) r.metrics << j.dump() << '\n' << std::flush;
     if (r.tensorboard) r.tensorboard->add_record(j);
-    s.interval_loss = s.interval_time = s.interval_bubble = s.interval_comm = 0;
+    s.interval_loss = s.interval_time = s.interval_bubble = s.interval_comm = s.interval_comm_total = 0;
     s.interval_steps = 0;
 }
 
@@ -346,11 +361,29 @@ std::optional<int> sample_text(TrainRun& r, const LoopState& s, const std::funct
     return std::nullopt;
 }
 
-// After the last step: the sample, the op profile (MS_PROFILE_OPS), the closing line and the exit record.
+// comm_matrix.json in run.output_dir and its busiest pairs in the log (rank 0): what every rank sent, by pair, group
+// and link class (comm/comm_matrix.h). Collective over world, which is not counted.
+void write_comm_matrix(TrainRun& r) {
+    nlohmann::json m = r.comm_matrix->gather(r.world);
+    if (!r.writer) return;
+    const LinkModelConfig& lm = r.cfg.link_model;
+    m["link_model"] = {{"enabled", lm.enabled},
+                       {"intra_node_latency_us", lm.intra_node_latency_us},
+                       {"intra_node_bandwidth_gbps", lm.intra_node_bandwidth_gbps},
+                       {"inter_node_latency_us", lm.inter_node_latency_us},
+                       {"inter_node_bandwidth_gbps", lm.inter_node_bandwidth_gbps}};
+    std::ofstream(std::filesystem::path(r.cfg.run.output_dir) / "comm_matrix.json") << m.dump(1) << '\n';
+    if (r.world.size() == 1) return;
+    for (const std::string& line : comm_matrix_table(m, 8)) log_info("{}", line);
+}
+
+// After the last step: the sample, the op profile (MS_PROFILE_OPS), the communication matrix, the closing line and
+// the exit record.
 int end_of_run(TrainRun& r, const LoopState& s, const std::function<bool()>& stop_requested, double t_start) {
     const Config& cfg = r.cfg;
     if (const std::optional<int> code = sample_text(r, s, stop_requested)) return *code;
     r.backend->synchronize();  // nothing may run on the arena once it is freed
+    write_comm_matrix(r);
     if (r.profiler != nullptr && s.profiled_steps > 0) {
         // every rank writes its own (pipeline stages differ); the logging rank also prints its table
         const std::vector<std::string> table = r.profiler->table(s.profiled_seconds, s.profiled_steps);

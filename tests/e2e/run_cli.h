@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -27,6 +28,34 @@ inline CliResult run_cli(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
     const int status = pclose(p);
     r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+}
+
+// The same with stdout alone in `output` and stderr in `errors`: for commands whose stdout is their result.
+struct CliStreams {
+    int exit_code = -1;
+    std::string output, errors;
+};
+inline CliStreams run_cli_streams(const std::string& args) {
+    char err_path[] = "/tmp/ms-e2e-stderr-XXXXXX";
+    const int fd = mkstemp(err_path);
+    if (fd < 0) return {};
+    close(fd);
+    const std::string cmd = std::string("OMP_NUM_THREADS=2 '") + MS_BINARY_PATH + "' " + args + " 2>'" + err_path + "'";
+    CliStreams r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p != nullptr) {
+        std::array<char, 4096> buf{};
+        size_t n;
+        while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+        const int status = pclose(p);
+        r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::ifstream f(err_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    r.errors = ss.str();
+    std::remove(err_path);
     return r;
 }
 
