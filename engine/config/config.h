@@ -147,10 +147,6 @@ struct ReliabilityConfig {
     std::string inject;  // fault injection for tests: "<crash|hang|nan|sigterm>@step=S[,rank=R]"; MS_INJECT wins
 };
 
-// Diagnosis choices that change numerics: config keys, so they are part of the config hash (docs/style.md
-// "Switches"). They were the environment variables MS_CUDA_TF32, MS_CUDA_GELU_EPILOGUE, MS_CUDA_ATTENTION and
-// MS_CUDA_ATTENTION_BWD, which a run now refuses (engine/core/switches.h). Only the CUDA backend reads them
-// (BackendOptions::cuda, engine/backends/backend.h); the defaults are the production path.
 // The link model (comm/link_model.h, docs/communication.md): every communication takes the time it would over
 // NVLink-like links inside a node and InfiniBand-like links between nodes (run.ranks_per_node), scaled for the CPU.
 // It only delays operations, so results are unchanged. Off for real runs.
@@ -162,6 +158,10 @@ struct LinkModelConfig {
     double inter_node_bandwidth_gbps = 0.125;  // 1/8 of the intra-node bandwidth
 };
 
+// Diagnosis choices that change numerics: config keys, so they are part of the config hash (docs/style.md
+// "Switches"). They were the environment variables MS_CUDA_TF32, MS_CUDA_GELU_EPILOGUE, MS_CUDA_ATTENTION and
+// MS_CUDA_ATTENTION_BWD, which a run now refuses (engine/core/switches.h). Only the CUDA backend reads them
+// (BackendOptions::cuda, engine/backends/backend.h); the defaults are the production path.
 struct DebugConfig {
     bool cuda_tf32 = false;          // fp32 GEMMs on TF32 tensor cores (PyTorch's allow_tf32); false: true fp32
     bool cuda_gelu_epilogue = true;  // the MLP's GELU / dGELU in cuBLASLt's epilogues; false: gelu.cu's kernels
@@ -183,11 +183,11 @@ struct Config {
     LoggingConfig logging;
     EvalConfig eval;
     ReliabilityConfig reliability;
+    LinkModelConfig link_model;
     DebugConfig debug;
 };
 
 // Values computed from a Config and the world size; printed at start.
-    LinkModelConfig link_model;
 struct DerivedConfig {
     int world_size = 1;
     int dp = 1;

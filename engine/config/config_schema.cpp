@@ -216,9 +216,6 @@ std::vector<Field> config_fields(Config& c) {
                                       "waits forever"}},
         {"reliability.inject", &c.reliability.inject, {}},
 
-        {"debug.cuda_tf32", &c.debug.cuda_tf32,
-         Constraint{.hint = "true runs run.backend: cuda's fp32 GEMMs on TF32 tensor cores (was MS_CUDA_TF32=1)"}},
-        {"debug.cuda_gelu_epilogue", &c.debug.cuda_gelu_epilogue,
         {"link_model.enabled", &c.link_model.enabled,
          Constraint{.hint = "true delays every communication by its modelled time (docs/communication.md)"}},
         {"link_model.intra_node_latency_us", &c.link_model.intra_node_latency_us, at_least(0)},
@@ -226,6 +223,9 @@ std::vector<Field> config_fields(Config& c) {
         {"link_model.inter_node_latency_us", &c.link_model.inter_node_latency_us, at_least(0)},
         {"link_model.inter_node_bandwidth_gbps", &c.link_model.inter_node_bandwidth_gbps, positive()},
 
+        {"debug.cuda_tf32", &c.debug.cuda_tf32,
+         Constraint{.hint = "true runs run.backend: cuda's fp32 GEMMs on TF32 tensor cores (was MS_CUDA_TF32=1)"}},
+        {"debug.cuda_gelu_epilogue", &c.debug.cuda_gelu_epilogue,
          Constraint{.hint = "false runs the MLP's GELU on gelu.cu's kernels instead of cuBLASLt's epilogues (was "
                             "MS_CUDA_GELU_EPILOGUE=0)"}},
         {"debug.cuda_attention", &c.debug.cuda_attention,
