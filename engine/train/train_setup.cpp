@@ -400,10 +400,12 @@ void open_run_files(TrainRun& r) {
                         "directory exists and is writable",
                         cfg.logging.metrics_file));
     }
-    if (r.writer && !cfg.logging.tensorboard_dir.empty()) {
-        r.tensorboard = std::make_unique<TensorBoardWriter>(cfg.logging.tensorboard_dir, r.first_it);
-        log_info("tensorboard: {}", r.tensorboard->path());
+    if (!cfg.logging.tensorboard_dir.empty()) {  // on every rank: a directory the writer cannot use ends them all
+        on_every_rank_or_none(r.world, "open logging.tensorboard_dir", [&] {
+            if (r.writer) r.tensorboard = std::make_unique<TensorBoardWriter>(cfg.logging.tensorboard_dir, r.first_it);
+        });
     }
+    if (r.tensorboard) log_info("tensorboard: {}", r.tensorboard->path());
 }
 
 }  // namespace ms
