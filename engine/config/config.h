@@ -54,6 +54,10 @@ struct ParallelConfig {
     int pipeline_model_parallel_size = 1;
     int data_parallel_size = 0;  // 0 = auto (world / (tp * pp)); if given it must match
     int zero_stage = 0;
+    // Megatron's DDP options: the data-parallel gradient reduction in buckets of bucket_size elements (0: Megatron's
+    // max(40M, 1M x dp)), each started as soon as the last micro-batch's backward has finished its gradients.
+    bool overlap_grad_reduce = false;
+    int64_t bucket_size = 0;
     bool sequence_parallel = false;
     std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
     int virtual_pipeline_model_parallel_size = 1;

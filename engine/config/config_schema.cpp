@@ -138,6 +138,9 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .max = 1, .phrase = "is not supported (0 or 1)",
                     .hint = "ZeRO-1 (= use_distributed_optimizer: true) shards the optimizer state; "
                             "stages 2 and 3 are not implemented"}},
+        {"parallel.overlap_grad_reduce", &c.parallel.overlap_grad_reduce, {}},
+        {"parallel.bucket_size", &c.parallel.bucket_size,
+         Constraint{.min = 0, .hint = "0 or null means Megatron's max(40M, 1M x data-parallel size) elements"}, true},
         {"parallel.sequence_parallel", &c.parallel.sequence_parallel, {}},
         {"parallel.pipeline_schedule", &c.parallel.pipeline_schedule, one_of({"gpipe", "1f1b", "interleaved_1f1b"})},
         {"parallel.virtual_pipeline_model_parallel_size", &c.parallel.virtual_pipeline_model_parallel_size,

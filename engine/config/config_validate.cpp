@@ -256,6 +256,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     resolve_fault_injection(cfg.reliability, world_size, t.train_iters);
 
     // ---- parallel axes this build does not run yet ----
+    if (p.overlap_grad_reduce && p.zero_stage == 1) {
+        fail(
+            "parallel.overlap_grad_reduce is not supported with parallel.zero_stage 1: the distributed optimizer "
+            "shards the flat gradient buffer into one block per rank, not the buckets the overlap reduces; hint: "
+            "zero_stage 0 with overlap_grad_reduce, or zero_stage 1 without it");
+    }
     if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {
         fail(
             "parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}) = {} rows of a micro-batch "

@@ -290,9 +290,27 @@ Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, con
                         Communicator& tp, double* loss_sum) {
     Compiler c(g, plan, at, backend, tp, loss_sum);
     std::vector<Program::Step> steps;
-    for (const Node& n : g.nodes)
-        if (n.phase == phase) steps.push_back(c.step(n));
-    return Program(std::move(steps));
+    std::vector<size_t> step_of_node(g.nodes.size(), 0);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        if (g.nodes[i].phase != phase) continue;
+        step_of_node[i] = steps.size();
+        steps.push_back(c.step(g.nodes[i]));
+    }
+    if (phase != Phase::kBackward || steps.empty()) return Program(std::move(steps));
+    std::vector<int> last_writer(g.tensors.size(), -1);
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (TensorId t : g.nodes[i].out)
+            if (t != kNoTensor) last_writer[static_cast<size_t>(t)] = static_cast<int>(i);
+    std::vector<std::vector<GradRange>> final_after(steps.size());
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+        const TensorInfo& info = g.tensors[t];
+        const int w = last_writer[t];
+        if (info.role != Role::kGradient || w < 0) continue;
+        const size_t at_step =
+            g.nodes[static_cast<size_t>(w)].phase == Phase::kBackward ? step_of_node[static_cast<size_t>(w)] : 0;
+        final_after[at_step].push_back({info.param_offset, info.param_offset + info.numel()});
+    }
+    return Program(std::move(steps), std::move(final_after));
 }
 
 }  // namespace ms::graph

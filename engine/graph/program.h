@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -23,12 +24,21 @@ struct Bindings {
     std::byte* scratch = nullptr;  // MemoryPlan::scratch_bytes()
 };
 
+// Elements [begin, end) of the flat gradient buffer: one parameter's gradient.
+struct GradRange {
+    int64_t begin = 0, end = 0;
+    bool operator==(const GradRange&) const = default;
+};
+// Told, during a backward, the gradients that no later op of the graph writes (data-parallel buckets start there).
+using GradsFinalFn = std::function<void(std::span<const GradRange>)>;
+
 // What a call supplies at run time.
 struct RunArgs {
     const int32_t* tokens = nullptr;   // (N) for kLoadTokens
     const int32_t* targets = nullptr;  // (N) for kLoadTargets
     float loss_scale = 1.0f;           // kLossGradient: dloss = loss_scale / N; 0: no backward follows (eval), so
                                        //   ops that prepare it in the forward (the fused LM head) skip that
+    const GradsFinalFn* on_grads_final = nullptr;  // backward: called after each step that finished gradients
 };
 
 class Program {
@@ -37,20 +47,29 @@ class Program {
         std::string label;  // "h.3.c_fc matmul+gelu"
         std::function<void(const RunArgs&)> run;
     };
-    explicit Program(std::vector<Step> steps) : steps_(std::move(steps)) {}
+    // final_after[i]: the gradients step i is the last to write (empty, or one list per step)
+    explicit Program(std::vector<Step> steps, std::vector<std::vector<GradRange>> final_after = {})
+        : steps_(std::move(steps)), final_after_(std::move(final_after)) {}
     Program() = default;
     void run(const RunArgs& args) const {
-        for (const Step& s : steps_) s.run(args);
+        for (size_t i = 0; i < steps_.size(); ++i) {
+            steps_[i].run(args);
+            if (args.on_grads_final != nullptr && i < final_after_.size() && !final_after_[i].empty())
+                (*args.on_grads_final)(final_after_[i]);
+        }
     }
     const std::vector<Step>& steps() const { return steps_; }
+    const std::vector<std::vector<GradRange>>& final_after() const { return final_after_; }
 
   private:
     std::vector<Step> steps_;
+    std::vector<std::vector<GradRange>> final_after_;
 };
 
 // The program of g's ops of `phase`, with tensors placed by `plan` (made for this chunk with the largest batch; g
 // may have fewer rows) and bound to `at`. `loss_sum`, when the graph has a kLoss op, receives the sum over rows of
-// the losses at each forward run.
+// the losses at each forward run. The backward program knows after which of its steps each parameter gradient is
+// final: after its last writer, or after its first step for one only the forward writes (the fused LM head's).
 Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, const Bindings& at, Backend& backend,
                         Communicator& tp, double* loss_sum);
 

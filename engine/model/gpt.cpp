@@ -223,7 +223,10 @@ const void* Gpt::grad_input(int slot) const { return program_->grad_input(slot);
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale) {
     return program_->forward(tokens, targets, B, T, slot, loss_scale);
 }
-void Gpt::backward(int slot) { program_->backward(slot); }
+void Gpt::backward(int slot, const graph::GradsFinalFn* on_grads_final) { program_->backward(slot, on_grads_final); }
 void Gpt::finish_gradients() { program_->finish_gradients(); }
+std::vector<graph::GradRange> Gpt::gradients_finished_per_step() const {
+    return program_->gradients_finished_per_step();
+}
 
 }  // namespace ms

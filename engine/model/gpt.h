@@ -40,6 +40,7 @@
 
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
+#include "engine/graph/program.h"
 #include "engine/graph/recompute_options.h"
 #include "memory/memory_block.h"
 
@@ -190,10 +191,14 @@ class Gpt {
     // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=), loss_scale being the slot's forward()'s.
     // Must follow forward() on the slot (with targets for the head). A part without the head starts from
     // grad_output(slot); a part without the embedding leaves the gradient of its input in grad_input(slot).
-    void backward(int slot = 0);
+    // on_grads_final (the step's last micro-batch): told during the backward which gradients are final, for the
+    // data-parallel buckets (engine/optim/grad_buckets.h).
+    void backward(int slot = 0, const graph::GradsFinalFn* on_grads_final = nullptr);
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
     // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
     void finish_gradients();
+    // The gradients finish_gradients() completes: final only after it, whatever the backward said.
+    std::vector<graph::GradRange> gradients_finished_per_step() const;
     // Pipeline hand-offs: activation_elems() elements of dtype() each, B*T*C, or B*T*C/tp rows with sequence
     // parallelism.
     int64_t activation_elems(int B, int T) const;

@@ -342,12 +342,21 @@ float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, 
     return static_cast<float>(loss_sum_[static_cast<size_t>(slot)] / (static_cast<double>(B) * T));
 }
 
-void GptProgram::backward(int slot) {
+void GptProgram::backward(int slot, const graph::GradsFinalFn* on_grads_final) {
     const float loss_scale = loss_scale_.at(static_cast<size_t>(slot));
     MS_CHECK(last_ != nullptr && loss_scale != 0.0f,
              "backward() of slot {} without a forward() that prepared it (targets on the head, a loss scale)", slot);
     const Compiled& c = compiled(B_, T_, true);
-    c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale});
+    c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale, on_grads_final});
+}
+
+std::vector<graph::GradRange> GptProgram::gradients_finished_per_step() const {
+    std::vector<graph::GradRange> out;
+    for (int i : full_->graph.g.tp_partial_grad_params) {
+        const ParamInfo& p = table_[static_cast<size_t>(i)];
+        out.push_back({p.offset, p.offset + p.numel});
+    }
+    return out;
 }
 
 void GptProgram::finish_gradients() {

@@ -67,8 +67,9 @@ class GptProgram {
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
 
     float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale);
-    void backward(int slot);
+    void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr);
     void finish_gradients();
+    std::vector<graph::GradRange> gradients_finished_per_step() const;
     void* input(int slot);
     const void* output(int slot) const;
     void* grad_output(int slot);

@@ -66,8 +66,18 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
 }
 
+GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
+    MS_CHECK(zero_stage_ == 0 && dp_.size() > 1, "overlapped gradient buckets need zero_stage 0 and dp > 1");
+    buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_, dp_, backend_);
+    return *buckets_;
+}
+
 GradSquares DistributedOptimizer::local_grad_squares() const {
     GradSquares r;
+    if (buckets_) {
+        r.all = buckets_->squares_before_reduction();
+        return r;
+    }
     if (dp_.size() > 1) {
         r.all = backend_.sum_squares(Tensor::f32(grads_, {padded_}));
         return r;
@@ -85,7 +95,9 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     OptimizerStepResult r;
     const std::span<float> all(grads_, static_cast<size_t>(padded_));
     const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
-    if (zero_stage_ == 0) {
+    if (buckets_) {
+        // the pipeline's backward and finish() did it
+    } else if (zero_stage_ == 0) {
         dp_.all_reduce(all, ReduceOp::kAvg, Priority::kLow).wait();
     } else {
         // in place: this rank's shard is its own block of the gradient buffer (mpi_communicator.h)

@@ -14,12 +14,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
+#include "engine/optim/grad_buckets.h"
 #include "memory/memory_block.h"
 
 namespace ms {
@@ -63,8 +65,12 @@ class DistributedOptimizer {
     // summed in the same order).
     OptimizerStepResult step(float lr, float clip_grad, float unscale = 1.0f, const GradSquares* local = nullptr);
     // The sums of squares of this rank's gradients before the reduction. With one data-parallel rank the norm's
-    // segments cover every gradient and are summed one by one; with more, the whole buffer in one op.
+    // segments cover every gradient and are summed one by one; with more, the whole buffer in one op, or with
+    // overlapped buckets what they took before reducing.
     GradSquares local_grad_squares() const;
+    // parallel.overlap_grad_reduce (zero_stage 0, dp > 1): the reduction moves into buckets that the backward
+    // starts (grad_buckets.h) and step() only checks they are done. Returns them for the pipeline to report to.
+    GradBuckets& overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table);
 
     int64_t shard_begin() const { return shard_begin_; }
     int64_t shard_size() const { return shard_size_; }
@@ -96,6 +102,7 @@ class DistributedOptimizer {
     OptimizerConfig cfg_;
     int zero_stage_;
     Backend& backend_;
+    std::unique_ptr<GradBuckets> buckets_;  // overlap_grad_reduce, else null
     Communicator& dp_;
     Communicator& mp_;
     int64_t shard_begin_ = 0, shard_size_ = 0;

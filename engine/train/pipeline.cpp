@@ -139,6 +139,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         for (size_t i = 0; i < table_.size(); ++i)
             if (table_[i].name == "wte.weight") wte_index_ = static_cast<int>(i);
     }
+    bases_ = bases;
     tokens_.resize(static_cast<size_t>(micro_batch) * shape.seq());
     targets_.resize(static_cast<size_t>(micro_batch) * shape.seq());
     slot_of_.assign(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(num_microbatches), -1));
@@ -203,7 +204,26 @@ void PipelineModel::wait_sends() {
     for (PendingSend& p : send_pool_) p.handle.wait();
 }
 
+void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
+    buckets_ = buckets;
+    report_final_.clear();
+    if (buckets == nullptr) return;
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+        const int64_t base = bases_[c];
+        std::vector<graph::GradRange> per_step = chunks_[c]->gradients_finished_per_step();
+        for (graph::GradRange& r : per_step) r = {r.begin + base, r.end + base};
+        buckets->defer(per_step);
+        report_final_.push_back([buckets, base](std::span<const graph::GradRange> r) { buckets->final(r, base); });
+    }
+    if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {  // summed over embd in train_step
+        const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
+        const graph::GradRange wte{p.offset, p.offset + p.numel};
+        buckets->defer(std::span<const graph::GradRange>(&wte, 1));
+    }
+}
+
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale_in) {
+    if (buckets_ != nullptr) buckets_->begin_step();
     backend_.zero(Tensor::f32(grads(), {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
@@ -252,7 +272,8 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kBackward: {
                 const int s = slot_of[c][mb];
-                chunk.backward(s);
+                const bool last = buckets_ != nullptr && mb == num_microbatches_ - 1;
+                chunk.backward(s, last ? &report_final_[static_cast<size_t>(c)] : nullptr);
                 if (chunk.part().embedding) {  // nothing to send: the slot is free now
                     free_slots[c].push_back(s);
                     slot_of[c][mb] = -1;
@@ -276,6 +297,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
         groups_.embd->all_reduce(std::span<float>(grads() + p.offset, static_cast<size_t>(p.numel)), ReduceOp::kSum)
             .wait();
     }
+    if (buckets_ != nullptr) buckets_->finish();
     float mean = loss / static_cast<float>(num_microbatches_);
     pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();  // only the last stage contributes
     return mean;

@@ -24,6 +24,7 @@
 #include "comm/process_groups.h"
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
+#include "engine/optim/grad_buckets.h"
 #include "engine/parallel/schedule.h"
 #include "memory/memory_block.h"
 
@@ -66,6 +67,10 @@ class PipelineModel {
     // tied embedding's gradient summed over embd. Returns the mean loss over the micro-batches (on every stage).
     // loss_scale multiplies the loss the backward starts from (fp16's loss scaling; 1 otherwise).
     float train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale = 1.0f);
+    // parallel.overlap_grad_reduce: the last micro-batch's backward of each chunk reports its final gradients to
+    // `buckets`, which train_step() finishes after the per-step reductions (the gradients those complete are
+    // deferred to then). Not owned; null: no overlap.
+    void set_grad_buckets(GradBuckets* buckets);
     // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage). stop, when
     // given, is called after every micro-batch on every rank (the trainer's agreement on a stop signal); once it
     // returns true the evaluation ends there and returns nullopt.
@@ -95,6 +100,9 @@ class PipelineModel {
     std::vector<std::unique_ptr<Gpt>> chunks_;   // local chunks 0..v-1
     std::vector<int> slots_;                     // activation slots per local chunk
     std::vector<ParamInfo> table_;               // every local chunk's parameters, offsets in the shared buffers
+    std::vector<int64_t> bases_;                 // per local chunk: where its parameters start in the flat buffers
+    GradBuckets* buckets_ = nullptr;
+    std::vector<graph::GradsFinalFn> report_final_;  // per local chunk, to buckets_ with its base
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
     DType dtype_ = DType::kF32;

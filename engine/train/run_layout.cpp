@@ -6,6 +6,7 @@
 #include "engine/core/check.h"
 #include "engine/core/log.h"
 #include "engine/data/dataset.h"
+#include "engine/optim/grad_buckets.h"
 
 namespace ms {
 
@@ -45,6 +46,8 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.layers_per_chunk = cfg.model.num_layers / (par.pipeline_model_parallel_size * l.virtual_stages);
     l.sequence_parallel = par.sequence_parallel;
     l.zero_stage = par.zero_stage;
+    if (par.overlap_grad_reduce && d.dp > 1)
+        l.grad_bucket_elems = par.bucket_size > 0 ? par.bucket_size : default_bucket_elems(d.dp);
     l.micro_batch = cfg.training.micro_batch_size;
     l.num_microbatches = d.num_microbatches;
     l.global_batch = int64_t{l.micro_batch} * l.num_microbatches * d.dp;

@@ -39,6 +39,9 @@ struct RunLayout {
     int layers_per_chunk = 1;  // num_layers / (pp * virtual_stages)
     bool sequence_parallel = false;
     int zero_stage = 0;
+    // parallel.overlap_grad_reduce with dp > 1: elements per gradient bucket (parallel.bucket_size or Megatron's
+    // default); 0: the gradients are reduced in one piece after the backward
+    int64_t grad_bucket_elems = 0;
 
     // ---- batch ----
     int micro_batch = 1;       // training.micro_batch_size: samples per micro-batch

@@ -328,6 +328,14 @@ void setup_model(TrainRun& r) {
                                                          model.grads(), r.cfg.optimizer, l.zero_stage, *r.backend,
                                                          *groups.dp, *groups.mp, groups.tp_rank, &arena);
     if (l.dtype != DType::kF32) r.optimizer->set_weights(model.weights(), l.dtype);
+    if (l.grad_bucket_elems > 0) {
+        GradBuckets& buckets = r.optimizer->overlap_grad_reduce(l.grad_bucket_elems, model.params_info());
+        model.set_grad_buckets(&buckets);
+        log_info(
+            "data parallel: the gradients in {} buckets of at least {} elements, each all-reduced over dp as soon as "
+            "the last micro-batch's backward has finished it (parallel.overlap_grad_reduce)",
+            buckets.num_buckets(), l.grad_bucket_elems);
+    }
     r.scaler = std::make_unique<LossScaler>(r.cfg.mixed_precision);
     r.reliability->stop_point(r.world);
     log_model_memory(r);

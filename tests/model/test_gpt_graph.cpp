@@ -3,10 +3,12 @@
 // parallel and end-to-end test checks: Gpt runs it.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -211,9 +213,9 @@ TEST(GptGraph, EveryProgramsTensorsLieInsideTheirBlocks) {
     s.L = 3;
     using G = graph::RecomputeGranularity;
     using M = graph::RecomputeMethod;
-    for (const graph::RecomputeOptions& rc : {recompute_of(G::kNone, M::kUniform, 1),
-                                              recompute_of(G::kSelective, M::kUniform, 1),
-                                              recompute_of(G::kFull, M::kUniform, 1), recompute_of(G::kFull, M::kBlock, 2)}) {
+    for (const graph::RecomputeOptions& rc :
+         {recompute_of(G::kNone, M::kUniform, 1), recompute_of(G::kSelective, M::kUniform, 1),
+          recompute_of(G::kFull, M::kUniform, 1), recompute_of(G::kFull, M::kBlock, 2)}) {
         for (const bool fused : {false, true}) {
             GptGraphOptions options;
             options.lm_head_loss_fusion = fused;
@@ -239,6 +241,60 @@ TEST(GptGraph, EveryProgramsTensorsLieInsideTheirBlocks) {
                     }
                 }
             }
+        }
+    }
+}
+
+// The backward says when each gradient is final (for the data-parallel buckets): every parameter's exactly once,
+// the last layers' before the first ones', and what a gradient holds when it is reported is what it holds at the
+// end of the backward, bit for bit (no later op writes it), with the fused head and without, with recomputation.
+TEST(GptGraph, BackwardReportsEveryGradientOnceWhenItIsFinal) {
+    GptShape s = tiny_shape();
+    s.L = 3;
+    auto be = make_cpu_backend(OpMode::kFast);
+    for (const bool fused : {true, false}) {
+        for (const graph::RecomputeGranularity rc :
+             {graph::RecomputeGranularity::kNone, graph::RecomputeGranularity::kFull}) {
+            Gpt::Options o;
+            o.max_batch = 2;
+            o.graph.lm_head_loss_fusion = fused;
+            o.graph.recompute.granularity = rc;
+            Gpt model(s, *be, tp_self(), o);
+            model.init_weights(4);
+            model.zero_grads();
+            const auto tokens = random_tokens(2 * s.T, s.V, 20, 0);
+            const auto targets = random_tokens(2 * s.T, s.V, 20, 1);
+            model.forward(tokens.data(), targets.data(), 2, s.T);
+            std::vector<graph::GradRange> order;
+            std::vector<std::vector<float>> at_report;
+            const graph::GradsFinalFn record = [&](std::span<const graph::GradRange> ranges) {
+                for (const graph::GradRange& r : ranges) {
+                    order.push_back(r);
+                    at_report.emplace_back(model.grads() + r.begin, model.grads() + r.end);
+                }
+            };
+            model.backward(0, &record);
+            const std::vector<ParamInfo>& table = model.params_info();
+            ASSERT_EQ(order.size(), table.size()) << fused;
+            for (const ParamInfo& p : table) {
+                const graph::GradRange want{p.offset, p.offset + p.numel};
+                EXPECT_EQ(std::count(order.begin(), order.end(), want), 1) << p.name;
+            }
+            for (size_t i = 0; i < order.size(); ++i) {
+                EXPECT_EQ(std::memcmp(at_report[i].data(), model.grads() + order[i].begin,
+                                      at_report[i].size() * sizeof(float)),
+                          0)
+                    << "gradient at " << order[i].begin << " changed after it was reported final";
+            }
+            // the first report is of the last layers (ln_f or the last block); the embeddings' (token and position,
+            // one op) come last
+            const auto wte =
+                std::find_if(table.begin(), table.end(), [](const ParamInfo& p) { return p.name == "wte.weight"; });
+            ASSERT_NE(wte, table.end());
+            const auto wte_at =
+                std::find(order.begin(), order.end(), graph::GradRange{wte->offset, wte->offset + wte->numel});
+            EXPECT_GE(wte_at - order.begin(), static_cast<std::ptrdiff_t>(order.size()) - 2) << fused;
+            EXPECT_GT(order.front().begin, table[table.size() / 2].offset) << fused;
         }
     }
 }

@@ -1,0 +1,100 @@
+// grad_buckets.cpp: buckets of the flat gradient buffer reduced as the backward finishes them (grad_buckets.h).
+#include "engine/optim/grad_buckets.h"
+
+#include <algorithm>
+
+#include "engine/core/check.h"
+
+namespace ms {
+
+int64_t default_bucket_elems(int dp) { return std::max<int64_t>(40'000'000, 1'000'000 * int64_t{dp}); }
+
+GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
+                         Communicator& dp, Backend& backend)
+    : grads_(grads), dp_(dp), backend_(backend) {
+    MS_CHECK(bucket_elems >= 1, "gradient buckets of {} elements", bucket_elems);
+    for (const ParamInfo& p : table) params_.push_back({p.offset, p.offset + p.numel});
+    std::sort(params_.begin(), params_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    MS_CHECK(!params_.empty() && params_.back().end <= padded, "gradient buckets: parameters end at {} of {}",
+             params_.empty() ? 0 : params_.back().end, padded);
+    // from the end down: a bucket closes once it holds bucket_elems, at the start of a parameter
+    bucket_of_.assign(params_.size(), -1);
+    int64_t end = padded, elems = 0;
+    for (size_t i = params_.size(); i-- > 0;) {
+        bucket_of_[i] = static_cast<int>(buckets_.size());
+        elems += params_[i].end - params_[i].begin;
+        if (end - params_[i].begin >= bucket_elems || i == 0) {
+            const int64_t begin = i == 0 ? 0 : params_[i].begin;
+            buckets_.push_back(Bucket{begin, end, elems, 0, 0.0, Handle()});
+            end = begin;
+            elems = 0;
+        }
+    }
+    deferred_.assign(params_.size(), 0);
+    done_.assign(params_.size(), 0);
+    issued_.reserve(buckets_.size());  // a step allocates nothing
+}
+
+void GradBuckets::defer(std::span<const graph::GradRange> ranges) {
+    for (const graph::GradRange& r : ranges) {
+        const auto it = std::lower_bound(params_.begin(), params_.end(), r,
+                                         [](const auto& a, const auto& b) { return a.begin < b.begin; });
+        MS_CHECK(it != params_.end() && *it == r, "gradient buckets: [{}, {}) is not a parameter", r.begin, r.end);
+        deferred_[static_cast<size_t>(it - params_.begin())] = 1;
+        deferred_ranges_.push_back(r);
+    }
+}
+
+void GradBuckets::begin_step() {
+    for (Bucket& b : buckets_) {
+        b.handle.wait();
+        b.final_elems = 0;
+        b.squares = 0.0;
+    }
+    std::fill(done_.begin(), done_.end(), 0);
+    issued_.clear();
+}
+
+void GradBuckets::final(std::span<const graph::GradRange> ranges, int64_t base) { mark(ranges, base, false); }
+
+void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t base, bool deferred_too) {
+    for (const graph::GradRange& c : chunk_ranges) {
+        const graph::GradRange r{c.begin + base, c.end + base};
+        const auto it = std::lower_bound(params_.begin(), params_.end(), r,
+                                         [](const auto& a, const auto& b) { return a.begin < b.begin; });
+        MS_CHECK(it != params_.end() && *it == r, "gradient buckets: [{}, {}) is not a parameter", r.begin, r.end);
+        const size_t i = static_cast<size_t>(it - params_.begin());
+        if (done_[i] || (deferred_[i] && !deferred_too)) continue;
+        done_[i] = 1;
+        Bucket& b = buckets_[static_cast<size_t>(bucket_of_[i])];
+        b.final_elems += r.end - r.begin;
+        if (b.final_elems == b.param_elems) issue(bucket_of_[i]);
+    }
+    // MPI progresses a non-blocking collective only inside MPI calls: polling the earlier buckets here lets them
+    // move while the backward goes on
+    for (int b : issued_) buckets_[static_cast<size_t>(b)].handle.test();
+}
+
+void GradBuckets::issue(int index) {
+    Bucket& b = buckets_[static_cast<size_t>(index)];
+    const std::span<float> grads(grads_ + b.begin, static_cast<size_t>(b.end - b.begin));
+    b.squares = backend_.sum_squares(Tensor::f32(grads.data(), {b.end - b.begin}));  // synchronizes the backend
+    b.handle = dp_.all_reduce(grads, ReduceOp::kAvg, Priority::kLow);
+    issued_.push_back(index);
+}
+
+void GradBuckets::finish() {
+    mark(deferred_ranges_, 0, true);
+    for (int b = 0; b < num_buckets(); ++b) {
+        if (std::find(issued_.begin(), issued_.end(), b) == issued_.end()) issue(b);
+    }
+    for (Bucket& b : buckets_) b.handle.wait();
+}
+
+double GradBuckets::squares_before_reduction() const {
+    double sq = 0.0;
+    for (const Bucket& b : buckets_) sq += b.squares;
+    return sq;
+}
+
+}  // namespace ms

@@ -1,0 +1,81 @@
+// grad_buckets.h: the data-parallel gradient reduction in buckets that start during the backward (Megatron's
+// overlap_grad_reduce, parallel.overlap_grad_reduce; zero_stage 0).
+//
+// The flat gradient buffer is cut at parameter boundaries into buckets of at least bucket_elems elements, from its
+// end down (the order in which the backward finishes parameters): bucket 0 holds the last parameters and the
+// padding after them, the last bucket begins at element 0. During the step's last micro-batch the compiled programs
+// say which gradients are final (graph::GradsFinalFn, after the op that last writes each); once every gradient of a
+// bucket is, its sum of squares before the reduction is taken (the step boundary's NaN check, which must see this
+// rank's own gradients) and its all-reduce (average over dp, background priority) is issued without waiting.
+// Gradients completed once per step after the backward (defer(): sequence parallelism's LayerNorm gradients, the
+// tied embedding summed across pipeline stages) are final only in finish(), which issues every bucket still
+// unissued in bucket order and waits for all of them.
+//
+// Every data-parallel rank runs the same programs in the same order, so the buckets are issued in the same order on
+// every rank, as collectives on one communicator must be. Each element is averaged by the same all-reduce as with
+// one flat buffer, only in pieces.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "engine/backends/backend.h"
+#include "engine/graph/program.h"
+#include "engine/model/gpt.h"
+
+namespace ms {
+
+// Megatron's default bucket size: max(40M, 1M x dp) elements.
+int64_t default_bucket_elems(int dp);
+
+class GradBuckets {
+  public:
+    // table: the rank's parameters (offsets into grads); padded: the flat buffer's length (its tail is zeros).
+    GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
+                Communicator& dp, Backend& backend);
+    GradBuckets(const GradBuckets&) = delete;
+    GradBuckets& operator=(const GradBuckets&) = delete;
+
+    // These gradients are final only in finish() (reduced per step after the backward).
+    void defer(std::span<const graph::GradRange> ranges);
+    // Before the step's first backward.
+    void begin_step();
+    // What the last micro-batch's backward reports: gradients final from now on, as ranges of a chunk whose
+    // gradients start `base` elements into the flat buffer.
+    void final(std::span<const graph::GradRange> ranges, int64_t base);
+    // After the per-step reductions: issues the buckets still unissued and waits for every bucket.
+    void finish();
+
+    // The sum of the buckets' sums of squares before their reduction (finish() done), in bucket order.
+    double squares_before_reduction() const;
+    // Issue order of this step's buckets (for tests and the timeline); bucket b covers [begin(b), end(b)).
+    const std::vector<int>& issued() const { return issued_; }
+    int num_buckets() const { return static_cast<int>(buckets_.size()); }
+    int64_t begin(int b) const { return buckets_[static_cast<size_t>(b)].begin; }
+    int64_t end(int b) const { return buckets_[static_cast<size_t>(b)].end; }
+
+  private:
+    struct Bucket {
+        int64_t begin, end;   // elements of the flat buffer
+        int64_t param_elems;  // of its parameters (the padding and gaps between them need no report)
+        int64_t final_elems;  // reported so far this step
+        double squares;       // before the reduction
+        Handle handle;
+    };
+    void mark(std::span<const graph::GradRange> ranges, int64_t base, bool deferred_too);
+    void issue(int b);
+
+    std::vector<Bucket> buckets_;
+    std::vector<graph::GradRange> params_;  // sorted by begin
+    std::vector<int> bucket_of_;            // per params_ entry
+    std::vector<char> deferred_, done_;     // per params_ entry
+    std::vector<graph::GradRange> deferred_ranges_;
+    std::vector<int> issued_;
+    float* grads_;
+    Communicator& dp_;
+    Backend& backend_;
+};
+
+}  // namespace ms
