@@ -25,15 +25,18 @@ struct TrainedRun {
     std::string output;
 };
 
+// MS_CHECK_ALLOCS=1 (passed on by mpiexec -x): the third step makes no heap allocation, the decorator's pooled
+// operation states and the stamps included (memory/alloc_guard.h).
 TrainedRun train(const std::string& sets) {
     const std::string dir = ms::test::make_temp_dir();
     const std::string cmd =
-        "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n 2 --oversubscribe "
-        "--allow-run-as-root '" MS_BINARY_PATH "' train --config " MS_SOURCE_DIR
+        "MS_CHECK_ALLOCS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n 2 -x MS_CHECK_ALLOCS "
+        "--oversubscribe --allow-run-as-root '" MS_BINARY_PATH "' train --config " MS_SOURCE_DIR
         "/tests/parallel/tiny.yaml --set run.output_dir=" +
         dir + " " + sets + " 2>&1";
     const ms::test::JobRun job = ms::test::run_command(cmd, dir);
     EXPECT_EQ(job.code, 0) << cmd << "\n" << job.output;
+    EXPECT_EQ(job.output.find("heap allocation"), std::string::npos) << job.output;
     TrainedRun r;
     r.output = job.output;
     std::ifstream metrics(dir + "/metrics.jsonl");

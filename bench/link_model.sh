@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# link_model.sh: the baseline the communication engine (issue 15) is measured against -- a GPT-2-shaped model (GPT-2's
+# vocabulary 50257 -> 50304, 4 layers, 256 hidden, 4 heads, seq 128, micro-batch 4, fp32) trained on the CPU with the
+# link model off and on (docs/communication.md), for dp 2 (each rank its own simulated node, then both on one) and
+# dp 2 x pp 2 (nodes of 2 ranks: dp inside a node, pp between nodes). Every operation is waited at once today, so the
+# modelled time is all exposed. Prints per layout and setting the median ms/step of the steps after the first two,
+# and the exposed comm, total comm and pipeline bubble shares of the step (averaged over ranks, metrics.jsonl).
+#   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+steps=${2:-6}
+bin=$build/mindspeed-train
+[ -x "$bin" ] || { echo "bench: $bin not found: run scripts/setup.sh first" >&2; exit 2; }
+out=$(mktemp -d)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+run() {  # $1: label, $2: ranks, then --set arguments; prints one line of the table
+  local label=$1 np=$2
+  shift 2
+  OMP_NUM_THREADS=1 mpirun --oversubscribe -np "$np" "$bin" train --config configs/gpt2-124m.yaml \
+    --set model.num_layers=4 --set model.hidden_size=256 --set model.num_attention_heads=4 \
+    --set model.ffn_hidden_size=1024 \
+    --set data.source=synthetic --set data.synthetic.vocab_size=50257 --set data.synthetic.num_tokens=400000 \
+    --set model.vocab_size=50257 --set model.seq_length=128 --set model.max_position_embeddings=1024 \
+    --set training.micro_batch_size=4 --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 \
+    --set logging.log_interval=1 --set eval.eval_interval=0 --set eval.sample_tokens=0 --set run.num_threads=1 \
+    --set run.output_dir="$out/$label" "$@" > "$out/$label.log" 2>&1 ||
+    { echo "bench: mindspeed-train failed, see $out/$label.log" >&2; exit 1; }
+  python3 - "$out/$label/metrics.jsonl" "$label" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"iteration-time"' in l][2:]
+med = lambda k: statistics.median(r[k] for r in rows)
+print(f"{sys.argv[2]:<34} {1e3 * med('iteration-time'):9.1f} {100 * med('exposed_comm'):8.1f}% "
+      f"{100 * med('total_comm'):8.1f}% {100 * med('pipeline_bubble'):8.1f}%")
+PY
+}
+
+printf '%-34s %9s %9s %9s %9s\n' "layout / link model" "ms/step" "exposed" "total" "bubble"
+dp2=(--set training.global_batch_size=8)                                             # 1 micro-batch
+dp2pp2=(--set parallel.pipeline_model_parallel_size=2 --set training.global_batch_size=32)  # 4 micro-batches
+run dp2-off 2 "${dp2[@]}"
+run dp2-on-intra-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=2
+run dp2-on-inter-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=1
+if [ "${MS_BENCH_PP:-1}" = 1 ]; then
+  run dp2xpp2-off 4 "${dp2pp2[@]}"
+  run dp2xpp2-on-nodes-of-2 4 "${dp2pp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=2
+fi
+echo "logs and metrics in $out"
