@@ -9,6 +9,7 @@
 
 #include "comm/link_model.h"
 #include "engine/core/check.h"
+#include "memory/arena.h"
 
 namespace ms {
 namespace {
@@ -28,13 +29,6 @@ double bits_float(int32_t w) {
     float f;
     std::memcpy(&f, &w, sizeof(f));
     return f;
-}
-
-std::string human_bytes(double b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) b /= 1024, ++u;
-    return fmt::format("{:.2f} {}", b, units[u]);
 }
 
 }  // namespace
@@ -134,8 +128,8 @@ std::vector<std::string> comm_matrix_table(const nlohmann::json& matrix, size_t 
         const nlohmann::json& p = pairs[i];
         lines.push_back(fmt::format("  {:>5} {:>5} {:>6} {:>10} {:>12} {:>8} {:>10.3f}", p["src"].get<int>(),
                                     p["dst"].get<int>(), p["group"].get<std::string>(), p["link"].get<std::string>(),
-                                    human_bytes(static_cast<double>(p["bytes"].get<int64_t>())),
-                                    p["ops"].get<int64_t>(), p["seconds"].get<double>()));
+                                    format_bytes(p["bytes"].get<size_t>()), p["ops"].get<int64_t>(),
+                                    p["seconds"].get<double>()));
     }
     return lines;
 }
