@@ -2,8 +2,9 @@
 # link_model.sh: the baseline the communication engine (issue 15) is measured against -- a GPT-2-shaped model (GPT-2's
 # vocabulary 50257 -> 50304, 4 layers, 256 hidden, 4 heads, seq 128, micro-batch 4, fp32) trained on the CPU with the
 # link model off and on (docs/communication.md), for dp 2 (each rank its own simulated node, then both on one) and
-# dp 2 x pp 2 (nodes of 2 ranks: dp inside a node, pp between nodes). Every operation is waited at once today, so the
-# modelled time is all exposed. Prints per layout and setting the median ms/step of the steps after the first two,
+# dp 2 x pp 2 (nodes of 2 ranks: dp inside a node, pp between nodes). Without parallel.overlap_grad_reduce every
+# operation is waited at once, so the modelled time is all exposed; with it (buckets of 1M elements) the data-parallel
+# all-reduces run behind the rest of the backward. Prints per layout and setting the median ms/step of the steps after the first two,
 # and the exposed comm, total comm and pipeline bubble shares of the step (averaged over ranks, metrics.jsonl).
 #   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
 set -euo pipefail
@@ -42,6 +43,8 @@ dp2pp2=(--set parallel.pipeline_model_parallel_size=2 --set training.global_batc
 run dp2-off 2 "${dp2[@]}"
 run dp2-on-intra-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=2
 run dp2-on-inter-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=1
+run dp2-on-inter-node-overlap 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=1 \
+  --set parallel.overlap_grad_reduce=true --set parallel.bucket_size=1000000
 if [ "${MS_BENCH_PP:-1}" = 1 ]; then
   run dp2xpp2-off 4 "${dp2pp2[@]}"
   run dp2xpp2-on-nodes-of-2 4 "${dp2pp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=2

@@ -24,6 +24,8 @@
 //   exit_status/rank_XXXXX.json  the same for every rank that ends through the trainer: a rank without one was
 //                                killed (a crash, or the launcher tearing the job down)
 //   comm_traces/rank_XXXXX.json  flight recorders (collective_watch.h)
+//   comm_matrix.json             rank 0, when train ends normally: what every rank sent, by pair, group and link
+//                                class (comm/comm_matrix.h, docs/communication.md)
 // At start rank 0 deletes the previous run's exit_status files and moves its comm_traces/ to comm_traces.prev/,
 // so that what a wrapper reads after this run is this run's.
 #pragma once
