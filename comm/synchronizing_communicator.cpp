@@ -5,31 +5,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "comm/typed_dispatch.h"
 #include "engine/core/check.h"
 #include "engine/core/half.h"
 
 namespace ms {
-namespace {
-
-// Calls f(T*) with a null pointer of the C++ type of t (the typed collectives: fp32, bf16, fp16 and int32).
-template <class F>
-Handle with_type(DType t, F&& f) {
-    switch (t) {
-        case DType::kF32:
-            return f(static_cast<float*>(nullptr));
-        case DType::kBF16:
-            return f(static_cast<bf16*>(nullptr));
-        case DType::kF16:
-            return f(static_cast<fp16*>(nullptr));
-        case DType::kI32:
-            return f(static_cast<int32_t*>(nullptr));
-        default:
-            MS_UNREACHABLE("collective on {} data: only fp32, bf16, fp16 and int32 have typed collectives",
-                           dtype_name(t));
-    }
-}
-
-}  // namespace
 
 SynchronizingCommunicator::SynchronizingCommunicator(std::unique_ptr<Communicator> inner,
                                                      std::function<void()> synchronize)
@@ -73,7 +53,7 @@ Handle SynchronizingCommunicator::batch_send_recv_impl(std::span<const P2POp> op
 
 Handle SynchronizingCommunicator::all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) {
     synchronize_if(size() > 1);
-    return with_type(t, [&](auto* type) {
+    return with_comm_type(t, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] { return inner_->all_reduce(std::span<T>(static_cast<T*>(buf), count), op, p); });
     });
@@ -82,7 +62,7 @@ Handle SynchronizingCommunicator::all_reduce_impl(void* buf, size_t count, DType
 Handle SynchronizingCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count,
                                                       DType t, ReduceOp op, Priority p) {
     synchronize_if(true);
-    return with_type(t, [&](auto* type) {
+    return with_comm_type(t, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] {
             return inner_->reduce_scatter(std::span<const T>(static_cast<const T*>(in), in_count),
@@ -94,7 +74,7 @@ Handle SynchronizingCommunicator::reduce_scatter_impl(const void* in, void* out,
 Handle SynchronizingCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                                   Priority p) {
     synchronize_if(true);
-    return with_type(t, [&](auto* type) {
+    return with_comm_type(t, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] {
             return inner_->all_gather(std::span<const T>(static_cast<const T*>(in), in_count),
@@ -105,7 +85,7 @@ Handle SynchronizingCommunicator::all_gather_impl(const void* in, void* out, siz
 
 Handle SynchronizingCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) {
     synchronize_if(size() > 1);
-    return with_type(t, [&](auto* type) {
+    return with_comm_type(t, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] { return inner_->broadcast(std::span<T>(static_cast<T*>(buf), count), root, p); });
     });
@@ -114,7 +94,7 @@ Handle SynchronizingCommunicator::broadcast_impl(void* buf, size_t count, DType 
 Handle SynchronizingCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                                   Priority p) {
     synchronize_if(true);
-    return with_type(t, [&](auto* type) {
+    return with_comm_type(t, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] {
             return inner_->all_to_all(std::span<const T>(static_cast<const T*>(in), in_count),
