@@ -35,6 +35,18 @@ void operator delete(void* p, size_t) noexcept { operator delete(p); }
 void* operator new[](size_t bytes) { return operator new(bytes); }
 void operator delete[](void* p) noexcept { operator delete(p); }
 void operator delete[](void* p, size_t) noexcept { operator delete(p); }
+// The nothrow forms too (std::stable_sort's buffer, for one): else the linker takes them from the engine's
+// allocation counter (memory/alloc_guard.cpp), whose plain forms then clash with these.
+void* operator new(size_t bytes, const std::nothrow_t&) noexcept {
+    try {
+        return operator new(bytes);
+    } catch (const std::bad_alloc&) {
+        return nullptr;
+    }
+}
+void* operator new[](size_t bytes, const std::nothrow_t& tag) noexcept { return operator new(bytes, tag); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { operator delete(p); }
 #endif
 
 namespace ms::test {
