@@ -57,8 +57,9 @@ Command add_plan_command(CLI::App& parent) {
     cmd->add_option("--world-size", plan->world_size, "Number of ranks to plan for")
         ->default_val(1)
         ->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--ranks-per-node", plan->ranks_per_node, "Ranks on one node (the node column, the default budget)")
-        ->default_val(8)
+    cmd->add_option("--ranks-per-node", plan->ranks_per_node,
+                    "Ranks on one node (the node column, which groups span nodes, the default budget; default: the "
+                    "config's run.ranks_per_node, else 8)")
         ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--memory-gb", plan->memory_gib,
                     "Memory budget per rank in GiB (default: this machine's memory / ranks on a node)")

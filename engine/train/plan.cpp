@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "comm/nodes.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
 #include "engine/data/dataset.h"
@@ -216,13 +217,58 @@ int64_t bound_eval_iters(int64_t requested, const std::string& key, int64_t spli
     return one_pass;
 }
 
+std::vector<std::string> placement_report(const Topology& t, const NodeLayout& nodes) {
+    std::vector<std::string> lines = {
+        fmt::format("\nplacement: {} node(s) of {} rank(s); groups whose ranks are on more than one node talk "
+                    "over the network",
+                    nodes.num_nodes, t.world() / nodes.num_nodes)};
+    auto spans = [&](const std::vector<int>& g) {
+        return std::any_of(g.begin(), g.end(), [&](int r) { return !nodes.same_node(r, g.front()); });
+    };
+    struct Kind {
+        const char* name;
+        std::vector<std::vector<int>> groups;
+    };
+    std::vector<std::vector<int>> embd;
+    for (const std::vector<int>& g : t.groups(Axis::kPP))  // one embedding group per pp group (its first and last)
+        if (g.size() > 1) embd.push_back({g.front(), g.back()});
+    const Kind kinds[] = {{"tp", t.groups(Axis::kTP)},
+                          {"dp", t.groups(Axis::kDP)},
+                          {"pp", t.groups(Axis::kPP)},
+                          {"embd", std::move(embd)}};
+    for (const Kind& k : kinds) {
+        if (k.groups.empty() || k.groups.front().size() < 2) continue;
+        const auto crossing = std::count_if(k.groups.begin(), k.groups.end(), spans);
+        lines.push_back(
+            fmt::format("  {:<4} {} group(s) of {}: {}", k.name, k.groups.size(), k.groups.front().size(),
+                        crossing == 0 ? std::string("each inside one node") : fmt::format("{} span nodes", crossing)));
+    }
+    const auto tp_crossing = std::count_if(kinds[0].groups.begin(), kinds[0].groups.end(), spans);
+    if (t.tp > 1 && tp_crossing > 0) {
+        lines.push_back(fmt::format(
+            "warning: {} tensor-parallel group(s) of {} ranks span nodes: their all-reduces (all-gathers and "
+            "reduce-scatters with sequence parallelism) run in every layer, forward and backward, over the network; "
+            "hint: tensor_model_parallel_size({}) at most the ranks per node ({}), which divides it",
+            tp_crossing, t.tp, t.tp, t.world() / nodes.num_nodes));
+    }
+    return lines;
+}
+
 int run_plan(const Config& cfg, int world_size) { return run_plan(cfg, PlanOptions{.world_size = world_size}); }
 
 int run_plan(const Config& cfg_in, const PlanOptions& o) {
     Config cfg = cfg_in;
     if (cfg.model.vocab_size == 0) cfg = resolve_vocab(cfg, *open_token_source(cfg.data, 0));  // as train does
     const RunLayout layout = make_run_layout(cfg, o.world_size);
-    const int rpn = std::max(1, o.ranks_per_node);
+    // --ranks-per-node, else the config's run.ranks_per_node, else 8 (a DGX); nodes of consecutive ranks
+    const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : cfg.run.ranks_per_node > 0 ? cfg.run.ranks_per_node : 8;
+    if (o.world_size > rpn && o.world_size % rpn != 0) {
+        throw UserError(fmt::format(
+            "plan: {} ranks per node do not divide the world size {}; hint: --ranks-per-node with a divisor of {} "
+            "(or one at least the world size: a single node)",
+            rpn, o.world_size, o.world_size));
+    }
+    const NodeLayout nodes = nodes_by_count(o.world_size, std::min(rpn, o.world_size));
     log_derived(layout, cfg);
 
     log_info("\nranks (order tp-dp-pp: rank = tp + {} * (dp + {} * pp); node = rank / {} ranks per node)", layout.tp(),
@@ -231,10 +277,16 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     for (int r = 0; r < std::min(o.world_size, kMaxRankRows); ++r) {
         const Coord c = layout.topology.coord_of(r);
         rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", c.pp), fmt::format("{}", c.dp),
-                        fmt::format("{}", r / rpn)});
+                        fmt::format("{}", nodes.node(r))});
     }
     print_table({"rank", "tp", "pp", "dp", "node"}, rows);
     if (o.world_size > kMaxRankRows) log_info("... {} more", o.world_size - kMaxRankRows);
+    for (const std::string& line : placement_report(layout.topology, nodes)) {
+        if (line.starts_with("warning: "))
+            log_warn("{}", line.substr(9));
+        else
+            log_info("{}", line);
+    }
 
     const PlanShape ps = plan_shape(layout);
     const auto stages = plan_stages(layout.shape, ps);

@@ -28,9 +28,15 @@
 
 namespace ms {
 
+struct NodeLayout;
+
+// Which parallel groups span nodes (the lines `plan` prints), and a "warning: " line when a tensor-parallel group
+// does: its collectives run in every layer.
+std::vector<std::string> placement_report(const Topology& t, const NodeLayout& nodes);
+
 struct PlanOptions {
     int world_size = 1;
-    int ranks_per_node = 8;     // for the node column and the default memory budget
+    int ranks_per_node = 0;     // the node column, placement and default budget; 0: run.ranks_per_node, else 8
     double memory_gib = 0;      // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
     bool graph = false;         // --graph: also each model chunk's op graph, its passes and bytes (plan_graph.h)
     std::string dot_path = {};  // --dot FILE: and their Graphviz drawing (implies --graph)

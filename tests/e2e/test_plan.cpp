@@ -86,6 +86,27 @@ TEST(PlanE2E, RankLayoutFollowsTpDpPpOrder) {
     EXPECT_EQ(rows[5][1] + rows[5][2] + rows[5][3], "110");  // rank 5: tp 1, pp 1, dp 0
 }
 
+// Which groups span nodes: tp 4 on nodes of 2 ranks is warned about (its collectives run in every layer); on nodes
+// of 4 (here from the config's run.ranks_per_node) tp stays inside and only dp crosses.
+TEST(PlanE2E, PlacementSaysWhichGroupsSpanNodesAndWarnsForTp) {
+    const std::string tp4 = "--set parallel.tensor_model_parallel_size=4 --set parallel.pipeline_model_parallel_size=1";
+    const auto split = run_cli(demo_plan(8, tp4 + " --ranks-per-node 2"));
+    ASSERT_EQ(split.exit_code, 0) << split.output;
+    EXPECT_NE(split.output.find("placement: 4 node(s) of 2 rank(s)"), std::string::npos) << split.output;
+    EXPECT_NE(split.output.find("tp   2 group(s) of 4: 2 span nodes"), std::string::npos) << split.output;
+    EXPECT_NE(split.output.find("warning: 2 tensor-parallel group(s) of 4 ranks span nodes"), std::string::npos)
+        << split.output;
+    const auto inside = run_cli(demo_plan(8, tp4 + " --set run.ranks_per_node=4"));
+    ASSERT_EQ(inside.exit_code, 0) << inside.output;
+    EXPECT_NE(inside.output.find("tp   2 group(s) of 4: each inside one node"), std::string::npos) << inside.output;
+    EXPECT_NE(inside.output.find("dp   4 group(s) of 2: 4 span nodes"), std::string::npos) << inside.output;
+    EXPECT_EQ(inside.output.find("tensor-parallel group(s)"), std::string::npos) << inside.output;
+    const auto uneven = run_cli(demo_plan(8, tp4 + " --ranks-per-node 3"));
+    EXPECT_EQ(uneven.exit_code, 2) << uneven.output;
+    EXPECT_NE(uneven.output.find("3 ranks per node do not divide the world size 8"), std::string::npos)
+        << uneven.output;
+}
+
 TEST(PlanE2E, BubbleIsTheClosedFormOf1F1B) {
     // demo: micro batch 8; global batch 16 -> m = 1 at dp 2, global batch 64 -> m = 4
     for (const int global_batch : {16, 64}) {
@@ -305,8 +326,7 @@ TEST(PlanArithmetic, ThePlanIsValidForEveryTensorOfEveryLayer) {
                                             .options = options};
                 const ms::graph::Graph g = ms::build_gpt_graph(spec, ms::gpt_param_table(s, tp, part)).g;
                 const ms::graph::MemoryPlan trained = ms::plan_gpt_memory(s, part, tp, 3, sp, act, options);
-                const ms::graph::MemoryPlan& plan =
-                    !with_loss && trained.logits_only ? *trained.logits_only : trained;
+                const ms::graph::MemoryPlan& plan = !with_loss && trained.logits_only ? *trained.logits_only : trained;
                 for (const ms::graph::MemGroup group : {ms::graph::MemGroup::kSlot, ms::graph::MemGroup::kScratch}) {
                     std::vector<ms::BufferRequest> requests;
                     ms::Plan placed;
