@@ -164,7 +164,8 @@ struct OneRank {
     // The trainer's step boundary on these gradients: the injection, their sum of squares, the verdict.
     ms::StepVerdict boundary(ms::Reliability& rel, int64_t it, float loss) {
         rel.inject_nan(it, grads, *backend);
-        const double squares = backend->sum_squares(ms::Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
+        const double squares =
+            backend->sum_squares(ms::Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
         return rel.step_boundary(world, it, loss, squares, /*check_grads=*/true);
     }
 };
