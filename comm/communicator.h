@@ -203,6 +203,19 @@ class Communicator {
     }
     // For decorators (comm/synchronizing_communicator.h), which report their inner communicator's counters.
     CommStats& mutable_stats() { return stats_; }
+    // For decorators: runs call() (an operation on `inner`) and adds the ops and bytes inner counted for it to this
+    // communicator's counters.
+    template <class Call>
+    Handle count_through(const Communicator& inner, Call&& call) {
+        const CommStats before = inner.stats();
+        Handle h = call();
+        const CommStats& after = inner.stats();
+        for (size_t i = 0; i < stats_.ops.size(); ++i) {
+            stats_.ops[i] += after.ops[i] - before.ops[i];
+            stats_.bytes[i] += after.bytes[i] - before.bytes[i];
+        }
+        return h;
+    }
 
   private:
     CommStats stats_;

@@ -126,15 +126,7 @@ LinkModelCommunicator::Op& LinkModelCommunicator::take_op(double issued) {
 
 template <class Call>
 Handle LinkModelCommunicator::forward(Call&& call) {
-    const CommStats before = inner_->stats();
-    Handle h = call();
-    const CommStats& after = inner_->stats();
-    CommStats& mine = mutable_stats();
-    for (size_t i = 0; i < mine.ops.size(); ++i) {
-        mine.ops[i] += after.ops[i] - before.ops[i];
-        mine.bytes[i] += after.bytes[i] - before.bytes[i];
-    }
-    return h;
+    return count_through(*inner_, std::forward<Call>(call));
 }
 
 Handle LinkModelCommunicator::collective(CommOp kind, double bytes, int root, double issued, Handle inner) {

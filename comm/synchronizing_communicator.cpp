@@ -33,16 +33,9 @@ void SynchronizingCommunicator::synchronize_if(bool touches_memory) {
 
 template <class Call>
 Handle SynchronizingCommunicator::forward(Call&& call) {
-    const CommStats before = inner_->stats();
-    Handle h = call();
-    const CommStats& after = inner_->stats();
-    CommStats& mine = mutable_stats();
-    for (size_t i = 0; i < mine.ops.size(); ++i) {
-        mine.ops[i] += after.ops[i] - before.ops[i];
-        mine.bytes[i] += after.bytes[i] - before.bytes[i];
-    }
+    Handle h = count_through(*inner_, std::forward<Call>(call));
     // Communicator::timed() adds this call's whole duration once it returns: take the synchronization out.
-    mine.wait_seconds -= sync_seconds_;
+    mutable_stats().wait_seconds -= sync_seconds_;
     return h;
 }
 

@@ -98,9 +98,10 @@ std::string describe(const Graph& g) {
     for (const Node& n : g.nodes) {
         s += fmt::format("[{}] {:<22} {:<20}", n.phase == Phase::kForward ? "fwd" : "bwd", op_name(n.op), n.label);
         s += " in:";
-        for (TensorId t : n.in) s += " " + tensor(t);
+        // appended piecewise: GCC 12's -Wrestrict misreads " " + std::string here
+        for (TensorId t : n.in) s.append(" ").append(tensor(t));
         s += "  out:";
-        for (TensorId t : n.out) s += " " + tensor(t);
+        for (TensorId t : n.out) s.append(" ").append(tensor(t));
         if (n.accumulate == Accumulate::kAdd) s += "  (+=)";
         s += "\n";
     }
