@@ -34,6 +34,7 @@ double bits_float(int32_t w) {
 }  // namespace
 
 int CommMatrix::group_index(std::string_view name) {
+    name = name.substr(0, name.find('.'));  // a sub-group ("dp.inter") counts as its group
     const auto at = std::find(kGroups.begin(), kGroups.end(), name);
     return static_cast<int>((at == kGroups.end() ? kGroups.end() - 1 : at) - kGroups.begin());
 }

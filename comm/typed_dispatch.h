@@ -1,9 +1,11 @@
 // typed_dispatch.h: from a buffer's DType back to its C++ type, for communicator decorators that re-issue an
 // untyped operation through the typed Communicator calls (comm/synchronizing_communicator.cpp,
-// comm/link_model_communicator.cpp).
+// comm/link_model_communicator.cpp, comm/hierarchical_communicator.cpp), and the kAvg division they share.
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <type_traits>
 
 #include "comm/communicator.h"
 #include "engine/core/check.h"
@@ -26,6 +28,18 @@ Handle with_comm_type(DType t, F&& f) {
         default:
             MS_UNREACHABLE("collective on {} data: only fp32, bf16, fp16 and int32 have typed collectives",
                            dtype_name(t));
+    }
+}
+
+// x[i] /= divisor, as a kAvg reduction finishes its sum: fp16 and bf16 through float, int32 by C++ integer division
+// (toward zero). The one definition, so that every communicator averages alike.
+template <typename T>
+void divide_elements(std::span<T> x, int divisor) {
+    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
+        for (T& v : x) v = from_float<T>(to_float(v) / static_cast<float>(divisor));
+    } else {
+        const T d = static_cast<T>(divisor);
+        for (T& v : x) v /= d;
     }
 }
 

@@ -11,6 +11,7 @@
 #include "comm/byte_ranges.h"
 #include "comm/mpi/collective_watch.h"
 #include "comm/mpi/mpi_check.h"
+#include "comm/typed_dispatch.h"
 #include "engine/core/check.h"
 #include "engine/core/half.h"
 
@@ -83,13 +84,7 @@ int as_int(size_t n) { return static_cast<int>(n); }  // callers keep n <= chunk
 
 template <typename T>
 void divide(void* buf, size_t count, int divisor) {
-    T* x = static_cast<T*>(buf);
-    if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) {
-        for (size_t i = 0; i < count; ++i) x[i] = from_float<T>(to_float(x[i]) / static_cast<float>(divisor));
-    } else {
-        const T d = static_cast<T>(divisor);
-        for (size_t i = 0; i < count; ++i) x[i] /= d;
-    }
+    divide_elements(std::span<T>(static_cast<T*>(buf), count), divisor);
 }
 
 class MpiOpState;

@@ -58,6 +58,10 @@ struct ParallelConfig {
     // max(40M, 1M x dp)), each started as soon as the last micro-batch's backward has finished its gradients.
     bool overlap_grad_reduce = false;
     int64_t bucket_size = 0;
+    // auto | on | off: the dp all-reduce inside each node, then across nodes on 1/(ranks per node) of the data, then
+    // inside the node again (comm/hierarchical_communicator.h); auto where dp spans nodes with more than one of its
+    // ranks on each, on: that or an error
+    std::string hierarchical_dp = "auto";
     bool sequence_parallel = false;
     std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
     int virtual_pipeline_model_parallel_size = 1;

@@ -141,6 +141,10 @@ std::vector<Field> config_fields(Config& c) {
         {"parallel.overlap_grad_reduce", &c.parallel.overlap_grad_reduce, {}},
         {"parallel.bucket_size", &c.parallel.bucket_size,
          Constraint{.min = 0, .hint = "0 or null means Megatron's max(40M, 1M x data-parallel size) elements"}, true},
+        {"parallel.hierarchical_dp", &c.parallel.hierarchical_dp,
+         Constraint{.choices = {"auto", "on", "off"},
+                    .hint = "auto reduces dp gradients inside each node first where dp spans several nodes with more "
+                            "than one of its ranks on each (nodes: run.ranks_per_node)"}},
         {"parallel.sequence_parallel", &c.parallel.sequence_parallel, {}},
         {"parallel.pipeline_schedule", &c.parallel.pipeline_schedule, one_of({"gpipe", "1f1b", "interleaved_1f1b"})},
         {"parallel.virtual_pipeline_model_parallel_size", &c.parallel.virtual_pipeline_model_parallel_size,

@@ -4,7 +4,8 @@
 // each recomputing it from the config's strings and sizes (docs/style.md "One place per fact").
 //
 // What lives here and nowhere else:
-//   parsed config strings   run.backend, run.comm, mixed_precision.dtype, parallel.pipeline_schedule as enums
+//   parsed config strings   run.backend, run.comm, mixed_precision.dtype, parallel.pipeline_schedule,
+//                           parallel.hierarchical_dp as enums
 //   the rank layout         the Topology (tp, dp, pp and the groups comm/process_groups.cpp splits)
 //   the step's batch        micro-batches per step and rank, global batch (samples per step), tokens per step
 //   the model's sizes       padded vocabulary, ffn hidden, parameter count, the GptShape, layers per model chunk
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "comm/hierarchical_communicator.h"
 #include "comm/nccl/comm_choice.h"
 #include "engine/backends/backend.h"
 #include "engine/config/config.h"
@@ -42,6 +44,7 @@ struct RunLayout {
     // parallel.overlap_grad_reduce with dp > 1: elements per gradient bucket (parallel.bucket_size or Megatron's
     // default); 0: the gradients are reduced in one piece after the backward
     int64_t grad_bucket_elems = 0;
+    HierarchicalDp hierarchical_dp = HierarchicalDp::kAuto;  // parallel.hierarchical_dp (resolved in train_setup)
 
     // ---- batch ----
     int micro_batch = 1;       // training.micro_batch_size: samples per micro-batch

@@ -9,6 +9,7 @@
 #include <limits>
 #include <span>
 
+#include "comm/hierarchical_communicator.h"
 #include "comm/link_model_communicator.h"
 #include "comm/synchronizing_communicator.h"
 #include "engine/backends/cpu/probe.h"
@@ -120,6 +121,7 @@ void meter_groups(TrainRun& r) {
         log_info("comm: nodes: {}", described);
     }
     model_links(*r.groups, *r.comm_matrix, r.link_model.get());
+    log_info("{}", use_hierarchical_dp(*r.groups, r.comm_matrix->nodes(), r.layout.hierarchical_dp));
 }
 
 // The data and layout lines of the start-up log.
