@@ -35,6 +35,7 @@ enum class CommOp : uint8_t {
     kRecv,
     kAllToAll,
     kBarrier,
+    kReduce,
     kCount
 };
 
@@ -168,6 +169,13 @@ class Communicator {
         const double t0 = now_seconds();
         return timed(broadcast_impl(buf.data(), buf.size(), dtype_of<T>(), root, p), t0);
     }
+    // in place on root: buf = op over ranks of buf; the other ranks' buf is their input, left as it was or (a
+    // communicator that falls back to all_reduce) the same result
+    template <typename T>
+    Handle reduce(std::span<T> buf, int root, ReduceOp op, Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(reduce_impl(buf.data(), buf.size(), dtype_of<T>(), root, op, p), t0);
+    }
     // out[r * n, (r + 1) * n) = block `rank` of rank r's in; in and out both have size() * n elements
     template <typename T>
     Handle all_to_all(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
@@ -191,6 +199,12 @@ class Communicator {
     virtual Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                    Priority p) = 0;
     virtual Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) = 0;
+    // A communicator without a reduce of its own (a decorator that has not learned it) all-reduces: the root's
+    // result is the same, and the other ranks' buffers hold it too, which the contract of reduce() allows.
+    virtual Handle reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
+        MS_CHECK(root >= 0 && root < size(), "{}: reduce root {} is outside [0, {})", name(), root, size());
+        return all_reduce_impl(buf, count, t, op, p);
+    }
     virtual Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                    Priority p) = 0;
     Handle timed(Handle h, double t0) {

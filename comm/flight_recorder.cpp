@@ -25,6 +25,8 @@ const char* comm_op_name(CommOp op) {
             return "all_to_all";
         case CommOp::kBarrier:
             return "barrier";
+        case CommOp::kReduce:
+            return "reduce";
         case CommOp::kCount:
             break;
     }

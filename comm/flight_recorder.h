@@ -14,7 +14,7 @@
 //    "communicators": [{"name": "dp", "rank": 0, "size": 2, "world_ranks": [0, 2], "last_seq": 57,
 //                       "entries": [<oldest first>]}]}
 // A record: {"seq", "comm", "op" ("all_reduce", "send", "recv", "send_recv", ...), "count" (elements of the
-// operation; p2p: of its first message), "dtype", "peer" (p2p: the first message's peer; broadcast: the root;
+// operation; p2p: of its first message), "dtype", "peer" (p2p: the first message's peer; broadcast, reduce: the root;
 // else -1; a rank in this group), "peer_world_rank", "tag" (p2p, else -1), "messages" (p2p batch size), "state"
 // ("posted", "completed", "timed_out"), "posted_at", "wait_started_at", "completed_at" (Unix seconds; null when
 // not yet), "waited_s"}.

@@ -18,6 +18,7 @@ RingSchedule ring_schedule(CommOp op, double bytes, int p) {
         case CommOp::kAllToAll:
             return {hops, hops * bytes / p};
         case CommOp::kBroadcast:
+        case CommOp::kReduce:
             return {hops, bytes};
         default:
             return {};
@@ -58,6 +59,9 @@ void ring_sends(CommOp op, int64_t bytes, int p, int me, int root, std::vector<R
             break;
         case CommOp::kBroadcast:
             if (next != root) out.push_back({next, bytes});
+            break;
+        case CommOp::kReduce:  // the chain toward the root: root + 1 -> ... -> root
+            if (me != root) out.push_back({next, bytes});
             break;
         case CommOp::kAllToAll:
             for (int r = 0; r < p; ++r) {

@@ -10,6 +10,7 @@
 //   all_gather      (p - 1) steps of n / p bytes     (n = the output, p blocks)
 //   all_to_all      (p - 1) steps of n / p bytes     (pairwise exchange; n = the input, p blocks)
 //   broadcast       (p - 1) steps, n bytes per link  (a pipelined chain from the root: (p - 1) alpha + n / beta)
+//   reduce          (p - 1) steps, n bytes per link  (the same chain run toward the root)
 // A point-to-point message takes alpha + b / beta of its pair's class. A group of one moves nothing: 0 s.
 // The same rings say who sends what to whom (ring_sends): what the communication matrix (comm/comm_matrix.h) counts.
 #pragma once
@@ -54,6 +55,7 @@ LinkClass ring_class(const NodeLayout& nodes, std::span<const int> members);
 // What group rank `me` sends in one collective of `bytes` (as ring_schedule counts them), by ring attribution:
 //   all_reduce      2 (p - 1) n / p to me + 1      reduce_scatter, all_gather   (p - 1) n / p to me + 1
 //   broadcast       n to me + 1, except the rank before the root (the chain's end)
+//   reduce          n to me + 1, except the root (the chain's end)
 //   all_to_all      n / p to every other rank
 // Integer bytes, rounded down (exact when p divides the buffer, as every caller's padded buffers do). `to` is a
 // group rank. Appends to `out` (reused between calls: no allocation once it has grown).

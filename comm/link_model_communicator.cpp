@@ -220,6 +220,15 @@ Handle LinkModelCommunicator::broadcast_impl(void* buf, size_t count, DType t, i
     return collective(CommOp::kBroadcast, static_cast<double>(count * dtype_size(t)), root, issued, std::move(h));
 }
 
+Handle LinkModelCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
+    const double issued = now_seconds();
+    Handle h = with_comm_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] { return inner_->reduce(std::span<T>(static_cast<T*>(buf), count), root, op, p); });
+    });
+    return collective(CommOp::kReduce, static_cast<double>(count * dtype_size(t)), root, issued, std::move(h));
+}
+
 Handle LinkModelCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                               Priority p) {
     const double issued = now_seconds();

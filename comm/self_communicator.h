@@ -44,6 +44,10 @@ class SelfCommunicator final : public Communicator {
     Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority) override {
         return copy(in, out, out_count, in_count, t);
     }
+    Handle reduce_impl(void*, size_t, DType, int root, ReduceOp, Priority) override {
+        MS_CHECK(root == 0, "{}: reduce root {} in a group of one rank", name_, root);
+        return {};
+    }
 
   private:
     Handle copy(const void* in, void* out, size_t out_count, size_t in_count, DType t) {

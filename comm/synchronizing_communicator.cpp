@@ -84,6 +84,14 @@ Handle SynchronizingCommunicator::broadcast_impl(void* buf, size_t count, DType 
     });
 }
 
+Handle SynchronizingCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
+    synchronize_if(size() > 1);
+    return with_comm_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward([&] { return inner_->reduce(std::span<T>(static_cast<T*>(buf), count), root, op, p); });
+    });
+}
+
 Handle SynchronizingCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                                   Priority p) {
     synchronize_if(true);

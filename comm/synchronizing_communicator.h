@@ -44,6 +44,7 @@ class SynchronizingCommunicator final : public Communicator {
                                Priority p) override;
     Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
     Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) override;
+    Handle reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) override;
     Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
 
   private:

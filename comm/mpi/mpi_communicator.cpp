@@ -399,6 +399,30 @@ Handle MpiCommunicator::broadcast_impl(void* buf, size_t count, DType t, int roo
     return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kBroadcast, count, t, root});
 }
 
+Handle MpiCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority) {
+    check_reducible(name_, t);
+    MS_CHECK(root >= 0 && root < size_, "{}: reduce root {} is outside [0, {})", name_, root, size_);
+    const size_t es = dtype_size(t);
+    this->count(CommOp::kReduce, size_ == 1 ? 0 : count * es);
+    if (size_ == 1 || count == 0) return {};
+    MpiOpState::Ptr s = MpiOpState::acquire(states_);
+    const bool is_root = rank_ == root;
+    for_each_chunk(count, chunk_elems_, [&](size_t off, size_t len) {
+        MPI_Request& r = s->requests.emplace_back(MPI_REQUEST_NULL);
+        void* piece = at(buf, off, es);
+        MS_MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : piece, is_root ? piece : nullptr, as_int(len), mpi_type(t),
+                                 mpi_op(op, t), root, comm_, &r));
+        ++mpi_calls_;
+    });
+    if (op == ReduceOp::kAvg && is_root) {
+        s->avg_buf = buf;
+        s->avg_count = count;
+        s->avg_dtype = t;
+        s->avg_divisor = size_;
+    }
+    return to_handle(std::move(s), *watch_, *recorder_, {CommOp::kReduce, count, t, root});
+}
+
 Handle MpiCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                         Priority) {
     MS_CHECK(in_count == out_count && in_count % static_cast<size_t>(size_) == 0,

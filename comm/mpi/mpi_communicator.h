@@ -1,12 +1,12 @@
 // mpi_communicator.h: the Communicator over an MPI communicator, on host buffers (docs/design.md §4).
 //
 // Every call posts non-blocking MPI operations (MPI_Iallreduce, MPI_Ireduce_scatter_block, MPI_Iallgather,
-// MPI_Ibcast, MPI_Ialltoall, MPI_Isend/MPI_Irecv) and returns a Handle that completes them with MPI_Waitall /
-// MPI_Testall. Contracts beyond communicator.h:
+// MPI_Ibcast, MPI_Ireduce, MPI_Ialltoall, MPI_Isend/MPI_Irecv) and returns a Handle that completes them with
+// MPI_Waitall / MPI_Testall. Contracts beyond communicator.h:
 //
 // - Chunking: no single MPI call touches more than chunk_elems() elements of any one buffer (at least one element
-//   per rank). all_reduce and broadcast cut the buffer into contiguous pieces; all_gather, reduce_scatter and
-//   all_to_all cut every per-rank block at the same offsets (block length <= chunk_elems / size), so a piece is a
+//   per rank). all_reduce, reduce and broadcast cut the buffer into contiguous pieces; all_gather, reduce_scatter
+//   and all_to_all cut every per-rank block at the same offsets (block length <= chunk_elems / size), so a piece is a
 //   strided view (a resized datatype). reduce_scatter, when a block exceeds chunk_elems / size or the output is
 //   this rank's own block of the input (in place), becomes one MPI_Ireduce per destination rank and contiguous
 //   piece (<= chunk_elems) instead: no staging copy and no buffer of its own. All pieces are posted at call time
@@ -14,11 +14,11 @@
 //   way, so a recv's count must equal the matching send's count.
 // - No call allocates memory proportional to its buffers: the communicator holds no buffers (issue #6: every
 //   byte of a step comes from the arena).
-// - kAvg: MPI_SUM, then the result is divided by size() when the handle completes. fp32 divides exactly for
-//   power-of-two sizes; int32 uses C++ integer division (truncation toward zero).
+// - kAvg: MPI_SUM, then the result (reduce: on the root) is divided by size() when the handle completes. fp32
+//   divides exactly for power-of-two sizes; int32 uses C++ integer division (truncation toward zero).
 // - Reductions take fp32 and int32 only. 16-bit types may be moved (gather, broadcast, all-to-all, p2p) as bits.
-// - Size-1 groups never call MPI for a collective: all_reduce, broadcast and barrier do nothing, reduce_scatter,
-//   all_gather and all_to_all copy in to out. Point-to-point with oneself still goes through MPI.
+// - Size-1 groups never call MPI for a collective: all_reduce, reduce, broadcast and barrier do nothing,
+//   reduce_scatter, all_gather and all_to_all copy in to out. Point-to-point with oneself still goes through MPI.
 // - split(color < 0, ...) returns nullptr: this rank joins no group (MPI_UNDEFINED). Children inherit
 //   chunk_elems() and the error handler.
 // - Priority is accepted and ignored (MPI has no priorities).
@@ -30,7 +30,7 @@
 // Stats (CommStats, "bytes this rank sends"): per call, ops += 1 and bytes +=
 //   all_reduce     count * elemsize          reduce_scatter  in_count * elemsize
 //   all_gather     in_count * elemsize       all_to_all      in_count * elemsize
-//   broadcast      count * elemsize on the root, 0 elsewhere
+//   broadcast      count * elemsize on the root, 0 elsewhere   reduce  count * elemsize (every rank's input)
 //   send           count * elemsize per send (kSend); recv: 0 bytes per recv (kRecv)   barrier: 0 bytes
 // A size-1 group sends nothing, so there its calls count ops with 0 bytes.
 #pragma once
@@ -84,6 +84,7 @@ class MpiCommunicator final : public Communicator {
                                Priority p) override;
     Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
     Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) override;
+    Handle reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) override;
     Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
 
   private:

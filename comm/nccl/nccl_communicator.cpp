@@ -404,6 +404,22 @@ Handle NcclCommunicator::broadcast_impl(void* buf, size_t count, DType t, int ro
     return issued(CommOp::kBroadcast, count, t, root);
 }
 
+Handle NcclCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority) {
+    check_reducible(name_, t);
+    MS_CHECK(root >= 0 && root < size_, "{}: reduce root {} is outside [0, {})", name_, root, size_);
+    this->count(CommOp::kReduce, size_ == 1 ? 0 : count * dtype_size(t));
+    if (count == 0) return {};
+    if (memory_of(buf) == Memory::kHost)
+        return as_typed(t, [&]<class T>(std::type_identity<T>) {
+            return host_->reduce(std::span<T>(static_cast<T*>(buf), count), root, op);
+        });
+    if (family_->aborted) throw CollectiveTimeoutError(family_->abort_message);
+    if (shortcut()) return {};
+    MS_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(t), nccl_op(op), root, comm_, stream_));
+    ++nccl_calls_;
+    return issued(CommOp::kReduce, count, t, root);
+}
+
 Handle NcclCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                          Priority) {
     MS_CHECK(in_count == out_count && in_count % static_cast<size_t>(size_) == 0,

@@ -19,14 +19,14 @@
 //   result. test() queries the event.
 // - dtypes: reductions on fp32, int32, bf16 (ncclBfloat16) and fp16 (ncclFloat16), summed in that type by NCCL;
 //   kAvg is ncclAvg (int32: NCCL's integer division). uint16 moves as bytes (gather, broadcast, all-to-all, p2p).
-// - Sizes: no chunking (NCCL counts are size_t). In place: all_reduce and broadcast always; reduce_scatter when the
-//   output is this rank's block of the input; all_gather when the input is this rank's block of the output;
+// - Sizes: no chunking (NCCL counts are size_t). In place: all_reduce, reduce and broadcast always; reduce_scatter
+//   when the output is this rank's block of the input; all_gather when the input is this rank's block of the output;
 //   all_to_all never (it is grouped send/recv pairs, which would overwrite blocks not yet sent).
 // - Point-to-point: ncclSend / ncclRecv inside one ncclGroupStart/End per batch. NCCL has no tags: messages between
 //   two ranks match in issue order, whatever their tags, and a send may not complete before its receive is posted
 //   (so a rank that posts a send and then waits on a receive from the same peer needs the peer to do the same in
-//   one batch). The trainer keeps pp on MPI for that reason (process_groups.h).
-// - Size-1 groups: with SingleRank::kShortcut (the default) all_reduce, broadcast and barrier do nothing and
+//   one batch). The pipeline batches its sends and receives that way (engine/parallel/schedule.h).
+// - Size-1 groups: with SingleRank::kShortcut (the default) all_reduce, reduce, broadcast and barrier do nothing and
 //   reduce_scatter, all_gather, all_to_all copy in to out on the communicator's stream (cudaMemcpyAsync), as the
 //   MPI communicator does on the host. kCallNccl sends them through NCCL anyway (tests/gpu/test_nccl.cpp, so a
 //   one-GPU machine exercises every NCCL call).
@@ -103,6 +103,7 @@ class NcclCommunicator final : public Communicator {
                                Priority p) override;
     Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
     Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) override;
+    Handle reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) override;
     Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
 
   private:

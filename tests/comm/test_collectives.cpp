@@ -188,6 +188,27 @@ TEST(Broadcast, FromEveryRoot) {
     }
 }
 
+// Into every root in turn, in place, with tiny chunks too: the root holds the sum (the average), the other ranks
+// their own input untouched.
+TEST(Reduce, IntoEveryRootInPlace) {
+    const int r = world().rank(), w = world().size();
+    for (size_t chunk : {size_t{1} << 24, size_t{7}}) {
+        std::unique_ptr<Communicator> c = world_with_chunk(chunk);
+        for (int root = 0; root < w; ++root) {
+            std::vector<float> sum = pattern_vec<float>(r, 50), avg = pattern_vec<float>(r, 50);
+            c->reduce(std::span(sum), root, ReduceOp::kSum).wait();
+            c->reduce(std::span(avg), root, ReduceOp::kAvg).wait();
+            for (size_t i = 0; i < sum.size(); ++i) {
+                float total = 0;
+                for (int q = 0; q < w; ++q) total += static_cast<float>(pattern(q, i));
+                const float want = r == root ? total : static_cast<float>(pattern(r, i));
+                EXPECT_EQ(sum[i], want) << root << " " << i;
+                EXPECT_EQ(avg[i], r == root ? total / static_cast<float>(w) : want) << root << " " << i;
+            }
+        }
+    }
+}
+
 // ---- point to point ----
 
 void check_ring(Communicator& comm, size_t n) {

@@ -54,6 +54,7 @@ class InstantCommunicator final : public Communicator {
         return {};
     }
     Handle broadcast_impl(void*, size_t, DType, int, Priority) override { return {}; }
+    Handle reduce_impl(void*, size_t, DType, int, ReduceOp, Priority) override { return {}; }
     Handle all_to_all_impl(const void*, void*, size_t, size_t, DType, Priority) override { return {}; }
 
   private:
@@ -125,6 +126,13 @@ TEST(CommMatrix, RingAttribution) {
     ring_sends(CommOp::kBroadcast, 100, 4, 2, 2, s);
     ASSERT_EQ(s.size(), 1u);
     EXPECT_EQ(s[0].to, 3);
+    EXPECT_EQ(s[0].bytes, 100);
+    s.clear();
+    ring_sends(CommOp::kReduce, 100, 4, 2, 2, s);  // the root ends the chain toward it
+    EXPECT_TRUE(s.empty());
+    ring_sends(CommOp::kReduce, 100, 4, 1, 2, s);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].to, 2);
     EXPECT_EQ(s[0].bytes, 100);
     s.clear();
     ring_sends(CommOp::kAllToAll, 400, 4, 0, 0, s);  // 100 to each other rank

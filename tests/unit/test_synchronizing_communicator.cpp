@@ -50,6 +50,10 @@ class CountingCommunicator final : public Communicator {
         count(CommOp::kBroadcast, n * dtype_size(t));
         return {};
     }
+    Handle reduce_impl(void*, size_t n, DType t, int, ReduceOp, Priority) override {
+        count(CommOp::kReduce, n * dtype_size(t));
+        return {};
+    }
     Handle all_to_all_impl(const void*, void*, size_t in_count, size_t, DType t, Priority) override {
         count(CommOp::kAllToAll, in_count * dtype_size(t));
         return {};
