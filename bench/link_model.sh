@@ -6,11 +6,15 @@
 # operation is waited at once, so the modelled time is all exposed; with it (buckets of 1M elements) the data-parallel
 # all-reduces run behind the rest of the backward. Prints per layout and setting the median ms/step of the steps after the first two,
 # and the exposed comm, total comm and pipeline bubble shares of the step (averaged over ranks, metrics.jsonl).
+# MS_BENCH_ZERO1=1 runs instead dp 2 ZeRO-1 with a node per rank: no overlap, overlap_grad_reduce (each bucket's
+# shard parts reduced into their owners), and overlap_grad_reduce + overlap_param_gather (the updated parameters
+# gathered per bucket behind the next forward). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257).
 #   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-6}
+vocab=${MS_BENCH_VOCAB:-50257}
 bin=$build/mindspeed-train
 [ -x "$bin" ] || { echo "bench: $bin not found: run scripts/setup.sh first" >&2; exit 2; }
 out=$(mktemp -d)
@@ -22,8 +26,8 @@ run() {  # $1: label, $2: ranks, then --set arguments; prints one line of the ta
   OMP_NUM_THREADS=1 mpirun --oversubscribe -np "$np" "$bin" train --config configs/gpt2-124m.yaml \
     --set model.num_layers=4 --set model.hidden_size=256 --set model.num_attention_heads=4 \
     --set model.ffn_hidden_size=1024 \
-    --set data.source=synthetic --set data.synthetic.vocab_size=50257 --set data.synthetic.num_tokens=400000 \
-    --set model.vocab_size=50257 --set model.seq_length=128 --set model.max_position_embeddings=1024 \
+    --set data.source=synthetic --set data.synthetic.vocab_size="$vocab" --set data.synthetic.num_tokens=400000 \
+    --set model.vocab_size="$vocab" --set model.seq_length=128 --set model.max_position_embeddings=1024 \
     --set training.micro_batch_size=4 --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 \
     --set logging.log_interval=1 --set eval.eval_interval=0 --set eval.sample_tokens=0 --set run.num_threads=1 \
     --set run.output_dir="$out/$label" "$@" > "$out/$label.log" 2>&1 ||
@@ -40,6 +44,15 @@ PY
 printf '%-34s %9s %9s %9s %9s\n' "layout / link model" "ms/step" "exposed" "total" "bubble"
 dp2=(--set training.global_batch_size=8)                                             # 1 micro-batch
 dp2pp2=(--set parallel.pipeline_model_parallel_size=2 --set training.global_batch_size=32)  # 4 micro-batches
+if [ "${MS_BENCH_ZERO1:-0}" = 1 ]; then
+  z1=(--set parallel.zero_stage=1 --set link_model.enabled=true --set run.ranks_per_node=1)
+  grad=(--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=1000000)
+  run dp2-zero1-inter-node 2 "${dp2[@]}" "${z1[@]}"
+  run dp2-zero1-inter-node-grad 2 "${dp2[@]}" "${z1[@]}" "${grad[@]}"
+  run dp2-zero1-inter-node-grad-param 2 "${dp2[@]}" "${z1[@]}" "${grad[@]}" --set parallel.overlap_param_gather=true
+  echo "logs and metrics in $out"
+  exit 0
+fi
 run dp2-off 2 "${dp2[@]}"
 run dp2-on-intra-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=2
 run dp2-on-inter-node 2 "${dp2[@]}" --set link_model.enabled=true --set run.ranks_per_node=1

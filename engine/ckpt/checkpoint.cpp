@@ -381,6 +381,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
     TrainState state = state_in;
     fill_schedule(c.cfg, state);
     state.optimizer_step = c.optimizer.steps_taken();
+    c.optimizer.finish_param_gather();  // c.params as the step left them (parallel.overlap_param_gather)
 
     // Every rank must be saving the same iteration (DeepSpeed's tag check): min and max over the world agree.
     std::array<int32_t, 2> it = {static_cast<int32_t>(state.iteration), -static_cast<int32_t>(state.iteration)};

@@ -62,6 +62,9 @@ struct ParallelConfig {
     // inside the node again (comm/hierarchical_communicator.h); auto where dp spans nodes with more than one of its
     // ranks on each, on: that or an error
     std::string hierarchical_dp = "auto";
+    // zero_stage 1 with overlap_grad_reduce: the all-gather of the updated parameters in the same buckets, each
+    // waited only when the next step's forward first reads one of its parameters.
+    bool overlap_param_gather = false;
     bool sequence_parallel = false;
     std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
     int virtual_pipeline_model_parallel_size = 1;

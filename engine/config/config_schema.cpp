@@ -141,6 +141,7 @@ std::vector<Field> config_fields(Config& c) {
         {"parallel.overlap_grad_reduce", &c.parallel.overlap_grad_reduce, {}},
         {"parallel.bucket_size", &c.parallel.bucket_size,
          Constraint{.min = 0, .hint = "0 or null means Megatron's max(40M, 1M x data-parallel size) elements"}, true},
+        {"parallel.overlap_param_gather", &c.parallel.overlap_param_gather, {}},
         {"parallel.hierarchical_dp", &c.parallel.hierarchical_dp,
          Constraint{.choices = {"auto", "on", "off"},
                     .hint = "auto reduces dp gradients inside each node first where dp spans several nodes with more "

@@ -256,11 +256,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     resolve_fault_injection(cfg.reliability, world_size, t.train_iters);
 
     // ---- parallel axes this build does not run yet ----
-    if (p.overlap_grad_reduce && p.zero_stage == 1) {
+    if (p.overlap_param_gather && (p.zero_stage != 1 || !p.overlap_grad_reduce)) {
         fail(
-            "parallel.overlap_grad_reduce is not supported with parallel.zero_stage 1: the distributed optimizer "
-            "shards the flat gradient buffer into one block per rank, not the buckets the overlap reduces; hint: "
-            "zero_stage 0 with overlap_grad_reduce, or zero_stage 1 without it");
+            "parallel.overlap_param_gather needs parallel.zero_stage 1 and parallel.overlap_grad_reduce (got "
+            "zero_stage {}, overlap_grad_reduce {}): it overlaps the distributed optimizer's all-gather of the updated "
+            "parameters, in the gradient buckets, with the next forward; hint: set zero_stage: 1 and "
+            "overlap_grad_reduce: true, or overlap_param_gather: false",
+            p.zero_stage, p.overlap_grad_reduce);
     }
     if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {
         fail(

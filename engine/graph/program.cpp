@@ -296,7 +296,19 @@ Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, con
         step_of_node[i] = steps.size();
         steps.push_back(c.step(g.nodes[i]));
     }
-    if (phase != Phase::kBackward || steps.empty()) return Program(std::move(steps));
+    std::vector<std::vector<GradRange>> needed_before(steps.size());
+    std::vector<char> read(g.tensors.size(), 0);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+        if (g.nodes[i].phase != phase) continue;
+        for (TensorId t : g.nodes[i].in) {
+            if (t == kNoTensor || read[static_cast<size_t>(t)]) continue;
+            const TensorInfo& info = g.info(t);
+            if (info.role != Role::kParameter) continue;
+            read[static_cast<size_t>(t)] = 1;
+            needed_before[step_of_node[i]].push_back({info.param_offset, info.param_offset + info.numel()});
+        }
+    }
+    if (phase != Phase::kBackward || steps.empty()) return Program(std::move(steps), {}, std::move(needed_before));
     std::vector<int> last_writer(g.tensors.size(), -1);
     for (size_t i = 0; i < g.nodes.size(); ++i)
         for (TensorId t : g.nodes[i].out)
@@ -310,7 +322,7 @@ Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, con
             g.nodes[static_cast<size_t>(w)].phase == Phase::kBackward ? step_of_node[static_cast<size_t>(w)] : 0;
         final_after[at_step].push_back({info.param_offset, info.param_offset + info.numel()});
     }
-    return Program(std::move(steps), std::move(final_after));
+    return Program(std::move(steps), std::move(final_after), std::move(needed_before));
 }
 
 }  // namespace ms::graph

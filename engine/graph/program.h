@@ -31,6 +31,9 @@ struct GradRange {
 };
 // Told, during a backward, the gradients that no later op of the graph writes (data-parallel buckets start there).
 using GradsFinalFn = std::function<void(std::span<const GradRange>)>;
+// Told, before a step, the parameters (their elements of the flat parameter buffer, as GradRange) that it is the
+// first of its program to read: they must be in place once this returns (parallel.overlap_param_gather).
+using ParamsNeededFn = std::function<void(std::span<const GradRange>)>;
 
 // What a call supplies at run time.
 struct RunArgs {
@@ -38,7 +41,8 @@ struct RunArgs {
     const int32_t* targets = nullptr;  // (N) for kLoadTargets
     float loss_scale = 1.0f;           // kLossGradient: dloss = loss_scale / N; 0: no backward follows (eval), so
                                        //   ops that prepare it in the forward (the fused LM head) skip that
-    const GradsFinalFn* on_grads_final = nullptr;  // backward: called after each step that finished gradients
+    const GradsFinalFn* on_grads_final = nullptr;      // backward: called after each step that finished gradients
+    const ParamsNeededFn* on_params_needed = nullptr;  // called before each step that first reads parameters
 };
 
 class Program {
@@ -47,12 +51,16 @@ class Program {
         std::string label;  // "h.3.c_fc matmul+gelu"
         std::function<void(const RunArgs&)> run;
     };
-    // final_after[i]: the gradients step i is the last to write (empty, or one list per step)
-    explicit Program(std::vector<Step> steps, std::vector<std::vector<GradRange>> final_after = {})
-        : steps_(std::move(steps)), final_after_(std::move(final_after)) {}
+    // final_after[i]: the gradients step i is the last to write; needed_before[i]: the parameters step i is the
+    // first to read (each empty, or one list per step)
+    explicit Program(std::vector<Step> steps, std::vector<std::vector<GradRange>> final_after = {},
+                     std::vector<std::vector<GradRange>> needed_before = {})
+        : steps_(std::move(steps)), final_after_(std::move(final_after)), needed_before_(std::move(needed_before)) {}
     Program() = default;
     void run(const RunArgs& args) const {
         for (size_t i = 0; i < steps_.size(); ++i) {
+            if (args.on_params_needed != nullptr && i < needed_before_.size() && !needed_before_[i].empty())
+                (*args.on_params_needed)(needed_before_[i]);
             steps_[i].run(args);
             if (args.on_grads_final != nullptr && i < final_after_.size() && !final_after_[i].empty())
                 (*args.on_grads_final)(final_after_[i]);
@@ -60,16 +68,19 @@ class Program {
     }
     const std::vector<Step>& steps() const { return steps_; }
     const std::vector<std::vector<GradRange>>& final_after() const { return final_after_; }
+    const std::vector<std::vector<GradRange>>& needed_before() const { return needed_before_; }
 
   private:
     std::vector<Step> steps_;
     std::vector<std::vector<GradRange>> final_after_;
+    std::vector<std::vector<GradRange>> needed_before_;
 };
 
 // The program of g's ops of `phase`, with tensors placed by `plan` (made for this chunk with the largest batch; g
 // may have fewer rows) and bound to `at`. `loss_sum`, when the graph has a kLoss op, receives the sum over rows of
 // the losses at each forward run. The backward program knows after which of its steps each parameter gradient is
 // final: after its last writer, or after its first step for one only the forward writes (the fused LM head's).
+// Each program knows before which of its steps each parameter it reads is first read.
 Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, const Bindings& at, Backend& backend,
                         Communicator& tp, double* loss_sum);
 

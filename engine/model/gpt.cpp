@@ -224,6 +224,9 @@ float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, 
     return program_->forward(tokens, targets, B, T, slot, loss_scale);
 }
 void Gpt::backward(int slot, const graph::GradsFinalFn* on_grads_final) { program_->backward(slot, on_grads_final); }
+void Gpt::set_params_needed(const graph::ParamsNeededFn* on_params_needed) {
+    program_->set_params_needed(on_params_needed);
+}
 void Gpt::finish_gradients() { program_->finish_gradients(); }
 std::vector<graph::GradRange> Gpt::gradients_finished_per_step() const {
     return program_->gradients_finished_per_step();

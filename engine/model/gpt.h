@@ -194,6 +194,9 @@ class Gpt {
     // on_grads_final (the step's last micro-batch): told during the backward which gradients are final, for the
     // data-parallel buckets (engine/optim/grad_buckets.h).
     void backward(int slot = 0, const graph::GradsFinalFn* on_grads_final = nullptr);
+    // Called by every later forward() and backward() before a step first reads parameters, with their ranges in
+    // this chunk's flat buffers (parallel.overlap_param_gather waits for their gather there). Not owned; null: none.
+    void set_params_needed(const graph::ParamsNeededFn* on_params_needed);
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
     // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
     void finish_gradients();

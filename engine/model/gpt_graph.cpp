@@ -337,7 +337,7 @@ float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, 
     T_ = T;
     last_ = &c;
     loss_scale_.at(static_cast<size_t>(slot)) = with_loss || !o_.part.head ? loss_scale : 0.0f;
-    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, loss_scale});
+    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, loss_scale, nullptr, params_needed_});
     if (!with_loss) return std::numeric_limits<float>::quiet_NaN();
     return static_cast<float>(loss_sum_[static_cast<size_t>(slot)] / (static_cast<double>(B) * T));
 }
@@ -347,7 +347,7 @@ void GptProgram::backward(int slot, const graph::GradsFinalFn* on_grads_final) {
     MS_CHECK(last_ != nullptr && loss_scale != 0.0f,
              "backward() of slot {} without a forward() that prepared it (targets on the head, a loss scale)", slot);
     const Compiled& c = compiled(B_, T_, true);
-    c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale, on_grads_final});
+    c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale, on_grads_final, params_needed_});
 }
 
 std::vector<graph::GradRange> GptProgram::gradients_finished_per_step() const {

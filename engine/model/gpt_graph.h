@@ -68,6 +68,7 @@ class GptProgram {
 
     float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale);
     void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr);
+    void set_params_needed(const graph::ParamsNeededFn* on_params_needed) { params_needed_ = on_params_needed; }
     void finish_gradients();
     std::vector<graph::GradRange> gradients_finished_per_step() const;
     void* input(int slot);
@@ -103,6 +104,7 @@ class GptProgram {
     graph::TensorId output_ = graph::kNoTensor;  // without the head: the last layer's output
     int B_ = 0, T_ = 0;
     const Compiled* last_ = nullptr;
+    const graph::ParamsNeededFn* params_needed_ = nullptr;
 };
 
 }  // namespace ms

@@ -67,9 +67,17 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
 }
 
 GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
-    MS_CHECK(zero_stage_ == 0 && dp_.size() > 1, "overlapped gradient buckets need zero_stage 0 and dp > 1");
-    buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_, dp_, backend_);
+    MS_CHECK(dp_.size() > 1, "overlapped gradient buckets need dp > 1");
+    const GradReduction reduction = zero_stage_ == 0 ? GradReduction::kAllReduce : GradReduction::kToShardOwners;
+    buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_, dp_, backend_, reduction);
     return *buckets_;
+}
+
+ParamGather& DistributedOptimizer::overlap_param_gather() {
+    MS_CHECK(zero_stage_ == 1 && buckets_, "overlapped parameter gathers need zero_stage 1 and gradient buckets");
+    gather_ = std::make_unique<ParamGather>(*buckets_, padded_, params_, dp_, backend_);
+    gather_->set_weights(weights_, weights_dtype_);
+    return *gather_;
 }
 
 GradSquares DistributedOptimizer::local_grad_squares() const {
@@ -93,6 +101,7 @@ GradSquares DistributedOptimizer::local_grad_squares() const {
 
 OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale, const GradSquares* local) {
     OptimizerStepResult r;
+    finish_param_gather();  // AdamW writes this rank's shard, which the last step's gathers send from
     const std::span<float> all(grads_, static_cast<size_t>(padded_));
     const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
     if (buckets_) {
@@ -136,7 +145,9 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
                         Tensor::f32(m + k, {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1, cfg_.adam_beta2,
                         cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_, copy});
     }
-    if (zero_stage_ == 1) {
+    if (gather_) {
+        gather_->start();  // waited bucket by bucket by the next forward's reads (and cast there)
+    } else if (zero_stage_ == 1) {
         // The fp32 params, not the 16-bit weights, are gathered: every rank keeps whole master weights, which the
         // checkpoint writes (twice the bytes of gathering the weights: Megatron's distributed optimizer gathers
         // the 16-bit ones and keeps only its shard of the master).

@@ -22,6 +22,7 @@
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/grad_buckets.h"
+#include "engine/optim/param_gather.h"
 #include "memory/memory_block.h"
 
 namespace ms {
@@ -56,6 +57,7 @@ class DistributedOptimizer {
     void set_weights(void* weights, DType dtype) {
         weights_ = weights;
         weights_dtype_ = dtype;
+        if (gather_) gather_->set_weights(weights, dtype);
     }
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
     // unscale multiplies the gradients first (1 / the loss scale with fp16): the norm reported and clipped is the
@@ -68,10 +70,18 @@ class DistributedOptimizer {
     // segments cover every gradient and are summed one by one; with more, the whole buffer in one op, or with
     // overlapped buckets what they took before reducing.
     GradSquares local_grad_squares() const;
-    // parallel.overlap_grad_reduce (zero_stage 0, dp > 1): the reduction moves into buckets that the backward
-    // starts (grad_buckets.h) and step() only checks they are done. Returns them for the pipeline to report to.
+    // parallel.overlap_grad_reduce (dp > 1): the reduction moves into buckets that the backward starts
+    // (grad_buckets.h: all-reduced for zero_stage 0, reduced into the shards' owners for 1) and step() only checks
+    // they are done. Returns them for the pipeline to report to.
     GradBuckets& overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table);
-
+    // parallel.overlap_param_gather (zero_stage 1, after overlap_grad_reduce): step() leaves the gather of the
+    // updated parameters in flight, in the same buckets (param_gather.h). Returns it for the pipeline's forward.
+    ParamGather& overlap_param_gather();
+    // Completes the gather of the last step's parameters: before anything other than the model's programs reads
+    // them (a checkpoint). A no-op without overlap_param_gather.
+    void finish_param_gather() {
+        if (gather_) gather_->finish();
+    }
     int64_t shard_begin() const { return shard_begin_; }
     int64_t shard_size() const { return shard_size_; }
     int64_t steps_taken() const { return step_; }
@@ -103,6 +113,7 @@ class DistributedOptimizer {
     int zero_stage_;
     Backend& backend_;
     std::unique_ptr<GradBuckets> buckets_;  // overlap_grad_reduce, else null
+    std::unique_ptr<ParamGather> gather_;   // overlap_param_gather, else null
     Communicator& dp_;
     Communicator& mp_;
     int64_t shard_begin_ = 0, shard_size_ = 0;

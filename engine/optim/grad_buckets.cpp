@@ -9,9 +9,22 @@ namespace ms {
 
 int64_t default_bucket_elems(int dp) { return std::max<int64_t>(40'000'000, 1'000'000 * int64_t{dp}); }
 
+std::vector<OwnerPart> owner_parts(int64_t begin, int64_t end, int64_t shard) {
+    MS_CHECK(shard >= 1 && begin <= end, "owner parts of [{}, {}) with shards of {}", begin, end, shard);
+    std::vector<OwnerPart> parts;
+    for (int64_t b = begin; b < end;) {
+        const int64_t owner = b / shard, e = std::min(end, (owner + 1) * shard);
+        parts.push_back({static_cast<int>(owner), b, e});
+        b = e;
+    }
+    return parts;
+}
+
 GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
-                         Communicator& dp, Backend& backend)
-    : grads_(grads), dp_(dp), backend_(backend) {
+                         Communicator& dp, Backend& backend, GradReduction reduction)
+    : reduction_(reduction), grads_(grads), dp_(dp), backend_(backend) {
+    MS_CHECK(reduction == GradReduction::kAllReduce || padded % dp.size() == 0,
+             "gradient buckets: {} elements do not split into {} shards", padded, dp.size());
     MS_CHECK(bucket_elems >= 1, "gradient buckets of {} elements", bucket_elems);
     for (const ParamInfo& p : table) params_.push_back({p.offset, p.offset + p.numel});
     std::sort(params_.begin(), params_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
@@ -25,7 +38,10 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
         elems += params_[i].end - params_[i].begin;
         if (end - params_[i].begin >= bucket_elems || i == 0) {
             const int64_t begin = i == 0 ? 0 : params_[i].begin;
-            buckets_.push_back(Bucket{begin, end, elems, 0, 0.0, Handle()});
+            Bucket b{begin, end, elems, 0, 0.0, {}, {}};
+            if (reduction == GradReduction::kToShardOwners) b.parts = owner_parts(begin, end, padded / dp.size());
+            b.handles.resize(std::max<size_t>(1, b.parts.size()));
+            buckets_.push_back(std::move(b));
             end = begin;
             elems = 0;
         }
@@ -47,7 +63,7 @@ void GradBuckets::defer(std::span<const graph::GradRange> ranges) {
 
 void GradBuckets::begin_step() {
     for (Bucket& b : buckets_) {
-        b.handle.wait();
+        for (Handle& h : b.handles) h.wait();
         b.final_elems = 0;
         b.squares = 0.0;
     }
@@ -72,14 +88,23 @@ void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t b
     }
     // MPI progresses a non-blocking collective only inside MPI calls: polling the earlier buckets here lets them
     // move while the backward goes on
-    for (int b : issued_) buckets_[static_cast<size_t>(b)].handle.test();
+    for (int b : issued_)
+        for (Handle& h : buckets_[static_cast<size_t>(b)].handles) h.test();
 }
 
 void GradBuckets::issue(int index) {
     Bucket& b = buckets_[static_cast<size_t>(index)];
     const std::span<float> grads(grads_ + b.begin, static_cast<size_t>(b.end - b.begin));
     b.squares = backend_.sum_squares(Tensor::f32(grads.data(), {b.end - b.begin}));  // synchronizes the backend
-    b.handle = dp_.all_reduce(grads, ReduceOp::kAvg, Priority::kLow);
+    if (reduction_ == GradReduction::kAllReduce) {
+        b.handles[0] = dp_.all_reduce(grads, ReduceOp::kAvg, Priority::kLow);
+    } else {
+        for (size_t i = 0; i < b.parts.size(); ++i) {
+            const OwnerPart& o = b.parts[i];
+            const std::span<float> part(grads_ + o.begin, static_cast<size_t>(o.end - o.begin));
+            b.handles[i] = dp_.reduce(part, o.owner, ReduceOp::kAvg, Priority::kLow);
+        }
+    }
     issued_.push_back(index);
 }
 
@@ -88,7 +113,8 @@ void GradBuckets::finish() {
     for (int b = 0; b < num_buckets(); ++b) {
         if (std::find(issued_.begin(), issued_.end(), b) == issued_.end()) issue(b);
     }
-    for (Bucket& b : buckets_) b.handle.wait();
+    for (Bucket& b : buckets_)
+        for (Handle& h : b.handles) h.wait();
 }
 
 double GradBuckets::squares_before_reduction() const {

@@ -1,19 +1,24 @@
 // grad_buckets.h: the data-parallel gradient reduction in buckets that start during the backward (Megatron's
-// overlap_grad_reduce, parallel.overlap_grad_reduce; zero_stage 0).
+// overlap_grad_reduce, parallel.overlap_grad_reduce).
 //
 // The flat gradient buffer is cut at parameter boundaries into buckets of at least bucket_elems elements, from its
 // end down (the order in which the backward finishes parameters): bucket 0 holds the last parameters and the
 // padding after them, the last bucket begins at element 0. During the step's last micro-batch the compiled programs
 // say which gradients are final (graph::GradsFinalFn, after the op that last writes each); once every gradient of a
 // bucket is, its sum of squares before the reduction is taken (the step boundary's NaN check, which must see this
-// rank's own gradients) and its all-reduce (average over dp, background priority) is issued without waiting.
+// rank's own gradients) and its reduction (average over dp, background priority) is issued without waiting:
+//   zero_stage 0  an all-reduce of the bucket (GradReduction::kAllReduce)
+//   zero_stage 1  a reduce of each dp shard's part of the bucket into the rank that owns it (kToShardOwners): the
+//                 shards keep the distributed optimizer's contiguous layout [d * S, (d + 1) * S), whatever the buckets
+//                 (owner_parts() cuts a bucket at the shard boundaries), so checkpoints and resharding see no change.
 // Gradients completed once per step after the backward (defer(): sequence parallelism's LayerNorm gradients, the
 // tied embedding summed across pipeline stages) are final only in finish(), which issues every bucket still
 // unissued in bucket order and waits for all of them.
 //
 // Every data-parallel rank runs the same programs in the same order, so the buckets are issued in the same order on
 // every rank, as collectives on one communicator must be. Each element is averaged by the same all-reduce as with
-// one flat buffer, only in pieces.
+// one flat buffer (zero_stage 1: by the same per-owner reduce the MPI communicator makes of the in-place
+// reduce-scatter), only in pieces.
 #pragma once
 
 #include <cstdint>
@@ -30,11 +35,24 @@ namespace ms {
 // Megatron's default bucket size: max(40M, 1M x dp) elements.
 int64_t default_bucket_elems(int dp);
 
+// How a bucket is reduced over dp: all-reduced (zero_stage 0), or each shard's part reduced into its owner (1).
+enum class GradReduction : uint8_t { kAllReduce, kToShardOwners };
+
+// The part of [begin, end) in dp rank `owner`'s shard [owner * shard, (owner + 1) * shard).
+struct OwnerPart {
+    int owner;
+    int64_t begin, end;
+    bool operator==(const OwnerPart&) const = default;
+};
+// [begin, end) cut at the shard boundaries, in owner order (each part non-empty).
+std::vector<OwnerPart> owner_parts(int64_t begin, int64_t end, int64_t shard);
+
 class GradBuckets {
   public:
-    // table: the rank's parameters (offsets into grads); padded: the flat buffer's length (its tail is zeros).
+    // table: the rank's parameters (offsets into grads); padded: the flat buffer's length (its tail is zeros; with
+    // kToShardOwners, padded / dp.size() is the shard).
     GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
-                Communicator& dp, Backend& backend);
+                Communicator& dp, Backend& backend, GradReduction reduction = GradReduction::kAllReduce);
     GradBuckets(const GradBuckets&) = delete;
     GradBuckets& operator=(const GradBuckets&) = delete;
 
@@ -58,11 +76,12 @@ class GradBuckets {
 
   private:
     struct Bucket {
-        int64_t begin, end;   // elements of the flat buffer
-        int64_t param_elems;  // of its parameters (the padding and gaps between them need no report)
-        int64_t final_elems;  // reported so far this step
-        double squares;       // before the reduction
-        Handle handle;
+        int64_t begin, end;            // elements of the flat buffer
+        int64_t param_elems;           // of its parameters (the padding and gaps between them need no report)
+        int64_t final_elems;           // reported so far this step
+        double squares;                // before the reduction
+        std::vector<OwnerPart> parts;  // kToShardOwners: one reduce each
+        std::vector<Handle> handles;   // one per reduce in flight (a single all-reduce: one)
     };
     void mark(std::span<const graph::GradRange> ranges, int64_t base, bool deferred_too);
     void issue(int b);
@@ -73,6 +92,7 @@ class GradBuckets {
     std::vector<char> deferred_, done_;     // per params_ entry
     std::vector<graph::GradRange> deferred_ranges_;
     std::vector<int> issued_;
+    GradReduction reduction_;
     float* grads_;
     Communicator& dp_;
     Backend& backend_;

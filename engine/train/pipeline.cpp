@@ -222,6 +222,19 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
     }
 }
 
+void PipelineModel::set_param_gather(ParamGather* gather) {
+    gather_ = gather;
+    need_params_.clear();
+    need_params_.reserve(chunks_.size());  // the chunks keep pointers into it
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+        if (gather != nullptr) {
+            const int64_t base = bases_[c];
+            need_params_.push_back([gather, base](std::span<const graph::GradRange> r) { gather->need(r, base); });
+        }
+        chunks_[c]->set_params_needed(gather != nullptr ? &need_params_.back() : nullptr);
+    }
+}
+
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale_in) {
     if (buckets_ != nullptr) buckets_->begin_step();
     backend_.zero(Tensor::f32(grads(), {flat_}));  // on the device for a device backend

@@ -25,6 +25,7 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/grad_buckets.h"
+#include "engine/optim/param_gather.h"
 #include "engine/parallel/schedule.h"
 #include "memory/memory_block.h"
 
@@ -52,11 +53,19 @@ class PipelineModel {
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }
-    float* params() { return params_.as<float>(); }
+    // The parameters and weights as the last optimizer step left them: with parallel.overlap_param_gather both
+    // accessors first complete its gathers (the chunks' own programs wait for each bucket as they read it).
+    float* params() {
+        settle_params();
+        return params_.as<float>();
+    }
     float* grads() { return grads_.as<float>(); }
     DType dtype() const { return dtype_; }
     // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
-    void* weights() { return dtype_ == DType::kF32 ? static_cast<void*>(params()) : weights_.as<std::byte>(); }
+    void* weights() {
+        settle_params();
+        return dtype_ == DType::kF32 ? static_cast<void*>(params_.as<float>()) : weights_.as<std::byte>();
+    }
     // weights = params rounded to dtype() over the whole flat range (no-op in fp32): after anything writes params()
     // other than an optimizer that writes the copy itself (AdamWArgs::param_copy).
     void refresh_weights();
@@ -71,6 +80,9 @@ class PipelineModel {
     // `buckets`, which train_step() finishes after the per-step reductions (the gradients those complete are
     // deferred to then). Not owned; null: no overlap.
     void set_grad_buckets(GradBuckets* buckets);
+    // parallel.overlap_param_gather: every chunk's forward and backward waits, before a step first reads parameters,
+    // for the buckets of `gather` that hold them (graph::RunArgs::on_params_needed). Not owned; null: no overlap.
+    void set_param_gather(ParamGather* gather);
     // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage). stop, when
     // given, is called after every micro-batch on every rank (the trainer's agreement on a stop signal); once it
     // returns true the evaluation ends there and returns nullopt.
@@ -101,8 +113,14 @@ class PipelineModel {
     std::vector<int> slots_;                     // activation slots per local chunk
     std::vector<ParamInfo> table_;               // every local chunk's parameters, offsets in the shared buffers
     std::vector<int64_t> bases_;                 // per local chunk: where its parameters start in the flat buffers
+    void settle_params() {
+        if (gather_ != nullptr) gather_->finish();
+    }
+
     GradBuckets* buckets_ = nullptr;
     std::vector<graph::GradsFinalFn> report_final_;  // per local chunk, to buckets_ with its base
+    ParamGather* gather_ = nullptr;
+    std::vector<graph::ParamsNeededFn> need_params_;  // per local chunk, to gather_ with its base
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
     DType dtype_ = DType::kF32;

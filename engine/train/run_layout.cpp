@@ -48,6 +48,7 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.zero_stage = par.zero_stage;
     if (par.overlap_grad_reduce && d.dp > 1)
         l.grad_bucket_elems = par.bucket_size > 0 ? par.bucket_size : default_bucket_elems(d.dp);
+    l.param_gather_overlap = par.overlap_param_gather && l.grad_bucket_elems > 0;
     l.hierarchical_dp = parse_hierarchical_dp(par.hierarchical_dp);
     l.micro_batch = cfg.training.micro_batch_size;
     l.num_microbatches = d.num_microbatches;

@@ -44,6 +44,9 @@ struct RunLayout {
     // parallel.overlap_grad_reduce with dp > 1: elements per gradient bucket (parallel.bucket_size or Megatron's
     // default); 0: the gradients are reduced in one piece after the backward
     int64_t grad_bucket_elems = 0;
+    // parallel.overlap_param_gather with dp > 1: the updated parameters gathered in those buckets, each waited by the
+    // next forward's first read (zero_stage 1)
+    bool param_gather_overlap = false;
     HierarchicalDp hierarchical_dp = HierarchicalDp::kAuto;  // parallel.hierarchical_dp (resolved in train_setup)
 
     // ---- batch ----

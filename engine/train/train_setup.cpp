@@ -334,9 +334,16 @@ void setup_model(TrainRun& r) {
         GradBuckets& buckets = r.optimizer->overlap_grad_reduce(l.grad_bucket_elems, model.params_info());
         model.set_grad_buckets(&buckets);
         log_info(
-            "data parallel: the gradients in {} buckets of at least {} elements, each all-reduced over dp as soon as "
-            "the last micro-batch's backward has finished it (parallel.overlap_grad_reduce)",
-            buckets.num_buckets(), l.grad_bucket_elems);
+            "data parallel: the gradients in {} buckets of at least {} elements, each {} over dp as soon as the last "
+            "micro-batch's backward has finished it (parallel.overlap_grad_reduce)",
+            buckets.num_buckets(), l.grad_bucket_elems,
+            l.zero_stage == 0 ? "all-reduced" : "reduced into the dp shards' owners");
+    }
+    if (l.param_gather_overlap) {
+        model.set_param_gather(&r.optimizer->overlap_param_gather());
+        log_info(
+            "data parallel: the updated parameters gathered in the same buckets after each step, each waited when "
+            "the next forward first reads it (parallel.overlap_param_gather)");
     }
     r.scaler = std::make_unique<LossScaler>(r.cfg.mixed_precision);
     r.reliability->stop_point(r.world);

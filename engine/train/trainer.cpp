@@ -42,12 +42,21 @@ std::string timestamp() {
 // MS_DUMP_GRADS=PATH: after the first backward, each pipeline stage writes every parameter's full gradient
 // (averaged over dp, gathered over tp) to PATH.stage<s> (float32, parameters in table order, each as its global
 // row-major tensor) and PATH.stage<s>.json (names, shapes, offsets). For the parallel-equivalence tests; costs an
-// extra all-reduce and all-gather. reduced: the gradients are averaged over dp already (parallel.overlap_grad_reduce).
-void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std::string& path, bool reduced) {
+// extra all-reduce and all-gather. bucketed: the gradients are averaged over dp already (parallel.overlap_grad_reduce):
+// all of them with zero_stage 0, each dp shard on its owner with zero_stage 1.
+void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std::string& path, bool bucketed,
+                    int zero_stage) {
     if (path.empty()) return;
     const int64_t padded = padded_flat_size(model.flat_size(), groups.dp_size);
     std::vector<float> avg(model.grads(), model.grads() + padded);
-    if (!reduced) groups.dp->all_reduce(std::span<float>(avg), ReduceOp::kAvg).wait();
+    if (!bucketed) {
+        groups.dp->all_reduce(std::span<float>(avg), ReduceOp::kAvg).wait();
+    } else if (zero_stage == 1) {
+        const size_t shard = static_cast<size_t>(padded / groups.dp_size);
+        const std::span<float> all(avg);
+        const std::span<const float> own = all.subspan(static_cast<size_t>(groups.dp_rank) * shard, shard);
+        groups.dp->all_gather(own, all).wait();
+    }
     std::vector<float> all(static_cast<size_t>(padded) * groups.tp_size);
     groups.tp->all_gather(std::span<const float>(avg), std::span<float>(all)).wait();
     if (groups.tp_rank != 0 || groups.dp_rank != 0) return;
@@ -171,7 +180,8 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     groups.dp->all_reduce(std::span<float>(&out.loss, 1), ReduceOp::kAvg).wait();
     if (it == 1 && !r.env.dump_grads.empty()) {
         backend.synchronize();  // the host reads the gradients
-        dump_gradients(*r.model, groups, r.env.dump_grads, /*reduced=*/r.layout.grad_bucket_elems > 0);
+        dump_gradients(*r.model, groups, r.env.dump_grads, /*bucketed=*/r.layout.grad_bucket_elems > 0,
+                       r.layout.zero_stage);
     }
     out.lr = learning_rate(r.cfg.optimizer, r.cfg.lr_schedule, r.cfg.training.train_iters, it);
     const OptimizerStepResult step =

@@ -63,6 +63,61 @@ TEST(GptGraph, StructureFusionAndPlan) {
     EXPECT_EQ(place("d.h.0.fch_gelu").group, graph::MemGroup::kNone);
 }
 
+// Each program says before which step each parameter is first read (parallel.overlap_param_gather waits there):
+// with the parameters NaN until the callback puts them back, a forward and a backward give the loss and gradients of
+// untouched ones, bit for bit, and each program names every parameter once -- with recomputation too, whose
+// backward reads parameters again.
+TEST(GptGraph, ProgramsSayBeforeWhichStepEachParameterIsFirstRead) {
+    GptShape s = tiny_shape();
+    s.L = 3;
+    auto be = make_cpu_backend(OpMode::kFast);
+    for (const graph::RecomputeGranularity rc :
+         {graph::RecomputeGranularity::kNone, graph::RecomputeGranularity::kFull}) {
+        Gpt::Options o;
+        o.max_batch = 2;
+        o.graph.recompute.granularity = rc;
+        Gpt model(s, *be, tp_self(), o);
+        model.init_weights(4);
+        const auto tokens = random_tokens(2 * s.T, s.V, 20, 0);
+        const auto targets = random_tokens(2 * s.T, s.V, 20, 1);
+        model.zero_grads();
+        const float want_loss = model.forward(tokens.data(), targets.data(), 2, s.T);
+        model.backward(0);
+        const int64_t n = model.flat_size();
+        const std::vector<float> want_grads(model.grads(), model.grads() + n);
+        const std::vector<float> saved(model.params(), model.params() + n);
+
+        std::vector<graph::GradRange> named;
+        const graph::ParamsNeededFn restore = [&](std::span<const graph::GradRange> ranges) {
+            for (const graph::GradRange& r : ranges) {
+                named.push_back(r);
+                std::copy(saved.begin() + r.begin, saved.begin() + r.end, model.params() + r.begin);
+            }
+        };
+        model.set_params_needed(&restore);
+        const auto poison = [&] { std::fill(model.params(), model.params() + n, std::nanf("")); };
+        const auto each_once = [&](const char* phase) {
+            const std::vector<ParamInfo>& table = model.params_info();
+            EXPECT_EQ(named.size(), table.size()) << phase;
+            for (const ParamInfo& p : table) {
+                EXPECT_EQ(std::count(named.begin(), named.end(), graph::GradRange{p.offset, p.offset + p.numel}), 1)
+                    << phase << " " << p.name;
+            }
+            named.clear();
+        };
+        model.zero_grads();
+        poison();
+        EXPECT_EQ(model.forward(tokens.data(), targets.data(), 2, s.T), want_loss);
+        each_once("forward");
+        poison();
+        model.backward(0);
+        EXPECT_EQ(std::memcmp(model.grads(), want_grads.data(), static_cast<size_t>(n) * sizeof(float)), 0);
+        EXPECT_LE(named.size(), model.params_info().size());  // what the backward reads again
+        named.clear();
+        model.set_params_needed(nullptr);
+    }
+}
+
 }  // namespace
 }  // namespace ms::test
 

@@ -141,7 +141,7 @@ TEST(CheckpointResume, OneRankContinuesBitIdentically) {
 // rounded from them on load, and train_state.json keeps fp16's loss scaler (scale, growth and hysteresis
 // trackers). fp16 starts at Megatron's 2^32 with a window of 2, so the 6 steps see overflows (skipped steps, the
 // scale halving) and growth, on both sides of the split. bf16 also runs tp2 x pp2 x dp2 ZeRO-1, whose 16-bit weights
-// come from a cast after the fp32 all-gather.
+// come from a cast after the fp32 all-gather, and dp2 ZeRO-1 with overlap_param_gather from casts bucket by bucket.
 // A run's name, its number of ranks and its --set flags (the parameters of the resume and reshard suites below).
 struct Layout {
     const char* name;
@@ -191,7 +191,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"fp16_one_rank", 1, "--set mixed_precision.dtype=fp16"},
                       Layout{"bf16_tp2_pp2_dp2_zero1", 8,
                              "--set mixed_precision.dtype=bf16 --set parallel.tensor_model_parallel_size=2 "
-                             "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+                             "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"},
+                      // the save at 3 waits for the gathers overlap_param_gather left in flight
+                      Layout{"bf16_dp2_zero1_overlap_param_gather", 2,
+                             "--set mixed_precision.dtype=bf16 --set parallel.zero_stage=1 "
+                             "--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000 "
+                             "--set parallel.overlap_param_gather=true"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A model-only checkpoint (what `convert --from hf-gpt2` writes: no optim/ files) resumes the weights and starts

@@ -327,8 +327,12 @@ TEST(ConfigTest, ValidationSentences) {
                     "hint:"});
     validate_error(small({"parallel.data_parallel_size=3"}), 2,
                    {"parallel.data_parallel_size(3) does not match world size 2", "= 2"});
-    validate_error(small({"parallel.overlap_grad_reduce=true", "parallel.zero_stage=1"}), 2,
-                   {"parallel.overlap_grad_reduce is not supported with parallel.zero_stage 1", "hint:"});
+    validate_error(small({"parallel.overlap_param_gather=true", "parallel.overlap_grad_reduce=true"}), 2,
+                   {"parallel.overlap_param_gather needs parallel.zero_stage 1 and parallel.overlap_grad_reduce (got "
+                    "zero_stage 0, overlap_grad_reduce true)",
+                    "hint:"});
+    validate_error(small({"parallel.overlap_param_gather=true", "parallel.zero_stage=1"}), 2,
+                   {"(got zero_stage 1, overlap_grad_reduce false)", "hint:"});
     set_error({"parallel.bucket_size=-1"}, {"parallel.bucket_size"});
     validate_error(small({"model.num_attention_heads=4", "parallel.tensor_model_parallel_size=3"}), 3,
                    {"model.num_attention_heads(4) is not divisible by parallel.tensor_model_parallel_size(3)"});

@@ -1,13 +1,17 @@
 // test_grad_buckets.cpp: the data-parallel gradient buckets (engine/optim/grad_buckets.h): where they are cut, when
 // each is issued as the backward reports gradients, what finish() adds, and the sums of squares they take before
-// reducing. One rank (a SelfCommunicator): the reduction is the identity, the bookkeeping is what is tested.
+// reducing; how a bucket splits among the zero_stage 1 shards' owners; and the parameter gather in the same buckets
+// (engine/optim/param_gather.h): which buckets a forward's read completes and casts. One rank (a SelfCommunicator):
+// the reduction and the gather are the identity, the bookkeeping is what is tested.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "comm/self_communicator.h"
 #include "engine/backends/backend.h"
+#include "engine/core/half.h"
 #include "engine/optim/grad_buckets.h"
+#include "engine/optim/param_gather.h"
 
 namespace {
 
@@ -87,6 +91,57 @@ TEST(GradBuckets, FinishIssuesWhatNoReportCompleted) {
     EXPECT_TRUE(b.issued().empty());
     b.finish();
     EXPECT_EQ(b.issued(), std::vector<int>({0, 1, 2}));
+}
+
+// A bucket's part in each shard [d * S, (d + 1) * S) goes to d: cut at the shard boundaries, in owner order.
+TEST(GradBuckets, OwnerPartsCutABucketAtTheShardBoundaries) {
+    using ms::OwnerPart;
+    EXPECT_EQ(ms::owner_parts(10, 30, 40), std::vector<OwnerPart>({{0, 10, 30}}));  // inside one shard
+    EXPECT_EQ(ms::owner_parts(30, 90, 40), std::vector<OwnerPart>({{0, 30, 40}, {1, 40, 80}, {2, 80, 90}}));
+    EXPECT_EQ(ms::owner_parts(40, 80, 40), std::vector<OwnerPart>({{1, 40, 80}}));  // exactly one shard
+    EXPECT_EQ(ms::owner_parts(100, 160, 80), std::vector<OwnerPart>({{1, 100, 160}}));
+    EXPECT_TRUE(ms::owner_parts(50, 50, 40).empty());
+}
+
+// zero_stage 1's buckets are issued by the same reports; each reduces its parts into their owners (here the one
+// rank), and the sums of squares are taken before, as with the all-reduce.
+TEST(GradBuckets, ToShardOwnersIssueLikeTheAllReduce) {
+    Rig r;
+    ms::GradBuckets b(r.table, 160, 60, r.grads.data(), r.dp, *r.backend, ms::GradReduction::kToShardOwners);
+    ASSERT_EQ(b.num_buckets(), 3);
+    b.begin_step();
+    const GradRange last = r.param(4);
+    b.final(std::span<const GradRange>(&last, 1), 0);
+    EXPECT_EQ(b.issued(), std::vector<int>({0}));
+    b.finish();
+    EXPECT_EQ(b.issued(), std::vector<int>({0, 1, 2}));
+    EXPECT_EQ(b.squares_before_reduction(), 150 * 0.25);
+}
+
+// The gather's buckets are the gradient buckets, in flat-buffer order. A read completes the buckets that hold its
+// parameters and casts them into the 16-bit weights; the rest stay in flight (their weights untouched) until
+// another read or finish().
+TEST(ParamGather, AReadCompletesAndCastsOnlyItsBuckets) {
+    Rig r;
+    ms::GradBuckets buckets(r.table, 160, 60, r.grads.data(), r.dp, *r.backend, ms::GradReduction::kToShardOwners);
+    std::vector<float> params(160);
+    for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f + static_cast<float>(i);  // exact in bf16 to 256
+    std::vector<ms::bf16> weights(160, ms::bf16{0});
+    ms::ParamGather g(buckets, 160, params.data(), r.dp, *r.backend);
+    g.set_weights(weights.data(), ms::DType::kBF16);
+    EXPECT_FALSE(g.in_flight());
+    g.start();
+    EXPECT_TRUE(g.in_flight());
+    const auto cast = [&](size_t i) { return ms::to_float(weights[i]); };
+    // a read of [5, 15) in a chunk whose parameters start at 20: [25, 35) spans buckets [0, 30) and [30, 100)
+    const GradRange read[] = {{5, 15}};
+    g.need(read, 20);
+    for (size_t i = 0; i < 100; ++i) EXPECT_EQ(cast(i), params[i]) << i;
+    for (size_t i = 100; i < 160; ++i) EXPECT_EQ(weights[i].bits, 0) << i;
+    EXPECT_TRUE(g.in_flight());
+    g.finish();
+    EXPECT_FALSE(g.in_flight());
+    for (size_t i = 100; i < 160; ++i) EXPECT_EQ(cast(i), params[i]) << i;
 }
 
 }  // namespace

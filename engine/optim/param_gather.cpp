@@ -1,0 +1,72 @@
+// param_gather.cpp: the updated parameters gathered per bucket, waited by the next forward (param_gather.h).
+#include "engine/optim/param_gather.h"
+
+#include <algorithm>
+
+#include "engine/core/check.h"
+
+namespace ms {
+
+ParamGather::ParamGather(const GradBuckets& buckets, int64_t padded, float* params, Communicator& dp, Backend& backend)
+    : params_(params), dp_(dp), backend_(backend) {
+    MS_CHECK(padded % dp.size() == 0, "parameter gather: {} elements do not split into {} shards", padded, dp.size());
+    for (int b = buckets.num_buckets(); b-- > 0;) {  // grad buckets run from the end down
+        Bucket g{buckets.begin(b),
+                 buckets.end(b),
+                 owner_parts(buckets.begin(b), buckets.end(b), padded / dp.size()),
+                 {},
+                 false};
+        g.handles.resize(g.parts.size());
+        buckets_.push_back(std::move(g));
+    }
+    MS_CHECK(!buckets_.empty() && buckets_.front().begin == 0 && buckets_.back().end == padded,
+             "parameter gather: the buckets do not cover [0, {})", padded);
+}
+
+void ParamGather::start() {
+    finish();  // the previous step's, if nothing read them
+    for (Bucket& b : buckets_) {
+        for (size_t i = 0; i < b.parts.size(); ++i) {
+            const OwnerPart& o = b.parts[i];
+            const std::span<float> part(params_ + o.begin, static_cast<size_t>(o.end - o.begin));
+            b.handles[i] = dp_.broadcast(part, o.owner, Priority::kLow);
+        }
+        b.pending = true;
+        ++in_flight_;
+    }
+}
+
+void ParamGather::complete(Bucket& b) {
+    for (Handle& h : b.handles) h.wait();
+    if (weights_ != nullptr && weights_dtype_ != DType::kF32) {
+        const int64_t n = b.end - b.begin;
+        std::byte* w = static_cast<std::byte*>(weights_) + static_cast<size_t>(b.begin) * dtype_size(weights_dtype_);
+        backend_.cast({Tensor::f32(params_ + b.begin, {n}), Tensor(w, weights_dtype_, {n})});
+    }
+    b.pending = false;
+    --in_flight_;
+}
+
+void ParamGather::need(std::span<const graph::GradRange> ranges, int64_t base) {
+    if (in_flight_ == 0) return;
+    for (const graph::GradRange& r : ranges) {
+        const int64_t begin = r.begin + base, end = r.end + base;
+        // the first bucket ending after begin, up to the last one starting before end
+        auto it = std::upper_bound(buckets_.begin(), buckets_.end(), begin,
+                                   [](int64_t x, const Bucket& b) { return x < b.end; });
+        for (; it != buckets_.end() && it->begin < end; ++it)
+            if (it->pending) complete(*it);
+    }
+    // MPI progresses a non-blocking collective only inside MPI calls: polling the later buckets here lets them move
+    // while the forward goes on
+    for (Bucket& b : buckets_)
+        if (b.pending)
+            for (Handle& h : b.handles) h.test();
+}
+
+void ParamGather::finish() {
+    for (Bucket& b : buckets_)
+        if (b.pending) complete(b);
+}
+
+}  // namespace ms
