@@ -108,6 +108,20 @@ TEST(HierarchicalDpRun, OverlappedBucketsSameLosses) {
     expect_close_losses(flat, hier);
 }
 
+// Other layouts with dp across the nodes: tp 2 x dp 4 (dp groups {0, 2, 4, 6} and {1, 3, 5, 7}, 2 ranks on each
+// node), and ZeRO-1 (its reduce-scatter and all-gather pass through flat; the scalar reductions are flat too).
+TEST(HierarchicalDpRun, Tp2Dp4AndZero1SameLosses) {
+    for (const std::string& layout :
+         {std::string("--set parallel.tensor_model_parallel_size=2 "), std::string("--set parallel.zero_stage=1 ")}) {
+        const TrainedRun flat = train(8, kNodes + layout + "--set parallel.hierarchical_dp=off");
+        const TrainedRun hier = train(8, kNodes + layout + "--set parallel.hierarchical_dp=on");
+        ASSERT_EQ(flat.code, 0) << flat.output;
+        ASSERT_EQ(hier.code, 0) << hier.output;
+        EXPECT_NE(hier.output.find("dp: hierarchical"), std::string::npos) << hier.output;
+        expect_close_losses(flat, hier);
+    }
+}
+
 TEST(HierarchicalDpRun, OnWhereDpDoesNotSpanNodesIsAConfigError) {
     const TrainedRun r = train(2, "--set parallel.hierarchical_dp=on");  // one host: one node
     EXPECT_EQ(r.code, 2) << r.output;
