@@ -258,6 +258,14 @@ Handle HierarchicalCommunicator::broadcast_impl(void* buf, size_t count, DType t
     });
 }
 
+Handle HierarchicalCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
+    advance();
+    return with_comm_type(t, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        return forward(*flat_, [&] { return flat_->reduce(std::span<T>(static_cast<T*>(buf), count), root, op, p); });
+    });
+}
+
 Handle HierarchicalCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
                                                  Priority p) {
     advance();

@@ -26,7 +26,7 @@
 //
 // Passed through to the flat group, unchanged: reduce_scatter and all_gather (ZeRO-1 shards are flat ranges of the
 // flat group's order; a hierarchical version would need the buffer permuted through a copy of its full size), and
-// broadcast, all_to_all, point-to-point, barrier and split. Stats: the sub-groups' and the flat group's op and
+// broadcast, reduce, all_to_all, point-to-point, barrier and split. Stats: the sub-groups' and the flat group's op and
 // byte counters; the wait time is this decorator's. Handles must complete before the communicator is destroyed (their
 // states are pooled here: a warm step allocates nothing).
 #pragma once
@@ -84,6 +84,7 @@ class HierarchicalCommunicator final : public Communicator {
                                Priority p) override;
     Handle all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
     Handle broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) override;
+    Handle reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) override;
     Handle all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t, Priority p) override;
 
   private:
