@@ -8,7 +8,8 @@
 # and the exposed comm, total comm and pipeline bubble shares of the step (averaged over ranks, metrics.jsonl).
 # MS_BENCH_ZERO1=1 runs instead dp 2 ZeRO-1 with a node per rank: no overlap, overlap_grad_reduce (each bucket's
 # shard parts reduced into their owners), and overlap_grad_reduce + overlap_param_gather (the updated parameters
-# gathered per bucket behind the next forward). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257).
+# gathered per bucket behind the next forward). MS_BENCH_ENGINE=1 runs the communication engine's table (dp 2, dp 4,
+# dp 2 x pp 2; below). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257).
 #   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +51,31 @@ if [ "${MS_BENCH_ZERO1:-0}" = 1 ]; then
   run dp2-zero1-inter-node 2 "${dp2[@]}" "${z1[@]}"
   run dp2-zero1-inter-node-grad 2 "${dp2[@]}" "${z1[@]}" "${grad[@]}"
   run dp2-zero1-inter-node-grad-param 2 "${dp2[@]}" "${z1[@]}" "${grad[@]}" --set parallel.overlap_param_gather=true
+  echo "logs and metrics in $out"
+  exit 0
+fi
+if [ "${MS_BENCH_ENGINE:-0}" = 1 ]; then
+  # Every rank its own node, links with contention (one transfer at a time per link): no overlap (every operation
+  # waited at once), overlap_grad_reduce alone, and with the communication engine (buckets issued from its progress
+  # thread in 1 MiB pieces behind the critical pipeline traffic). Then dp 2 without the link model: real MPI on
+  # this machine, engine off and on.
+  lm=(--set link_model.enabled=true --set link_model.contention=true --set run.ranks_per_node=1)
+  grad=(--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=1000000)
+  engine=(--set parallel.comm_engine=true --set parallel.comm_chunk_bytes=1048576)
+  dp4=(--set training.global_batch_size=16)
+  for layout in dp2 dp4 dp2xpp2; do
+    case $layout in
+      dp2) np=2 sets=("${dp2[@]}") ;;
+      dp4) np=4 sets=("${dp4[@]}") ;;
+      dp2xpp2) np=4 sets=("${dp2pp2[@]}") ;;
+    esac
+    run "$layout-no-overlap" "$np" "${sets[@]}" "${lm[@]}"
+    run "$layout-overlap" "$np" "${sets[@]}" "${lm[@]}" "${grad[@]}"
+    run "$layout-overlap-engine" "$np" "${sets[@]}" "${lm[@]}" "${grad[@]}" "${engine[@]}"
+  done
+  run dp2-real-mpi 2 "${dp2[@]}"
+  run dp2-real-mpi-engine 2 "${dp2[@]}" "${engine[@]}"
+  run dp2-real-mpi-overlap-engine 2 "${dp2[@]}" "${grad[@]}" "${engine[@]}"
   echo "logs and metrics in $out"
   exit 0
 fi

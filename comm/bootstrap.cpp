@@ -47,11 +47,14 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     MS_MPI_CHECK(MPI_Initialized(&initialized));
     if (!initialized) {
         int provided = MPI_THREAD_SINGLE;
-        MS_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+        MS_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
         initialized_here_ = true;
         if (provided < MPI_THREAD_FUNNELED)
             log_warn("MPI provides thread level {} < MPI_THREAD_FUNNELED; OpenMP regions must not call MPI", provided);
     }
+    int level = MPI_THREAD_SINGLE;
+    MS_MPI_CHECK(MPI_Query_thread(&level));
+    thread_multiple_ = level == MPI_THREAD_MULTIPLE;
     MS_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     MS_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
     MS_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
@@ -103,6 +106,10 @@ const std::string& MpiRuntime::host_of(int world_rank) const {
 }
 
 void MpiRuntime::set_collective_watch(CollectiveWatchOptions options) { watch_->set_options(std::move(options)); }
+
+void MpiRuntime::add_trace_section(std::string key, std::function<nlohmann::ordered_json()> section) {
+    watch_->add_section(std::move(key), std::move(section));
+}
 
 std::string MpiRuntime::describe() const {
     return fmt::format("rank {}/{} on {} (node {}/{}, local {}/{}); launcher: {}", rank_, size_, hostname_, node_id_,

@@ -1,7 +1,8 @@
 // bootstrap.h: bringing MPI up and down, and what every rank learns about where it runs.
 //
-// MpiRuntime is the one owner of MPI in a process (RAII): it calls MPI_Init_thread(MPI_THREAD_FUNNELED) unless MPI
-// is already initialized, and MPI_Finalize in its destructor if it initialized. On construction it
+// MpiRuntime is the one owner of MPI in a process (RAII): it calls MPI_Init_thread(MPI_THREAD_MULTIPLE: the
+// communication engine's thread calls MPI beside the main thread, comm/comm_engine.h) unless MPI is already
+// initialized, and MPI_Finalize in its destructor if it initialized. On construction it
 //   - sets MPI_ERRORS_RETURN on MPI_COMM_WORLD (inherited by every split) so MS_MPI_CHECK sees error codes,
 //   - installs the abort hook (ms::fatal -> MPI_Abort(MPI_COMM_WORLD, code)) and the error context
 //     "[rank r/W host]", and makes world rank 0 the logging rank,
@@ -17,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "comm/communicator.h"
@@ -38,6 +41,8 @@ class MpiRuntime {
     int rank() const { return rank_; }
     int size() const { return size_; }
     int local_rank() const { return local_rank_; }  // among the ranks on this node
+    // MPI allows calls from several threads at once (MPI_THREAD_MULTIPLE): what the communication engine needs.
+    bool thread_multiple() const { return thread_multiple_; }
     int local_size() const { return local_size_; }
     int node_id() const { return node_id_; }  // 0 .. num_nodes - 1, ordered by the nodes' lowest world rank
     int num_nodes() const { return num_nodes_; }
@@ -49,9 +54,12 @@ class MpiRuntime {
     Communicator& world();  // MPI_COMM_WORLD, name "world"
     // Timeout, flight-recorder directory, signal flag and fault hook for every wait from now on.
     void set_collective_watch(CollectiveWatchOptions options);
+    // A part of every flight-recorder dump (collective_watch.h add_section).
+    void add_trace_section(std::string key, std::function<nlohmann::ordered_json()> section);
 
   private:
     bool initialized_here_ = false;
+    bool thread_multiple_ = false;
     int rank_ = 0, size_ = 1;
     int local_rank_ = 0, local_size_ = 1;
     int node_id_ = 0, num_nodes_ = 1;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <span>
 
 #include "comm/link_model.h"
@@ -46,16 +47,19 @@ CommMatrix::CommMatrix(int world_rank, NodeLayout nodes)
 }
 
 void CommMatrix::add_send(int group, int dst, int64_t bytes) {
+    const std::lock_guard<std::mutex> lock(mu_);
     PairTraffic& t = sent_.at(static_cast<size_t>(group) * nodes_.node_of.size() + static_cast<size_t>(dst));
     t.bytes += bytes;
     t.ops += 1;
 }
 
 void CommMatrix::add_send_seconds(int group, int dst, double seconds) {
+    const std::lock_guard<std::mutex> lock(mu_);
     sent_.at(static_cast<size_t>(group) * nodes_.node_of.size() + static_cast<size_t>(dst)).seconds += seconds;
 }
 
-const PairTraffic& CommMatrix::sent(int group, int dst) const {
+PairTraffic CommMatrix::sent(int group, int dst) const {
+    const std::lock_guard<std::mutex> lock(mu_);
     return sent_.at(static_cast<size_t>(group) * nodes_.node_of.size() + static_cast<size_t>(dst));
 }
 
@@ -65,6 +69,7 @@ nlohmann::json CommMatrix::gather(Communicator& world) const {
              rank_, W, world.rank(), world.size());
     const size_t G = kGroups.size(), row = G * static_cast<size_t>(W) * kWordsPerPair + G;
     std::vector<int32_t> mine(row), all(row * static_cast<size_t>(W));
+    std::unique_lock<std::mutex> lock(mu_);
     for (size_t i = 0; i < sent_.size(); ++i) {
         const uint64_t b = static_cast<uint64_t>(sent_[i].bytes);
         int32_t* w = mine.data() + i * kWordsPerPair;
@@ -74,6 +79,7 @@ nlohmann::json CommMatrix::gather(Communicator& world) const {
         w[3] = float_bits(sent_[i].seconds);
     }
     for (size_t g = 0; g < G; ++g) mine[sent_.size() * kWordsPerPair + g] = float_bits(op_seconds_[g]);
+    lock.unlock();
     world.all_gather(std::span<const int32_t>(mine), std::span<int32_t>(all)).wait();
     if (rank_ != 0) return nullptr;
 

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -44,9 +45,15 @@ class CommMatrix {
     // That send's operation completed `seconds` after its issue.
     void add_send_seconds(int group, int dst, double seconds);
     // Any operation of `group` completed `seconds` after its issue: the group's total communication time.
-    void add_op_seconds(int group, double seconds) { op_seconds_[static_cast<size_t>(group)] += seconds; }
-    double op_seconds(int group) const { return op_seconds_[static_cast<size_t>(group)]; }
-    const PairTraffic& sent(int group, int dst) const;
+    void add_op_seconds(int group, double seconds) {
+        const std::lock_guard<std::mutex> lock(mu_);
+        op_seconds_[static_cast<size_t>(group)] += seconds;
+    }
+    double op_seconds(int group) const {
+        const std::lock_guard<std::mutex> lock(mu_);
+        return op_seconds_[static_cast<size_t>(group)];
+    }
+    PairTraffic sent(int group, int dst) const;
 
     // Collective over `world` (every rank of the matrix, in world order; not a counting communicator): rank 0 gets
     // {world_size, nodes, node_layout, pairs: [{src, dst, group, link, bytes, ops, seconds}] by bytes descending,
@@ -54,6 +61,7 @@ class CommMatrix {
     nlohmann::json gather(Communicator& world) const;
 
   private:
+    mutable std::mutex mu_;  // the communication engine's thread counts beside the main thread (comm_engine.h)
     int rank_;
     NodeLayout nodes_;
     std::vector<PairTraffic> sent_;  // (kGroups, world size): what this rank sent, by group and destination

@@ -62,6 +62,7 @@ const OpRecord* FlightRecorder::find(uint64_t seq) const {
 
 uint64_t FlightRecorder::posted(CommOp op, uint64_t count, DType dtype, int peer, int tag, int messages,
                                 bool mixed_p2p) {
+    const std::lock_guard<std::mutex> lock(mu_);
     const uint64_t seq = next_seq_++;
     OpRecord& r = ring_[seq % kCapacity];
     r = OpRecord{};
@@ -78,10 +79,12 @@ uint64_t FlightRecorder::posted(CommOp op, uint64_t count, DType dtype, int peer
 }
 
 void FlightRecorder::wait_started(uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(mu_);
     if (OpRecord* r = slot(seq); r && r->wait_started_at == 0) r->wait_started_at = unix_seconds();
 }
 
 void FlightRecorder::completed(uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(mu_);
     if (OpRecord* r = slot(seq)) {
         r->state = OpState::kCompleted;
         r->completed_at = unix_seconds();
@@ -89,10 +92,12 @@ void FlightRecorder::completed(uint64_t seq) {
 }
 
 void FlightRecorder::timed_out(uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(mu_);
     if (OpRecord* r = slot(seq)) r->state = OpState::kTimedOut;
 }
 
 std::string FlightRecorder::describe(uint64_t seq) const {
+    const std::lock_guard<std::mutex> lock(mu_);
     const OpRecord* r = find(seq);
     if (!r) return fmt::format("{} operation #{}", name_, seq);
     const char* op = r->mixed_p2p ? "send_recv" : comm_op_name(r->op);
@@ -131,6 +136,7 @@ nlohmann::ordered_json FlightRecorder::record_json(const OpRecord& r) const {
 }
 
 nlohmann::ordered_json FlightRecorder::to_json() const {
+    const std::lock_guard<std::mutex> lock(mu_);
     nlohmann::ordered_json entries = nlohmann::ordered_json::array();
     const uint64_t first = next_seq_ > kCapacity ? next_seq_ - kCapacity : 1;
     for (uint64_t seq = first; seq < next_seq_; ++seq) {
@@ -141,6 +147,7 @@ nlohmann::ordered_json FlightRecorder::to_json() const {
 }
 
 void FlightRecorder::pending_json(nlohmann::ordered_json& out) const {
+    const std::lock_guard<std::mutex> lock(mu_);
     const uint64_t first = next_seq_ > kCapacity ? next_seq_ - kCapacity : 1;
     for (uint64_t seq = first; seq < next_seq_; ++seq) {
         const OpRecord* r = find(seq);

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -78,6 +79,9 @@ class FlightRecorder {
   private:
     OpRecord* slot(uint64_t seq);
 
+    // The communication engine's thread records the operations it issues while the main thread may dump
+    // (comm/comm_engine.h).
+    mutable std::mutex mu_;
     std::string name_;
     int rank_, size_;
     std::vector<int> world_ranks_;

@@ -1,11 +1,20 @@
 // link_model.cpp: see link_model.h.
 #include "comm/link_model.h"
 
+#include <algorithm>
+
 #include "engine/core/check.h"
 
 namespace ms {
 
 const char* link_class_name(LinkClass c) { return c == LinkClass::kInterNode ? "inter_node" : "intra_node"; }
+
+double LinkOccupancy::occupy(LinkClass c, double issued, double seconds) {
+    const std::lock_guard<std::mutex> lock(mu_);
+    double& busy = busy_until_[static_cast<size_t>(c)];
+    busy = std::max(busy, issued) + seconds;
+    return busy;
+}
 
 RingSchedule ring_schedule(CommOp op, double bytes, int p) {
     if (p <= 1) return {};

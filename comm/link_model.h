@@ -15,7 +15,10 @@
 // The same rings say who sends what to whom (ring_sends): what the communication matrix (comm/comm_matrix.h) counts.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -33,9 +36,28 @@ struct LinkParams {
     double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
 };
 
+// Contention (link_model.contention): a rank's link of each class carries one transfer at a time, so a transfer
+// starts when the link is free -- max(issue, the end of the transfer before it) -- and a message queued behind a
+// large one waits for it, as on a real NIC. Without it every transfer has its links to itself.
+class LinkOccupancy {
+  public:
+    // The end of a transfer of `seconds` on this rank's link of class c, issued at `issued`; the link is then busy
+    // until that end.
+    double occupy(LinkClass c, double issued, double seconds);
+
+  private:
+    std::mutex mu_;  // the communication engine's thread and the main thread both issue
+    std::array<double, 2> busy_until_{};
+};
+
 struct LinkModel {
     LinkParams intra, inter;
+    std::shared_ptr<LinkOccupancy> occupancy;  // contention on; null: every transfer has its links to itself
     const LinkParams& of(LinkClass c) const { return c == LinkClass::kInterNode ? inter : intra; }
+    // When a transfer of `seconds` issued at `issued` ends: issued + seconds, later under contention.
+    double end_of(LinkClass c, double issued, double seconds) const {
+        return occupancy ? occupancy->occupy(c, issued, seconds) : issued + seconds;
+    }
 };
 
 // A collective as a ring: `steps` latencies, and `link_bytes` through each link (the busiest) over the whole op.

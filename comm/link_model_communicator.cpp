@@ -31,7 +31,7 @@ struct LinkModelCommunicator::Op final : Handle::State {
     LinkModelCommunicator* owner = nullptr;
     Handle inner, stamps;
     double issued = 0, deadline = 0;
-    double send_stamp = 0;             // the issue time each send of a batch carries
+    std::vector<double> send_stamp;    // per send: when its transfer starts, which it carries to the receiver
     std::vector<double> recv_stamp;    // per receive: its sender's issue time (filled by `stamps`)
     std::vector<double> recv_seconds;  // per receive: its modelled transfer time
     std::vector<P2POp> stamp_ops;
@@ -116,7 +116,8 @@ LinkModelCommunicator::Op& LinkModelCommunicator::take_op(double issued) {
     Op& op = *free_.back();
     free_.pop_back();
     op.owner = this;
-    op.issued = op.deadline = op.send_stamp = issued;
+    op.issued = op.deadline = issued;
+    op.send_stamp.clear();
     op.recv_stamp.clear();
     op.recv_seconds.clear();
     op.stamp_ops.clear();
@@ -139,7 +140,9 @@ Handle LinkModelCommunicator::collective(CommOp kind, double bytes, int root, do
         matrix_.add_send(group_, dst, s.bytes);
         op.dsts.push_back(dst);
     }
-    if (model_ != nullptr) op.deadline = issued + collective_seconds(*model_, kind, bytes, size(), ring_class_);
+    if (model_ != nullptr)
+        op.deadline =
+            model_->end_of(ring_class_, issued, collective_seconds(*model_, kind, bytes, size(), ring_class_));
     return Handle(Handle::StatePtr(&op));
 }
 
@@ -151,7 +154,8 @@ Handle LinkModelCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, P
     const int me = members_[static_cast<size_t>(rank())];
     size_t recvs = 0;
     for (const P2POp& o : ops) recvs += o.kind == P2POp::Kind::kRecv;
-    op.recv_stamp.assign(recvs, 0.0);  // sized before any pointer into it is posted
+    op.recv_stamp.assign(recvs, 0.0);  // sized before any pointer into them is posted
+    op.send_stamp.assign(ops.size() - recvs, 0.0);
     for (const P2POp& o : ops) {
         const int peer = members_[static_cast<size_t>(o.peer)];
         const double bytes = static_cast<double>(o.count * dtype_size(o.dtype));
@@ -159,8 +163,12 @@ Handle LinkModelCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, P
         if (o.kind == P2POp::Kind::kSend) {
             matrix_.add_send(group_, peer, static_cast<int64_t>(bytes));
             op.dsts.push_back(peer);
-            op.deadline = std::max(op.deadline, issued + seconds);
-            op.stamp_ops.push_back({P2POp::Kind::kSend, o.peer, &op.send_stamp, kStampWords, DType::kI32, o.tag});
+            // the stamp is when the transfer starts: its link may be busy (contention)
+            const double end = model_ ? model_->end_of(pair_class(matrix_.nodes(), me, peer), issued, seconds) : issued;
+            op.deadline = std::max(op.deadline, end);
+            double* stamp = &op.send_stamp[op.dsts.size() - 1];
+            *stamp = end - seconds;
+            op.stamp_ops.push_back({P2POp::Kind::kSend, o.peer, stamp, kStampWords, DType::kI32, o.tag});
         } else {
             double* stamp = &op.recv_stamp[op.recv_seconds.size()];
             op.recv_seconds.push_back(seconds);

@@ -10,8 +10,9 @@
 // Point-to-point: a send is issued when its batch is, but a receive may be posted long before the matching send (a
 // pipeline stage waiting for its input). So with a model every send also sends its issue time (a second message on a
 // duplicate of the group, same peer and tag, matched in the same order), and a receive completes no earlier than the
-// sender's issue time + the model. The clocks of the ranks must agree: the link model is for ranks on one machine
-// (steady_clock is the machine's). Ops of one batch travel in parallel (each pair's link is its own).
+// sender's issue time (the start of its transfer, later under contention: link_model.h) + the model. The clocks of the
+// ranks must agree: the link model is for ranks on one machine (steady_clock is the machine's). Ops of one batch travel
+// in parallel (each pair's link is its own).
 //
 // When an operation is complete: under the model, an operation the inner communicator had completed before the wait
 // began completes at its modelled time (the model's premise: the machine's own transfer is negligible next to the

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "comm/mpi/mpi_check.h"
 #include "comm/process_groups.h"
@@ -215,6 +216,7 @@ std::string CollectiveWatch::blame(const std::vector<LostRank>& lost, const char
 }
 
 void CollectiveWatch::wait(int n, MPI_Request* requests, FlightRecorder& recorder, uint64_t seq) {
+    const std::lock_guard<std::mutex> lock(wait_mu_);
     if (aborted_) throw CollectiveTimeoutError(abort_message_);
     recorder.wait_started(seq);
     const double t0 = now_seconds();
@@ -299,6 +301,10 @@ void CollectiveWatch::fail(const std::string& message, FlightRecorder* recorder,
     throw CollectiveTimeoutError(abort_message_);
 }
 
+void CollectiveWatch::add_section(std::string key, std::function<nlohmann::ordered_json()> section) {
+    sections_.emplace_back(std::move(key), std::move(section));
+}
+
 std::string CollectiveWatch::dump(const std::string& reason) noexcept {
     try {
         if (options_.trace_dir.empty()) return "";
@@ -310,14 +316,15 @@ std::string CollectiveWatch::dump(const std::string& reason) noexcept {
         std::sort(pending.begin(), pending.end(), [](const nlohmann::ordered_json& a, const nlohmann::ordered_json& b) {
             return a["posted_at"].get<double>() < b["posted_at"].get<double>();
         });
-        const nlohmann::ordered_json j = {{"rank", world_rank_},
-                                          {"host", host_},
-                                          {"pid", static_cast<int>(getpid())},
-                                          {"time", utc_iso8601(unix_seconds())},
-                                          {"reason", reason},
-                                          {"collective_timeout_s", options_.collective_timeout_s},
-                                          {"pending", pending},
-                                          {"communicators", comms}};
+        nlohmann::ordered_json j = {{"rank", world_rank_},
+                                    {"host", host_},
+                                    {"pid", static_cast<int>(getpid())},
+                                    {"time", utc_iso8601(unix_seconds())},
+                                    {"reason", reason},
+                                    {"collective_timeout_s", options_.collective_timeout_s},
+                                    {"pending", pending},
+                                    {"communicators", comms}};
+        for (const auto& [key, section] : sections_) j[key] = section();
         std::error_code ec;
         std::filesystem::create_directories(options_.trace_dir, ec);
         const std::string path = fmt::format("{}/rank_{:05d}.json", options_.trace_dir, world_rank_);

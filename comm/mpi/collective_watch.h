@@ -47,7 +47,10 @@
 #include <mpi.h>
 
 #include <array>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/flight_recorder.h"
@@ -80,6 +83,9 @@ class CollectiveWatch {
 
     void add(const FlightRecorder* recorder);
     void remove(const FlightRecorder* recorder);
+    // A part of every dump beside the recorders: dump() writes section() under `key` (the communication engine's
+    // queue: comm/comm_engine.h). The section must not block, and may be called on any thread that dumps.
+    void add_section(std::string key, std::function<nlohmann::ordered_json()> section);
 
     // Completes all `n` requests of operation `seq` of `recorder`, or throws CollectiveTimeoutError.
     void wait(int n, MPI_Request* requests, FlightRecorder& recorder, uint64_t seq);
@@ -112,10 +118,14 @@ class CollectiveWatch {
     std::string blame(const std::vector<LostRank>& lost, const char* none) const;
     std::string name(int world_rank) const;  // "world rank 3 (host h, tp 0, pp 1, dp 1)"
 
+    // One wait at a time: the communication engine's thread waits here only for an operation past the timeout,
+    // while the main thread may wait on world (comm/comm_engine.h).
+    std::mutex wait_mu_;
     int world_rank_;
     std::string host_;
     CollectiveWatchOptions options_;
     std::vector<const FlightRecorder*> recorders_;
+    std::vector<std::pair<std::string, std::function<nlohmann::ordered_json()>>> sections_;
     bool aborted_ = false;
     std::string abort_message_;
     bool dumped_on_signal_ = false, rolled_on_signal_ = false;

@@ -65,6 +65,10 @@ struct ParallelConfig {
     // zero_stage 1 with overlap_grad_reduce: the all-gather of the updated parameters in the same buckets, each
     // waited only when the next step's forward first reads one of its parameters.
     bool overlap_param_gather = false;
+    // The communication engine (comm/comm_engine.h): a progress thread that issues the tp/pp/dp/mp/embd operations
+    // in priority order, the data-parallel ones cut into pieces of at most comm_chunk_bytes.
+    bool comm_engine = false;
+    int64_t comm_chunk_bytes = int64_t{4} << 20;
     bool sequence_parallel = false;
     std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
     int virtual_pipeline_model_parallel_size = 1;
@@ -167,6 +171,7 @@ struct LinkModelConfig {
     double intra_node_bandwidth_gbps = 1;      // GB/s (1e9 bytes)
     double inter_node_latency_us = 100;        // 10x the intra-node latency
     double inter_node_bandwidth_gbps = 0.125;  // 1/8 of the intra-node bandwidth
+    bool contention = false;  // a rank's link of each class carries one transfer at a time (LinkOccupancy)
 };
 
 // Diagnosis choices that change numerics: config keys, so they are part of the config hash (docs/style.md

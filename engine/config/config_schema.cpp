@@ -146,6 +146,12 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.choices = {"auto", "on", "off"},
                     .hint = "auto reduces dp gradients inside each node first where dp spans several nodes with more "
                             "than one of its ranks on each (nodes: run.ranks_per_node)"}},
+        {"parallel.comm_engine", &c.parallel.comm_engine,
+         Constraint{.hint = "true issues tp/pp/dp communication from a progress thread in priority order, "
+                            "data-parallel traffic in pieces behind the critical path (docs/communication.md)"}},
+        {"parallel.comm_chunk_bytes", &c.parallel.comm_chunk_bytes,
+         Constraint{.min = 1024, .hint = "bytes per piece of a background (data-parallel) operation under "
+                                         "parallel.comm_engine; a critical operation waits at most for one piece"}},
         {"parallel.sequence_parallel", &c.parallel.sequence_parallel, {}},
         {"parallel.pipeline_schedule", &c.parallel.pipeline_schedule, one_of({"gpipe", "1f1b", "interleaved_1f1b"})},
         {"parallel.virtual_pipeline_model_parallel_size", &c.parallel.virtual_pipeline_model_parallel_size,
@@ -230,6 +236,9 @@ std::vector<Field> config_fields(Config& c) {
         {"link_model.intra_node_bandwidth_gbps", &c.link_model.intra_node_bandwidth_gbps, positive()},
         {"link_model.inter_node_latency_us", &c.link_model.inter_node_latency_us, at_least(0)},
         {"link_model.inter_node_bandwidth_gbps", &c.link_model.inter_node_bandwidth_gbps, positive()},
+        {"link_model.contention", &c.link_model.contention,
+         Constraint{.hint = "true lets each rank's link of a class carry one transfer at a time, so a message "
+                            "queued behind a large one waits for it (docs/communication.md)"}},
 
         {"debug.cuda_tf32", &c.debug.cuda_tf32,
          Constraint{.hint = "true runs run.backend: cuda's fp32 GEMMs on TF32 tensor cores (was MS_CUDA_TF32=1)"}},

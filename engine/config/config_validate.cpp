@@ -50,6 +50,14 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     config_detail::check_fields(cfg, nullptr);
 
     // ---- what this build can run ----
+    // parallel.comm_engine: the progress thread drives MPI (comm/comm_engine.h); checked before what the binary has,
+    // since no binary runs it on a GPU.
+    if (p.comm_engine && (cfg.run.backend != "cpu" || cfg.run.comm == "nccl")) {
+        fail(
+            "parallel.comm_engine runs MPI from a progress thread, for run.backend: cpu with run.comm: mpi or auto "
+            "(got backend {}, comm {}); on GPUs NCCL already runs on its own streams; hint: set comm_engine: false",
+            cfg.run.backend, cfg.run.comm);
+    }
     // A binary has the CUDA backend when it registered one (backend.h; apps/main.cpp does when built with CUDA).
     if (parse_backend_kind(cfg.run.backend) == BackendKind::kCUDA && cuda_backend_name() == nullptr) {
         fail(

@@ -9,6 +9,7 @@
 #include <limits>
 #include <span>
 
+#include "comm/comm_engine.h"
 #include "comm/hierarchical_communicator.h"
 #include "comm/link_model_communicator.h"
 #include "comm/synchronizing_communicator.h"
@@ -106,12 +107,14 @@ void meter_groups(TrainRun& r) {
     if (lm.enabled) {
         r.link_model = std::make_unique<LinkModel>(
             LinkModel{.intra = {lm.intra_node_latency_us * 1e-6, lm.intra_node_bandwidth_gbps * 1e9},
-                      .inter = {lm.inter_node_latency_us * 1e-6, lm.inter_node_bandwidth_gbps * 1e9}});
+                      .inter = {lm.inter_node_latency_us * 1e-6, lm.inter_node_bandwidth_gbps * 1e9},
+                      .occupancy = lm.contention ? std::make_shared<LinkOccupancy>() : nullptr});
         log_info(
             "link model: every communication delayed to its modelled time: intra-node {} us + bytes / {} GB/s, "
-            "inter-node {} us + bytes / {} GB/s; {}",
+            "inter-node {} us + bytes / {} GB/s{}; {}",
             lm.intra_node_latency_us, lm.intra_node_bandwidth_gbps, lm.inter_node_latency_us,
-            lm.inter_node_bandwidth_gbps, described);
+            lm.inter_node_bandwidth_gbps, lm.contention ? ", one transfer at a time per link (contention)" : "",
+            described);
         if (nodes_by_host(hosts).num_nodes > 1) {
             log_warn(
                 "link model: the ranks run on more than one host, whose clocks the modelled point-to-point times "
@@ -122,6 +125,28 @@ void meter_groups(TrainRun& r) {
     }
     model_links(*r.groups, *r.comm_matrix, r.link_model.get());
     log_info("{}", use_hierarchical_dp(*r.groups, r.comm_matrix->nodes(), r.layout.hierarchical_dp));
+}
+
+// parallel.comm_engine: tp, pp, dp, mp and embd through one progress thread (comm/comm_engine.h), outside the link
+// model's decorators, so that the model delays what the engine issues, when it issues it.
+void schedule_communication(TrainRun& r) {
+    const ParallelConfig& p = r.cfg.parallel;
+    if (!r.mpi.thread_multiple()) {
+        throw UserError(
+            "parallel.comm_engine calls MPI from a progress thread beside the main thread, which needs "
+            "MPI_THREAD_MULTIPLE, and this MPI library does not provide it; hint: set comm_engine: false, or use an "
+            "MPI built with thread support (Debian's Open MPI has it)");
+    }
+    r.comm_engine = schedule_groups(*r.groups, {.chunk_bytes = p.comm_chunk_bytes,
+                                                .timeout_s = r.cfg.reliability.collective_timeout_s});
+    r.mpi.add_trace_section("comm_engine", [engine = std::weak_ptr<CommEngine>(r.comm_engine)] {
+        const std::shared_ptr<CommEngine> e = engine.lock();
+        return e ? e->queue_json() : nlohmann::ordered_json(nullptr);
+    });
+    log_info(
+        "comm engine: a progress thread issues the tp, pp, dp, mp and embd communication by priority, the critical "
+        "(tp, pp) at once and the data-parallel in pieces of at most {} bytes, one piece in flight at a time",
+        p.comm_chunk_bytes);
 }
 
 // The data and layout lines of the start-up log.
@@ -255,6 +280,7 @@ void setup_inputs(TrainRun& r, const Config& cfg_in) {
                                           .local_rank = r.mpi.local_rank(),
                                           .local_size = r.mpi.local_size()}));
     meter_groups(r);
+    if (cfg.parallel.comm_engine) schedule_communication(r);
     // Stop signals, the NaN policy, fault injection, collective timeouts with flight recorders, and the run's
     // exit_status.json / events.jsonl (engine/train/reliability.h).
     r.reliability = std::make_unique<Reliability>(cfg, *r.groups, r.mpi.hostname());

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/bootstrap.h"
+#include "comm/comm_engine.h"
 #include "comm/comm_matrix.h"
 #include "comm/link_model.h"
 #include "comm/process_groups.h"
@@ -62,6 +63,7 @@ struct TrainRun {
     std::unique_ptr<CommMatrix> comm_matrix;
     std::unique_ptr<LinkModel> link_model;  // null: communication takes the time it takes
     std::optional<ProcessGroups> groups;
+    std::shared_ptr<CommEngine> comm_engine;  // parallel.comm_engine: the groups' progress thread, else null
     std::unique_ptr<Reliability> reliability;
     std::unique_ptr<Sampler> train_sampler, valid_sampler;  // valid_sampler: when eval.eval_interval > 0
     std::vector<StagePlan> stages;                          // (pp) the memory plan

@@ -247,6 +247,26 @@ TEST(EquivalenceExact, OverlapGradReduceIsBitIdentical) {
     }
 }
 
+// parallel.comm_engine issues the same operations from its progress thread, the data-parallel all-reduces cut into
+// pieces (of 4 kB here, so every bucket is several): at dp 2 every element is still the sum of the same two numbers,
+// so the same bits, alone and beside tp, sp and pp, whose critical operations go ahead of the pieces.
+TEST(EquivalenceExact, CommEngineIsBitIdentical) {
+    const std::string three_d =
+        "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true "
+        "--set parallel.pipeline_model_parallel_size=2";
+    const std::string overlap = " --set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000";
+    const std::string engine = " --set parallel.comm_engine=true --set parallel.comm_chunk_bytes=4096";
+    for (const auto& [ranks, sets] : {std::pair<int, std::string>{2, ""}, {2, overlap}, {8, three_d + overlap}}) {
+        const RunResult off = run_layout(ranks, sets);
+        const RunResult on = run_layout(ranks, sets + engine);
+        ASSERT_EQ(off.losses.size(), 10u) << sets;
+        EXPECT_NE(on.output.find("comm engine: a progress thread"), std::string::npos) << on.output;
+        EXPECT_EQ(on.losses, off.losses) << sets;
+        ASSERT_EQ(on.grads.size(), off.grads.size()) << sets;
+        for (const auto& [name, g] : off.grads) EXPECT_EQ(on.grads.at(name), g) << sets << " " << name;
+    }
+}
+
 // What a run printed from each "validation loss at iteration" on (the log's timestamps left out).
 std::vector<std::string> validation_lines(const std::string& output) {
     std::vector<std::string> lines;

@@ -154,6 +154,36 @@ TEST(Faults, HangPp2Dp2EndsEverySurvivorWith18AndTheTracesPointAtTheHungRank) {
     EXPECT_EQ(t3["pending"][0]["peer_world_rank"], 1);
 }
 
+// With parallel.comm_engine the pp, dp and mp operations wait on the engine's thread, which waits an operation past
+// the timeout through the same watch: every survivor still ends with 18, after at most two timeouts, and the trace
+// of the rank waiting for the hung one's activations still shows that receive.
+TEST(Faults, HangPp2Dp2WithTheCommEngineEndsEverySurvivorWith18) {
+    ms::test::TempDir tmp("ms_faults");
+    const TrainRun r = train(tmp, 4, "hang@step=3,rank=1",
+                             "--set parallel.pipeline_model_parallel_size=2 --set parallel.comm_engine=true");
+    EXPECT_EQ(r.code, 18) << r.output;
+    EXPECT_TRUE(has(r.output, "comm engine: a progress thread")) << r.output;
+    EXPECT_LE(r.seconds, 2 * kTimeoutS + kExitSlackS);
+    for (int rank : {0, 2, 3}) {
+        const nlohmann::json s = rank_status(r, rank);
+        ASSERT_FALSE(s.is_null()) << "rank " << rank << "\n" << r.output;
+        EXPECT_EQ(s["code"], 18) << rank;
+        EXPECT_FALSE(trace(r, rank).is_null()) << rank;
+    }
+    EXPECT_TRUE(rank_status(r, 1).is_null());
+    const nlohmann::json t3 = trace(r, 3);
+    ASSERT_FALSE(t3.is_null());
+    bool recv_from_1 = false;
+    for (const nlohmann::json& op : t3["pending"])
+        recv_from_1 = recv_from_1 || (op["comm"] == "pp" && op["peer_world_rank"] == 1);
+    EXPECT_TRUE(recv_from_1) << t3.dump(1);
+    // the dump shows the engine's queue beside the recorders: what it issued, and what waited to be issued
+    const nlohmann::json& engine = t3["comm_engine"];
+    ASSERT_TRUE(engine.is_object()) << t3.dump(1);
+    EXPECT_TRUE(engine["queued"].is_array()) << engine.dump(1);
+    EXPECT_GT(engine["stats"]["critical_ops"].get<int>(), 0) << engine.dump(1);
+}
+
 // ---- nan: fail -> 17 on every rank, with rank, stage and iteration; skip -> every rank skips the step ----
 
 TEST(Faults, NanFailOneRankExits17NamingRankStageIteration) {

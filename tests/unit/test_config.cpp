@@ -334,6 +334,10 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"parallel.overlap_param_gather=true", "parallel.zero_stage=1"}), 2,
                    {"(got zero_stage 1, overlap_grad_reduce false)", "hint:"});
     set_error({"parallel.bucket_size=-1"}, {"parallel.bucket_size"});
+    validate_error(small({"parallel.comm_engine=true", "run.backend=cuda"}), 1,
+                   {"parallel.comm_engine runs MPI from a progress thread, for run.backend: cpu",
+                    "(got backend cuda, comm auto)", "hint: set comm_engine: false"});
+    set_error({"parallel.comm_chunk_bytes=100"}, {"parallel.comm_chunk_bytes"});
     validate_error(small({"model.num_attention_heads=4", "parallel.tensor_model_parallel_size=3"}), 3,
                    {"model.num_attention_heads(4) is not divisible by parallel.tensor_model_parallel_size(3)"});
     validate_error(small({"model.num_attention_heads=5"}), 1,
