@@ -157,18 +157,42 @@ Gpt2Bpe Gpt2Bpe::from_strings(std::string_view vocab_json, std::string_view merg
     return t;
 }
 
-std::vector<std::string> Gpt2Bpe::pretokenize(std::string_view text) {
-    struct Cp {
-        size_t begin;
-        uint32_t cp;
-        CharClass cls;
-    };
+namespace {
+
+struct Cp {
+    size_t begin;
+    uint32_t cp;
+    CharClass cls;
+};
+
+std::vector<Cp> code_points(std::string_view text) {
     std::vector<Cp> cps;
     for (size_t i = 0; i < text.size();) {
         const auto [cp, len] = next_code_point(text, i);
         cps.push_back({i, cp, cp == kInvalid ? CharClass::kLetter : classify(cp)});
         i += len;
     }
+    return cps;
+}
+
+// The pieces of `text` cut where match(i) (the end of the regex's match at code point i) says.
+template <typename Match>
+std::vector<std::string> cut(std::string_view text, const std::vector<Cp>& cps, const Match& match) {
+    const size_t n = cps.size();
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < n;) {
+        const size_t j = match(i);
+        const size_t end = j < n ? cps[j].begin : text.size();
+        pieces.emplace_back(text.substr(cps[i].begin, end - cps[i].begin));
+        i = j;
+    }
+    return pieces;
+}
+
+}  // namespace
+
+std::vector<std::string> Gpt2Bpe::pretokenize(std::string_view text) {
+    const std::vector<Cp> cps = code_points(text);
     const size_t n = cps.size();
     const auto is = [&](size_t k, CharClass c) { return k < n && cps[k].cls == c; };
     const auto cp_at = [&](size_t k) { return k < n ? cps[k].cp : 0u; };
@@ -190,14 +214,47 @@ std::vector<std::string> Gpt2Bpe::pretokenize(std::string_view text) {
         const size_t j = run(i, CharClass::kSpace);  // \s+(?!\S) backs off one before a non-space; else \s+
         return j < n && j - 1 > i ? j - 1 : j;
     };
-    std::vector<std::string> pieces;
-    for (size_t i = 0; i < n;) {
-        const size_t j = match(i);
-        const size_t end = j < n ? cps[j].begin : text.size();
-        pieces.emplace_back(text.substr(cps[i].begin, end - cps[i].begin));
-        i = j;
-    }
-    return pieces;
+    return cut(text, cps, match);
+}
+
+std::vector<std::string> Gpt2Bpe::pretokenize_llama3(std::string_view text) {
+    const std::vector<Cp> cps = code_points(text);
+    const size_t n = cps.size();
+    const auto is = [&](size_t k, CharClass c) { return k < n && cps[k].cls == c; };
+    const auto cp_at = [&](size_t k) { return k < n ? cps[k].cp : 0u; };
+    const auto lower = [&](size_t k) { return cp_at(k) >= 'A' && cp_at(k) <= 'Z' ? cp_at(k) + 32 : cp_at(k); };
+    const auto newline = [&](size_t k) { return cp_at(k) == '\r' || cp_at(k) == '\n'; };
+    const auto run = [&](size_t k, CharClass c) {
+        while (k < n && cps[k].cls == c) ++k;
+        return k;
+    };
+    // The end of the match at code point i: the regex's alternatives, in order.
+    const auto match = [&](size_t i) -> size_t {
+        if (cp_at(i) == '\'') {  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+            const uint32_t a = lower(i + 1), b = lower(i + 2);
+            if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+            if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+        }
+        if (is(i, CharClass::kLetter)) return run(i, CharClass::kLetter);  // [^\r\n\p{L}\p{N}]?\p{L}+
+        if (i < n && !is(i, CharClass::kNumber) && !newline(i) && is(i + 1, CharClass::kLetter))
+            return run(i + 1, CharClass::kLetter);
+        if (is(i, CharClass::kNumber)) {  // \p{N}{1,3}
+            size_t j = i;
+            while (j < i + 3 && is(j, CharClass::kNumber)) ++j;
+            return j;
+        }
+        const size_t other = cp_at(i) == ' ' && is(i + 1, CharClass::kOther) ? i + 1 : i;
+        if (is(other, CharClass::kOther)) {  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+            size_t j = run(other, CharClass::kOther);
+            while (newline(j)) ++j;
+            return j;
+        }
+        const size_t j = run(i, CharClass::kSpace);
+        for (size_t k = j; k > i; --k)  // \s*[\r\n]+: up to the run's last newline
+            if (newline(k - 1)) return k;
+        return j < n && j - 1 > i ? j - 1 : j;  // \s+(?!\S) backs off one before a non-space; else \s+
+    };
+    return cut(text, cps, match);
 }
 
 std::vector<std::string> Gpt2Bpe::bpe(std::string_view piece) const {
@@ -231,8 +288,19 @@ std::vector<std::string> Gpt2Bpe::bpe(std::string_view piece) const {
 }
 
 std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
+    const ByteAlphabet& alphabet = byte_alphabet();
     std::vector<int32_t> ids;
-    for (const std::string& piece : pretokenize(text)) {
+    const std::vector<std::string> pieces =
+        pre_tokenizer_ == PreTokenizer::kLlama3 ? pretokenize_llama3(text) : pretokenize(text);
+    for (const std::string& piece : pieces) {
+        if (ignore_merges_) {
+            std::string word;
+            for (const char c : piece) word += alphabet.symbol[static_cast<uint8_t>(c)];
+            if (const auto it = encoder_.find(word); it != encoder_.end()) {
+                ids.push_back(it->second);
+                continue;
+            }
+        }
         for (const std::string& symbol : bpe(piece)) {
             const auto it = encoder_.find(symbol);
             if (it == encoder_.end())
@@ -273,7 +341,7 @@ std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {
 }
 
 std::optional<int32_t> Gpt2Bpe::end_of_document() const {
-    const auto it = encoder_.find("<|endoftext|>");
+    const auto it = encoder_.find(end_of_document_);
     return it == encoder_.end() ? std::nullopt : std::optional<int32_t>(it->second);
 }
 

@@ -12,6 +12,13 @@
 //   4. look every symbol up in vocab.json.
 // Decoding concatenates the symbols of the ids and maps the code points back to bytes.
 //
+// The same model also loads from a Hugging Face tokenizer.json (from_tokenizer_json, tokenizer_json.cpp): a
+// byte-level BPE whose pre-tokenizer is GPT-2's pattern above or Llama-3's (tiktoken's cl100k pattern)
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with the model's ignore_merges (a pre-token that is itself in the vocabulary is one id, merges or not) and
+// its added tokens in the vocabulary. Added tokens written in the text are encoded as text, as GPT-2's encoder.py
+// does (Hugging Face maps them to their ids), and no template tokens (a BOS) are added.
+//
 // Character classes: exact for ASCII (letters a-z A-Z, numbers 0-9, whitespace \t \n \v \f \r and space). Beyond
 // ASCII this is an approximation of Unicode's \p{L} / \p{N}: every non-ASCII code point counts as a letter except
 // the Unicode White_Space code points (U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F,
@@ -38,6 +45,12 @@ class Gpt2Bpe {
     static Gpt2Bpe load(const std::string& vocab_json_path, const std::string& merges_path);
     // The same from the files' contents; `label` names them in error messages.
     static Gpt2Bpe from_strings(std::string_view vocab_json, std::string_view merges, const std::string& label);
+    // A Hugging Face tokenizer.json (tokenizer_json.cpp). Throws UserError naming the file and the field for
+    // what this encoder does not reproduce: a model other than BPE, a normalizer, a pre-tokenizer other than the
+    // two above, a prefix space, subword prefixes or suffixes, dropout.
+    static Gpt2Bpe from_tokenizer_json(const std::string& path);
+
+    enum class PreTokenizer : uint8_t { kGpt2, kLlama3 };
 
     // Throws UserError naming the symbol when a BPE symbol of the text is not in the vocabulary (a vocabulary
     // without all 256 byte symbols).
@@ -47,11 +60,14 @@ class Gpt2Bpe {
 
     // The pre-tokenization of step 1, exposed for tests.
     static std::vector<std::string> pretokenize(std::string_view text);
+    static std::vector<std::string> pretokenize_llama3(std::string_view text);
     // The BPE symbols (in the byte-to-unicode alphabet) of one pre-token, after step 3.
     std::vector<std::string> bpe(std::string_view piece) const;
 
     int vocab_size() const { return max_id_ + 1; }  // one more than the largest id
-    // The id of "<|endoftext|>", GPT-2's end of document (50256), when the vocabulary has it.
+    // The end-of-document id: "<|endoftext|>" (GPT-2's 50256) when the vocabulary has it; for a tokenizer.json,
+    // the eos_token of the tokenizer_config.json beside it, else the first of the special added tokens
+    // <|endoftext|>, <|end_of_text|>, </s>, <eos>.
     std::optional<int32_t> end_of_document() const;
     size_t num_merges() const { return ranks_.size(); }
 
@@ -60,6 +76,9 @@ class Gpt2Bpe {
     std::unordered_map<int32_t, std::string> decoder_;
     std::unordered_map<std::string, int> ranks_;  // "left right" -> rank (merge line order; symbols hold no space)
     int32_t max_id_ = -1;
+    PreTokenizer pre_tokenizer_ = PreTokenizer::kGpt2;
+    bool ignore_merges_ = false;
+    std::string end_of_document_ = "<|endoftext|>";
 };
 
 }  // namespace ms
