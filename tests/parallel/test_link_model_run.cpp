@@ -102,4 +102,17 @@ TEST(LinkModelRun, Pp2PointToPointBytesAreExact) {
     EXPECT_GT(pair_bytes(pp.matrix, "pp", 1, 0).first, 0);  // gradients backward
 }
 
+// ZeRO-1's overlapped buckets under the link model: the reduces into the shards' owners and the parameter gather's
+// broadcasts allocate nothing in a warm step either, and the losses are those of the run without them.
+TEST(LinkModelRun, Zero1OverlapsKeepTheLossesAndAllocateNothing) {
+    const std::string zero1 = "--set parallel.zero_stage=1";
+    const TrainedRun plain = train(zero1);
+    const TrainedRun overlapped =
+        train(zero1 +
+              " --set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000 "
+              "--set parallel.overlap_param_gather=true --set link_model.enabled=true --set run.ranks_per_node=1");
+    ASSERT_FALSE(plain.losses.empty());
+    EXPECT_EQ(overlapped.losses, plain.losses);
+}
+
 }  // namespace
