@@ -125,6 +125,12 @@ class EngineCommunicator final : public Communicator {
   public:
     EngineCommunicator(std::shared_ptr<CommEngine> engine, std::unique_ptr<Communicator> inner)
         : engine_(std::move(engine)), e_(*engine_impl(*engine_)), inner_(std::move(inner)) {
+        // States made up front, so that a step with more operations queued at once than any step before (the count
+        // depends on timing) does not allocate (memory/alloc_guard.h).
+        for (size_t i = 0; i < CommEngine::kPooledOps; ++i) {
+            free_.push_back(new EngineOp);
+            free_.back()->p2p.reserve(2);
+        }
         const std::lock_guard<std::mutex> lock(e_.mu);
         e_.lanes.push_back(this);
     }

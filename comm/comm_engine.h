@@ -54,6 +54,7 @@ class CommEngine {
   public:
     static constexpr double kPollSeconds = 100e-6;      // between rounds of tests while something is in flight
     static constexpr size_t kMaxPiecesInFlight = 1024;  // reserved up front; more only costs an allocation
+    static constexpr size_t kPooledOps = 32;            // operation states each wrapped communicator makes up front
 
     explicit CommEngine(CommEngineOptions options);
     ~CommEngine();  // after every wrapped communicator (they share the engine)

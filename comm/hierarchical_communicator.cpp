@@ -131,7 +131,10 @@ struct HierarchicalCommunicator::Op final : Handle::State {
         owner->advance();
         return phase == kDone;
     }
-    void recycle() override { owner->free_.push_back(this); }
+    void recycle() override {
+        shard.reserve(owner->max_shard_bytes_);
+        owner->free_.push_back(this);
+    }
 };
 
 HierarchicalCommunicator::HierarchicalCommunicator(std::unique_ptr<Communicator> flat, const DpNodeSplit& split)
@@ -150,6 +153,13 @@ HierarchicalCommunicator::HierarchicalCommunicator(std::unique_ptr<Communicator>
              "local rank {}",
              n, intra_->size(), inter_->size(), intra_->rank(), inter_->rank(), split_.nodes, split_.local_size,
              split_.node, split_.local_rank);
+    // States made up front: a step with more all-reduces in flight at once than any step before (overlapped
+    // buckets: the count depends on timing) takes one of them, already grown to the largest shard (below), instead
+    // of allocating (memory/alloc_guard.h).
+    for (size_t i = 0; i < kPooledOps; ++i) {
+        ops_.push_back(std::make_unique<Op>());
+        free_.push_back(ops_.back().get());
+    }
 }
 
 HierarchicalCommunicator::~HierarchicalCommunicator() = default;
@@ -193,8 +203,12 @@ Handle HierarchicalCommunicator::all_reduce_impl(void* buf, size_t count, DType 
     o.op = op;
     o.priority = p;
     o.chunk = chunk;
-    // Every pooled op's shard holds the largest seen, so which op a call takes never makes it allocate.
-    max_shard_bytes_ = std::max(max_shard_bytes_, chunk * es);
+    // Every pooled op's shard holds the largest seen, so which op a call takes never makes it allocate: a larger one
+    // grows the free ones now (the first steps), and those in flight when they come back (recycle).
+    if (chunk * es > max_shard_bytes_) {
+        max_shard_bytes_ = chunk * es;
+        for (Op* f : free_) f->shard.reserve(max_shard_bytes_);
+    }
     o.shard.reserve(max_shard_bytes_);
     o.shard.resize(chunk * es);
     o.phase = 0;

@@ -96,7 +96,8 @@ class HierarchicalCommunicator final : public Communicator {
     std::unique_ptr<Communicator> flat_;
     std::unique_ptr<Communicator> intra_, gather_, inter_;
     DpNodeSplit split_;
-    std::vector<std::unique_ptr<Op>> ops_;  // every state made; the free ones are in free_
+    static constexpr size_t kPooledOps = 32;  // states made at construction
+    std::vector<std::unique_ptr<Op>> ops_;    // every state made; the free ones are in free_
     std::vector<Op*> free_;
     std::vector<Op*> in_flight_;  // in call order
     size_t max_shard_bytes_ = 0;  // the largest Op::shard so far

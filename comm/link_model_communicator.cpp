@@ -96,6 +96,20 @@ void LinkModelCommunicator::init() {
     group_ = CommMatrix::group_index(inner_->name());
     ring_class_ = ring_class(matrix_.nodes(), members_);
     if (model_ != nullptr) stamps_ = inner_->split(0, inner_->rank(), std::string(inner_->name()) + ".stamps");
+    // The states made up front, with room in their lists, so that a step allocates nothing when more operations are
+    // in flight at once than in any step before (overlapped buckets: the count depends on timing; alloc_guard.h).
+    const size_t room = static_cast<size_t>(inner_->size());
+    for (size_t i = 0; i < kPooledOps; ++i) {
+        auto op = std::make_unique<Op>();
+        op->dsts.reserve(room);
+        op->send_stamp.reserve(2);
+        op->recv_stamp.reserve(2);
+        op->recv_seconds.reserve(2);
+        op->stamp_ops.reserve(4);
+        free_.push_back(op.get());
+        ops_.push_back(std::move(op));
+    }
+    sends_.reserve(room);
 }
 
 std::unique_ptr<Communicator> LinkModelCommunicator::split(int color, int key, std::string name) {

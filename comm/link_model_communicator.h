@@ -68,7 +68,8 @@ class LinkModelCommunicator final : public Communicator {
 
   private:
     friend struct Op;
-    void init();  // the constructors' common part
+    void init();                              // the constructors' common part
+    static constexpr size_t kPooledOps = 64;  // operation states made at construction
     Op& take_op(double issued);
     // Counts a collective of `bytes` (as link_model.h's table counts them) and wraps the inner handle with its delay.
     Handle collective(CommOp kind, double bytes, int root, double issued, Handle inner);

@@ -119,6 +119,17 @@ class MpiOpState final : public Handle::State {
         s->done_ = false;
         return Ptr(s);
     }
+    // Puts n finished states with room for a few requests in `pool`: made at construction, so that a step with more
+    // operations in flight at once than any step before (overlapped buckets: the count depends on timing) takes them
+    // instead of allocating (memory/alloc_guard.h).
+    static void prefill(MpiOpStatePool& pool, size_t n) {
+        for (size_t i = 0; i < n; ++i) {
+            auto* s = new MpiOpState;
+            s->done_ = true;
+            s->requests.reserve(4);
+            pool.free.push_back(s);
+        }
+    }
     // Back to the pool when finished; an abandoned operation (its wait threw) is deleted, never reused.
     void recycle() override {
         std::shared_ptr<MpiOpStatePool> pool = std::move(pool_);
@@ -253,6 +264,8 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, size_t chunk_e
         watch_ = std::make_shared<CollectiveWatch>(world_rank, "");
     }
     recorder_ = std::make_unique<FlightRecorder>(name_, rank_, size_);
+    states_->free.reserve(2 * kPooledStates);
+    MpiOpState::prefill(*states_, kPooledStates);
     MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
     MS_MPI_CHECK(MPI_Comm_group(comm_, &group));
     MS_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));

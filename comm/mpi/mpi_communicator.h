@@ -53,6 +53,8 @@ class MpiCommunicator final : public Communicator {
   public:
     // 16M elements (64 MiB of fp32) per MPI call: far below the int count limit and MPI's internal buffers.
     static constexpr size_t kDefaultChunkElems = size_t{1} << 24;
+    // Operation states made at construction (reused after; more only when more are in flight at once).
+    static constexpr size_t kPooledStates = 32;
 
     // Takes ownership of `comm` (MPI_Comm_free on destruction unless it is MPI_COMM_WORLD). `watch` bounds and
     // records every wait (comm/mpi/collective_watch.h); split() children share it. Without one the communicator
