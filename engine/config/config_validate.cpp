@@ -206,12 +206,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
     const int global_batch = t.global_batch_size > 0 ? t.global_batch_size : static_cast<int>(micro_times_dp);
     if (global_batch % micro_times_dp != 0) {
-        int64_t lower = global_batch / micro_times_dp * micro_times_dp;
+        // the multiples either side of it (only the one above when it is below the first)
+        const int64_t lower = global_batch / micro_times_dp * micro_times_dp, upper = lower + micro_times_dp;
         fail(
             "training.global_batch_size({}) is not divisible by training.micro_batch_size({}) * data-parallel "
-            "size({}) = {}; hint: use a multiple of {}, e.g. {} or {}",
-            global_batch, t.micro_batch_size, dp, micro_times_dp, micro_times_dp, lower > 0 ? lower : micro_times_dp,
-            lower + micro_times_dp);
+            "size({}) = {}; hint: use a multiple of {}, e.g. {}",
+            global_batch, t.micro_batch_size, dp, micro_times_dp, micro_times_dp,
+            lower > 0 ? fmt::format("{} or {}", lower, upper) : fmt::format("{}", upper));
     }
     const int num_microbatches = static_cast<int>(global_batch / micro_times_dp);
     // The schedule's own conditions (engine/parallel/schedule.h): the interleaved one needs a multiple of pp.

@@ -351,6 +351,11 @@ TEST(ConfigTest, ValidationSentences) {
                    {"training.global_batch_size(8) is not divisible by training.micro_batch_size(3) * data-parallel "
                     "size(1) = 3",
                     "e.g. 6 or 9"});
+    // below the first multiple, only the one above is a suggestion
+    EXPECT_EQ(validate_error(small({"training.global_batch_size=8", "training.micro_batch_size=2"}), 8,
+                             {"= 16; hint: use a multiple of 16, e.g. 16"})
+                  .find(" or "),
+              std::string::npos);
     validate_error(small({"model.max_position_embeddings=16"}), 1,
                    {"model.seq_length(32) is larger than model.max_position_embeddings(16)"});
     validate_error(small({"model.vocab_size=0"}), 1, {"model.vocab_size is 0"});
