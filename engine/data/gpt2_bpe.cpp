@@ -2,6 +2,7 @@
 // of the regex's alternatives, merges by rank, and decoding.
 #include "engine/data/gpt2_bpe.h"
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <fstream>
@@ -287,33 +288,77 @@ std::vector<std::string> Gpt2Bpe::bpe(std::string_view piece) const {
     return word;
 }
 
-std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
-    const ByteAlphabet& alphabet = byte_alphabet();
-    std::vector<int32_t> ids;
-    const std::vector<std::string> pieces =
-        pre_tokenizer_ == PreTokenizer::kLlama3 ? pretokenize_llama3(text) : pretokenize(text);
-    for (const std::string& piece : pieces) {
-        if (ignore_merges_) {
-            std::string word;
-            for (const char c : piece) word += alphabet.symbol[static_cast<uint8_t>(c)];
-            if (const auto it = encoder_.find(word); it != encoder_.end()) {
-                ids.push_back(it->second);
-                continue;
-            }
-        }
-        for (const std::string& symbol : bpe(piece)) {
-            const auto it = encoder_.find(symbol);
-            if (it == encoder_.end())
-                throw UserError(
-                    fmt::format("tokenizer error: the vocabulary has no entry for the BPE symbol '{}' "
-                                "(from '{}'); a GPT-2 vocabulary holds all 256 byte symbols and every "
-                                "merge result\n---> HINT: check that vocab.json and merges.txt belong "
-                                "to the same tokenizer",
-                                symbol, piece));
+void Gpt2Bpe::encode_piece(const std::string& piece, std::vector<int32_t>& ids) const {
+    if (ignore_merges_) {
+        const ByteAlphabet& alphabet = byte_alphabet();
+        std::string word;
+        for (const char c : piece) word += alphabet.symbol[static_cast<uint8_t>(c)];
+        if (const auto it = encoder_.find(word); it != encoder_.end()) {
             ids.push_back(it->second);
+            return;
         }
     }
+    for (const std::string& symbol : bpe(piece)) {
+        const auto it = encoder_.find(symbol);
+        if (it == encoder_.end())
+            throw UserError(
+                fmt::format("tokenizer error: the vocabulary has no entry for the BPE symbol '{}' "
+                            "(from '{}'); a GPT-2 vocabulary holds all 256 byte symbols and every "
+                            "merge result\n---> HINT: check that vocab.json and merges.txt belong "
+                            "to the same tokenizer",
+                            symbol, piece));
+        ids.push_back(it->second);
+    }
+}
+
+void Gpt2Bpe::encode_text(std::string_view text, PieceCache* cache, std::vector<int32_t>& ids) const {
+    constexpr size_t kMaxCachedPieces = size_t{1} << 18;  // bounds the memory a thread's cache holds
+    for (const std::string& piece :
+         pre_tokenizer_ == PreTokenizer::kLlama3 ? pretokenize_llama3(text) : pretokenize(text)) {
+        if (cache == nullptr) {
+            encode_piece(piece, ids);
+            continue;
+        }
+        auto it = cache->find(piece);
+        if (it == cache->end()) {
+            if (cache->size() >= kMaxCachedPieces) cache->clear();
+            std::vector<int32_t> piece_ids;
+            encode_piece(piece, piece_ids);
+            it = cache->emplace(piece, std::move(piece_ids)).first;
+        }
+        ids.insert(ids.end(), it->second.begin(), it->second.end());
+    }
+}
+
+std::vector<int32_t> Gpt2Bpe::encode_split(std::string_view text, PieceCache* cache) const {
+    std::vector<int32_t> ids;
+    std::array<bool, 256> starts{};  // the first bytes of the added tokens
+    for (const auto& t : split_tokens_) starts[static_cast<uint8_t>(t.first[0])] = true;
+    size_t begin = 0;  // of the text not yet encoded
+    for (size_t pos = 0; pos < text.size();) {
+        if (!starts[static_cast<uint8_t>(text[pos])]) {
+            ++pos;
+            continue;
+        }
+        const auto token = std::find_if(split_tokens_.begin(), split_tokens_.end(),
+                                        [&](const auto& t) { return text.substr(pos).starts_with(t.first); });
+        if (token == split_tokens_.end()) {
+            ++pos;
+            continue;
+        }
+        encode_text(text.substr(begin, pos - begin), cache, ids);
+        ids.push_back(token->second);
+        pos += token->first.size();
+        begin = pos;
+    }
+    encode_text(text.substr(begin), cache, ids);
     return ids;
+}
+
+std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const { return encode_split(text, nullptr); }
+
+std::vector<int32_t> Gpt2Bpe::encode(std::string_view text, PieceCache& cache) const {
+    return encode_split(text, &cache);
 }
 
 std::string Gpt2Bpe::decode(const std::vector<int32_t>& ids) const {

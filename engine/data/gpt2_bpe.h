@@ -16,8 +16,8 @@
 // byte-level BPE whose pre-tokenizer is GPT-2's pattern above or Llama-3's (tiktoken's cl100k pattern)
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // with the model's ignore_merges (a pre-token that is itself in the vocabulary is one id, merges or not) and
-// its added tokens in the vocabulary. Added tokens written in the text are encoded as text, as GPT-2's encoder.py
-// does (Hugging Face maps them to their ids), and no template tokens (a BOS) are added.
+// its added tokens, which are split out of the text first, as Hugging Face does (vocab.json + merges.txt encode
+// them as text, as GPT-2's encoder.py does). No template tokens (a BOS) are added.
 //
 // Character classes: exact for ASCII (letters a-z A-Z, numbers 0-9, whitespace \t \n \v \f \r and space). Beyond
 // ASCII this is an approximation of Unicode's \p{L} / \p{N}: every non-ASCII code point counts as a letter except
@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace ms {
@@ -55,6 +56,10 @@ class Gpt2Bpe {
     // Throws UserError naming the symbol when a BPE symbol of the text is not in the vocabulary (a vocabulary
     // without all 256 byte symbols).
     std::vector<int32_t> encode(std::string_view text) const;
+    // Pre-token -> its ids, kept by a caller (one per thread) across encode calls: natural text repeats its
+    // words, and a pre-token's ids never change. The same ids as without it.
+    using PieceCache = std::unordered_map<std::string, std::vector<int32_t>>;
+    std::vector<int32_t> encode(std::string_view text, PieceCache& cache) const;
     // Ids without a vocabulary entry decode to U+FFFD.
     std::string decode(const std::vector<int32_t>& ids) const;
 
@@ -72,6 +77,11 @@ class Gpt2Bpe {
     size_t num_merges() const { return ranks_.size(); }
 
   private:
+    void encode_piece(const std::string& piece, std::vector<int32_t>& ids) const;  // appends the piece's ids
+    void encode_text(std::string_view text, PieceCache* cache, std::vector<int32_t>& ids) const;  // appends
+    // encode_text between the added tokens of split_tokens_, which are their ids.
+    std::vector<int32_t> encode_split(std::string_view text, PieceCache* cache) const;
+
     std::unordered_map<std::string, int32_t> encoder_;  // symbol string (UTF-8) -> id
     std::unordered_map<int32_t, std::string> decoder_;
     std::unordered_map<std::string, int> ranks_;  // "left right" -> rank (merge line order; symbols hold no space)
@@ -79,6 +89,9 @@ class Gpt2Bpe {
     PreTokenizer pre_tokenizer_ = PreTokenizer::kGpt2;
     bool ignore_merges_ = false;
     std::string end_of_document_ = "<|endoftext|>";
+    // A tokenizer.json's added tokens, longest first: where one starts in the text (the leftmost, the longest
+    // there) it is its id, as Hugging Face splits them out before pre-tokenizing.
+    std::vector<std::pair<std::string, int32_t>> split_tokens_;
 };
 
 }  // namespace ms

@@ -219,21 +219,22 @@ class DocumentReader {
     int64_t line_no_ = 0, bytes_ = 0;
 };
 
-// ids[r][k] = the tokens of texts[r][k], records spread over `workers` threads.
+// ids[r][k] = the tokens of texts[r][k], records spread over one thread per cache.
 std::vector<std::vector<std::vector<int32_t>>> encode_batch(const std::vector<std::vector<std::string>>& texts,
                                                             const DocumentTokenizer& tokenizer, bool append_eod,
-                                                            int workers) {
+                                                            std::vector<Gpt2Bpe::PieceCache>& caches) {
     std::vector<std::vector<std::vector<int32_t>>> ids(texts.size());
     const auto work = [&](size_t first, size_t stride) {
+        Gpt2Bpe::PieceCache& cache = caches[first];
         for (size_t r = first; r < texts.size(); r += stride) {
             ids[r].resize(texts[r].size());
             for (size_t k = 0; k < texts[r].size(); ++k) {
-                ids[r][k] = tokenizer.encode(texts[r][k]);
+                ids[r][k] = tokenizer.encode(texts[r][k], cache);
                 if (append_eod && !ids[r][k].empty()) ids[r][k].push_back(*tokenizer.end_of_document);
             }
         }
     };
-    const auto threads = static_cast<size_t>(std::max(1, workers));
+    const size_t threads = caches.size();
     if (threads == 1) {
         work(0, 1);
         return ids;
@@ -271,7 +272,7 @@ DocumentTokenizer load_document_tokenizer(TokenizerType type, const std::string&
     DocumentTokenizer t;
     if (type == TokenizerType::kByte) {
         t.name = "byte";
-        t.encode = [](std::string_view text) { return byte_encode(std::string(text)); };
+        t.encode = [](std::string_view text, Gpt2Bpe::PieceCache&) { return byte_encode(std::string(text)); };
         t.vocab_size = kByteVocab;
         t.end_of_document = kByteEod;
         return t;
@@ -292,7 +293,7 @@ DocumentTokenizer load_document_tokenizer(TokenizerType type, const std::string&
         t.name = "HuggingFaceTokenizer";
         bpe = std::make_shared<const Gpt2Bpe>(Gpt2Bpe::from_tokenizer_json(tokenizer_model));
     }
-    t.encode = [bpe](std::string_view text) { return bpe->encode(text); };
+    t.encode = [bpe](std::string_view text, Gpt2Bpe::PieceCache& cache) { return bpe->encode(text, cache); };
     t.vocab_size = bpe->vocab_size();
     t.end_of_document = bpe->end_of_document();
     return t;
@@ -325,6 +326,7 @@ std::vector<PreprocessOutput> preprocess(const PreprocessOptions& options, const
     const auto total = static_cast<int64_t>(std::filesystem::file_size(options.input, size_error));
     Progress progress("preprocess", size_error ? 0 : total, options.progress);
     int64_t records = 0;
+    std::vector<Gpt2Bpe::PieceCache> caches(static_cast<size_t>(std::max(1, options.workers)));  // one per worker
     std::vector<std::vector<std::string>> batch;
     std::vector<std::string> texts;
     for (bool more = true; more;) {
@@ -334,7 +336,7 @@ std::vector<PreprocessOutput> preprocess(const PreprocessOptions& options, const
             for (const std::string& t : texts) bytes += t.size();
             batch.push_back(std::move(texts));
         }
-        const auto ids = encode_batch(batch, tokenizer, options.append_eod, options.workers);
+        const auto ids = encode_batch(batch, tokenizer, options.append_eod, caches);
         for (const auto& record : ids)
             for (size_t k = 0; k < record.size(); ++k) writers[k]->add(record[k], options.input);
         records += static_cast<int64_t>(batch.size());

@@ -18,13 +18,15 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/data/gpt2_bpe.h"
 #include "engine/data/progress.h"
 
 namespace ms {
 
 struct DocumentTokenizer {
-    std::string name;                                              // as --tokenizer-type spells it
-    std::function<std::vector<int32_t>(std::string_view)> encode;  // called from several threads at once
+    std::string name;  // as --tokenizer-type spells it
+    // Called from several threads at once, each with its own cache.
+    std::function<std::vector<int32_t>(std::string_view, Gpt2Bpe::PieceCache&)> encode;
     int64_t vocab_size = 0;
     std::optional<int32_t> end_of_document;
 };

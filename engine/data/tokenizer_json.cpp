@@ -1,6 +1,7 @@
 // tokenizer_json.cpp: Gpt2Bpe::from_tokenizer_json -- a Hugging Face tokenizer.json holding a byte-level BPE
 // (GPT-2's or Llama-3's pre-tokenizer, gpt2_bpe.h), read with its vocabulary, merges, ignore_merges and added
 // tokens; anything the encoder would not reproduce is refused with a sentence naming the field.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -109,12 +110,17 @@ Gpt2Bpe Gpt2Bpe::from_tokenizer_json(const std::string& path) {
             const std::string content = a.value("content", "");
             if (id < 0 || id > INT32_MAX || content.empty())
                 refuse(path, fmt::format("has the added token {} without a content and an id", a.dump()));
+            for (const char* flag : {"single_word", "lstrip", "rstrip"})
+                if (a.value(flag, false)) refuse(path, fmt::format("has the added token {} with {}", a.dump(), flag));
+            t.split_tokens_.emplace_back(content, static_cast<int32_t>(id));
             t.encoder_[content] = static_cast<int32_t>(id);
             t.decoder_[static_cast<int32_t>(id)] = content;
             t.max_id_ = std::max(t.max_id_, static_cast<int32_t>(id));
             if (a.value("special", false)) specials.push_back(content);
         }
     }
+    std::stable_sort(t.split_tokens_.begin(), t.split_tokens_.end(),
+                     [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
     t.end_of_document_.clear();
     const std::filesystem::path config = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
     if (std::filesystem::exists(config)) {

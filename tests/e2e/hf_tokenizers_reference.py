@@ -5,12 +5,13 @@
   make DIR
       Trains two tiny byte-level BPEs on a fixed corpus and writes
         DIR/gpt2/tokenizer.json, DIR/gpt2/vocab.json, DIR/gpt2/merges.txt  (GPT-2's pre-tokenizer, <|endoftext|>)
-        DIR/llama3/tokenizer.json  (Llama-3's Split pattern + ByteLevel, ignore_merges, added tokens
-                                    <|begin_of_text|> 128000 and <|end_of_text|> 128001, as Llama 3 numbers them)
+        DIR/llama3/tokenizer.json  (Llama-3's Split pattern + ByteLevel, ignore_merges, the vocabulary filled with
+                                    unused tokens up to 128000 ids, then the added tokens <|begin_of_text|> 128000
+                                    and <|end_of_text|> 128001, as Llama 3 numbers them)
   check TOKENIZER_JSON PREFIX TEXTS_JSON EOD
       Reads the Megatron dataset PREFIX.{bin,idx} as Megatron's indexed_dataset.py does (header, dtype code,
       sequence lengths and pointers) and checks that document i holds the ids of tokenizer.encode(texts[i],
-      add_special_tokens=False) followed by EOD (an id; -1 for none). Prints the first difference and exits 1.
+      add_special_tokens=False) followed by the id of the token EOD (none: nothing). Prints the first difference and exits 1.
 """
 import json
 import os
@@ -69,10 +70,13 @@ def make(out):
     ])
     train(llama, 450, [])
     spec = json.loads(llama.to_str())
+    vocab = spec["model"]["vocab"]  # filled up to 128000 ids, so that the added tokens get Llama 3's ids
+    vocab.update({f"<|unused_{i}|>": i for i in range(len(vocab), 128000)})
     spec["added_tokens"] = [
         {"id": 128000 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True} for i, c in enumerate(["<|begin_of_text|>", "<|end_of_text|>"])]
-    Tokenizer.from_str(json.dumps(spec))  # the file must load in Hugging Face's tokenizers
+    loaded = Tokenizer.from_str(json.dumps(spec))  # the file must load in Hugging Face's tokenizers, ids as given
+    assert loaded.token_to_id("<|end_of_text|>") == 128001
     with open(f"{out}/llama3/tokenizer.json", "w") as f:
         json.dump(spec, f)
 
@@ -105,7 +109,7 @@ def check(tokenizer_json, prefix, texts_json, eod):
         print(f"{prefix}: {len(docs)} documents, expected {len(texts)}")
         return 1
     for i, (doc, text) in enumerate(zip(docs, texts)):
-        expected = tok.encode(text, add_special_tokens=False).ids + ([eod] if eod >= 0 else [])
+        expected = tok.encode(text, add_special_tokens=False).ids + ([] if eod == "none" else [tok.token_to_id(eod)])
         if doc != expected:
             print(f"{prefix}: document {i} ({text!r}) holds\n  {doc}\nHugging Face gives\n  {expected}")
             return 1
@@ -117,4 +121,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
         sys.exit(0)
-    sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+    sys.exit(check(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))

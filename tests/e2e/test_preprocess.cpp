@@ -2,7 +2,7 @@
 //   - the ids of GPT2BPETokenizer (vocab.json + merges.txt) and HuggingFaceTokenizer (a GPT-2- and a Llama-3-style
 //     tokenizer.json) equal Hugging Face `tokenizers` on the same text, read back from .bin/.idx as Megatron's
 //     indexed_dataset.py reads them (tests/e2e/hf_tokenizers_reference.py trains the tiny tokenizers; skipped
-//     without the package);
+//     without the package), added tokens written in the text included for a tokenizer.json;
 //   - JSON Lines with two keys give one dataset per key, --append-eod ends each document with the tokenizer's
 //     EOD, and 1 or 3 workers write the same bytes;
 //   - bad input (a line without the key, a line that is not JSON, an unreadable vocabulary, an unsupported
@@ -132,25 +132,40 @@ TEST(Preprocess, IdsEqualHuggingFaceTokenizers) {
     std::ofstream(dir / "title.json") << json(corpus.titles).dump();
     const struct {
         std::string name, tokenizer_json, flags;
-        int eod;
+        std::string eod;  // the end-of-document token Hugging Face looks up, or none
         uint8_t dtype_code;
     } cases[] = {
         {"gpt2_files", "gpt2/tokenizer.json",
          "--tokenizer-type GPT2BPETokenizer --vocab-file " + dir / "gpt2/vocab.json" + " --merge-file " +
              dir / "gpt2/merges.txt" + " --append-eod",
-         0, 8},
+         "<|endoftext|>", 8},
         {"gpt2_json", "gpt2/tokenizer.json",
-         "--tokenizer-type HuggingFaceTokenizer --tokenizer-model " + dir / "gpt2/tokenizer.json" + " --append-eod", 0,
-         8},
+         "--tokenizer-type HuggingFaceTokenizer --tokenizer-model " + dir / "gpt2/tokenizer.json" + " --append-eod",
+         "<|endoftext|>", 8},
         {"llama3", "llama3/tokenizer.json",
          "--tokenizer-type HuggingFaceTokenizer --tokenizer-model " + dir / "llama3/tokenizer.json" +
              " --append-eod --workers 3",
-         128001, 4},
+         "<|end_of_text|>", 4},
         {"llama3_no_eod", "llama3/tokenizer.json",
-         "--tokenizer-type HuggingFaceTokenizer --tokenizer-model " + dir / "llama3/tokenizer.json", -1, 4},
+         "--tokenizer-type HuggingFaceTokenizer --tokenizer-model " + dir / "llama3/tokenizer.json", "none", 4},
     };
+    // Added tokens written in the text: a tokenizer.json splits them out, as Hugging Face does.
+    const std::vector<std::string> special = {"a<|endoftext|>b", "x <|end_of_text|> y<|begin_of_text|>",
+                                              "<|endoftext|><|endoftext|> <|end_of_text|>\n", "<|endoftext"};
+    std::ofstream(dir / "special.json") << json(special).dump();
+    std::ofstream special_jsonl(dir / "special.jsonl");
+    for (const std::string& text : special) special_jsonl << json{{"special", text}}.dump() << "\n";
+    special_jsonl.close();
     for (const auto& c : cases) {
         const std::string prefix = dir / c.name;
+        if (c.flags.find("--tokenizer-model") != std::string::npos) {
+            const auto r = run_cli("preprocess --input " + dir / "special.jsonl" +
+                                   " --json-keys special --output-prefix " + prefix + " " + c.flags);
+            ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
+            const auto check = reference("check " + dir / c.tokenizer_json + " " + prefix + "_special_document " +
+                                         dir / "special.json '" + c.eod + "'");
+            EXPECT_EQ(check.exit_code, 0) << c.name << ": " << check.output;
+        }
         const auto r = run_cli("preprocess --input " + corpus.jsonl + " --json-keys text title --output-prefix " +
                                prefix + " " + c.flags);
         ASSERT_EQ(r.exit_code, 0) << c.name << ": " << r.output;
@@ -158,7 +173,7 @@ TEST(Preprocess, IdsEqualHuggingFaceTokenizers) {
             const std::string dataset = prefix + "_" + key + "_document";
             EXPECT_EQ(static_cast<uint8_t>(read_bytes(dataset + ".idx")[17]), c.dtype_code) << dataset;
             const auto check = reference("check " + dir / c.tokenizer_json + " " + dataset + " " +
-                                         dir / (key + ".json") + " " + std::to_string(c.eod));
+                                         dir / (key + ".json") + " '" + c.eod + "'");
             EXPECT_EQ(check.exit_code, 0) << c.name << ": " << check.output;
         }
     }
