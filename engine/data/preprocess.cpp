@@ -21,9 +21,9 @@
 namespace ms {
 namespace {
 
-constexpr size_t kBatchDocuments = 4096;          // documents read before a batch is encoded
-constexpr size_t kBatchBytes = size_t{16} << 20;  // or this many bytes of text
-constexpr int64_t kUint16Vocab = 65500;           // Megatron's DType.optimal_dtype: uint16 below, int32 from here
+constexpr size_t kBatchDocuments = 4096;         // documents read before a batch is encoded
+constexpr size_t kBatchBytes = size_t{1} << 20;  // or this many bytes of text (a progress step)
+constexpr int64_t kUint16Vocab = 65500;          // Megatron's DType.optimal_dtype: uint16 below, int32 from here
 
 bool is_blank(const std::string& line) { return line.find_first_not_of(" \t\r") == std::string::npos; }
 
