@@ -7,6 +7,7 @@
 //     EOD, and 1 or 3 workers write the same bytes;
 //   - bad input (a line without the key, a line that is not JSON, an unreadable vocabulary, an unsupported
 //     tokenizer.json) ends with exit code 2 and a sentence naming the file and line;
+//   - Llama-3's pre-tokenizer splits as Hugging Face's on pasted examples (without the package);
 //   - progress: a bar with rate and ETA on a terminal, no carriage returns otherwise.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -177,6 +178,24 @@ TEST(Preprocess, IdsEqualHuggingFaceTokenizers) {
             EXPECT_EQ(check.exit_code, 0) << c.name << ": " << check.output;
         }
     }
+}
+
+// Llama-3's pre-tokenizer, against Hugging Face's Split(Regex(pattern), "isolated") on the same strings (its
+// pre_tokenize_str output, pasted): digits in threes, case-insensitive contractions, a non-letter before letters,
+// punctuation runs taking their newlines, whitespace runs up to their last newline, NBSP as whitespace.
+TEST(Preprocess, Llama3PreTokenizerSplitsAsHuggingFace) {
+    using Pieces = std::vector<std::string>;
+    EXPECT_EQ(
+        ms::Gpt2Bpe::pretokenize_llama3("numbers 12345 and 3.14 don't WE'LL it'S"),
+        (Pieces{"numbers", " ", "123", "45", " and", " ", "3", ".", "14", " don", "'t", " WE", "'LL", " it", "'S"}));
+    EXPECT_EQ(ms::Gpt2Bpe::pretokenize_llama3("punct!!!\n\n  x\t(y) \"quoted\"\r\n\r\nend  "),
+              (Pieces{"punct", "!!!\n\n", " ", " x", "\t", "(y", ")", " \"", "quoted", "\"\r\n\r\n", "end", "  "}));
+    EXPECT_EQ(ms::Gpt2Bpe::pretokenize_llama3("caf\xC3\xA9 \xC3\xBC"
+                                              "ber\xC2\xA0na\xC3\xAFve  \n  "),
+              (Pieces{"caf\xC3\xA9",
+                      " \xC3\xBC"
+                      "ber",
+                      "\xC2\xA0na\xC3\xAFve", "  \n", "  "}));
 }
 
 TEST(Preprocess, JsonLinesKeysEodAndWorkers) {
