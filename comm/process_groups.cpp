@@ -66,14 +66,14 @@ ProcessGroups make_process_groups(Communicator& world, const Topology& topology,
     g.pp_rank = c.pp;
     g.dp_rank = c.dp;
     // The device groups split from an NCCL communicator over world (destroyed once they are made: its children are
-    // communicators of their own), or from world itself. pp always from world (process_groups.h).
+    // communicators of their own), or from world itself.
     std::unique_ptr<Communicator> nccl_world;
     if (choice.kind == CommKind::kNccl) {
         const NcclRegistration& nccl = *nccl_registration();
         const int device = options.local_rank % nccl.device_count();
         nccl_world = nccl.make_world(world, device);
         log_info(
-            "comm: NCCL {} for the tp, dp, mp and embd groups, on device local rank % {} ({}); world, pp and "
+            "comm: NCCL {} for the tp, pp, dp, mp and embd groups, on device local rank % {} ({}); world and "
             "collectives on host memory on MPI",
             nccl.version, nccl.device_count(), choice.reason);
     } else {
@@ -85,7 +85,7 @@ ProcessGroups make_process_groups(Communicator& world, const Topology& topology,
     };
     g.tp = axis_group(device_world, Axis::kTP, "tp");
     g.dp = axis_group(device_world, Axis::kDP, "dp");
-    g.pp = axis_group(world, Axis::kPP, "pp");
+    g.pp = axis_group(device_world, Axis::kPP, "pp");
     g.mp = axis_group(device_world, Axis::kTP | Axis::kPP, "mp");
     // One embedding group per pipeline group: its colour is the pipeline group's index.
     g.embd =

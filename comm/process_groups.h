@@ -13,13 +13,13 @@
 // collectives are no-ops, so tp = 1 and pp = 1 run the same code as any other layout.
 //
 // Which communicator (CommOptions, run.comm; comm/nccl/comm_choice.h): with MPI every group is an MpiCommunicator
-// split from world. With NCCL, tp, dp, mp and embd are NcclCommunicators split (ncclCommSplit, same color and key)
-// from an NCCL communicator over world that lives only while the groups are made; collectives on host memory
-// still go through MPI inside them (comm/nccl/nccl_communicator.h). world stays MPI (the trainer's host-side
-// collectives, checkpoints), and so does pp: the pipeline posts its sends without waiting and matches messages by
-// tag, while NCCL matches point-to-point messages in issue order and a send may block until its receive is
-// posted, so pp moves to NCCL only once the schedule batches each send with its receive (Megatron's
-// send_forward_recv_backward).
+// split from world. With NCCL, tp, pp, dp, mp and embd are NcclCommunicators split (ncclCommSplit, same color and
+// key) from an NCCL communicator over world that lives only while the groups are made; collectives on host memory
+// (the pipeline's loss) still go through MPI inside them (comm/nccl/nccl_communicator.h). world stays MPI (the
+// trainer's host-side collectives, checkpoints). pp can be NCCL, which matches point-to-point messages in issue
+// order without tags and may hold a send until its receive is posted, because the pipeline issues each run of
+// sends and receives as one batch (Megatron's send_forward_recv_backward and its siblings) whose sequence
+// engine/parallel/schedule.h's check_in_order_p2p proves free of deadlock under exactly those semantics.
 #pragma once
 
 #include <memory>
@@ -38,7 +38,7 @@ struct ProcessGroups {
     std::unique_ptr<Communicator> own_world;  // a decorated world that world points to (link_model_communicator.h)
     int tp_size = 1, pp_size = 1, dp_size = 1;
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;
-    CommKind comm = CommKind::kMpi;  // of tp, dp, mp, embd: kMpi or kNccl (world and pp are MPI either way)
+    CommKind comm = CommKind::kMpi;  // of tp, pp, dp, mp, embd: kMpi or kNccl (world is MPI either way)
 
     bool is_first_stage() const { return pp_rank == 0; }
     bool is_last_stage() const { return pp_rank == pp_size - 1; }

@@ -15,31 +15,41 @@ namespace {
 using Kind = Action::Kind;
 
 // Appends one stage's actions. forward()/backward() wrap the compute in the receive it needs and the send it
-// produces, so every generator below only decides the order of the computes.
+// produces; the interleaved generator places them itself with the single actions (each a no-op where the
+// neighbouring model chunk is on this stage or there is none).
 class StageBuilder {
   public:
     StageBuilder(int pp, int v, int stage, std::vector<Action>& out) : pp_(pp), v_(v), stage_(stage), out_(out) {}
 
     void forward(int mb, int chunk) {
-        const int k = chunk * pp_ + stage_;  // global model chunk
-        if (k > 0 && stage_of(k - 1) != stage_) out_.push_back({Kind::kRecvActivation, mb, chunk, stage_of(k - 1)});
+        recv_activation(mb, chunk);
         out_.push_back({Kind::kForward, mb, chunk, -1});
-        if (k + 1 < pp_ * v_ && stage_of(k + 1) != stage_) {
-            out_.push_back({Kind::kSendActivation, mb, chunk, stage_of(k + 1)});
-        }
+        send_activation(mb, chunk);
     }
 
     void backward(int mb, int chunk) {
-        const int k = chunk * pp_ + stage_;
-        if (k + 1 < pp_ * v_ && stage_of(k + 1) != stage_) {
-            out_.push_back({Kind::kRecvGrad, mb, chunk, stage_of(k + 1)});
-        }
+        recv_grad(mb, chunk);
         out_.push_back({Kind::kBackward, mb, chunk, -1});
-        if (k > 0 && stage_of(k - 1) != stage_) out_.push_back({Kind::kSendGrad, mb, chunk, stage_of(k - 1)});
+        send_grad(mb, chunk);
     }
+
+    void forward_only(int mb, int chunk) { out_.push_back({Kind::kForward, mb, chunk, -1}); }
+    void backward_only(int mb, int chunk) { out_.push_back({Kind::kBackward, mb, chunk, -1}); }
+    void recv_activation(int mb, int chunk) { edge(Kind::kRecvActivation, mb, chunk, -1); }
+    void send_activation(int mb, int chunk) { edge(Kind::kSendActivation, mb, chunk, +1); }
+    void recv_grad(int mb, int chunk) { edge(Kind::kRecvGrad, mb, chunk, +1); }
+    void send_grad(int mb, int chunk) { edge(Kind::kSendGrad, mb, chunk, -1); }
 
   private:
     int stage_of(int model_chunk) const { return model_chunk % pp_; }
+    // The message of `kind` between local chunk `chunk` and the model chunk `step` away, if that one exists and
+    // lives on another stage.
+    void edge(Kind kind, int mb, int chunk, int step) {
+        const int other = chunk * pp_ + stage_ + step;
+        if (other >= 0 && other < pp_ * v_ && stage_of(other) != stage_) {
+            out_.push_back({kind, mb, chunk, stage_of(other)});
+        }
+    }
 
     int pp_, v_, stage_;
     std::vector<Action>& out_;
@@ -70,7 +80,11 @@ void one_f_one_b(StageBuilder& b, int pp, int stage, int m) {
 
 // Megatron forward_backward_pipelining_with_interleaving (m % pp == 0). Iteration k walks the micro-batches in
 // groups of pp: within a group of pp * v iterations, pp micro-batches of chunk 0, then the same pp of chunk 1, ...
-// Backwards visit the chunks in reverse (v - 1 first).
+// Backwards visit the chunks in reverse (v - 1 first). Communication as Megatron's: one batch after every warm-up
+// forward, after every steady-state forward + backward pair and after every cool-down backward, holding the sends
+// of what was just computed and the receives of the next iteration's inputs (send_forward_recv_forward,
+// send_forward_backward_recv_forward_backward, send_backward_recv_backward), so a gradient is received one forward
+// ahead of its backward.
 void interleaved(StageBuilder& b, int pp, int stage, int m, int v) {
     const int total = m * v;
     const auto microbatch_of = [&](int k) { return k / (pp * v) * pp + k % pp; };
@@ -81,18 +95,40 @@ void interleaved(StageBuilder& b, int pp, int stage, int m, int v) {
     // With m == pp Megatron runs every forward first ("all_warmup_microbatches").
     const int num_warmup = m == pp ? total : std::min(2 * (pp - stage - 1) + (v - 1) * pp, total);
     const int num_remaining = total - num_warmup;
+    const auto recv_forward = [&](int k) {
+        if (k < total) b.recv_activation(microbatch_of(k), chunk_of(k, true));
+    };
+    const auto recv_backward = [&](int k) {
+        if (k < total) b.recv_grad(microbatch_of(k), chunk_of(k, false));
+    };
 
-    // Warm-up: forwards only.
-    for (int k = 0; k < num_warmup; ++k) b.forward(microbatch_of(k), chunk_of(k, true));
+    // Warm-up: forwards only; the last one also receives the first backward's gradient.
+    recv_forward(0);
+    for (int k = 0; k < num_warmup; ++k) {
+        b.forward_only(microbatch_of(k), chunk_of(k, true));
+        b.send_activation(microbatch_of(k), chunk_of(k, true));
+        recv_forward(k + 1);
+        if (k == num_warmup - 1 && num_remaining > 0) recv_backward(0);
+    }
 
-    // Steady state: forward iteration k + num_warmup, then backward iteration k.
+    // Steady state: forward iteration k + num_warmup, backward iteration k, then their batch.
     for (int k = 0; k < num_remaining; ++k) {
-        b.forward(microbatch_of(k + num_warmup), chunk_of(k + num_warmup, true));
-        b.backward(microbatch_of(k), chunk_of(k, false));
+        const int f = k + num_warmup;
+        b.forward_only(microbatch_of(f), chunk_of(f, true));
+        b.backward_only(microbatch_of(k), chunk_of(k, false));
+        b.send_activation(microbatch_of(f), chunk_of(f, true));
+        b.send_grad(microbatch_of(k), chunk_of(k, false));
+        recv_forward(f + 1);
+        recv_backward(k + 1);
     }
 
     // Cool-down: the remaining backwards.
-    for (int k = num_remaining; k < total; ++k) b.backward(microbatch_of(k), chunk_of(k, false));
+    if (num_remaining == 0) recv_backward(0);
+    for (int k = num_remaining; k < total; ++k) {
+        b.backward_only(microbatch_of(k), chunk_of(k, false));
+        b.send_grad(microbatch_of(k), chunk_of(k, false));
+        recv_backward(k + 1);
+    }
 }
 
 }  // namespace
@@ -149,6 +185,100 @@ std::vector<std::vector<Action>> make_schedule(ScheduleKind kind, int pp, int mi
         }
     }
     return schedule;
+}
+
+std::vector<std::vector<Action>> make_forward_schedule(int pp, int virtual_stages) {
+    MS_CHECK(pp >= 1 && virtual_stages >= 1, "a forward schedule needs pp {} and virtual stages {} >= 1", pp,
+             virtual_stages);
+    std::vector<std::vector<Action>> schedule(pp);
+    for (int stage = 0; stage < pp; ++stage) {
+        StageBuilder b(pp, virtual_stages, stage, schedule[stage]);
+        for (int c = 0; c < virtual_stages; ++c) b.forward(0, c);
+    }
+    return schedule;
+}
+
+bool is_p2p(Kind kind) { return kind != Kind::kForward && kind != Kind::kBackward; }
+
+bool ends_p2p_batch(const std::vector<Action>& actions, size_t i) {
+    return is_p2p(actions[i].kind) && (i + 1 == actions.size() || !is_p2p(actions[i + 1].kind));
+}
+
+std::string check_in_order_p2p(const std::vector<std::vector<Action>>& schedule) {
+    const int pp = static_cast<int>(schedule.size());
+    // A message is (micro-batch, model chunk it leaves, model chunk it enters); a channel is (from stage, to stage).
+    struct Message {
+        int microbatch, from_chunk, to_chunk;
+        bool operator==(const Message&) const = default;
+    };
+    struct Posted {
+        size_t channel, index;
+        bool send;
+    };
+    const auto channel = [pp](int from, int to) { return static_cast<size_t>(from) * pp + to; };
+    std::vector<std::vector<Message>> sends(static_cast<size_t>(pp) * pp), recvs(sends.size());
+    std::vector<size_t> pc(static_cast<size_t>(pp), 0);
+    std::vector<std::vector<Posted>> batch(static_cast<size_t>(pp));  // each stage's posted, unfinished batch
+    for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < pp; ++s) {
+            const std::vector<Action>& list = schedule[static_cast<size_t>(s)];
+            std::vector<Posted>& posted = batch[static_cast<size_t>(s)];
+            size_t& i = pc[static_cast<size_t>(s)];
+            while (i < list.size()) {
+                if (!is_p2p(list[i].kind)) {
+                    ++i, progress = true;
+                    continue;
+                }
+                size_t end = i;
+                while (!ends_p2p_batch(list, end)) ++end;
+                if (posted.empty()) {
+                    for (size_t j = i; j <= end; ++j) {
+                        const Action& a = list[j];
+                        const int k = a.chunk * pp + s;
+                        const bool send = a.kind == Kind::kSendActivation || a.kind == Kind::kSendGrad;
+                        const int from = send ? s : a.peer_stage, to = send ? a.peer_stage : s;
+                        const int other = a.kind == Kind::kSendActivation || a.kind == Kind::kRecvGrad ? k + 1 : k - 1;
+                        const Message m = send ? Message{a.microbatch, k, other} : Message{a.microbatch, other, k};
+                        std::vector<Message>& queue = (send ? sends : recvs)[channel(from, to)];
+                        posted.push_back({channel(from, to), queue.size(), send});
+                        queue.push_back(m);
+                    }
+                    progress = true;
+                }
+                const bool matched = std::all_of(posted.begin(), posted.end(), [&](const Posted& p) {
+                    return (p.send ? recvs : sends)[p.channel].size() > p.index;
+                });
+                if (!matched) break;
+                posted.clear();
+                i = end + 1;
+            }
+        }
+    }
+    for (int s = 0; s < pp; ++s) {
+        const size_t i = pc[static_cast<size_t>(s)];
+        if (i < schedule[static_cast<size_t>(s)].size()) {
+            return fmt::format("stage {} waits forever on its batch at action {} ({})", s, i,
+                               to_string(schedule[static_cast<size_t>(s)][i]));
+        }
+    }
+    for (size_t ch = 0; ch < sends.size(); ++ch) {
+        const int from = static_cast<int>(ch) / pp, to = static_cast<int>(ch) % pp;
+        if (sends[ch].size() != recvs[ch].size()) {
+            return fmt::format("stage {} sends {} messages to stage {}, which receives {}", from, sends[ch].size(), to,
+                               recvs[ch].size());
+        }
+        for (size_t n = 0; n < sends[ch].size(); ++n) {
+            const Message &a = sends[ch][n], &b = recvs[ch][n];
+            if (!(a == b)) {
+                return fmt::format(
+                    "message {} from stage {} to stage {} is sent as mb{} chunk {} -> {} and received as mb{} chunk "
+                    "{} -> {}",
+                    n, from, to, a.microbatch, a.from_chunk, a.to_chunk, b.microbatch, b.from_chunk, b.to_chunk);
+            }
+        }
+    }
+    return {};
 }
 
 int max_in_flight(const std::vector<Action>& actions) {

@@ -8,14 +8,27 @@
 // (stage pp - 1, chunk c) to (stage 0, chunk c + 1); gradients flow back the same edges. With v = 1 this is plain
 // pipelining: stage s runs layers [s * L / pp, (s + 1) * L / pp).
 //
-// Communication is explicit and local to the compute it serves: a send follows right after the compute that
-// produced the tensor, and the matching receive comes right before the compute that needs it. An executor can
-// therefore post each receive when it reaches it and issue sends without waiting for the peer. Two properties make
-// that safe, and the tests check both for every (pp, m, v) they cover:
+// Communication is explicit and next to the compute it serves: in GPipe and 1F1B a send follows right after the
+// compute that produced the tensor and the matching receive comes right before the compute that needs it; the
+// interleaved schedule, as Megatron's, communicates once after each warm-up forward, each steady-state forward +
+// backward pair and each cool-down backward, so a send sits in the first batch after its compute and a receive in
+// the last batch before its compute (a gradient one forward ahead of its backward). Two properties make that
+// safe with blocking receives and non-blocking sends, and the tests check both for every (pp, m, v) they cover:
 //   - no deadlock with blocking receives and non-blocking sends (simulate() runs exactly those semantics);
 //   - between any two stages and per direction, sends and receives happen in the same (micro-batch, chunk) order,
 //     so a transport that matches messages in order (NCCL, MPI with one tag) pairs them correctly.
 // A hand-off between two chunks on the same stage (only when pp == 1 and v > 1) stays in memory: no send/recv.
+//
+// Point-to-point batches. A maximal run of consecutive send/recv actions in a stage's list is one batch: the
+// executor issues its sends and receives together (one Communicator::batch_send_recv) and waits for it before the
+// next action, as Megatron's batched p2p does. The placement above makes those runs Megatron's combined calls:
+// send-act + recv-grad (send_forward_recv_backward), send-grad + recv-act (send_backward_recv_forward), send-act +
+// recv-act in a warm-up (send_forward_recv_forward), and in the interleaved schedule the sends of a forward +
+// backward pair with the receives of the next pair (send_forward_backward_recv_forward_backward); every receive is
+// thereby posted with the send before it, not after it. check_in_order_p2p() proves, for a whole
+// schedule, that these batches cannot deadlock and pair the right messages under NCCL's semantics, where a
+// batch's sends and receives complete together, a send completes only once the peer has posted its receive, and
+// messages from one rank to another match in issue order whatever their direction (no tags).
 //
 // Schedules:
 //   kGPipe            all forwards (micro-batch order), then all backwards (same order). m activations in flight.
@@ -60,6 +73,22 @@ void check_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_sta
 // The schedule of every stage: result[s] is stage s's action list, in execution order. Requires a combination
 // check_schedule accepts (fatal otherwise: the config validation refused any other).
 std::vector<std::vector<Action>> make_schedule(ScheduleKind kind, int pp, int microbatches, int virtual_stages);
+
+// The forward of one micro-batch through every model chunk in order, for evaluation: stage s runs its local
+// chunks 0..v-1, each between its receive and its send, as make_schedule's lists do.
+std::vector<std::vector<Action>> make_forward_schedule(int pp, int virtual_stages);
+
+bool is_p2p(Action::Kind kind);  // a send or a receive
+// Whether action i of a stage's list closes a point-to-point batch: it is a send or a receive and the next action
+// (if any) is not.
+bool ends_p2p_batch(const std::vector<Action>& actions, size_t i);
+
+// Runs every stage's list with its batches under NCCL's point-to-point semantics (above): a stage posts a batch's
+// operations when it reaches the batch and moves on once each of them is matched by the peer's operation of the
+// same position on the same (from, to) channel; computes never wait. Returns "" when every stage finishes and every
+// channel's n-th send and n-th receive carry the same message (micro-batch, model-chunk edge, direction), else a
+// sentence naming the stage that waits forever or the first mismatched message.
+std::string check_in_order_p2p(const std::vector<std::vector<Action>>& schedule);
 
 // The largest number of chunk-activations alive at once in one stage's list (forwards done whose backward is not
 // yet done): what a memory planner must hold. For GPipe m, for 1F1B min(pp - s, m).

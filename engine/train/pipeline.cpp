@@ -1,7 +1,6 @@
 #include "engine/train/pipeline.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <span>
 
@@ -23,66 +22,6 @@ std::vector<int> pipeline_activation_slots(const std::vector<Action>& actions, i
     return peak;
 }
 
-int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int stage, int virtual_stages) {
-    using Kind = Action::Kind;
-    const int pp = static_cast<int>(schedule.size());
-    auto is_send = [](Kind k) { return k == Kind::kSendActivation || k == Kind::kSendGrad; };
-    auto is_recv = [](Kind k) { return k == Kind::kRecvActivation || k == Kind::kRecvGrad; };
-    auto direction = [](Kind k) { return k == Kind::kSendGrad || k == Kind::kRecvGrad ? 1 : 0; };
-    // Messages between two stages match in order per direction (schedule.h): the n-th send from s to t in a
-    // direction is the n-th receive at t from s in it. Channel (from, to, direction) -> index.
-    auto channel = [pp](int from, int to, int dir) { return (static_cast<size_t>(from) * pp + to) * 2 + dir; };
-    std::vector<std::vector<int>> recv_at(static_cast<size_t>(pp) * pp * 2);  // channel -> receive positions
-    for (int t = 0; t < pp; ++t) {
-        const auto& list = schedule[static_cast<size_t>(t)];
-        for (size_t j = 0; j < list.size(); ++j)
-            if (is_recv(list[j].kind))
-                recv_at[channel(list[j].peer_stage, t, direction(list[j].kind))].push_back(static_cast<int>(j));
-    }
-    // Run the lists (sends never block, receives wait for their send) with a vector clock per stage:
-    // clock[s][t] = how many of stage t's actions stage s knows to have happened.
-    std::vector<std::vector<int>> clock(static_cast<size_t>(pp), std::vector<int>(static_cast<size_t>(pp), 0));
-    std::vector<std::vector<std::vector<int>>> messages(recv_at.size());  // channel -> the senders' clocks
-    std::vector<size_t> received(recv_at.size(), 0), sent(recv_at.size(), 0), next(static_cast<size_t>(pp), 0);
-    struct Pending {
-        int peer, recv_position;
-    };
-    std::vector<Pending> mine;  // `stage`'s sends so far: where their receives are
-    int most = 0;
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (int s = 0; s < pp; ++s) {
-            const auto& list = schedule[static_cast<size_t>(s)];
-            auto& vc = clock[static_cast<size_t>(s)];
-            for (size_t& i = next[static_cast<size_t>(s)]; i < list.size(); ++i, progress = true) {
-                const Action& a = list[i];
-                if (is_recv(a.kind)) {
-                    const size_t ch = channel(a.peer_stage, s, direction(a.kind));
-                    if (received[ch] == messages[ch].size()) break;  // its send has not been issued yet
-                    const std::vector<int>& m = messages[ch][received[ch]++];
-                    for (int t = 0; t < pp; ++t) vc[t] = std::max(vc[t], m[t]);
-                }
-                ++vc[s];
-                if (!is_send(a.kind)) continue;
-                const size_t ch = channel(s, a.peer_stage, direction(a.kind));
-                messages[ch].push_back(vc);
-                if (s != stage) continue;
-                mine.push_back({a.peer_stage, recv_at[ch].at(sent[ch]++)});
-                int in_flight = 0;
-                for (const Pending& p : mine) in_flight += vc[p.peer] <= p.recv_position;
-                most = std::max(most, in_flight);
-            }
-        }
-    }
-    for (int s = 0; s < pp; ++s) {
-        MS_CHECK(next[static_cast<size_t>(s)] == schedule[static_cast<size_t>(s)].size(),
-                 "pipeline schedule: stage {} waits forever at action {}", s, next[static_cast<size_t>(s)]);
-    }
-    int eval = 0;  // evaluate(): one send per local chunk but the model's last, all waited for per micro-batch
-    for (int c = 0; c < virtual_stages; ++c) eval += c * pp + stage < pp * virtual_stages - 1;
-    return std::max(most, eval);
-}
-
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
                              Arena* arena, DType dtype, const GptGraphOptions& graph)
@@ -96,6 +35,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     const int pp = groups.pp_size, v = virtual_stages, K = pp * v;
     MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
     schedule_ = make_schedule(kind, pp, num_microbatches, v);
+    forward_ = make_forward_schedule(pp, v);
     slots_ = pipeline_activation_slots(schedule_[static_cast<size_t>(groups.pp_rank)], v);
 
     // one flat layout over the local chunks
@@ -146,13 +86,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     free_slots_.resize(static_cast<size_t>(v));
     for (int c = 0; c < v; ++c) free_slots_[static_cast<size_t>(c)].reserve(static_cast<size_t>(slots_[c]));
 
-    const int sends = pipeline_send_buffers(schedule_, groups.pp_rank, v);
-    send_elems_ = static_cast<size_t>((chunks_[0]->activation_elems(micro_batch, shape.seq()) + kChunkAlign - 1) /
-                                      kChunkAlign * kChunkAlign);
-    send_block_ =
-        MemoryBlock(static_cast<size_t>(sends) * send_elems_ * es, arena, MemCategory::kComm, "pipeline send buffers");
-    for (int i = 0; i < sends; ++i)
-        send_pool_.push_back({send_block_.as<std::byte>() + i * send_elems_ * es, Handle()});
+    batch_.reserve(8);
 }
 
 void PipelineModel::init_weights(uint64_t seed, float init_std) {
@@ -175,33 +109,25 @@ void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int micro
     (void)T;
 }
 
-void PipelineModel::receive(void* data, size_t n, int peer, int tag) {
-    const P2POp op{P2POp::Kind::kRecv, peer, data, n, dtype_, tag};
-    groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh).wait();
+void PipelineModel::add_p2p(P2POp::Kind kind, const void* data, size_t n, int peer, int tag) {
+    batch_.push_back({kind, peer, const_cast<void*>(data), n, dtype_, tag});
 }
 
-void PipelineModel::post_send(const void* data, size_t n, int peer, int tag) {
-    MS_CHECK(n <= send_elems_, "pipeline: a send of {} elements exceeds the send buffers' {}", n, send_elems_);
-    PendingSend* slot = nullptr;
-    for (PendingSend& p : send_pool_) {
-        if (p.handle.test()) {
-            slot = &p;
-            break;
+void PipelineModel::run_batch() {
+    // A receive shares its batch with other transfers in flight, and may land in a slot whose gradient is being
+    // sent (a send-grad frees its slot for the receive after it): the buffers must be disjoint.
+    const size_t es = dtype_size(dtype_);
+    for (const P2POp& r : batch_) {
+        if (r.kind != P2POp::Kind::kRecv) continue;
+        const auto* r0 = static_cast<const std::byte*>(r.data);
+        for (const P2POp& o : batch_) {
+            const auto* o0 = static_cast<const std::byte*>(o.data);
+            MS_CHECK(&o == &r || r0 + r.count * es <= o0 || o0 + o.count * es <= r0,
+                     "pipeline: a receive from stage {} overlaps another transfer of its batch", r.peer);
         }
     }
-    // All busy: one of them has a completed receive (pipeline_send_buffers()), so polling frees it; waiting on a
-    // particular one could wait on a peer that waits on us.
-    MS_CHECK(!send_pool_.empty(), "pipeline: a send on a stage planned to send nothing");
-    for (size_t i = 0; !slot; i = (i + 1) % send_pool_.size())
-        if (send_pool_[i].handle.test()) slot = &send_pool_[i];
-    backend_.synchronize();  // the host reads `data`, which kernels wrote (asynchronous backend)
-    std::memcpy(slot->buffer, data, n * dtype_size(dtype_));
-    const P2POp op{P2POp::Kind::kSend, peer, slot->buffer, n, dtype_, tag};
-    slot->handle = groups_.pp->batch_send_recv(std::span<const P2POp>(&op, 1), Priority::kHigh);
-}
-
-void PipelineModel::wait_sends() {
-    for (PendingSend& p : send_pool_) p.handle.wait();
+    groups_.pp->batch_send_recv(std::span<const P2POp>(batch_), Priority::kHigh).wait();
+    batch_.clear();
 }
 
 void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
@@ -257,13 +183,15 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     };
     float loss = 0;
     const float loss_scale = loss_scale_in / static_cast<float>(num_microbatches_);
-    for (const Action& a : schedule_[static_cast<size_t>(groups_.pp_rank)]) {
+    const std::vector<Action>& actions = schedule_[static_cast<size_t>(groups_.pp_rank)];
+    for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
         const int c = a.chunk, mb = a.microbatch, k = model_chunk(c);
         Gpt& chunk = *chunks_[static_cast<size_t>(c)];
         switch (a.kind) {
             case Action::Kind::kRecvActivation: {
                 const int s = acquire(c, mb);
-                receive(chunk.input(s), act, a.peer_stage, tag(mb, k - 1, 0));
+                add_p2p(P2POp::Kind::kRecv, chunk.input(s), act, a.peer_stage, tag(mb, k - 1, 0));
                 break;
             }
             case Action::Kind::kForward: {
@@ -275,12 +203,12 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 break;
             }
             case Action::Kind::kSendActivation: {
-                post_send(chunk.output(slot_of[c][mb]), act, a.peer_stage, tag(mb, k, 0));
+                add_p2p(P2POp::Kind::kSend, chunk.output(slot_of[c][mb]), act, a.peer_stage, tag(mb, k, 0));
                 break;
             }
             case Action::Kind::kRecvGrad: {
                 const int s = slot_of[c][mb];
-                receive(chunk.grad_output(s), act, a.peer_stage, tag(mb, k, 1));
+                add_p2p(P2POp::Kind::kRecv, chunk.grad_output(s), act, a.peer_stage, tag(mb, k, 1));
                 break;
             }
             case Action::Kind::kBackward: {
@@ -295,14 +223,16 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kSendGrad: {
                 const int s = slot_of[c][mb];
-                post_send(chunk.grad_input(s), act, a.peer_stage, tag(mb, k - 1, 1));
-                free_slots[c].push_back(s);  // the data is in the send pool now
+                add_p2p(P2POp::Kind::kSend, chunk.grad_input(s), act, a.peer_stage, tag(mb, k - 1, 1));
+                // Free for a receive later in this batch: only the gradient is still read, and run_batch() checks
+                // that the receive's buffer is another.
+                free_slots[c].push_back(s);
                 slot_of[c][mb] = -1;
                 break;
             }
         }
+        if (ends_p2p_batch(actions, i)) run_batch();
     }
-    wait_sends();
     for (auto& c : chunks_) c->finish_gradients();
     // the tied embedding: first and last stage each hold wte; their gradients are summed
     if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
@@ -318,24 +248,28 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
 
 std::optional<float> PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T,
                                              const std::function<bool()>& stop) {
-    const int pp_size = groups_.pp_size, K = pp_size * virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
+    const std::vector<Action>& actions = forward_[static_cast<size_t>(groups_.pp_rank)];
     float total = 0;
-    for (int64_t i = 0; i < micro_batches; ++i) {
-        const int64_t first = (i * groups_.dp_size + groups_.dp_rank) * micro_batch_;
+    for (int64_t m = 0; m < micro_batches; ++m) {
+        const int64_t first = (m * groups_.dp_size + groups_.dp_rank) * micro_batch_;
         sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
-        for (int k = 0; k < K; ++k) {  // model chunks in order; each rank runs the ones it holds
-            if (k % pp_size != groups_.pp_rank) continue;
-            Gpt& chunk = *chunks_[static_cast<size_t>(k / pp_size)];
-            if (k > 0) {
-                receive(chunk.input(0), act, (k - 1) % pp_size, tag(0, k - 1, 0));
+        for (size_t i = 0; i < actions.size(); ++i) {  // every chunk in slot 0, its messages tagged micro-batch 0
+            const Action& a = actions[i];
+            const int k = model_chunk(a.chunk);
+            Gpt& chunk = *chunks_[static_cast<size_t>(a.chunk)];
+            if (a.kind == Action::Kind::kRecvActivation) {
+                add_p2p(P2POp::Kind::kRecv, chunk.input(0), act, a.peer_stage, tag(0, k - 1, 0));
+            } else if (a.kind == Action::Kind::kSendActivation) {
+                add_p2p(P2POp::Kind::kSend, chunk.output(0), act, a.peer_stage, tag(0, k, 0));
+            } else {
+                const float l =
+                    chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0, 0.0f);  // no backward
+                if (chunk.part().head) total += l;
             }
-            const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0, 0.0f);  // no backward
-            if (chunk.part().head) total += l;
-            if (k < K - 1) post_send(chunk.output(0), act, (k + 1) % pp_size, tag(0, k, 0));
+            if (ends_p2p_batch(actions, i)) run_batch();
         }
-        wait_sends();
         if (stop && stop()) return std::nullopt;
     }
     total /= static_cast<float>(micro_batches);

@@ -6,13 +6,13 @@
 // of the tied wte, whose gradient is summed over the embd group before the optimizer step. All local chunks share
 // one flat parameter buffer and one flat gradient buffer (the optimizer's range map spans them).
 //
-// Point-to-point messages carry (micro_batch, T, C) activations or gradients in the model's dtype. Each is tagged with
-// its micro-batch, the model-chunk edge it crosses and its direction, so matching never depends on arrival order.
-// Receives block right before the compute that needs them; sends are non-blocking and never waited on inside the
-// schedule (the simulator proves exactly these semantics cannot deadlock): each outgoing tensor is copied into a
-// send buffer of its own from a pool, so a slot can be reused while its last send is still in flight. (Waiting
-// for a send before reusing its slot deadlocks once messages are large enough for MPI's rendezvous protocol: the
-// send completes only when the peer posts its receive, which may come after work that waits on us.)
+// Point-to-point messages carry (micro_batch, T, C) activations or gradients in the model's dtype, straight from and
+// into the chunks' activation slots: on a device backend with NCCL they never pass through host memory. Each run of
+// consecutive sends and receives in the schedule is one batch (schedule.h: Megatron's send_forward_recv_backward
+// and its siblings, so every receive is posted with the send before it), issued as one batch_send_recv and waited
+// for before the next compute; check_in_order_p2p proves those batches free of deadlock with messages matched in
+// issue order, as NCCL matches them. Each message also carries a tag naming its micro-batch, model-chunk edge and
+// direction, which MPI matches by and NCCL ignores; both pair the same messages.
 // pp = 1 runs the same code: a 1F1B schedule on one stage is forward, backward per micro-batch.
 #pragma once
 
@@ -34,19 +34,13 @@ namespace ms {
 // The most micro-batches of each local chunk whose forward is done and backward is not, in a stage's action list:
 // the activation slots PipelineModel gives each chunk.
 std::vector<int> pipeline_activation_slots(const std::vector<Action>& stage_actions, int virtual_stages);
-// Send buffers `stage` needs: the most of its sends that may be in flight when it posts one, counting a send done
-// once the peer's matching receive happens-before that point (vector clocks over every stage's list: a stage
-// knows what its peers did before sending what it received), or the sends of one evaluation micro-batch if more.
-// For 1F1B that is about pp, not the 2m sends of a step. With every buffer busy, at least one of them then has a
-// completed receive, so polling the buffers frees one without waiting on a peer.
-int pipeline_send_buffers(const std::vector<std::vector<Action>>& schedule, int stage, int virtual_stages);
 
 class PipelineModel {
   public:
     // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
     // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
     // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
-    // slot blocks, the send buffers (plan.h's StagePlan::allocations() lists the same sequence).
+    // slot blocks (plan.h's StagePlan::allocations() lists the same sequence).
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                   ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
                   Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {});
@@ -97,18 +91,17 @@ class PipelineModel {
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
     void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
-    // Copies n elements of dtype() into a free send buffer and starts sending it. The buffers are allocated at
-    // construction, as many as pipeline_send_buffers() says, so a step allocates nothing.
-    void post_send(const void* data, size_t n, int peer, int tag);
-    // Receives n elements of dtype() into data, blocking.
-    void receive(void* data, size_t n, int peer, int tag);
-    void wait_sends();
+    // Adds sending or receiving n elements of dtype() at data to the batch being gathered; run_batch() issues it and
+    // waits, after checking that no receive overlaps another buffer of the batch.
+    void add_p2p(P2POp::Kind kind, const void* data, size_t n, int peer, int tag);
+    void run_batch();
 
     GptShape shape_;
     Backend& backend_;
     const ProcessGroups& groups_;
     int micro_batch_, num_microbatches_, virtual_stages_;
     std::vector<std::vector<Action>> schedule_;  // every stage's list (this rank runs schedule_[pp_rank])
+    std::vector<std::vector<Action>> forward_;   // one micro-batch's forward (make_forward_schedule): evaluation
     std::vector<std::unique_ptr<Gpt>> chunks_;   // local chunks 0..v-1
     std::vector<int> slots_;                     // activation slots per local chunk
     std::vector<ParamInfo> table_;               // every local chunk's parameters, offsets in the shared buffers
@@ -130,13 +123,7 @@ class PipelineModel {
     // train_step()'s bookkeeping, sized once here so that a step allocates nothing
     std::vector<std::vector<int>> slot_of_;     // (v, micro-batches) slot of a chunk's micro-batch, or -1
     std::vector<std::vector<int>> free_slots_;  // (v) free slots of each chunk
-    struct PendingSend {
-        std::byte* buffer;  // (send_elems_ of dtype_) in send_block_
-        Handle handle;
-    };
-    MemoryBlock send_block_;  // (send buffers, send_elems_) of dtype_
-    size_t send_elems_ = 0;   // one hand-off, B*T*C (or B*T*C/tp rows with sequence parallelism), 16-aligned
-    std::vector<PendingSend> send_pool_;
+    std::vector<P2POp> batch_;  // the point-to-point batch being gathered (a few ops), its capacity reserved once
 };
 
 }  // namespace ms

@@ -106,7 +106,6 @@ std::vector<size_t> StagePlan::allocations() const {
         add(scratch_bytes[c]);
         for (int i = 0; i < slots[c]; ++i) add(slot_bytes[c]);
     }
-    add(send_bytes);
     add(optimizer_bytes / 2);  // exp_avg
     add(optimizer_bytes / 2);  // exp_avg_sq
     return a;
@@ -115,9 +114,6 @@ std::vector<size_t> StagePlan::allocations() const {
 std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
     const int v = p.virtual_stages, K = p.pp * v, Lc = shape.L / K;
     const auto schedule = make_schedule(p.kind, p.pp, p.num_microbatches, v);
-    const bool sp = p.sequence_parallel && p.tp > 1;
-    // one pipeline hand-off (Gpt::activation_elems at the full sequence length), 16-aligned as PipelineModel's
-    const int64_t send_elems = align_up(int64_t{p.micro_batch} * shape.seq() * shape.C / (sp ? p.tp : 1), kAlign);
     std::vector<StagePlan> stages(static_cast<size_t>(p.pp));
     for (int s = 0; s < p.pp; ++s) {
         StagePlan& st = stages[static_cast<size_t>(s)];
@@ -144,7 +140,6 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         st.param_bytes = st.grad_bytes = 4 * st.padded;
         st.weight_bytes = p.dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(p.dtype)) * st.padded;
         st.optimizer_bytes = 8 * (p.zero_stage == 1 ? st.padded / p.dp : st.padded);
-        st.send_bytes = static_cast<int64_t>(dtype_size(p.dtype)) * send_elems * pipeline_send_buffers(schedule, s, v);
     }
     return stages;
 }

@@ -7,8 +7,8 @@
 //                          laid out back to back, each 16-element aligned; with mixed_precision bf16 / fp16 also the
 //                          16-bit weights, the same elements at 2 bytes
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
-//   comm                   the pipeline's send buffers (pipeline_send_buffers() hand-offs of B*T*C activations, or
-//                          B*T*C/tp with sequence parallelism); zero_stage 1's reduce-scatter works in place
+//   comm                   none: the pipeline sends from and receives into the activation slots, and zero_stage 1's
+//                          reduce-scatter works in place
 //   activations            per local chunk, plan_gpt_memory(), the op graph's plan: slot bytes times the chunk's
 //                          slots (the peak of its micro-batches in flight in the stage's schedule) plus one scratch
 //                          block
@@ -48,19 +48,17 @@ struct StagePlan {
     int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
-    int64_t weight_bytes = 0;                          // the 16-bit weights (mixed precision; 0 in fp32)
-    int64_t send_bytes = 0;                            // the pipeline's send buffers
-    std::vector<int64_t> slot_bytes;                   // (v) one activation slot of each local chunk
-    std::vector<int> slots;                            // (v) activation slots of each local chunk
-    std::vector<int64_t> scratch_bytes;                // (v) each local chunk's scratch block
-    int64_t activation_bytes = 0;                      // sum over chunks of slot_bytes * slots + scratch_bytes
-    int64_t comm_bytes() const { return send_bytes; }  // zero_stage 1 reduce-scatters in place: no buffer
+    int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
+    std::vector<int64_t> slot_bytes;          // (v) one activation slot of each local chunk
+    std::vector<int> slots;                   // (v) activation slots of each local chunk
+    std::vector<int64_t> scratch_bytes;       // (v) each local chunk's scratch block
+    int64_t activation_bytes = 0;             // sum over chunks of slot_bytes * slots + scratch_bytes
+    int64_t comm_bytes() const { return 0; }  // pipeline p2p uses the slots, zero_stage 1 reduce-scatters in place
     int64_t total_bytes() const {
         return param_bytes + grad_bytes + weight_bytes + optimizer_bytes + comm_bytes() + activation_bytes;
     }
     // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, 16-bit
-    // weights, per chunk its scratch and slots, send buffers; DistributedOptimizer: exp_avg, exp_avg_sq); no empty
-    // ones.
+    // weights, per chunk its scratch and slots; DistributedOptimizer: exp_avg, exp_avg_sq); no empty ones.
     std::vector<size_t> allocations() const;
 };
 

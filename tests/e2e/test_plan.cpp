@@ -389,24 +389,6 @@ TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
     }
 }
 
-TEST(PlanArithmetic, SendBuffersCountTheSendsNotKnownToBeReceived) {
-    auto buffers = [](ms::ScheduleKind kind, int pp, int m, int v) {
-        const auto schedule = ms::make_schedule(kind, pp, m, v);
-        std::vector<int> n;
-        for (int s = 0; s < pp; ++s) n.push_back(ms::pipeline_send_buffers(schedule, s, v));
-        return n;
-    };
-    // 1F1B, pp 2: stage 0 posts act i+1 before gradient i tells it that stage 1 took act i; stage 1 posts grad i+1
-    // before act i+2 tells it that stage 0 took grad i. Two each, whatever m (a step sends 2m messages).
-    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 2, 8, 1), (std::vector<int>{2, 2}));
-    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 2, 1, 1), (std::vector<int>{1, 1}));
-    EXPECT_EQ(buffers(ms::ScheduleKind::k1F1B, 4, 64, 1), (std::vector<int>{4, 4, 3, 2}));
-    // GPipe: every forward's send is out before the first gradient comes back, and the last stage never hears back
-    EXPECT_EQ(buffers(ms::ScheduleKind::kGPipe, 2, 4, 1), (std::vector<int>{4, 4}));
-    // interleaved, pp 2, v 2: evaluation alone needs one buffer per chunk that is not the model's last (1 on stage 1)
-    EXPECT_EQ(buffers(ms::ScheduleKind::kInterleaved1F1B, 2, 4, 2), (std::vector<int>{4, 4}));
-}
-
 TEST(PlanArithmetic, VirtualStagesInterleaveLayersAndShareOneFlatBuffer) {
     ms::GptShape s = hand_shape();
     s.L = 8;

@@ -2,10 +2,12 @@
 //
 // Every schedule for pp 1..8, m 1..32 (and v 1..4 for the interleaved one, where m % pp == 0) is checked for:
 // each (micro-batch, chunk) computed exactly once forward and once backward per stage, forward first, data
-// dependencies met, send/recv placed right around the compute they serve, every send matched by exactly one
-// receive and in the same order per (stage pair, direction), no deadlock, the activation-memory bound, and the
-// bubble against its closed form. Timings are small integers (t_forward = 1, t_backward = 2) so that the simulated
-// times are exact; the 1e-12 tolerance only absorbs the final division and the 1/v chunk costs for v = 3.
+// dependencies met, send/recv placed around the compute they serve, every send matched by exactly one receive and
+// in the same order per (stage pair, direction), no deadlock, the activation-memory bound, the bubble against its
+// closed form, and the point-to-point batches (runs of sends and receives) under NCCL's semantics
+// (check_in_order_p2p): no deadlock, every message paired with itself. Timings are small integers (t_forward = 1,
+// t_backward = 2) so that the simulated times are exact; the 1e-12 tolerance only absorbs the final division and
+// the 1/v chunk costs for v = 3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -94,6 +96,34 @@ std::vector<Action> expected_with_comm(const std::vector<Action>& actions, int s
     return out;
 }
 
+// `actions` holds the same sends and receives as `around` (a send right after its compute, a receive right before)
+// and each sits in the nearest batch on the same side of its compute.
+void expect_batched_around_compute(const std::vector<Action>& actions, const std::vector<Action>& around,
+                                   const std::string& name) {
+    const auto position = [&](const Action& a) {
+        return std::find(actions.begin(), actions.end(), a) - actions.begin();
+    };
+    ASSERT_EQ(actions.size(), around.size()) << name;
+    for (size_t j = 0; j < around.size(); ++j) {
+        const Action& a = around[j];
+        if (is_compute(a)) continue;
+        const bool recv = a.kind == Kind::kRecvActivation || a.kind == Kind::kRecvGrad;
+        const Action& compute = around[recv ? j + 1 : j - 1];  // the compute it serves
+        const auto at = position(a), c = position(compute);
+        ASSERT_LT(at, static_cast<long>(actions.size())) << name << ": no " << ms::to_string(a);
+        ASSERT_EQ(at < c, recv) << name << ": " << ms::to_string(a);
+        // Between a receive and its compute no batch but its own (no p2p action after a compute); between a
+        // compute and its send only computes and the send's own batch (no compute after a p2p action).
+        bool seen_compute = false, seen_p2p = false;
+        for (auto i = std::min(at, c) + 1; i < std::max(at, c); ++i) {
+            const bool p2p = !is_compute(actions[static_cast<size_t>(i)]);
+            ASSERT_FALSE(recv ? p2p && seen_compute : !p2p && seen_p2p)
+                << name << ": " << ms::to_string(a) << " is not in the nearest batch";
+            (p2p ? seen_p2p : seen_compute) = true;
+        }
+    }
+}
+
 int expected_max_in_flight(const Case& c, int stage) {
     switch (c.kind) {
         case ScheduleKind::kGPipe:
@@ -137,8 +167,15 @@ TEST(ScheduleTest, EveryChunkComputedOnceForwardThenBackwardWithDependenciesMet)
                     ASSERT_LT(bwd_at.at({mb, chunk + 1}), bwd_at.at(key)) << c.name();
                 }
             }
-            // Sends and receives sit exactly around the compute they serve.
-            ASSERT_EQ(sched[s], expected_with_comm(sched[s], s, c.pp, c.v)) << c.name() << " stage " << s;
+            // GPipe, 1F1B: sends and receives sit exactly around the compute they serve. Interleaved (Megatron's
+            // batches after forward + backward pairs): each receive in the last batch before the compute it serves,
+            // each send in the first batch after the compute that produced it.
+            const std::vector<Action> expected = expected_with_comm(sched[s], s, c.pp, c.v);
+            if (c.kind != ScheduleKind::kInterleaved1F1B) {
+                ASSERT_EQ(sched[s], expected) << c.name() << " stage " << s;
+            } else {
+                expect_batched_around_compute(sched[s], expected, c.name() + " stage " + std::to_string(s));
+            }
         }
     }
 }
@@ -267,6 +304,86 @@ TEST(ScheduleTest, SimulatorDetectsDeadlockAndCountsCommunication) {
     EXPECT_DOUBLE_EQ(r.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
     EXPECT_EQ(r.busy, (std::vector<double>{3, 3}));
     EXPECT_DOUBLE_EQ(r.bubble_fraction, 1 - 3 / 7.0);
+}
+
+// A stage's list as its point-to-point batches, e.g. "ra0 | sa0 ra1 | sa1 rg0" (chunk suffix ".c" when v > 1).
+std::string batches(const std::vector<Action>& actions, bool with_chunk) {
+    std::string out;
+    for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (is_compute(a)) continue;
+        if (!out.empty() && out.back() != ' ') out += ' ';
+        out += a.kind == Kind::kSendActivation   ? "sa"
+               : a.kind == Kind::kRecvActivation ? "ra"
+               : a.kind == Kind::kSendGrad       ? "sg"
+                                                 : "rg";
+        out += std::to_string(a.microbatch);
+        if (with_chunk) out += "." + std::to_string(a.chunk);
+        if (ms::ends_p2p_batch(actions, i) && i + 1 < actions.size()) out += " |";
+    }
+    while (!out.empty() && (out.back() == '|' || out.back() == ' ')) out.pop_back();
+    return out;
+}
+
+TEST(ScheduleTest, BatchesNeverDeadlockAndPairTheSameMessagesUnderNcclSemantics) {
+    for (const Case& c : all_cases()) {
+        EXPECT_EQ(ms::check_in_order_p2p(ms::make_schedule(c.kind, c.pp, c.m, c.v)), "") << c.name();
+    }
+    for (int pp = 1; pp <= 8; ++pp) {
+        for (int v = 1; v <= 4; ++v) {
+            EXPECT_EQ(ms::check_in_order_p2p(ms::make_forward_schedule(pp, v)), "")
+                << "forward pp " << pp << " v " << v;
+        }
+    }
+}
+
+TEST(ScheduleTest, BatchesAreMegatronsCombinedSendsAndReceives) {
+    // 1F1B, pp 4, m 8, stage 1: warm-up send_forward_recv_forward, steady send_forward_recv_backward and
+    // send_backward_recv_forward, cool-down send_backward_recv_backward, and the last send alone.
+    const Schedule s = ms::make_schedule(ScheduleKind::k1F1B, 4, 8, 1);
+    EXPECT_EQ(
+        batches(s[1], false),
+        "ra0 | sa0 ra1 | sa1 ra2 | sa2 rg0 | sg0 ra3 | sa3 rg1 | sg1 ra4 | sa4 rg2 | sg2 ra5 | sa5 rg3 | sg3 ra6 | "
+        "sa6 rg4 | sg4 ra7 | sa7 rg5 | sg5 rg6 | sg6 rg7 | sg7");
+    // The first and last stages have one neighbour: their batches pair a send with a receive from the same peer.
+    EXPECT_EQ(batches(s[0], false),
+              "sa0 | sa1 | sa2 | sa3 rg0 | sa4 rg1 | sa5 rg2 | sa6 rg3 | sa7 rg4 | rg5 | rg6 | rg7");
+    EXPECT_EQ(batches(s[3], false), "ra0 | sg0 ra1 | sg1 ra2 | sg2 ra3 | sg3 ra4 | sg4 ra5 | sg5 ra6 | sg6 ra7 | sg7");
+    // Interleaved, pp 2, v 2, m 4, stage 0: a batch after each warm-up forward, after each forward + backward
+    // pair (send_forward_backward_recv_forward_backward: a gradient received one forward ahead of its backward), after
+    // each cool-down backward.
+    const Schedule i = ms::make_schedule(ScheduleKind::kInterleaved1F1B, 2, 4, 2);
+    EXPECT_EQ(computes(i[0], true), "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+    EXPECT_EQ(batches(i[0], true),
+              "sa0.0 | sa1.0 ra0.1 | sa0.1 ra1.1 | sa1.1 rg0.1 | sa2.0 sg0.1 rg1.1 | sa3.0 sg1.1 ra2.1 rg0.0 | sa2.1 "
+              "ra3.1 rg1.0 | sa3.1 rg2.1 | sg2.1 rg3.1 | sg3.1 rg2.0 | rg3.0");
+    // Evaluation: pp 2, v 2 hands the activation on and takes the next chunk's input in one batch.
+    const Schedule f = ms::make_forward_schedule(2, 2);
+    EXPECT_EQ(batches(f[0], true), "sa0.0 ra0.1 | sa0.1");
+    EXPECT_EQ(batches(f[1], true), "ra0.0 | sa0.0 ra0.1");
+}
+
+TEST(ScheduleTest, InOrderCheckerFindsDeadlocksAndMismatchedMessages) {
+    // Each stage's send is a batch of its own before the receive the peer needs to post first.
+    const Schedule unpaired = {
+        {{Kind::kSendActivation, 1, 0, 1}, {Kind::kForward, 2, 0, -1}, {Kind::kRecvGrad, 0, 0, 1}},
+        {{Kind::kSendGrad, 0, 0, 0}, {Kind::kBackward, 0, 0, -1}, {Kind::kRecvActivation, 1, 0, 0}},
+    };
+    EXPECT_EQ(ms::check_in_order_p2p(unpaired),
+              "stage 0 waits forever on its batch at action 0 (send-act mb1 c0 -> 1)");
+    // The same messages in one batch each: Megatron's send_forward_recv_backward and send_backward_recv_forward.
+    const Schedule paired = {
+        {{Kind::kSendActivation, 1, 0, 1}, {Kind::kRecvGrad, 0, 0, 1}},
+        {{Kind::kSendGrad, 0, 0, 0}, {Kind::kRecvActivation, 1, 0, 0}},
+    };
+    EXPECT_EQ(ms::check_in_order_p2p(paired), "");
+    // Tags would pair these; issue order pairs mb0's send with mb1's receive.
+    const Schedule swapped = {
+        {{Kind::kSendActivation, 0, 0, 1}, {Kind::kSendActivation, 1, 0, 1}},
+        {{Kind::kRecvActivation, 1, 0, 0}, {Kind::kRecvActivation, 0, 0, 0}},
+    };
+    EXPECT_EQ(ms::check_in_order_p2p(swapped),
+              "message 0 from stage 0 to stage 1 is sent as mb0 chunk 0 -> 1 and received as mb1 chunk 0 -> 1");
 }
 
 TEST(ScheduleTest, RejectsInvalidConfigurationsNamingTheNumbers) {
