@@ -45,18 +45,15 @@ Command add_preprocess_command(CLI::App& parent) {
         ->check(CLI::Range(1, 1024));
     return {cmd, [args]() {
                 PreprocessOptions options = args->options;
-                const TokenizerType type = parse_tokenizer_type(args->tokenizer_type);
-                const DocumentTokenizer tokenizer =
-                    load_document_tokenizer(type, args->vocab_file, args->merge_file, args->tokenizer_model);
-                if (type == TokenizerType::kByte)
-                    options.append_eod = true;  // the byte tokenizer's documents end with EOD
                 options.progress = Progress::style_for_stderr();
+                const DocumentTokenizer tokenizer =
+                    load_document_tokenizer(parse_tokenizer_type(args->tokenizer_type), args->vocab_file,
+                                            args->merge_file, args->tokenizer_model);
                 for (const PreprocessOutput& out : preprocess(options, tokenizer)) {
+                    const std::string skipped =
+                        out.empty_documents > 0 ? fmt::format(", {} empty documents skipped", out.empty_documents) : "";
                     fmt::print("preprocess: {} documents, {} tokens from {} ({} tokenizer, key {}{})\n", out.documents,
-                               out.tokens, options.input, tokenizer.name, out.key,
-                               out.empty_documents > 0
-                                   ? fmt::format(", {} empty documents skipped", out.empty_documents)
-                                   : "");
+                               out.tokens, options.input, tokenizer.name, out.key, skipped);
                     fmt::print("wrote {}.bin\nwrote {}.idx\n", out.prefix, out.prefix);
                     fmt::print("train on it with: --set data.source=megatron --set data.data_path={}\n", out.prefix);
                 }

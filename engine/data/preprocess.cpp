@@ -275,6 +275,7 @@ DocumentTokenizer load_document_tokenizer(TokenizerType type, const std::string&
         t.encode = [](std::string_view text, Gpt2Bpe::PieceCache&) { return byte_encode(std::string(text)); };
         t.vocab_size = kByteVocab;
         t.end_of_document = kByteEod;
+        t.always_end_documents = true;
         return t;
     }
     std::shared_ptr<const Gpt2Bpe> bpe;
@@ -305,6 +306,7 @@ std::vector<PreprocessOutput> preprocess(const PreprocessOptions& options, const
             "preprocess error: --append-eod: the {} tokenizer has no end-of-document token (<|endoftext|>, or a "
             "tokenizer.json's eos_token)\n---> HINT: drop --append-eod, or pass the tokenizer files that define it",
             tokenizer.name));
+    const bool append_eod = options.append_eod || tokenizer.always_end_documents;
     DocumentReader reader(options);
     std::vector<PreprocessOutput> outputs;
     for (const std::string& key : options.json_keys.empty() ? std::vector<std::string>{"text"} : options.json_keys)
@@ -336,7 +338,7 @@ std::vector<PreprocessOutput> preprocess(const PreprocessOptions& options, const
             for (const std::string& t : texts) bytes += t.size();
             batch.push_back(std::move(texts));
         }
-        const auto ids = encode_batch(batch, tokenizer, options.append_eod, caches);
+        const auto ids = encode_batch(batch, tokenizer, append_eod, caches);
         for (const auto& record : ids)
             for (size_t k = 0; k < record.size(); ++k) writers[k]->add(record[k], options.input);
         records += static_cast<int64_t>(batch.size());
@@ -359,7 +361,6 @@ PreprocessStats preprocess_text(const std::string& input_path, const std::string
     PreprocessOptions options;
     options.input = input_path;
     options.output_prefix = output_prefix;
-    options.append_eod = true;  // the byte tokenizer's documents always end with its EOD
     const PreprocessOutput out = preprocess(options, load_document_tokenizer(TokenizerType::kByte, "", "", "")).front();
     return {out.documents, out.tokens, out.prefix};
 }

@@ -29,6 +29,7 @@ struct DocumentTokenizer {
     std::function<std::vector<int32_t>(std::string_view, Gpt2Bpe::PieceCache&)> encode;
     int64_t vocab_size = 0;
     std::optional<int32_t> end_of_document;
+    bool always_end_documents = false;  // the byte tokenizer: EOD after every document, --append-eod or not
 };
 
 enum class TokenizerType : uint8_t { kByte, kGpt2Bpe, kHuggingFace };
