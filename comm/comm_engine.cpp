@@ -51,9 +51,11 @@ struct EngineOp final : Handle::State {
     ReduceOp reduce_op = ReduceOp::kSum;
     int root = 0;
     Priority priority = Priority::kNormal;
-    double queued_at = 0;    // unix_seconds(), for the dumps
-    std::vector<P2POp> p2p;  // a batch of sends and receives
-    size_t piece_elems = 0;  // elements per piece; the whole op is one piece when it is not cut
+    double queued_at = 0;       // unix_seconds(), for the dumps
+    double off_wire_since = 0;  // now_seconds() when it was queued or its last piece completed
+    double queued_seconds = 0;  // in the engine off the wire so far (CommEngineOptions::on_queued)
+    std::vector<P2POp> p2p;     // a batch of sends and receives
+    size_t piece_elems = 0;     // elements per piece; the whole op is one piece when it is not cut
     int pieces = 1, issued = 0, completed = 0;
     bool done = false;
     std::exception_ptr error;
@@ -241,6 +243,7 @@ class EngineCommunicator final : public Communicator {
                 op.done = true;
             } else {
                 op.queued_at = unix_seconds();
+                op.off_wire_since = now_seconds();
                 queue.push_back(&op);
                 ++e_.arrivals;
                 ++outstanding;
@@ -330,6 +333,7 @@ void CommEngine::Impl::issue_piece(EngineOp& op) {
         op.delta.bytes[i] += after.bytes[i] - before.bytes[i];
     }
     ++op.issued;
+    if (op.issued == op.completed + 1) op.queued_seconds += now_seconds() - op.off_wire_since;  // first in flight
     const bool background = is_background(p);
     if (background) {
         ++background_in_flight;
@@ -379,7 +383,9 @@ void CommEngine::Impl::issue_ready() {
 
 void CommEngine::Impl::complete(EngineOp& op) {
     ++op.completed;
+    op.off_wire_since = now_seconds();
     if (op.completed == op.pieces) {
+        if (options.on_queued) options.on_queued(op.owner->name(), op.queued_seconds);
         op.done = true;
         --op.owner->outstanding;
     }

@@ -26,12 +26,15 @@
 // Results are those of the wrapped communicators: a background all_reduce cut into pieces reduces each element
 // once, as the whole one does (bit-identical for 2 ranks; with more, MPI may pick another algorithm for a smaller
 // message, which may add in another order). Stats: the inner communicators' op and byte counters, added to the
-// wrapper's when an operation completes; the wait time is the caller's (the exposed communication).
+// wrapper's when an operation completes; the wait time is the caller's (the exposed communication); the time an
+// operation spends queued in the engine goes to CommEngineOptions::on_queued.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
@@ -39,8 +42,13 @@
 namespace ms {
 
 struct CommEngineOptions {
-    int64_t chunk_bytes = int64_t{4} << 20;  // parallel.comm_chunk_size: a background piece at most
+    int64_t chunk_bytes = int64_t{4} << 20;  // parallel.comm_chunk_bytes: a background piece at most
     double timeout_s = 0;                    // reliability.collective_timeout_s; 0: never
+    // Told, when an operation completes, the seconds it spent in the engine off the wire: queued before its first
+    // piece and between pieces (the wrapped communicators count only the pieces' own times). The trainer adds them
+    // to the group's total communication time (comm_matrix.h), which is then from the caller's issue to completion.
+    // Called on the engine's thread; may be empty.
+    std::function<void(std::string_view group, double seconds)> on_queued;
 };
 
 // What the engine did so far (tests, the start-up log).

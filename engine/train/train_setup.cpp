@@ -137,8 +137,12 @@ void schedule_communication(TrainRun& r) {
             "MPI_THREAD_MULTIPLE, and this MPI library does not provide it; hint: set comm_engine: false, or use an "
             "MPI built with thread support (Debian's Open MPI has it)");
     }
+    CommMatrix* matrix = r.comm_matrix.get();
     r.comm_engine = schedule_groups(*r.groups, {.chunk_bytes = p.comm_chunk_bytes,
-                                                .timeout_s = r.cfg.reliability.collective_timeout_s});
+                                                .timeout_s = r.cfg.reliability.collective_timeout_s,
+                                                .on_queued = [matrix](std::string_view group, double seconds) {
+                                                    matrix->add_op_seconds(CommMatrix::group_index(group), seconds);
+                                                }});
     r.mpi.add_trace_section("comm_engine", [engine = std::weak_ptr<CommEngine>(r.comm_engine)] {
         const std::shared_ptr<CommEngine> e = engine.lock();
         return e ? e->queue_json() : nlohmann::ordered_json(nullptr);
