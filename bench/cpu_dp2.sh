@@ -11,6 +11,7 @@
 # installed) with jemalloc preloaded; its best is the peer (with 1 thread a rank, jemalloc is not always the faster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 build=${1:-build}
 rounds=${2:-2}
 steps=${MS_BENCH_STEPS:-6}
@@ -31,10 +32,7 @@ ms_run() {  # $1: label; prints the median ms/step of the steps after the first 
     --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 --set logging.log_interval=1 \
     --set eval.eval_interval=0 --set eval.sample_tokens=0 --set run.output_dir="$out/ms-$1" --set run.num_threads=1 \
     > "$out/ms-$1.log" 2>&1 || { echo "bench: mindspeed-train failed, see $out/ms-$1.log" >&2; exit 1; }
-  local med
-  med=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/ms-$1.log" | awk '{print $NF}' | tail -n +3 |
-    sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  echo "$med $(grep -o 'parameters [0-9]*' "$out/ms-$1.log" | head -n1 | awk '{print $2}')"
+  echo "$(median_ms "$out/ms-$1.log") $(parameters "$out/ms-$1.log")"
 }
 
 torch_run() {  # $1: label, $2: the allocator to preload ("" for glibc's); prints median ms/step and parameter count
@@ -42,12 +40,7 @@ torch_run() {  # $1: label, $2: the allocator to preload ("" for glibc's); print
     bench/torch_gpt2_bench.py --ddp --threads 1 --layers 6 --hidden 384 --heads 6 --seq 256 --batch 8 \
     --steps "$steps" --warmup 1 > "$out/torch-$1.log" 2>&1 ||
     { echo "bench: PyTorch failed, see $out/torch-$1.log" >&2; exit 1; }
-  grep '^{' "$out/torch-$1.log" | tail -n1 |
-    "$py" -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms_per_step"], r["parameters"])'
-}
-
-same_model() {  # $1, $2: the two systems' parameter counts; a comparison of different models is refused
-  [ "$1" = "$2" ] || { echo "bench: the models differ: mindspeed-train has $1 parameters, PyTorch $2" >&2; exit 1; }
+  torch_result "$out/torch-$1.log" "$py"
 }
 
 ms_all=() torch_all=()

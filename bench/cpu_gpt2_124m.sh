@@ -19,6 +19,7 @@
 # "best" preloads Debian's libjemalloc2 for PyTorch when it is installed (/usr/lib/*/libjemalloc.so.2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 build=${1:-build}
 rounds=${2:-2}
 threads=${MS_BENCH_THREADS:-2}
@@ -39,23 +40,16 @@ ms_run() {  # $1: env label; prints median ms/step, the measured peak and the pa
     --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 --set logging.log_interval=1 --set eval.eval_interval=0 \
     --set eval.sample_tokens=0 --set run.output_dir="$out/ms-$1" --set run.num_threads=$threads \
     > "$out/ms-$1.log" 2>&1
-  local peak med
+  local peak
   peak=$(grep -o 'peak: [0-9.]* GFLOP/s' "$out/ms-$1.log" | awk '{print $2}')
   [ -n "$peak" ] || { echo "bench: mindspeed-train failed, see $out/ms-$1.log" >&2; tail -5 "$out/ms-$1.log" >&2; exit 1; }
-  med=$(grep -o 'elapsed time per iteration (ms): [0-9.]*' "$out/ms-$1.log" | awk '{print $NF}' | tail -n +3 |
-        sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}')
-  echo "$med $peak $(grep -o 'parameters [0-9]*' "$out/ms-$1.log" | head -n1 | awk '{print $2}')"
+  echo "$(median_ms "$out/ms-$1.log") $peak $(parameters "$out/ms-$1.log")"
 }
 
 torch_run() {  # $1: env label; prints median ms/step and the parameter count
   local envcmd=("${@:2}")
   "${envcmd[@]}" "$py" bench/torch_gpt2_bench.py --threads $threads --steps ${MS_BENCH_TORCH_STEPS:-4} --warmup 1 > "$out/torch-$1.log" 2>&1
-  tail -n1 "$out/torch-$1.log" |
-    "$py" -c 'import json,sys; r=json.load(sys.stdin); print(r["median_ms_per_step"], r["parameters"])'
-}
-
-same_model() {  # $1, $2: the two systems' parameter counts; a comparison of different models is refused
-  [ "$1" = "$2" ] || { echo "bench: the models differ: mindspeed-train has $1 parameters, PyTorch $2" >&2; exit 1; }
+  torch_result "$out/torch-$1.log" "$py"
 }
 
 # FLOPs per step by Megatron's formula (the same one the trainer's MFU uses), 124M at seq 64, micro-batch 4.
