@@ -195,6 +195,14 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "need it to be 1",
             p.pipeline_schedule, vpp);
     }
+    // As Megatron: interleaving needs stages to interleave; one stage's chunks would hand their activations to each
+    // other with no message between them, which the pipeline does not do.
+    if (schedule == ScheduleKind::kInterleaved1F1B && pp == 1) {
+        fail(
+            "parallel.pipeline_schedule = 'interleaved_1f1b' needs parallel.pipeline_model_parallel_size > 1 (got 1): "
+            "it interleaves model chunks between stages; hint: use pipeline_model_parallel_size >= 2, or 1f1b with "
+            "virtual_pipeline_model_parallel_size 1");
+    }
 
     // ---- batch ----
     const int64_t micro_times_dp = int64_t{t.micro_batch_size} * dp;

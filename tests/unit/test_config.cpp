@@ -334,6 +334,9 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"parallel.overlap_param_gather=true", "parallel.zero_stage=1"}), 2,
                    {"(got zero_stage 1, overlap_grad_reduce false)", "hint:"});
     set_error({"parallel.bucket_size=-1"}, {"parallel.bucket_size"});
+    validate_error(small({"parallel.pipeline_schedule=interleaved_1f1b",
+                          "parallel.virtual_pipeline_model_parallel_size=2", "model.num_layers=2"}),
+                   1, {"'interleaved_1f1b' needs parallel.pipeline_model_parallel_size > 1 (got 1)", "hint:"});
     validate_error(small({"parallel.comm_engine=true", "run.backend=cuda"}), 1,
                    {"parallel.comm_engine runs MPI from a progress thread, for run.backend: cpu",
                     "(got backend cuda, comm auto)", "hint: set comm_engine: false"});
