@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "comm/bootstrap.h"
 
@@ -21,5 +23,12 @@ inline int32_t pattern(int r, size_t i) { return (r + 1) * static_cast<int32_t>(
 inline int32_t pattern_sum(int n, size_t i) { return n * (n + 1) / 2 * static_cast<int32_t>(i % 7 + 1); }
 
 inline bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// 0 .. world size - 1: the members of a group over the whole world, by world rank (the link model's decorators).
+inline std::vector<int> everyone() {
+    std::vector<int> v(static_cast<size_t>(world().size()));
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+}
 
 }  // namespace ms::test

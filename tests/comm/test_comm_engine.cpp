@@ -22,12 +22,6 @@
 namespace ms::test {
 namespace {
 
-std::vector<int> everyone() {
-    std::vector<int> v(static_cast<size_t>(world().size()));
-    std::iota(v.begin(), v.end(), 0);
-    return v;
-}
-
 TEST(CommEngineMpi, CollectivesThroughTheEngineGiveMpisValues) {
     const int W = world().size(), me = world().rank();
     auto engine = std::make_shared<CommEngine>(CommEngineOptions{.chunk_bytes = 1024});

@@ -24,12 +24,6 @@
 namespace ms::test {
 namespace {
 
-std::vector<int> everyone() {
-    std::vector<int> v(static_cast<size_t>(world().size()));
-    std::iota(v.begin(), v.end(), 0);
-    return v;
-}
-
 // The flat dp group (all of world) and its hierarchical decoration over nodes of `local` consecutive ranks.
 struct Groups {
     std::unique_ptr<Communicator> flat;

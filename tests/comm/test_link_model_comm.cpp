@@ -23,12 +23,6 @@ namespace {
 const LinkModel kModel{.intra = {.alpha_s = 1e-3, .bytes_per_s = 1e9},
                        .inter = {.alpha_s = 0.03, .bytes_per_s = 2.5e6}};
 
-std::vector<int> everyone() {
-    std::vector<int> v(static_cast<size_t>(world().size()));
-    std::iota(v.begin(), v.end(), 0);
-    return v;
-}
-
 TEST(LinkModelMpi, ReceiveCompletesAfterTheSendersIssuePlusTheModel) {
     const int W = world().size();
     CommMatrix matrix(world().rank(), nodes_by_count(W, 1));

@@ -133,18 +133,23 @@ TEST(Faults, HangDp2TimesOutWith18AndNamesThePendingCollective) {
     EXPECT_TRUE(has(s0["reason"], "world all_reduce #")) << s0["reason"];
 }
 
-TEST(Faults, HangPp2Dp2EndsEverySurvivorWith18AndTheTracesPointAtTheHungRank) {
-    ms::test::TempDir tmp("ms_faults");
-    const TrainRun r = train(tmp, 4, "hang@step=3,rank=1", "--set parallel.pipeline_model_parallel_size=2");
-    EXPECT_EQ(r.code, 18) << r.output;
-    EXPECT_LE(r.seconds, kTimeoutS + kExitSlackS);
-    for (int rank : {0, 2, 3}) {
+// Every rank of `survivors` left exit status 18 and a flight-recorder trace; the hung rank, killed, left no status.
+void expect_survivors_ended_with_18(const TrainRun& r, std::initializer_list<int> survivors, int hung) {
+    for (int rank : survivors) {
         const nlohmann::json s = rank_status(r, rank);
         ASSERT_FALSE(s.is_null()) << "rank " << rank << "\n" << r.output;
         EXPECT_EQ(s["code"], 18) << rank;
         EXPECT_FALSE(trace(r, rank).is_null()) << rank;
     }
-    EXPECT_TRUE(rank_status(r, 1).is_null());
+    EXPECT_TRUE(rank_status(r, hung).is_null());
+}
+
+TEST(Faults, HangPp2Dp2EndsEverySurvivorWith18AndTheTracesPointAtTheHungRank) {
+    ms::test::TempDir tmp("ms_faults");
+    const TrainRun r = train(tmp, 4, "hang@step=3,rank=1", "--set parallel.pipeline_model_parallel_size=2");
+    EXPECT_EQ(r.code, 18) << r.output;
+    EXPECT_LE(r.seconds, kTimeoutS + kExitSlackS);
+    expect_survivors_ended_with_18(r, {0, 2, 3}, 1);
     // Rank 3 (stage 1, same dp rank as 1) waits for rank 1's activations: its pending receive names world rank 1.
     const nlohmann::json t3 = trace(r, 3);
     ASSERT_FALSE(t3.is_null());
@@ -164,13 +169,7 @@ TEST(Faults, HangPp2Dp2WithTheCommEngineEndsEverySurvivorWith18) {
     EXPECT_EQ(r.code, 18) << r.output;
     EXPECT_TRUE(has(r.output, "comm engine: a progress thread")) << r.output;
     EXPECT_LE(r.seconds, 2 * kTimeoutS + kExitSlackS);
-    for (int rank : {0, 2, 3}) {
-        const nlohmann::json s = rank_status(r, rank);
-        ASSERT_FALSE(s.is_null()) << "rank " << rank << "\n" << r.output;
-        EXPECT_EQ(s["code"], 18) << rank;
-        EXPECT_FALSE(trace(r, rank).is_null()) << rank;
-    }
-    EXPECT_TRUE(rank_status(r, 1).is_null());
+    expect_survivors_ended_with_18(r, {0, 2, 3}, 1);
     const nlohmann::json t3 = trace(r, 3);
     ASSERT_FALSE(t3.is_null());
     bool recv_from_1 = false;
