@@ -115,10 +115,11 @@ struct CommEngine::Impl {
     std::thread thread;
 
     void run();
-    void issue_ready();                   // under mu
-    void issue_piece(EngineOp& op);       // under mu
-    void complete(EngineOp& op);          // under mu: one piece done
-    void fail(std::exception_ptr error);  // under mu: every op ends with it
+    void issue_ready();                             // under mu
+    void issue_critical(EngineCommunicator& lane);  // under mu: the critical ops at the head of `lane`, at once
+    void issue_piece(EngineOp& op);                 // under mu
+    void complete(EngineOp& op);                    // under mu: one piece done
+    void fail(std::exception_ptr error);            // under mu: every op ends with it
 };
 
 namespace {
@@ -342,42 +343,33 @@ void CommEngine::Impl::issue_piece(EngineOp& op) {
     flight.push_back({&op, std::move(h), now_seconds()});
 }
 
-void CommEngine::Impl::issue_ready() {
-    // Critical heads first, each lane in order: everything issuable at once.
-    bool background_head = false;
-    for (EngineCommunicator* lane : lanes) {
-        while (!lane->queue.empty() && !is_background(lane->queue.front()->priority)) {
-            EngineOp& op = *lane->queue.front();
-            while (op.issued < op.pieces) issue_piece(op);
-            lane->queue.pop_front();
-            --queued;
-        }
-        background_head = background_head || !lane->queue.empty();
-    }
-    // Then one background piece, if none is in flight, from the lanes in turn; a lane whose background head is
-    // wholly issued may then have critical ops behind it, issued at once.
-    while (background_head && background_in_flight == 0 && !lanes.empty()) {
-        next_lane %= lanes.size();
-        EngineCommunicator* lane = nullptr;
-        for (size_t k = 0; k < lanes.size() && lane == nullptr; ++k) {
-            EngineCommunicator* l = lanes[(next_lane + k) % lanes.size()];
-            if (!l->queue.empty()) lane = l;
-        }
-        if (lane == nullptr) break;
-        next_lane = (std::find(lanes.begin(), lanes.end(), lane) - lanes.begin() + 1) % lanes.size();
-        EngineOp& op = *lane->queue.front();
-        issue_piece(op);
-        if (op.issued < op.pieces) break;
-        lane->queue.pop_front();
+void CommEngine::Impl::issue_critical(EngineCommunicator& lane) {
+    while (!lane.queue.empty() && !is_background(lane.queue.front()->priority)) {
+        EngineOp& op = *lane.queue.front();
+        while (op.issued < op.pieces) issue_piece(op);
+        lane.queue.pop_front();
         --queued;
-        while (!lane->queue.empty() && !is_background(lane->queue.front()->priority)) {
-            EngineOp& next = *lane->queue.front();
-            while (next.issued < next.pieces) issue_piece(next);
-            lane->queue.pop_front();
+    }
+}
+
+void CommEngine::Impl::issue_ready() {
+    for (EngineCommunicator* lane : lanes) issue_critical(*lane);
+    // Every lane's head is now background, or the lane is empty: one piece, if none is in flight, from the lanes in
+    // turn. A background op wholly issued lets the critical ones behind it go at once.
+    if (background_in_flight > 0) return;
+    for (size_t k = 0; k < lanes.size(); ++k) {
+        const size_t i = (next_lane + k) % lanes.size();
+        EngineCommunicator& lane = *lanes[i];
+        if (lane.queue.empty()) continue;
+        next_lane = i + 1;
+        EngineOp& op = *lane.queue.front();
+        issue_piece(op);
+        if (op.issued == op.pieces) {
+            lane.queue.pop_front();
             --queued;
+            issue_critical(lane);
         }
-        background_head = false;
-        for (EngineCommunicator* l : lanes) background_head = background_head || !l->queue.empty();
+        return;
     }
 }
 
