@@ -1,5 +1,6 @@
-// cmd_convert.cpp: `convert` -- a checkpoint to a Hugging Face GPT-2 directory (--to hf-gpt2) and back
-// (--from hf-gpt2), engine/ckpt/hf_gpt2.h.
+// cmd_convert.cpp: `convert` -- a checkpoint to a Hugging Face GPT-2 directory (--to hf-gpt2), optionally sharded
+// and with the tokenizer files, and back (--from hf-gpt2), engine/ckpt/hf_gpt2.h and hf_tokenizer.h.
+#include <cctype>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,23 +9,52 @@
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/checkpoint_model.h"
 #include "engine/ckpt/hf_gpt2.h"
+#include "engine/ckpt/hf_tokenizer.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
+#include "engine/data/dataset.h"
 
 namespace ms::app {
 namespace {
 
 struct ConvertArgs {
-    std::string to, from, load, out, config_path;
+    std::string to, from, load, out, config_path, max_shard_size;
     std::vector<std::string> overrides;
+    HfTokenizerSource tokenizer;
 };
+
+// transformers' max_shard_size: bytes, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB (of 1024).
+int64_t parse_shard_size(const std::string& text) {
+    size_t digits = 0;
+    while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
+        ++digits;
+    const std::string unit = text.substr(digits);
+    const std::pair<const char*, double> units[] = {
+        {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+        {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+    std::string upper;
+    for (const char c : unit) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (const auto& [name, scale] : units) {
+        if (digits == 0 || upper != name) continue;
+        try {
+            const double bytes = std::stod(text.substr(0, digits)) * scale;
+            if (bytes >= 1 && bytes < 9e18) return static_cast<int64_t>(bytes);
+        } catch (const std::exception&) {
+        }
+    }
+    throw UserError(fmt::format(
+        "command line error: --max-shard-size {} is not a size\n---> HINT: give bytes or a number with KB, MB, "
+        "GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), as transformers' max_shard_size: e.g. 5GB",
+        text));
+}
 
 int run_convert(const ConvertArgs& a) {
     if (a.to.empty() == a.from.empty())
         throw UserError(
             "command line error: convert needs exactly one of --to hf-gpt2 (checkpoint -> Hugging Face) "
             "and --from hf-gpt2 (Hugging Face -> checkpoint)");
+    const Progress::Style progress = Progress::style_for_stderr();
     if (!a.to.empty()) {
         if (!a.config_path.empty() || !a.overrides.empty())
             throw UserError(
@@ -33,18 +63,40 @@ int run_convert(const ConvertArgs& a) {
         const std::string dir = resolve_checkpoint(a.load);
         const CheckpointReader reader(dir);
         const GptShape shape = checkpoint_shape(reader);
-        const int64_t params = export_hf_gpt2(reader, shape, a.out);
+        HfExportOptions options;
+        options.max_shard_bytes = a.max_shard_size.empty() ? 0 : parse_shard_size(a.max_shard_size);
+        options.progress = progress;
+        // The tokenizer first: a wrong one is refused before any weights are written.
+        std::optional<HfTokenizerExport> tokenizer;
+        if (!a.tokenizer.empty()) {
+            tokenizer = export_hf_tokenizer(a.tokenizer, shape.V, shape.T, a.out);
+            options.eos_token_id = tokenizer->eos_token_id;
+        }
+        const HfExport e = export_hf_gpt2(reader, shape, a.out, options);
         log_info(
-            "convert: wrote {}/{} and {}/{} ({} parameters; {} layers, hidden {}, {} heads, vocabulary {}) from "
-            "{} (iteration {})",
-            a.out, kHfWeightsFile, a.out, kHfConfigFile, params, shape.L, shape.C, shape.NH, shape.V, dir,
-            reader.iteration());
+            "convert: wrote {} into {} ({} parameters; {} layers, hidden {}, {} heads, vocabulary {}) from {} "
+            "(iteration {})",
+            fmt::join(e.files, ", "), a.out, e.params, shape.L, shape.C, shape.NH, shape.V, dir, reader.iteration());
+        if (tokenizer)
+            log_info("convert: wrote the {} tokenizer ({} ids) as {}", tokenizer->kind, tokenizer->vocab_size,
+                     fmt::join(tokenizer->files, ", "));
+        else
+            log_info(
+                "convert: no tokenizer files: a checkpoint does not record the tokenizer its data was "
+                "preprocessed with; pass preprocess's --vocab-file and --merge-file, or --tokenizer-model, to add "
+                "them. A model of byte-level data (preprocess's default tokenizer) has no tokenizer file: its ids are "
+                "the UTF-8 bytes, and {} ends a document",
+                kByteEod);
         return kExitOk;
     }
+    if (!a.tokenizer.empty() || !a.max_shard_size.empty())
+        throw UserError(
+            "command line error: --vocab-file, --merge-file, --tokenizer-model and --max-shard-size apply to "
+            "--to hf-gpt2 only");
     std::unique_ptr<Config> cfg;
     if (!a.config_path.empty() || !a.overrides.empty())
         cfg = std::make_unique<Config>(load_config(a.config_path, a.overrides));
-    import_hf_gpt2(a.load, cfg.get(), a.out);
+    import_hf_gpt2(a.load, cfg.get(), a.out, progress);
     return kExitOk;
 }
 
@@ -54,8 +106,9 @@ Command add_convert_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "convert",
         "Convert a checkpoint to a Hugging Face GPT-2 directory (--to hf-gpt2: model.safetensors + config.json, "
-        "loadable by transformers' GPT2LMHeadModel.from_pretrained) or such a directory to a model-only checkpoint "
-        "at iteration 0 (--from hf-gpt2)");
+        "loadable by transformers' GPT2LMHeadModel.from_pretrained; with the tokenizer files given) or such a "
+        "directory (also sharded: model.safetensors.index.json) to a model-only checkpoint at iteration 0 "
+        "(--from hf-gpt2)");
     auto a = std::make_shared<ConvertArgs>();
     CLI::Option* to = cmd->add_option("--to", a->to, "Export to this format")->check(CLI::IsMember({"hf-gpt2"}));
     CLI::Option* from =
@@ -63,7 +116,8 @@ Command add_convert_command(CLI::App& parent) {
     to->excludes(from);
     cmd->add_option("--load", a->load,
                     "--to: a checkpoint save directory (its latest committed checkpoint) or an iter_XXXXXXX directory; "
-                    "--from: a Hugging Face GPT-2 directory (config.json + model.safetensors)")
+                    "--from: a Hugging Face GPT-2 directory (config.json + model.safetensors, or "
+                    "model.safetensors.index.json and its shards)")
         ->required();
     cmd->add_option("--out", a->out,
                     "--to: the directory to write model.safetensors and config.json into; --from: the save directory "
@@ -76,6 +130,20 @@ Command add_convert_command(CLI::App& parent) {
     cmd->add_option("--set", a->overrides, "--from only: override one config key, section.key=value (repeatable)")
         ->expected(1)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    cmd->add_option("--max-shard-size", a->max_shard_size,
+                    "--to only: split the weights into model-0000i-of-0000n.safetensors of at most this size plus "
+                    "model.safetensors.index.json, as save_pretrained(max_shard_size=...): bytes, or with KB/MB/GB "
+                    "or KiB/MiB/GiB (default: one model.safetensors)");
+    cmd->add_option("--vocab-file", a->tokenizer.vocab_file,
+                    "--to only: the GPT-2 BPE vocab.json the data was preprocessed with (with --merge-file): "
+                    "written with merges.txt, tokenizer.json and tokenizer_config.json for AutoTokenizer")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--merge-file", a->tokenizer.merge_file, "--to only: the GPT-2 BPE merges.txt (with --vocab-file)")
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--tokenizer-model", a->tokenizer.tokenizer_json,
+                    "--to only: the tokenizer.json the data was preprocessed with: copied (with the "
+                    "tokenizer_config.json beside it, if any)")
+        ->check(CLI::ExistingFile);
     return {cmd, [a]() { return run_convert(*a); }};
 }
 

@@ -6,7 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <numeric>
 #include <regex>
+#include <set>
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checkpoint_model.h"
@@ -101,9 +104,119 @@ int positive_int(const json& config, const char* key, const std::string& where) 
 
 std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
+SafetensorsFile open_input(const std::string& path) {
+    try {
+        return SafetensorsFile::open(path);
+    } catch (const UserError& e) {  // the input data is bad, not one of our checkpoints
+        throw UserError(e.what(), kExitConfigError);
+    }
+}
+
+// The tensors of a Hugging Face directory: model.safetensors alone, or the shards model.safetensors.index.json
+// ({"metadata": {...}, "weight_map": {tensor: shard file}}) names, each tensor read from the shard the index puts
+// it in. `where` names the whole (the file, or the index) in messages about the set of tensors.
+class HfWeights {
+  public:
+    static HfWeights single(const std::string& path) {
+        HfWeights w;
+        w.where_ = path;
+        w.files_.push_back(open_input(path));
+        for (const std::string& key : w.files_[0].names()) w.file_of_[key] = 0;
+        return w;
+    }
+
+    static HfWeights sharded(const fs::path& index_path) {
+        HfWeights w;
+        w.where_ = index_path.string();
+        const std::string hint =
+            "\n---> HINT: model.safetensors.index.json is {\"metadata\": {\"total_size\": BYTES}, \"weight_map\": "
+            "{\"TENSOR\": \"model-00001-of-00002.safetensors\", ...}}, as save_pretrained writes it";
+        std::ifstream in(index_path, std::ios::binary);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        // JSON objects may repeat a key; the parser would keep the last silently, so a repeat is caught here.
+        std::string repeated;
+        std::vector<std::set<std::string>> keys;
+        const json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
+            if (event == json::parse_event_t::object_start) keys.emplace_back();
+            if (event == json::parse_event_t::object_end) keys.pop_back();
+            if (event == json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second &&
+                repeated.empty())
+                repeated = parsed.get<std::string>();
+            return true;
+        };
+        json index;
+        try {
+            index = json::parse(text, on_event);
+        } catch (const json::exception& e) {
+            input_error(fmt::format("'{}' is not valid JSON ({}){}", w.where_, e.what(), hint));
+        }
+        if (!repeated.empty()) input_error(fmt::format("'{}' names '{}' twice{}", w.where_, repeated, hint));
+        if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object() ||
+            index["weight_map"].empty())
+            input_error(
+                fmt::format("'{}' has no \"weight_map\" object of tensor names and shard files{}", w.where_, hint));
+        std::map<std::string, std::vector<std::string>> tensors_of;  // shard file -> the tensors the index puts there
+        for (const auto& [key, file] : index["weight_map"].items()) {
+            if (!file.is_string() || file.get<std::string>().empty() ||
+                file.get<std::string>().find('/') != std::string::npos)
+                input_error(fmt::format("'{}' puts the tensor '{}' in {}, not a file name in its directory{}", w.where_,
+                                        key, file.dump(), hint));
+            tensors_of[file.get<std::string>()].push_back(key);
+        }
+        for (const auto& [name, tensors] : tensors_of) {
+            const fs::path path = index_path.parent_path() / name;
+            if (!fs::is_regular_file(path))
+                input_error(fmt::format("'{}' does not exist, but '{}' puts {} tensor(s) in it ('{}'{})", path.string(),
+                                        w.where_, tensors.size(), tensors.front(), tensors.size() > 1 ? ", ..." : ""));
+            w.files_.push_back(open_input(path.string()));
+        }
+        // Every tensor in exactly the shard the index names.
+        size_t i = 0;
+        for (const auto& [name, tensors] : tensors_of) {
+            const SafetensorsFile& f = w.files_[i];
+            for (const std::string& key : tensors) {
+                if (!f.contains(key))
+                    input_error(fmt::format("'{}' puts the tensor '{}' in '{}', which has no such tensor", w.where_,
+                                            key, f.path()));
+                w.file_of_[key] = i;
+            }
+            ++i;
+        }
+        for (size_t j = 0; j < w.files_.size(); ++j) {
+            for (const std::string& key : w.files_[j].names()) {
+                const auto it = w.file_of_.find(key);
+                if (it == w.file_of_.end())
+                    input_error(fmt::format("'{}' holds the tensor '{}', which '{}' does not list", w.files_[j].path(),
+                                            key, w.where_));
+                if (it->second != j)
+                    input_error(
+                        fmt::format("the tensor '{}' is in two places: '{}' and '{}' (the index '{}' names "
+                                    "the second)",
+                                    key, w.files_[j].path(), w.files_[it->second].path(), w.where_));
+            }
+        }
+        return w;
+    }
+
+    const std::string& where() const { return where_; }
+    std::vector<std::string> names() const {  // sorted
+        std::vector<std::string> out;
+        for (const auto& [key, i] : file_of_) out.push_back(key);
+        return out;
+    }
+    const SafetensorsFile& file(const std::string& key) const { return files_[file_of_.at(key)]; }
+    size_t num_files() const { return files_.size(); }
+
+  private:
+    std::string where_;
+    std::vector<SafetensorsFile> files_;
+    std::map<std::string, size_t> file_of_;  // tensor -> index into files_
+};
+
 }  // namespace
 
-json hf_gpt2_config(const GptShape& s) {
+json hf_gpt2_config(const GptShape& s, std::optional<int32_t> eos_token_id) {
+    const int64_t eos = eos_token_id ? *eos_token_id : s.V - 1;
     return {{"model_type", "gpt2"},
             {"architectures", {"GPT2LMHeadModel"}},
             {"n_embd", s.C},
@@ -124,8 +237,8 @@ json hf_gpt2_config(const GptShape& s) {
             {"reorder_and_upcast_attn", false},
             {"tie_word_embeddings", true},
             {"use_cache", true},
-            {"bos_token_id", s.V - 1},
-            {"eos_token_id", s.V - 1},
+            {"bos_token_id", eos},
+            {"eos_token_id", eos},
             {"torch_dtype", "float32"}};
 }
 
@@ -170,15 +283,37 @@ GptShape hf_gpt2_shape(const json& c, const std::string& where) {
     return s;
 }
 
-int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir) {
+std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<int64_t>& nbytes, int64_t max_shard_bytes) {
+    std::vector<std::vector<size_t>> shards;
+    int64_t used = 0;
+    for (size_t i = 0; i < nbytes.size(); ++i) {
+        if (shards.empty() || (used > 0 && nbytes[i] > max_shard_bytes - used)) {
+            shards.emplace_back();
+            used = 0;
+        }
+        shards.back().push_back(i);
+        used += nbytes[i];
+    }
+    return shards;
+}
+
+std::string hf_shard_name(size_t i, size_t n) { return fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, n); }
+
+HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir,
+                        const HfExportOptions& o) {
     std::error_code ec;
     fs::create_directories(out_dir, ec);
     if (ec)
         throw UserError(fmt::format("cannot create the output directory '{}': {}", out_dir, ec.message()),
                         kExitCheckpoint);
+    const std::vector<ParamInfo> table = gpt_param_table(s);
+    int64_t total_bytes = 0;
+    for (const ParamInfo& p : table) total_bytes += p.numel * static_cast<int64_t>(sizeof(float));
+    Progress bar("convert: reading", total_bytes, o.progress, "tensors");
     std::vector<CanonicalTensor> tensors;  // HF layout; kept alive for the writer
-    int64_t params = 0;
-    for (const ParamInfo& p : gpt_param_table(s)) {
+    HfExport out;
+    int64_t done = 0;
+    for (const ParamInfo& p : table) {
         CanonicalTensor t = r.tensor(p.name);
         t.shape = p.global_shape;  // c_attn comes as its (3, C, C) view: the same bytes
         if (p.name == "wte.weight") {
@@ -188,29 +323,57 @@ int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::
             t.data = transpose(t.data.data(), t.shape[0], t.shape[1]);
             std::swap(t.shape[0], t.shape[1]);
         }
-        params += static_cast<int64_t>(t.data.size());
+        out.params += static_cast<int64_t>(t.data.size());
         tensors.push_back(std::move(t));
+        done += p.numel * static_cast<int64_t>(sizeof(float));
+        bar.update(done, static_cast<int64_t>(tensors.size()));
     }
-    std::vector<TensorEntry> entries;
-    for (const CanonicalTensor& t : tensors) entries.push_back({t.name, DType::kF32, t.shape, t.data.data()});
-    write_safetensors((fs::path(out_dir) / kHfWeightsFile).string(), entries, {{"format", "pt"}});
-    write_file_atomic((fs::path(out_dir) / kHfConfigFile).string(), hf_gpt2_config(s).dump(2) + "\n");
-    return params;
+    bar.finish();
+    std::vector<int64_t> nbytes;
+    for (const CanonicalTensor& t : tensors) nbytes.push_back(static_cast<int64_t>(t.data.size() * sizeof(float)));
+    const std::vector<std::vector<size_t>> shards =
+        plan_hf_shards(nbytes, o.max_shard_bytes > 0 ? o.max_shard_bytes : std::numeric_limits<int64_t>::max());
+    json weight_map = json::object();
+    for (size_t k = 0; k < shards.size(); ++k) {
+        const std::string name = shards.size() == 1 ? kHfWeightsFile : hf_shard_name(k, shards.size());
+        std::vector<TensorEntry> entries;
+        for (const size_t i : shards[k]) {
+            const CanonicalTensor& t = tensors[i];
+            entries.push_back({t.name, DType::kF32, t.shape, t.data.data()});
+            weight_map[t.name] = name;
+        }
+        write_safetensors((fs::path(out_dir) / name).string(), entries, {{"format", "pt"}});
+        out.files.push_back(name);
+    }
+    // One shard is model.safetensors without an index, as save_pretrained writes a model under its shard size.
+    if (shards.size() > 1) {
+        const json index = {{"metadata", {{"total_size", std::accumulate(nbytes.begin(), nbytes.end(), int64_t{0})}}},
+                            {"weight_map", weight_map}};
+        write_file_atomic((fs::path(out_dir) / kHfIndexFile).string(), index.dump(2) + "\n");
+        out.files.push_back(kHfIndexFile);
+    }
+    write_file_atomic((fs::path(out_dir) / kHfConfigFile).string(), hf_gpt2_config(s, o.eos_token_id).dump(2) + "\n");
+    out.files.push_back(kHfConfigFile);
+    return out;
 }
 
-std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, const std::string& save_dir) {
+std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, const std::string& save_dir,
+                           Progress::Style progress) {
     const std::string config_path = (fs::path(hf_dir) / kHfConfigFile).string();
-    const std::string weights_path = (fs::path(hf_dir) / kHfWeightsFile).string();
-    for (const std::string& path : {config_path, weights_path}) {
+    const fs::path weights_path = fs::path(hf_dir) / kHfWeightsFile, index_path = fs::path(hf_dir) / kHfIndexFile;
+    const bool sharded = !fs::exists(weights_path) && fs::is_regular_file(index_path);
+    for (const std::string& path : {config_path, sharded ? index_path.string() : weights_path.string()}) {
         if (fs::is_regular_file(path)) continue;
-        const bool pickle = path == weights_path && fs::exists(fs::path(hf_dir) / "pytorch_model.bin");
-        input_error(
-            fmt::format("'{}' does not exist{}\n---> HINT: --load takes a Hugging Face GPT-2 directory "
-                        "holding config.json and model.safetensors (what save_pretrained writes){}",
-                        path, fs::is_directory(hf_dir) ? "" : fmt::format(" ('{}' is not a directory)", hf_dir),
-                        pickle ? "; this one has only pytorch_model.bin, a pickle: convert it to safetensors "
-                                 "first (model.save_pretrained(dir, safe_serialization=True))"
-                               : ""));
+        const bool pickle = path == weights_path && (fs::exists(fs::path(hf_dir) / "pytorch_model.bin") ||
+                                                     fs::exists(fs::path(hf_dir) / "pytorch_model.bin.index.json"));
+        input_error(fmt::format(
+            "'{}' does not exist{}\n---> HINT: --load takes a Hugging Face GPT-2 directory holding config.json and "
+            "model.safetensors, or model.safetensors.index.json and the shards it names (what save_pretrained "
+            "writes){}",
+            path, fs::is_directory(hf_dir) ? "" : fmt::format(" ('{}' is not a directory)", hf_dir),
+            pickle ? "; this one has only pytorch_model.bin, a pickle: convert it to safetensors "
+                     "first (model.save_pretrained(dir, safe_serialization=True))"
+                   : ""));
     }
     std::ifstream config_file(config_path);
     const json hf_config = json::parse(config_file, nullptr, /*allow_exceptions=*/false);
@@ -249,19 +412,14 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
     m.vocab_size = s.V;
     s.Vp = static_cast<int>(padded_vocab_size(s.V, std::max(1, m.make_vocab_size_divisible_by), 1));
 
-    // model.safetensors -> canonical tensors in the whole model's flat layout.
-    const SafetensorsFile file = [&] {
-        try {
-            return SafetensorsFile::open(weights_path);
-        } catch (const UserError& e) {  // the input data is bad, not one of our checkpoints
-            throw UserError(e.what(), kExitConfigError);
-        }
-    }();
+    // model.safetensors (or its shards) -> canonical tensors in the whole model's flat layout.
+    const HfWeights weights = sharded ? HfWeights::sharded(index_path) : HfWeights::single(weights_path.string());
+    const std::string& where = weights.where();
     const std::vector<ParamInfo> table = gpt_param_table(s);
     std::map<std::string, std::string> key_of;  // canonical name -> the file's key
     std::string lm_head_key;
     const std::regex mask_buffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
-    for (const std::string& key : file.names()) {
+    for (const std::string& key : weights.names()) {
         const std::string name = key.starts_with("transformer.") ? key.substr(12) : key;
         if (std::regex_match(name, mask_buffer)) continue;  // causal-mask buffers, not parameters
         if (name == "lm_head.weight") {
@@ -275,44 +433,51 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
                             "describes (GPT-2 names: wte.weight, wpe.weight, h.<0..{}>.{{ln_1,attn.c_attn,"
                             "attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}}.{{weight,bias}}, ln_f.{{weight,bias}}, "
                             "optionally prefixed with 'transformer.')",
-                            weights_path, key, config_path, s.L - 1));
+                            weights.file(key).path(), key, config_path, s.L - 1));
         if (key_of.count(name))
-            input_error(
-                fmt::format("'{}' holds '{}' twice: as '{}' and as '{}'", weights_path, name, key_of[name], key));
+            input_error(fmt::format("'{}' holds '{}' twice: as '{}' and as '{}'", where, name, key_of[name], key));
         key_of[name] = key;
     }
     std::vector<float> flat(static_cast<size_t>(table.back().offset + table.back().numel), 0.0f);
     std::vector<float> wte;
+    Progress bar("convert: reading", static_cast<int64_t>(flat.size() * sizeof(float)), progress, "tensors");
+    int64_t done = 0, tensors_read = 0;
     for (const ParamInfo& p : table) {
         const auto it = key_of.find(p.name);
         std::vector<int64_t> want = p.global_shape;  // in the file's orientation
         if (p.name == "wte.weight") want[0] = s.V;
         if (is_conv1d(p.name)) std::swap(want[0], want[1]);
         if (it == key_of.end())
-            input_error(fmt::format("'{}' has no tensor '{}' (shape {}), which the GPT-2 of '{}' needs", weights_path,
-                                    p.name, shape_str(want), config_path));
+            input_error(fmt::format("'{}' has no tensor '{}' (shape {}), which the GPT-2 of '{}' needs", where, p.name,
+                                    shape_str(want), config_path));
+        const SafetensorsFile& file = weights.file(it->second);
         const std::vector<int64_t>& got = file.info(it->second).shape;
         if (got != want)
-            input_error(fmt::format("'{}': tensor '{}' has shape {}, but '{}' makes it {}", weights_path, it->second,
+            input_error(fmt::format("'{}': tensor '{}' has shape {}, but '{}' makes it {}", file.path(), it->second,
                                     shape_str(got), config_path, shape_str(want)));
         std::vector<float> data = read_as_f32(file, it->second);
         if (is_conv1d(p.name)) data = transpose(data.data(), want[0], want[1]);
         std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte: rows >= V stay 0
+        done += p.numel * static_cast<int64_t>(sizeof(float));
+        bar.update(done, ++tensors_read);
         if (p.name == "wte.weight") wte = std::move(data);
     }
+    bar.finish();
     if (!lm_head_key.empty()) {
+        const SafetensorsFile& file = weights.file(lm_head_key);
         const std::vector<int64_t> want = {s.V, s.C};
         if (file.info(lm_head_key).shape != want || read_as_f32(file, lm_head_key) != wte)
             input_error(
                 fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, which this GPT-2 "
                             "does not support (its head is wte)\n---> HINT: only GPT-2 models with tied "
                             "embeddings (all of OpenAI's) can be imported",
-                            weights_path, lm_head_key));
+                            file.path(), lm_head_key));
     }
     std::string dtypes;
-    for (const std::string& key : file.names())
-        if (dtypes.find(file.info(key).dtype_name) == std::string::npos)
-            dtypes += (dtypes.empty() ? "" : ", ") + file.info(key).dtype_name;
+    for (const std::string& key : weights.names()) {
+        const std::string& dtype = weights.file(key).info(key).dtype_name;
+        if (dtypes.find(dtype) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + dtype;
+    }
 
     TrainState state;  // iteration 0: nothing trained yet
     state.lr_decay_style = cfg.lr_schedule.lr_decay_style;
@@ -328,9 +493,10 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
                         {"optimizer_state", "none: a model-only checkpoint (imported weights)"}};
     const std::string dir = write_model_checkpoint(save_dir, cfg, s, flat.data(), state, extra);
     log_info(
-        "convert: imported {} ({} layers, hidden {}, {} heads, {} positions, vocabulary {} padded to {}; {}) "
+        "convert: imported {} ({} layers, hidden {}, {} heads, {} positions, vocabulary {} padded to {}; {}; {}) "
         "into {}",
-        hf_dir, s.L, s.C, s.NH, s.T, s.V, s.Vp, dtypes, dir);
+        hf_dir, s.L, s.C, s.NH, s.T, s.V, s.Vp, dtypes,
+        sharded ? fmt::format("{} shards", weights.num_files()) : std::string(kHfWeightsFile), dir);
     return dir;
 }
 

@@ -15,43 +15,74 @@
 //                         h.{l}.mlp.c_fc.weight (C, F)      c_fc.bias (F)      columns are [Q | K | V], heads
 //                         h.{l}.mlp.c_proj.weight (F, C)    c_proj.bias (C)    contiguous within each, as our rows
 //                       no lm_head.weight: the head is tied to wte (transformers ties it on load).
+//   or, sharded (what save_pretrained writes above its max_shard_size, 5 GB by default):
+//   model.safetensors.index.json  {"metadata": {"total_size": BYTES}, "weight_map": {"wte.weight":
+//                                  "model-00001-of-00003.safetensors", ...}}: every tensor in exactly one shard
+//   model-0000i-of-0000n.safetensors  the tensors above, split in the model's order; a shard is full when the next
+//                                  tensor would take its data past the size (a larger tensor gets a shard alone)
+//   tokenizer files (hf_tokenizer.h), when the export is given the tokenizer the data was preprocessed with.
 // Export writes F32. Import reads F32, BF16 or F16 (widened to fp32 exactly); it accepts keys with or without the
 // "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias / h.{l}.attn.masked_bias, and accepts
 // lm_head.weight only when it equals wte.weight bit for bit (a tied head saved twice). Dims come from config.json.
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/ckpt/checkpoint.h"
 #include "engine/config/config.h"
+#include "engine/data/progress.h"
 #include "engine/model/gpt.h"
 
 namespace ms {
 
 inline constexpr const char* kHfConfigFile = "config.json";
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
+inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 
-// config.json of a model of this shape. bos/eos_token_id are V - 1: GPT-2's <|endoftext|> (50256) at V = 50257,
-// the byte tokenizer's end-of-document (256) at V = 257.
-nlohmann::json hf_gpt2_config(const GptShape& s);
+// config.json of a model of this shape. bos/eos_token_id are eos_token_id, by default V - 1: GPT-2's <|endoftext|>
+// (50256) at V = 50257, the byte tokenizer's end-of-document (256) at V = 257.
+nlohmann::json hf_gpt2_config(const GptShape& s, std::optional<int32_t> eos_token_id = std::nullopt);
 
 // The model shape config.json describes (Vp = V: no padding). Throws UserError(kExitConfigError) naming the file and
 // the key when a dim is missing or not a positive integer, or the model is not one GPT-2 (model_type, activation,
 // untied embeddings, per-layer attention scaling).
 GptShape hf_gpt2_shape(const nlohmann::json& config, const std::string& where);
 
-// Writes <out_dir>/model.safetensors and <out_dir>/config.json (each atomically) from the checkpoint `r`, whose
-// model has shape `s` (checkpoint_shape()). Returns the number of parameters written.
-int64_t export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir);
+// The shards of tensors of these sizes (bytes, in order) at most max_shard_bytes each, as transformers'
+// split_torch_state_dict_into_shards cuts them: indices into `nbytes`.
+std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<int64_t>& nbytes, int64_t max_shard_bytes);
+// "model-00002-of-00005.safetensors" for i = 1, n = 5.
+std::string hf_shard_name(size_t i, size_t n);
 
-// Imports <hf_dir> (config.json + model.safetensors) into a committed model-only checkpoint <save_dir>/iter_0000000
-// (write_model_checkpoint: iteration 0, no optimizer state). `cfg` (a --config; nullptr: the built-in defaults)
-// supplies what config.json does not -- model.make_vocab_size_divisible_by (wte is zero-padded to that multiple),
-// the schedule and seed recorded in train_state.json -- and its model dims must agree with config.json's
-// (UserError(kExitConfigError) naming both; a vocab_size of 0, "from the data", agrees with any). Every problem with
-// the input directory is a UserError(kExitConfigError) naming the file, the tensor and what is wrong. Returns the
-// committed directory.
-std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg, const std::string& save_dir);
+struct HfExportOptions {
+    int64_t max_shard_bytes = 0;          // > 0: shards of at most this much tensor data, and the index; 0: one file
+    std::optional<int32_t> eos_token_id;  // config.json's bos/eos_token_id (the tokenizer's); default V - 1
+    Progress::Style progress = Progress::Style::kNone;
+};
+struct HfExport {
+    int64_t params = 0;
+    std::vector<std::string> files;  // written into out_dir, in order
+};
+
+// Writes <out_dir>/model.safetensors (or the shards and model.safetensors.index.json when more than one is needed)
+// and <out_dir>/config.json, each atomically, from the checkpoint `r`, whose model has shape `s`
+// (checkpoint_shape()).
+HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir,
+                        const HfExportOptions& options = {});
+
+// Imports <hf_dir> (config.json + model.safetensors, or + model.safetensors.index.json and its shards) into a committed
+// model-only checkpoint <save_dir>/iter_0000000 (write_model_checkpoint: iteration 0, no optimizer state). `cfg` (a
+// --config; nullptr: the built-in defaults) supplies what config.json does not -- model.make_vocab_size_divisible_by
+// (wte is zero-padded to that multiple), the schedule and seed recorded in train_state.json -- and its model dims must
+// agree with config.json's (UserError(kExitConfigError) naming both; a vocab_size of 0, "from the data", agrees with
+// any). Every problem with the input directory is a UserError(kExitConfigError) naming the file, the tensor and what is
+// wrong -- for a sharded one also a missing shard, a tensor the index puts in a shard that lacks it, a tensor in two
+// shards or in none the index lists, and an index that is not JSON or has no weight_map. Returns the committed
+// directory.
+std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg, const std::string& save_dir,
+                           Progress::Style progress = Progress::Style::kNone);
 
 }  // namespace ms

@@ -26,21 +26,21 @@ std::string clock_time(double seconds) {
 
 Progress::Style Progress::style_for_stderr() { return isatty(STDERR_FILENO) ? Style::kBar : Style::kLines; }
 
-Progress::Progress(std::string label, int64_t total_bytes, Style style)
-    : label_(std::move(label)), total_(total_bytes), style_(style) {}
+Progress::Progress(std::string label, int64_t total_bytes, Style style, std::string items_name)
+    : label_(std::move(label)), total_(total_bytes), items_name_(std::move(items_name)), style_(style) {}
 
 std::string Progress::line(const std::string& label, Style style, int64_t done_bytes, int64_t total_bytes,
-                           int64_t items, double seconds) {
+                           int64_t items, double seconds, const std::string& items_name) {
     const double fraction =
         total_bytes > 0 ? std::clamp(static_cast<double>(done_bytes) / static_cast<double>(total_bytes), 0.0, 1.0)
                         : 1.0;
     const double rate = seconds > 0 ? static_cast<double>(done_bytes) / seconds : 0.0;
     const std::string eta =
         rate > 0 ? clock_time(static_cast<double>(std::max<int64_t>(total_bytes - done_bytes, 0)) / rate) : "?";
-    const std::string numbers = fmt::format("{:5.1f}%  {} / {}  {}/s  {} documents  ETA {}", 100.0 * fraction,
+    const std::string numbers = fmt::format("{:5.1f}%  {} / {}  {}/s  {} {}  ETA {}", 100.0 * fraction,
                                             data::human_bytes(static_cast<uint64_t>(done_bytes)),
                                             data::human_bytes(static_cast<uint64_t>(total_bytes)),
-                                            data::human_bytes(static_cast<uint64_t>(rate)), items, eta);
+                                            data::human_bytes(static_cast<uint64_t>(rate)), items, items_name, eta);
     if (style != Style::kBar) return fmt::format("{}: {}", label, numbers);
     const auto filled = static_cast<int>(fraction * kBarWidth);
     return fmt::format("{} [{}{}] {}", label, std::string(static_cast<size_t>(filled), '#'),
@@ -56,7 +56,7 @@ void Progress::update(int64_t done_bytes, int64_t items) {
     if (since_last < (style_ == Style::kBar ? kBarInterval : kLineInterval)) return;
     last_ = now;
     const double seconds = std::chrono::duration<double>(now - start_).count();
-    const std::string text = line(label_, style_, done_, total_, items_, seconds);
+    const std::string text = line(label_, style_, done_, total_, items_, seconds, items_name_);
     if (style_ == Style::kBar) {
         std::fprintf(stderr, "\r%s\x1b[K", text.c_str());  // \x1b[K clears what a longer previous line left
         drawn_ = true;
@@ -70,7 +70,7 @@ void Progress::finish() {
     if (style_ != Style::kBar) return;
     const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
     std::fprintf(stderr, "%s%s\x1b[K\n", drawn_ ? "\r" : "",
-                 line(label_, style_, total_, total_, items_, seconds).c_str());
+                 line(label_, style_, total_, total_, items_, seconds, items_name_).c_str());
     std::fflush(stderr);
 }
 

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "engine/core/check.h"
 #include "engine/data/dataset.h"
 #include "engine/data/gpt2_bpe.h"
+#include "engine/data/progress.h"
 #include "engine/model/gpt.h"
 #include "engine/train/plan.h"
 #include "tests/common/temp_dir.h"
@@ -433,6 +435,271 @@ TEST_F(HfInterop, BadInputsEndWithASentenceAndTheRightExitCode) {
     r = run_cli("generate --load " + path("ckpt") + " --prompt hi --vocab " + kBpeDir + "/vocab.json");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("needs both --vocab vocab.json and --merges merges.txt"), std::string::npos) << r.output;
+}
+
+// ---- Sharded Hugging Face directories (model.safetensors.index.json), as save_pretrained writes them.
+
+TEST(HfShards, PlanCutsAsTransformers) {
+    using P = std::vector<std::vector<size_t>>;
+    EXPECT_EQ(plan_hf_shards({5, 5, 5}, 10), (P{{0, 1}, {2}}));
+    EXPECT_EQ(plan_hf_shards({15, 1}, 10), (P{{0}, {1}}));          // a tensor over the size gets a shard alone
+    EXPECT_EQ(plan_hf_shards({1, 15, 1}, 10), (P{{0}, {1}, {2}}));  // ... and closes the one before
+    EXPECT_EQ(plan_hf_shards({3, 3, 3}, 100), (P{{0, 1, 2}}));
+    EXPECT_EQ(hf_shard_name(1, 5), "model-00002-of-00005.safetensors");
+}
+
+// A sharded export of the trained model: 20 KB shards cut its 28 tensors (150 KB) into 7 files.
+constexpr const char* kShardSize = "20KB";
+
+TEST_F(HfInterop, ShardedExportIsTheSameTensorsAndImportsBitIdentical) {
+    const std::string out = path("hf_sharded");
+    auto r =
+        run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + out + " --max-shard-size " + kShardSize);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+    const json index = json::parse(read_file(out + "/" + kHfIndexFile));
+    const SafetensorsFile single = SafetensorsFile::open(path("hf") + "/model.safetensors");
+    ASSERT_EQ(index["weight_map"].size(), single.names().size());
+    std::map<std::string, std::vector<std::string>> tensors_of;
+    int64_t total = 0;
+    for (const auto& [name, file] : index["weight_map"].items()) tensors_of[file.get<std::string>()].push_back(name);
+    ASSERT_EQ(tensors_of.size(), 7u) << index.dump(2);
+    size_t k = 0;
+    for (const auto& [file, names] : tensors_of) {
+        EXPECT_EQ(file, hf_shard_name(k++, 7));
+        const SafetensorsFile shard = SafetensorsFile::open(out + "/" + file);
+        EXPECT_EQ(shard.names(), names) << file;  // exactly the tensors the index puts there
+        EXPECT_EQ(shard.metadata(), (std::map<std::string, std::string>{{"format", "pt"}}));
+        uint64_t bytes = 0;
+        for (const std::string& name : names) {
+            bytes += shard.info(name).nbytes();
+            // the same bytes as the single-file export
+            ASSERT_EQ(shard.info(name).shape, single.info(name).shape) << name;
+            ASSERT_EQ(std::memcmp(shard.data(name), single.data(name), single.info(name).nbytes()), 0) << name;
+        }
+        EXPECT_TRUE(bytes <= 20000 || names.size() == 1) << file << " holds " << bytes << " bytes";
+        total += static_cast<int64_t>(bytes);
+    }
+    EXPECT_EQ(index["metadata"]["total_size"], total);
+    EXPECT_EQ(read_file(out + "/config.json"), read_file(path("hf") + "/config.json"));
+
+    r = run_cli("convert --from hf-gpt2 --load " + out + " --out " + path("imp_sharded") + " --config " + config());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("F32; 7 shards"), std::string::npos) << r.output;
+    expect_same_tensors(trained(), path("imp_sharded") + "/iter_0000000");
+
+    // A size the whole model fits in writes model.safetensors alone, as save_pretrained does.
+    r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_one") + " --max-shard-size 1GiB");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_FALSE(fs::exists(path("hf_one") + "/" + kHfIndexFile));
+    EXPECT_EQ(read_file(path("hf_one") + "/model.safetensors"), read_file(path("hf") + "/model.safetensors"));
+    r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("x") + " --max-shard-size 5XB");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--max-shard-size 5XB is not a size"), std::string::npos) << r.output;
+}
+
+TEST_F(HfInterop, ShardedImportErrorsNameTheFile) {
+    const std::string good = path("hf_shards_src");
+    ASSERT_EQ(
+        run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + good + " --max-shard-size " + kShardSize)
+            .exit_code,
+        0);
+    const json index = json::parse(read_file(good + "/" + kHfIndexFile));
+    const std::string wpe_shard = index["weight_map"]["wpe.weight"], wte_shard = index["weight_map"]["wte.weight"];
+    ASSERT_NE(wpe_shard, wte_shard);
+    int n = 0;
+    // A copy of the sharded export, then `edit`, then the import's output (exit code 2 expected).
+    auto import_copy = [&](const std::function<void(const std::string&)>& edit) {
+        const std::string dir = path("hf_bad_shards" + std::to_string(++n));
+        fs::copy(good, dir);
+        edit(dir);
+        const auto r = run_cli("convert --from hf-gpt2 --load " + dir + " --out " + path("xs" + std::to_string(n)));
+        EXPECT_EQ(r.exit_code, 2) << r.output;
+        return r.output;
+    };
+    auto write_index = [](const std::string& dir, const std::string& text) {
+        std::ofstream(dir + "/" + kHfIndexFile, std::ios::trunc) << text;
+    };
+
+    std::string out = import_copy([&](const std::string& dir) { fs::remove(dir + "/" + wpe_shard); });
+    EXPECT_NE(out.find(wpe_shard + "' does not exist, but '"), std::string::npos) << out;
+    EXPECT_NE(out.find(std::string(kHfIndexFile) + "' puts "), std::string::npos) << out;
+
+    out = import_copy([&](const std::string& dir) {
+        json j = index;
+        j["weight_map"]["wpe.weight"] = wte_shard;
+        write_index(dir, j.dump());
+    });
+    EXPECT_NE(out.find("puts the tensor 'wpe.weight' in '" + path("hf_bad_shards2") + "/" + wte_shard +
+                       "', which has no such tensor"),
+              std::string::npos)
+        << out;
+
+    out = import_copy([&](const std::string& dir) {  // wpe.weight in its shard and in wte's
+        const SafetensorsFile a = SafetensorsFile::open(good + "/" + wte_shard),
+                              b = SafetensorsFile::open(good + "/" + wpe_shard);
+        std::vector<TensorEntry> entries;
+        for (const std::string& name : a.names())
+            entries.push_back({name, DType::kF32, a.info(name).shape, a.data(name)});
+        entries.push_back({"wpe.weight", DType::kF32, b.info("wpe.weight").shape, b.data("wpe.weight")});
+        write_safetensors(dir + "/" + wte_shard, entries, {{"format", "pt"}});
+    });
+    EXPECT_NE(out.find("the tensor 'wpe.weight' is in two places"), std::string::npos) << out;
+
+    out = import_copy([&](const std::string& dir) {
+        json j = index;
+        j["weight_map"].erase("ln_f.bias");
+        write_index(dir, j.dump());
+    });
+    EXPECT_NE(out.find("holds the tensor 'ln_f.bias', which '" + path("hf_bad_shards4") + "/" + kHfIndexFile +
+                       "' does not list"),
+              std::string::npos)
+        << out;
+
+    out = import_copy([&](const std::string& dir) { write_index(dir, "{\"weight_map\": {\"wte.weight\": "); });
+    EXPECT_NE(out.find(std::string(kHfIndexFile) + "' is not valid JSON"), std::string::npos) << out;
+
+    out = import_copy([&](const std::string& dir) { write_index(dir, R"({"metadata": {"total_size": 1}})"); });
+    EXPECT_NE(out.find("has no \"weight_map\" object of tensor names and shard files"), std::string::npos) << out;
+
+    out = import_copy([&](const std::string& dir) {
+        write_index(dir, R"({"weight_map": {"wte.weight": "a.safetensors", "wte.weight": "b.safetensors"}})");
+    });
+    EXPECT_NE(out.find("names 'wte.weight' twice"), std::string::npos) << out;
+
+    out = import_copy([&](const std::string& dir) { fs::remove(dir + "/" + kHfIndexFile); });
+    EXPECT_NE(out.find("/model.safetensors' does not exist"), std::string::npos) << out;
+    EXPECT_NE(out.find("or model.safetensors.index.json and the shards it names"), std::string::npos) << out;
+}
+
+// ---- Tokenizer files in the export: the toy GPT-2 BPE the model's vocabulary was sized for.
+
+const std::vector<std::string> kTokenizerTexts = {"Hello world",
+                                                  "the other hand, and then the end",
+                                                  "don't we'll they're I've you'd she's it'S",
+                                                  "  two spaces\tthen tab\n\nnewlines  ",
+                                                  "numbers 12345 and 3.14 or -7; allow hollow bellow",
+                                                  "x"};
+
+// hf_tokenizer_encode.py with the first interpreter that imports `tokenizers`: its JSON, or null (rc 77: none does).
+json hf_encode(const std::string& tokenizer_json, const TempDir& work) {
+    std::ofstream(work / "texts.json") << json(kTokenizerTexts).dump();
+    for (const std::string& python : {std::string(MS_SYSTEM_PYTHON), std::string("python3")}) {
+        if (python.empty()) continue;
+        const int rc = run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_tokenizer_encode.py") + " " +
+                                              quoted(tokenizer_json) + " " + quoted(work / "texts.json") + " " +
+                                              quoted(work / "out.json"));
+        if (rc == 77) continue;
+        EXPECT_EQ(rc, 0) << "hf_tokenizer_encode.py failed";
+        return rc == 0 ? json::parse(read_file(work / "out.json")) : json();
+    }
+    return json();
+}
+
+TEST_F(HfInterop, ExportCarriesTheTokenizerThatHuggingFaceLoads) {
+    const std::string out = path("hf_tok");
+    const std::string flags = " --vocab-file " + kBpeDir + "/vocab.json --merge-file " + kBpeDir + "/merges.txt";
+    auto r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + out + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("wrote the GPT-2 BPE tokenizer (267 ids) as vocab.json, merges.txt, tokenizer.json, "
+                            "tokenizer_config.json"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(read_file(out + "/vocab.json"), read_file(kBpeDir + "/vocab.json"));
+    EXPECT_EQ(read_file(out + "/merges.txt"), read_file(kBpeDir + "/merges.txt"));
+    EXPECT_EQ(read_file(out + "/model.safetensors"), read_file(path("hf") + "/model.safetensors"));
+    const json tc = json::parse(read_file(out + "/tokenizer_config.json"));
+    EXPECT_EQ(tc["tokenizer_class"], "GPT2Tokenizer");
+    EXPECT_EQ(tc["eos_token"], "<|endoftext|>");
+    EXPECT_EQ(tc["model_max_length"], 16);
+    EXPECT_EQ(json::parse(read_file(out + "/config.json"))["eos_token_id"], 266);
+
+    // Our encoder reads the tokenizer.json back to the ids of vocab.json + merges.txt.
+    const Gpt2Bpe ours = toy_bpe(), back = Gpt2Bpe::from_tokenizer_json(out + "/tokenizer.json");
+    EXPECT_EQ(back.end_of_document(), std::optional<int32_t>(266));
+    for (const std::string& text : kTokenizerTexts) EXPECT_EQ(back.encode(text), ours.encode(text)) << text;
+
+    // The export's tokenizer.json as a new --tokenizer-model: copied with the tokenizer_config.json beside it.
+    r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tok2") + " --tokenizer-model " +
+                out + "/tokenizer.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* file : {"tokenizer.json", "tokenizer_config.json"})
+        EXPECT_EQ(read_file(path("hf_tok2") + "/" + file), read_file(out + "/" + file)) << file;
+    EXPECT_FALSE(fs::exists(path("hf_tok2") + "/vocab.json"));
+    // ... and alone: a tokenizer_config.json naming the end of document.
+    fs::create_directories(path("tok_alone"));
+    fs::copy_file(out + "/tokenizer.json", path("tok_alone") + "/tokenizer.json");
+    r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tok3") + " --tokenizer-model " +
+                path("tok_alone") + "/tokenizer.json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json tc3 = json::parse(read_file(path("hf_tok3") + "/tokenizer_config.json"));
+    EXPECT_EQ(tc3["tokenizer_class"], "PreTrainedTokenizerFast");
+    EXPECT_EQ(tc3["eos_token"], "<|endoftext|>");
+
+    // Without tokenizer flags: no tokenizer files, and the log says why.
+    EXPECT_FALSE(fs::exists(path("hf") + "/tokenizer.json"));
+    EXPECT_NE(setup_log_->find("convert: no tokenizer files: a checkpoint does not record the tokenizer"),
+              std::string::npos)
+        << *setup_log_;
+
+    // Hugging Face's tokenizers on the exported files: the same ids, the same text back, the same end of document.
+    const TempDir work("ms_hf_tok");
+    for (const std::string& dir : {out, path("hf_tok3")}) {
+        const json hf = hf_encode(dir + "/tokenizer.json", work);
+        if (hf.is_null()) GTEST_SKIP() << "the Hugging Face `tokenizers` package is not importable";
+        for (size_t i = 0; i < kTokenizerTexts.size(); ++i) {
+            EXPECT_EQ(hf["ids"][i], json(ours.encode(kTokenizerTexts[i]))) << dir << ": '" << kTokenizerTexts[i] << "'";
+            EXPECT_EQ(hf["decoded"][i], kTokenizerTexts[i]) << dir;
+        }
+        EXPECT_EQ(hf["eos"], 266) << dir;
+    }
+}
+
+TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
+    const std::string base = "convert --to hf-gpt2 --load " + path("ckpt") + " --out ";
+    std::ofstream(path("big_vocab.json")) << R"({"a": 0, "b": 400})";
+    std::ofstream(path("empty_merges.txt")) << "#version: 0.2\n";
+    auto r = run_cli(base + path("xt1") + " --vocab-file " + path("big_vocab.json") + " --merge-file " +
+                     path("empty_merges.txt"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("has ids up to 400, but the model's vocabulary is 267"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(path("xt1") + "/config.json"));  // refused before any weights are written
+
+    r = run_cli(base + path("xt2") + " --vocab-file " + kBpeDir + "/vocab.json");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("needs both --vocab-file vocab.json and --merge-file merges.txt"), std::string::npos)
+        << r.output;
+    r = run_cli(base + path("xt3") + " --vocab-file " + kBpeDir + "/vocab.json --merge-file " + kBpeDir +
+                "/merges.txt --tokenizer-model " + kBpeDir + "/vocab.json");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("convert takes one tokenizer"), std::string::npos) << r.output;
+    r = run_cli("convert --from hf-gpt2 --load " + path("hf") + " --out " + path("xt4") + " --max-shard-size 5GB");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("apply to --to hf-gpt2 only"), std::string::npos) << r.output;
+}
+
+TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
+    EXPECT_EQ(Progress::line("convert: reading", Progress::Style::kLines, 512 << 10, 1 << 20, 14, 2.0, "tensors"),
+              "convert: reading:  50.0%  512.0 KiB / 1.0 MiB  256.0 KiB/s  14 tensors  ETA 0:02");
+    // Not a terminal: no bar (a plain line every few seconds; this export takes less).
+    const auto plain = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_plain"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.output;
+    EXPECT_EQ(plain.output.find('\r'), std::string::npos) << plain.output;
+    // A pseudo-terminal (util-linux `script`), when there is one: the bar, at 100% over the 28 tensors.
+    if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` for a pseudo-terminal";
+    for (const std::string& args : {"--to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tty"),
+                                    "--from hf-gpt2 --load " + path("hf") + " --out " + path("imp_tty")}) {
+        const std::string cmd = "script -qec \"'" MS_BINARY_PATH "' convert " + args + "\" /dev/null 2>&1";
+        std::string output;
+        FILE* p = popen(cmd.c_str(), "r");
+        ASSERT_NE(p, nullptr);
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
+        ASSERT_EQ(pclose(p), 0) << output;
+        EXPECT_NE(output.find("convert: reading [##############################] 100.0%"), std::string::npos) << output;
+        EXPECT_NE(output.find("28 tensors  ETA 0:00"), std::string::npos) << output;
+    }
 }
 
 // ---- GPT-2 BPE on the toy vocabulary: the 256 byte symbols in GPT-2's order (ids 0..255), then the merges
