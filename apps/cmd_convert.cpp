@@ -13,13 +13,12 @@
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
-#include "engine/data/dataset.h"
 
 namespace ms::app {
 namespace {
 
 struct ConvertArgs {
-    std::string to, from, load, out, config_path, max_shard_size;
+    std::string to, from, load, out, config_path, max_shard_size, tokenizer_type;
     std::vector<std::string> overrides;
     HfTokenizerSource tokenizer;
 };
@@ -49,7 +48,8 @@ int64_t parse_shard_size(const std::string& text) {
         text));
 }
 
-int run_convert(const ConvertArgs& a) {
+int run_convert(ConvertArgs a) {
+    if (!a.tokenizer_type.empty()) a.tokenizer.type = parse_tokenizer_type(a.tokenizer_type);
     if (a.to.empty() == a.from.empty())
         throw UserError(
             "command line error: convert needs exactly one of --to hf-gpt2 (checkpoint -> Hugging Face) "
@@ -83,16 +83,14 @@ int run_convert(const ConvertArgs& a) {
         else
             log_info(
                 "convert: no tokenizer files: a checkpoint does not record the tokenizer its data was "
-                "preprocessed with; pass preprocess's --vocab-file and --merge-file, or --tokenizer-model, to add "
-                "them. A model of byte-level data (preprocess's default tokenizer) has no tokenizer file: its ids are "
-                "the UTF-8 bytes, and {} ends a document",
-                kByteEod);
+                "preprocessed with; pass the one preprocess was given (--tokenizer-type byte for its default, "
+                "--vocab-file and --merge-file, or --tokenizer-model) to add them");
         return kExitOk;
     }
     if (!a.tokenizer.empty() || !a.max_shard_size.empty())
         throw UserError(
-            "command line error: --vocab-file, --merge-file, --tokenizer-model and --max-shard-size apply to "
-            "--to hf-gpt2 only");
+            "command line error: --tokenizer-type, --vocab-file, --merge-file, --tokenizer-model and "
+            "--max-shard-size apply to --to hf-gpt2 only");
     std::unique_ptr<Config> cfg;
     if (!a.config_path.empty() || !a.overrides.empty())
         cfg = std::make_unique<Config>(load_config(a.config_path, a.overrides));
@@ -134,6 +132,11 @@ Command add_convert_command(CLI::App& parent) {
                     "--to only: split the weights into model-0000i-of-0000n.safetensors of at most this size plus "
                     "model.safetensors.index.json, as save_pretrained(max_shard_size=...): bytes, or with KB/MB/GB "
                     "or KiB/MiB/GiB (default: one model.safetensors)");
+    cmd->add_option("--tokenizer-type", a->tokenizer_type,
+                    "--to only: the tokenizer the data was preprocessed with, as preprocess's --tokenizer-type "
+                    "(default: from the files given; none, no tokenizer files): byte writes a tokenizer.json of "
+                    "the byte-level tokenizer (ids = UTF-8 bytes, <|endoftext|> = 256)")
+        ->check(CLI::IsMember({"byte", "GPT2BPETokenizer", "HuggingFaceTokenizer"}));
     cmd->add_option("--vocab-file", a->tokenizer.vocab_file,
                     "--to only: the GPT-2 BPE vocab.json the data was preprocessed with (with --merge-file): "
                     "written with merges.txt, tokenizer.json and tokenizer_config.json for AutoTokenizer")

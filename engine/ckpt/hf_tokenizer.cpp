@@ -8,6 +8,7 @@
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/core/check.h"
+#include "engine/data/dataset.h"
 #include "engine/data/gpt2_bpe.h"
 
 namespace ms {
@@ -38,11 +39,18 @@ json merges_list(const std::string& text) {
     return out;
 }
 
-// GPT-2's tokenizer.json (as the hub's gpt2/tokenizer.json lays it out) from vocab.json and merges.txt.
-json gpt2_tokenizer_json(const json& vocab, const json& merges, std::optional<int32_t> eos,
-                         const std::string& eos_text) {
-    const json byte_level = {
-        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+constexpr const char* kEndOfText = "<|endoftext|>";  // the byte tokenizer's end of document (256), as text
+
+// Hugging Face's ByteLevel pre-tokenizer (and decoder): GPT-2's regex first (use_regex), or the whole text as one
+// piece; either way each byte becomes its symbol in GPT-2's byte alphabet.
+json byte_level(bool use_regex) {
+    return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
+}
+
+// A byte-level BPE tokenizer.json (the layout of the hub's gpt2/tokenizer.json), with `eos` as a special added
+// token when there is one.
+json bpe_tokenizer_json(const json& vocab, const json& merges, const json& pre_tokenizer, std::optional<int32_t> eos,
+                        const std::string& eos_text) {
     json added = json::array();
     if (eos)
         added.push_back({{"id", *eos},
@@ -57,10 +65,10 @@ json gpt2_tokenizer_json(const json& vocab, const json& merges, std::optional<in
             {"padding", nullptr},
             {"added_tokens", added},
             {"normalizer", nullptr},
-            {"pre_tokenizer", byte_level},
+            {"pre_tokenizer", pre_tokenizer},
             {"post_processor",
              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}}},
-            {"decoder", byte_level},
+            {"decoder", byte_level(true)},
             {"model",
              {{"type", "BPE"},
               {"dropout", nullptr},
@@ -73,32 +81,61 @@ json gpt2_tokenizer_json(const json& vocab, const json& merges, std::optional<in
               {"merges", merges}}}};
 }
 
+// The byte tokenizer (dataset.h) as a tokenizer.json: byte b is the id b, through its symbol in the byte alphabet
+// (a BPE without merges leaves every byte its own symbol, Gpt2Bpe::bpe).
+json byte_tokenizer_json() {
+    const Gpt2Bpe no_merges = Gpt2Bpe::from_strings(R"({"a": 0})", "", "the byte alphabet");
+    json vocab = json::object();
+    for (int b = 0; b < 256; ++b) vocab[no_merges.bpe(std::string(1, static_cast<char>(b))).at(0)] = b;
+    vocab[kEndOfText] = kByteEod;
+    return bpe_tokenizer_json(vocab, json::array(), byte_level(false), kByteEod, kEndOfText);
+}
+
 }  // namespace
 
 HfTokenizerExport export_hf_tokenizer(const HfTokenizerSource& src, int64_t model_vocab_size, int64_t model_max_length,
                                       const std::string& out_dir) {
-    const bool gpt2 = !src.vocab_file.empty() || !src.merge_file.empty();
-    if (gpt2 && !src.tokenizer_json.empty())
-        throw UserError(
-            "command line error: convert takes one tokenizer: --vocab-file and --merge-file (GPT-2 BPE) or "
-            "--tokenizer-model (a tokenizer.json), not both");
-    if (gpt2 && (src.vocab_file.empty() || src.merge_file.empty()))
+    const bool gpt2_files = !src.vocab_file.empty() || !src.merge_file.empty();
+    const TokenizerType type =
+        src.type ? *src.type : (gpt2_files ? TokenizerType::kGpt2Bpe : TokenizerType::kHuggingFace);
+    const std::string hint =
+        "\n---> HINT: give the tokenizer the data was preprocessed with, as preprocess took it: --tokenizer-type "
+        "byte, --vocab-file vocab.json --merge-file merges.txt (GPT2BPETokenizer), or --tokenizer-model "
+        "tokenizer.json (HuggingFaceTokenizer)";
+    if ((type != TokenizerType::kGpt2Bpe && gpt2_files) ||
+        (type != TokenizerType::kHuggingFace && !src.tokenizer_json.empty()))
+        throw UserError("command line error: convert takes one tokenizer, and only the files of its type" + hint);
+    if (type == TokenizerType::kGpt2Bpe && (src.vocab_file.empty() || src.merge_file.empty()))
         throw UserError(
             "command line error: a GPT-2 BPE tokenizer needs both --vocab-file vocab.json and --merge-file "
-            "merges.txt (the files preprocess was given)");
-    const Gpt2Bpe bpe =
-        gpt2 ? Gpt2Bpe::load(src.vocab_file, src.merge_file) : Gpt2Bpe::from_tokenizer_json(src.tokenizer_json);
+            "merges.txt" +
+            hint);
+    if (type == TokenizerType::kHuggingFace && src.tokenizer_json.empty())
+        throw UserError("command line error: --tokenizer-type HuggingFaceTokenizer needs --tokenizer-model" + hint);
     HfTokenizerExport out;
-    out.kind = gpt2 ? "GPT-2 BPE" : "tokenizer.json";
-    out.vocab_size = bpe.vocab_size();
-    out.eos_token_id = bpe.end_of_document();
-    const std::string source = gpt2 ? src.vocab_file + " / " + src.merge_file : src.tokenizer_json;
+    std::string source;
+    std::optional<Gpt2Bpe> bpe;
+    if (type == TokenizerType::kByte) {
+        out.kind = "byte-level";
+        out.vocab_size = kByteVocab;
+        out.eos_token_id = kByteEod;
+        source = "byte-level";
+    } else {
+        bpe = type == TokenizerType::kGpt2Bpe ? Gpt2Bpe::load(src.vocab_file, src.merge_file)
+                                              : Gpt2Bpe::from_tokenizer_json(src.tokenizer_json);
+        out.kind = type == TokenizerType::kGpt2Bpe ? "GPT-2 BPE" : "tokenizer.json";
+        out.vocab_size = bpe->vocab_size();
+        out.eos_token_id = bpe->end_of_document();
+        source = type == TokenizerType::kGpt2Bpe ? src.vocab_file + " / " + src.merge_file : src.tokenizer_json;
+    }
     if (out.vocab_size > model_vocab_size)
         throw UserError(fmt::format(
             "config error: the tokenizer {} has ids up to {}, but the model's vocabulary is {}\n---> HINT: pass "
             "the tokenizer the model's data was preprocessed with",
             source, out.vocab_size - 1, model_vocab_size));
-    const std::string eos_text = out.eos_token_id ? bpe.decode({*out.eos_token_id}) : std::string();
+    const std::string eos_text = !out.eos_token_id ? std::string()
+                                 : bpe             ? bpe->decode({*out.eos_token_id})
+                                                   : std::string(kEndOfText);
 
     std::error_code ec;
     fs::create_directories(out_dir, ec);
@@ -110,12 +147,18 @@ HfTokenizerExport export_hf_tokenizer(const HfTokenizerSource& src, int64_t mode
         out.files.push_back(name);
     };
     json config = {{"model_max_length", model_max_length}, {"clean_up_tokenization_spaces", false}};
-    if (gpt2) {
+    if (type == TokenizerType::kByte) {
+        write("tokenizer.json", byte_tokenizer_json().dump(2) + "\n");
+        config["tokenizer_class"] = "PreTrainedTokenizerFast";
+        for (const char* key : {"bos_token", "eos_token"}) config[key] = eos_text;
+    } else if (type == TokenizerType::kGpt2Bpe) {
         const std::string vocab = read_bytes(src.vocab_file), merges = read_bytes(src.merge_file);
         write("vocab.json", vocab);
         write("merges.txt", merges);
         write("tokenizer.json",
-              gpt2_tokenizer_json(json::parse(vocab), merges_list(merges), out.eos_token_id, eos_text).dump(2) + "\n");
+              bpe_tokenizer_json(json::parse(vocab), merges_list(merges), byte_level(true), out.eos_token_id, eos_text)
+                      .dump(2) +
+                  "\n");
         config["tokenizer_class"] = "GPT2Tokenizer";
         config["add_prefix_space"] = false;
         config["add_bos_token"] = false;

@@ -9,6 +9,10 @@
 //   - the BPE tokenizer on a checked-in toy vocabulary (tests/e2e/data/tiny_bpe): known merges, GPT-2's
 //     pre-tokenization, round trips, and OpenAI's encoder.py algorithm as a reference
 //     (tests/e2e/gpt2_bpe_reference.py);
+//   - sharded directories (model.safetensors.index.json): export cut as save_pretrained cuts, import bit for bit,
+//     each corruption of the index or its shards a sentence naming the file;
+//   - tokenizer files in exports (byte-level, GPT-2 BPE, tokenizer.json) that Hugging Face `tokenizers` loads to
+//     our ids (tests/e2e/hf_tokenizer_encode.py; skipped without the package); convert's progress bar on a terminal;
 //   - bad inputs end with a sentence and exit code 2 (the input or the config) or 19 (our checkpoints).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -579,7 +583,8 @@ const std::vector<std::string> kTokenizerTexts = {"Hello world",
                                                   "don't we'll they're I've you'd she's it'S",
                                                   "  two spaces\tthen tab\n\nnewlines  ",
                                                   "numbers 12345 and 3.14 or -7; allow hollow bellow",
-                                                  "x"};
+                                                  "x",
+                                                  "caf\xC3\xA9 na\xC3\xAFve"};
 
 // hf_tokenizer_encode.py with the first interpreter that imports `tokenizers`: its JSON, or null (rc 77: none does).
 json hf_encode(const std::string& tokenizer_json, const TempDir& work) {
@@ -655,6 +660,26 @@ TEST_F(HfInterop, ExportCarriesTheTokenizerThatHuggingFaceLoads) {
     }
 }
 
+TEST_F(HfInterop, ExportStatesTheByteTokenizerForHuggingFace) {
+    const std::string out = path("hf_bytes");
+    const auto r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + out + " --tokenizer-type byte");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("wrote the byte-level tokenizer (257 ids) as tokenizer.json, tokenizer_config.json"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(json::parse(read_file(out + "/config.json"))["eos_token_id"], kByteEod);  // not V - 1 = 266
+    EXPECT_EQ(json::parse(read_file(out + "/tokenizer_config.json"))["eos_token"], "<|endoftext|>");
+    const TempDir work("ms_hf_bytes");
+    const json hf = hf_encode(out + "/tokenizer.json", work);
+    if (hf.is_null()) GTEST_SKIP() << "the Hugging Face `tokenizers` package is not importable";
+    // Hugging Face's ids are the UTF-8 bytes, as preprocess's byte tokenizer gives them, non-ASCII text included.
+    for (size_t i = 0; i < kTokenizerTexts.size(); ++i) {
+        EXPECT_EQ(hf["ids"][i], json(byte_encode(kTokenizerTexts[i]))) << "'" << kTokenizerTexts[i] << "'";
+        EXPECT_EQ(hf["decoded"][i], kTokenizerTexts[i]);
+    }
+    EXPECT_EQ(hf["eos"], kByteEod);
+}
+
 TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
     const std::string base = "convert --to hf-gpt2 --load " + path("ckpt") + " --out ";
     std::ofstream(path("big_vocab.json")) << R"({"a": 0, "b": 400})";
@@ -672,7 +697,16 @@ TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
     r = run_cli(base + path("xt3") + " --vocab-file " + kBpeDir + "/vocab.json --merge-file " + kBpeDir +
                 "/merges.txt --tokenizer-model " + kBpeDir + "/vocab.json");
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("convert takes one tokenizer"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("convert takes one tokenizer, and only the files of its type"), std::string::npos)
+        << r.output;
+    r = run_cli(base + path("xt5") + " --tokenizer-type byte --vocab-file " + kBpeDir + "/vocab.json");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("convert takes one tokenizer, and only the files of its type"), std::string::npos)
+        << r.output;
+    r = run_cli(base + path("xt6") + " --tokenizer-type HuggingFaceTokenizer");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model"), std::string::npos)
+        << r.output;
     r = run_cli("convert --from hf-gpt2 --load " + path("hf") + " --out " + path("xt4") + " --max-shard-size 5GB");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("apply to --to hf-gpt2 only"), std::string::npos) << r.output;
