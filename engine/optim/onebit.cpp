@@ -61,12 +61,15 @@ OneBitLayout onebit_layout(const std::vector<ParamInfo>& table, int64_t padded, 
     }
     // A chunk goes to the server whose 1/dp of the elements holds its midpoint: contiguous runs, non-decreasing in
     // the chunk index, each within one chunk of elements / dp.
-    l.first_chunk.assign(static_cast<size_t>(dp) + 1, static_cast<int64_t>(l.chunks.size()));
-    for (size_t i = l.chunks.size(); i-- > 0;) {
-        OneBitChunk& c = l.chunks[i];
+    for (OneBitChunk& c : l.chunks) {
         const int64_t mid2 = 2 * c.error_offset + c.elems;  // twice the midpoint
         c.server = static_cast<int>(std::min<int64_t>(dp - 1, mid2 * dp / (2 * l.elements)));
-        for (int s = 0; s <= c.server; ++s) l.first_chunk[static_cast<size_t>(s)] = static_cast<int64_t>(i);
+    }
+    l.first_chunk.resize(static_cast<size_t>(dp) + 1);
+    for (int s = 0; s <= dp; ++s) {
+        const auto first =
+            std::partition_point(l.chunks.begin(), l.chunks.end(), [s](const OneBitChunk& c) { return c.server < s; });
+        l.first_chunk[static_cast<size_t>(s)] = first - l.chunks.begin();
     }
     for (int s = 0; s < dp; ++s) {
         const int64_t first = l.first_chunk[static_cast<size_t>(s)], end = l.first_chunk[static_cast<size_t>(s) + 1];
