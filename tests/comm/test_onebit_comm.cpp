@@ -25,6 +25,7 @@
 #include "engine/optim/onebit.h"
 #include "engine/parallel/topology.h"
 #include "memory/alloc_guard.h"
+#include "memory/arena.h"
 #include "tests/comm/comm_test.h"
 
 namespace ms::test {
@@ -217,6 +218,26 @@ TEST(OneBitComm, ARunAllocatesNothing) {
     const alloc_guard::Counts counts = alloc_guard::disarm();
     EXPECT_EQ(counts.allocations, 0u);
     EXPECT_EQ(counts.bytes, 0u);
+}
+
+TEST(OneBitComm, AnArenaOfThePlannedSizesHoldsTheBuffersAndGivesTheSameBits) {
+    // The trainer's arena: packed, sized by arena_capacity_for from the sizes the memory plan gets.
+    const int me = world().rank();
+    int64_t padded = 0;
+    const std::vector<ParamInfo> table = awkward_table(&padded);
+    const std::vector<size_t> sizes = onebit_allocation_sizes(table, padded, 64, world().size(), me);
+    Arena arena(arena_capacity_for(sizes, 256, 0, BlockFit::kPacked), 256, 0, BlockFit::kPacked);
+    auto dp = world().split(0, me, "dp");
+    OneBitAllReduce in_arena(table, padded, 64, *dp, &arena), on_host(table, padded, 64, *dp);
+    EXPECT_EQ(arena.live_bytes(MemCategory::kOptimizer), sizes[0] + (sizes.size() == 4 ? sizes[1] : 0));
+    EXPECT_EQ(arena.live_bytes(MemCategory::kComm), sizes[sizes.size() - 2] + sizes.back());
+    EXPECT_EQ(static_cast<const void*>(in_arena.worker_error().data()), arena.base());
+    for (int step = 0; step < 2; ++step) {
+        std::vector<float> a = flat_momentum(table, padded, me, step), b = a;
+        in_arena.run(a.data());
+        on_host.run(b.data());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "step " << step;
+    }
 }
 
 TEST(OneBitComm, TheRunningMeanOfAConstantMomentumApproachesTheExactAverageAsErrorFeedbackSays) {
