@@ -4,9 +4,11 @@ tests/e2e/test_hf_interop.cpp.
 
 Usage: /usr/bin/python3 tests/e2e/hf_gpt2_reference.py HF_DIR WORK_DIR   (exits 77 if torch/numpy are missing)
 
-Reads HF_DIR/config.json and HF_DIR/model.safetensors the way a Hugging Face consumer sees them -- the safetensors
-header is parsed here (the `safetensors` package is not needed), tensor names are GPT-2's hub names and the four
-Conv1D weights are (in, out), applied as x @ W + b as transformers' Conv1D does -- and computes, written from the
+Reads HF_DIR/config.json and HF_DIR/model.safetensors (or, as transformers does without it,
+HF_DIR/model.safetensors.index.json and every shard its weight_map names, each tensor from its shard) the way a
+Hugging Face consumer sees them -- the safetensors header is parsed here (the `safetensors` package is not needed),
+tensor names are GPT-2's hub names and the four Conv1D weights are (in, out), applied as x @ W + b as transformers'
+Conv1D does -- and computes, written from the
 GPT-2 definition (transformers' GPT2LMHeadModel with activation gelu_new, no dropout, tied head): pre-LayerNorm
 blocks, causal attention scaled by 1/sqrt(head size), GELU-tanh MLP, final LayerNorm, logits = x @ wte^T over
 the real vocabulary (V = config vocab_size; no padding exists in an HF export).
@@ -43,6 +45,22 @@ def read_safetensors(path):
         begin, end = info["data_offsets"]
         a = np.frombuffer(data[base + begin : base + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
         tensors[name] = torch.tensor(a.astype(np.float32))
+    return meta, tensors
+
+
+def read_weights(hf_dir):
+    single = os.path.join(hf_dir, "model.safetensors")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    with open(os.path.join(hf_dir, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    weight_map, meta, tensors, nbytes = index["weight_map"], None, {}, 0
+    for shard in sorted(set(weight_map.values())):
+        meta, part = read_safetensors(os.path.join(hf_dir, shard))
+        assert sorted(part) == sorted(k for k, v in weight_map.items() if v == shard), shard
+        tensors.update(part)
+        nbytes += sum(t.numel() * 4 for t in part.values())  # F32: the exporter's dtype
+    assert index["metadata"]["total_size"] == nbytes, (index["metadata"], nbytes)
     return meta, tensors
 
 
@@ -86,7 +104,7 @@ def main():
         cfg = json.load(f)
     assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"], cfg
     assert cfg["activation_function"] == "gelu_new" and cfg["tie_word_embeddings"] is True, cfg
-    meta, w = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    meta, w = read_weights(hf_dir)
     assert meta == {"format": "pt"}, meta
     assert "lm_head.weight" not in w and not any(k.startswith("transformer.") for k in w), sorted(w)
     C, V, T_max = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"]

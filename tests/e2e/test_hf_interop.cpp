@@ -314,6 +314,20 @@ TEST_F(HfInterop, TorchGpt2FromTheExportMatchesTheCheckpointAndEval) {
         worst = std::max(worst, err / scale);
     }
     const double torch_loss = std::stod(read_file(work / "loss.txt"));
+
+    // The same from a sharded export, read as transformers reads one (the index, each tensor from its shard).
+    const std::string sharded = path("hf_sharded_torch");
+    const auto e_sharded =
+        run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + sharded + " --max-shard-size 20KB");
+    ASSERT_EQ(e_sharded.exit_code, 0) << e_sharded.output;
+    const TempDir work2("ms_hf_torch_sharded");
+    for (const char* file : {"shape.json", "tokens.bin", "targets.bin"}) fs::copy_file(work / file, work2 / file);
+    ASSERT_EQ(run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_gpt2_reference.py") + " " + quoted(sharded) + " " +
+                                     quoted(work2.path())),
+              0)
+        << "hf_gpt2_reference.py failed on the sharded export";
+    EXPECT_EQ(read_file(work2 / "logits.bin"), read_file(work / "logits.bin"));
+    EXPECT_EQ(read_file(work2 / "loss.txt"), read_file(work / "loss.txt"));
     const json e = eval_json("--config " + config() + " --load " + path("ckpt"));
     ASSERT_TRUE(e.contains("eval loss"));
     const double loss_err = std::abs(e["eval loss"].get<double>() - torch_loss);
@@ -500,6 +514,21 @@ TEST_F(HfInterop, ShardedExportIsTheSameTensorsAndImportsBitIdentical) {
     r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("x") + " --max-shard-size 5XB");
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("--max-shard-size 5XB is not a size"), std::string::npos) << r.output;
+}
+
+TEST_F(HfInterop, ImportReadsShardsOfAnotherWriter) {
+    // tests/e2e/hf_shard.py: unpadded headers (unaligned data), tensors scattered over 3 shards, the index as
+    // save_pretrained formats it.
+    const std::string dir = path("hf_py_shards");
+    const std::string python = MS_SYSTEM_PYTHON;
+    if (python.empty()) GTEST_SKIP() << "no system python3 (CMake MS_SYSTEM_PYTHON)";
+    const int rc = run_python(
+        python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_shard.py") + " " + quoted(path("hf")) + " " + quoted(dir) + " 3");
+    ASSERT_EQ(rc, 0) << "hf_shard.py failed";
+    const auto r = run_cli("convert --from hf-gpt2 --load " + dir + " --out " + path("imp_py_shards"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("F32; 3 shards"), std::string::npos) << r.output;
+    expect_same_tensors(trained(), path("imp_py_shards") + "/iter_0000000");
 }
 
 TEST_F(HfInterop, ShardedImportErrorsNameTheFile) {
