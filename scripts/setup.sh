@@ -11,7 +11,8 @@ packages=(build-essential cmake ninja-build pkg-config
           libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
           python3 python3-numpy python3-torch libjemalloc2
           clang libclang-rt-dev libomp-dev  # scripts/test-sanitizers.sh: libFuzzer, sanitizer runtimes, OpenMP
-          clang-format)                     # scripts/check-format.sh (Debian 12's is version 14)
+          clang-format                      # scripts/check-format.sh (Debian 12's is version 14)
+          munge slurmctld slurmd slurm-client)  # tests/slurm: a single-node Slurm the test starts
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
