@@ -7,6 +7,7 @@
 #       checkpoint saved: requeued
 #   18  a collective timed out or a rank died (a bad node, a network fault): requeued, perhaps onto other nodes
 #   anything else (0 done, 2 bad input, 17 NaN, 19 checkpoint write failure): returned, not requeued
+# A job being cancelled (plain scancel) is not requeued, whatever the code.
 #
 #   scripts/slurm/launch.sh CONFIG [train options, e.g. --set training.train_iters=1000]
 #
@@ -84,13 +85,18 @@ wait "$pid"                                             # the launcher's exit co
 code=$?
 
 if [[ " $requeue_on " == *" $code "* ]]; then
-  if [ "$restarts" -lt "$max_restarts" ]; then
+  # A job being cancelled (plain scancel: COMPLETING) would be requeued too: only a running one is.
+  state=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr ' ' '\n' | sed -n 's/^JobState=//p')
+  if [ "$state" != RUNNING ]; then
+    echo "launch: the ranks exited $code, but the job is ${state:-unknown to scontrol} (cancelled or ended by" \
+      "Slurm): not requeued" >&2
+  elif [ "$restarts" -ge "$max_restarts" ]; then
+    echo "launch: the ranks exited $code, but the job has been requeued $restarts times" \
+      "(MS_MAX_RESTARTS=$max_restarts): not requeued" >&2
+  else
     echo "launch: the ranks exited $code: requeueing job $SLURM_JOB_ID (restart $((restarts + 1)) of at most" \
       "$max_restarts); it resumes from the newest checkpoint in $ckpt" >&2
     scontrol requeue "$SLURM_JOB_ID" || echo "launch: scontrol requeue $SLURM_JOB_ID failed: not requeued" >&2
-  else
-    echo "launch: the ranks exited $code, but the job has been requeued $restarts times" \
-      "(MS_MAX_RESTARTS=$max_restarts): not requeued" >&2
   fi
 fi
 exit "$code"

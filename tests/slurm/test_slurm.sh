@@ -7,7 +7,8 @@
 #   b. a config error: the job's exit code is the ranks' 2, and the job is not requeued;
 #   c. `scancel --signal=TERM` mid-run, and d. the same with MS_LAUNCHER=mpirun and `scancel --batch --signal=USR1`:
 #      the ranks save and exit 3, launch.sh requeues the job, and the requeued run resumes from that checkpoint and
-#      trains to the end (exit code 0, one restart).
+#      trains to the end (exit code 0, one restart);
+#   e. a plain `scancel`: the job ends, not requeued.
 # Exits 77 (ctest: skipped) with a sentence when Slurm or munge is not installed or the daemons cannot run a job.
 # Every daemon is started here, its pid written to $tmp/pids, and killed by that pid on any exit; the jobs are
 # cancelled first, and any process left with this cluster's SLURM_CONF in its environment is killed by its pid.
@@ -210,27 +211,34 @@ expect_exit "$job" 2 0
 grep -q "config error" "$tmp/job-bad.out" || fail "job $job: no 'config error' in its log"
 echo "bad: job $job exit 2, not requeued ($((SECONDS - t0)) s)"
 
-# requeue_case NAME SCANCEL_OPTIONS: a run of 120 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
-# 20; its ranks save and exit 3, launch.sh requeues the job (the cluster's cred_expire=5 holds it about 6 s, not
-# Slurm's default 2 minutes), and the requeued run resumes from that checkpoint and trains to the end.
-requeue_case() {
-  local name=$1 out=$tmp/job-$1.out job stopped t0=$SECONDS
-  shift
-  job=$(submit "$name" --set training.train_iters=120)
+# start_80 NAME: submits a run of 80 iterations and waits for its iteration 20; prints the job id.
+start_80() {
+  local out=$tmp/job-$1.out job
+  job=$(submit "$1" --set training.train_iters=80)
   for _ in $(seq 600); do
     grep -q "iteration *20/" "$out" 2>/dev/null && break
     sleep 0.2
   done
   grep -q "iteration *20/" "$out" || fail "job $job: did not reach iteration 20 within 120 s"
+  echo "$job"
+}
+
+# requeue_case NAME SCANCEL_OPTIONS: a run of 80 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
+# 20; its ranks save and exit 3, launch.sh requeues the job (the cluster's cred_expire=5 holds it about 6 s, not
+# Slurm's default 2 minutes), and the requeued run resumes from that checkpoint and trains to the end.
+requeue_case() {
+  local name=$1 out=$tmp/job-$1.out job stopped t0=$SECONDS
+  shift
+  job=$(start_80 "$name")
   scancel "$@" "$job"
   wait_job "$job" 120
   expect_exit "$job" 0 1
   grep -q "exit code 3: requeue to resume" "$out" || fail "job $job: the ranks did not stop with exit code 3"
   grep -q "launch: the ranks exited 3: requeueing job $job" "$out" || fail "job $job: launch.sh did not requeue it"
   stopped=$(sed -n 's/.*checkpoint: resumed from .*iter_0*\([0-9]*\) .*/\1/p' "$out")
-  [[ -n "$stopped" && "$stopped" -ge 20 && "$stopped" -lt 120 ]] ||
-    fail "job $job: the requeued run did not resume from a checkpoint between iterations 20 and 119 ('$stopped')"
-  grep -q "iteration *120/ *120 " "$out" || fail "job $job: the requeued run did not train to iteration 120"
+  [[ -n "$stopped" && "$stopped" -ge 20 && "$stopped" -lt 80 ]] ||
+    fail "job $job: the requeued run did not resume from a checkpoint between iterations 20 and 79 ('$stopped')"
+  grep -q "iteration *80/ *80 " "$out" || fail "job $job: the requeued run did not train to iteration 80"
   echo "$name: job $job stopped by scancel $* after iteration $stopped (exit 3), requeued, resumed to the end," \
     "exit 0 ($((SECONDS - t0)) s)"
 }
@@ -240,4 +248,16 @@ requeue_case requeue --signal=TERM
 # d. mpirun inside the allocation: the batch shell gets the signal (as with --signal=B:USR1@120) and launch.sh
 #    passes it to mpirun as SIGUSR1
 MS_LAUNCHER=mpirun requeue_case requeue-mpirun --batch --signal=USR1
+
+# e. a plain scancel ends the job: the ranks stop as on any SIGTERM, but launch.sh does not requeue a cancelled job
+t0=$SECONDS
+job=$(start_80 cancel)
+scancel "$job"
+wait_job "$job" 60
+state=$(job_field "$job" JobState)
+[ "$state" = CANCELLED ] || fail "job $job is $state after scancel, expected CANCELLED"
+[ "$(job_field "$job" Restarts)" = 0 ] || fail "job $job was requeued after a plain scancel"
+grep -q "launch: the ranks exited .*: not requeued" "$tmp/job-cancel.out" ||
+  fail "job $job: no 'not requeued' line from launch.sh"
+echo "cancel: job $job cancelled, exit code $(job_field "$job" ExitCode), not requeued ($((SECONDS - t0)) s)"
 echo "PASSED"
