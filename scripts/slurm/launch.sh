@@ -2,7 +2,8 @@
 # launch.sh: run `mindspeed-train train` on every task of a Slurm allocation, from a batch script (one-node.sbatch,
 # multi-node.sbatch), and requeue the job when the run stopped in a way a rerun continues. The run saves to and loads
 # from one checkpoint directory, so the first run starts from scratch and a requeued one resumes from its newest
-# checkpoint. The script exits with the ranks' exit code (README "Exit codes"):
+# checkpoint. The script exits with the ranks' exit code (README "Exit codes"; run.output_dir/exit_status.json when the
+# run wrote it, else the launcher's):
 #   3   stopped by SIGTERM/SIGUSR1/SIGINT (Slurm's --signal before the time limit, preemption, scancel --signal=TERM),
 #       checkpoint saved: requeued
 #   18  a collective timed out or a rank died (a bad node, a network fault): requeued, perhaps onto other nodes
@@ -50,13 +51,18 @@ unset MS_HOME MS_BIN MS_CKPT_DIR MS_LAUNCHER MS_LAUNCH_ARGS MS_REQUEUE_ON MS_MAX
 [ -f "$config" ] || die "the config '$config' does not exist (paths are relative to the submit directory $PWD)"
 
 train=("$bin" train --config "$config" --set "checkpoint.save=$ckpt" --set "checkpoint.load=$ckpt" "$@")
+# run.output_dir, where the run records how it ended (exit_status.json), from the resolved config
+out_dir=$("${train[@]}" --print-config 2>/dev/null | awk '/^run:/ { r = 1; next } /^[^ ]/ { r = 0 }
+  r && /^  output_dir:/ { sub(/^  output_dir: */, ""); gsub(/^["\047]|["\047]$/, ""); print }')
 # shellcheck disable=SC2206  # MS_LAUNCH_ARGS is a list of words by design
 extra=(${MS_LAUNCH_ARGS:-})
 # A stop signal that reaches this shell (--signal=B:..., scancel --batch) goes on to the launcher as `forward_as`:
 # srun passes any signal to every task; mpirun kills the ranks on SIGTERM and forwards only SIGUSR1 untouched.
 case $launcher in
   srun)
-    cmd=(srun --mpi=pmix "${extra[@]}" "${train[@]}")
+    # --kill-on-bad-exit: a rank that exits with an error ends the step (as under mpirun); a hung peer would
+    # otherwise hold the job until its time limit after the others exited 18
+    cmd=(srun --mpi=pmix --kill-on-bad-exit=1 "${extra[@]}" "${train[@]}")
     forward_as=""
     ;;
   mpirun)
@@ -78,11 +84,23 @@ for sig in TERM USR1 INT; do
   # shellcheck disable=SC2064  # the signal's name is fixed now, the pid read when it comes
   trap "forward $sig" "$sig"
 done
+start=$(date +%s)
 "${cmd[@]}" &
 pid=$!
 while kill -0 "$pid" 2>/dev/null; do wait "$pid"; done  # a trapped signal interrupts wait: wait again
 wait "$pid"                                             # the launcher's exit code, which bash keeps
 code=$?
+
+# The ranks' code is the run's own record when this launch wrote one: srun returns the highest of its tasks' codes
+# and mpirun the first failing one's, so a rank killed (137) next to peers that exit 18 naming it reads 137 there.
+record=$out_dir/exit_status.json
+if [ -n "$out_dir" ] && [ -f "$record" ] && [ "$(stat -c %Y "$record")" -ge "$start" ]; then
+  recorded=$(sed -n 's/^ *"code": *\([0-9]*\).*/\1/p' "$record" | head -n 1)
+  if [ -n "$recorded" ] && [ "$recorded" != "$code" ]; then
+    echo "launch: $launcher exited $code; the run's $record says $recorded: the ranks' code is $recorded" >&2
+    code=$recorded
+  fi
+fi
 
 if [[ " $requeue_on " == *" $code "* ]]; then
   # A job being cancelled (plain scancel: COMPLETING) would be requeued too: only a running one is.

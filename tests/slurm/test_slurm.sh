@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # test_slurm.sh: the sbatch templates (scripts/slurm) on a real single-node Slurm that this test starts in a temp dir:
 # munged with a key made here, slurmctld and slurmd on free ports (proctrack/linuxproc, task/none, no cgroups, no
-# accounting), the node as `slurmd -C` sees this machine. Through `sbatch scripts/slurm/one-node.sbatch` with 2 ranks
-# (srun --mpi=pmix) it checks:
+# accounting, the schedulers every second), the node as `slurmd -C` sees this machine. Through `sbatch
+# scripts/slurm/one-node.sbatch` with 2 ranks (srun --mpi=pmix) it checks:
 #   a. the demo trains to the end: the job's exit code is 0 and the loss falls;
 #   b. a config error: the job's exit code is the ranks' 2, and the job is not requeued;
 #   c. `scancel --signal=TERM` mid-run, and d. the same with MS_LAUNCHER=mpirun and `scancel --batch --signal=USR1`:
 #      the ranks save and exit 3, launch.sh requeues the job, and the requeued run resumes from that checkpoint and
 #      trains to the end (exit code 0, one restart);
-#   e. a plain `scancel`: the job ends, not requeued.
+#   e. a plain `scancel`: the job ends, not requeued;
+#   f. a rank killed mid-run: the job's code is the run's 18 (exit_status.json), not srun's 137; requeued once,
+#      resumed, and not requeued again past MS_MAX_RESTARTS.
 # Exits 77 (ctest: skipped) with a sentence when Slurm or munge is not installed or the daemons cannot run a job.
 # Every daemon is started here, its pid written to $tmp/pids, and killed by that pid on any exit; the jobs are
 # cancelled first, and any process left with this cluster's SLURM_CONF in its environment is killed by its pid.
@@ -116,6 +118,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+SchedulerParameters=sched_interval=1,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 KillWait=10
@@ -211,34 +214,34 @@ expect_exit "$job" 2 0
 grep -q "config error" "$tmp/job-bad.out" || fail "job $job: no 'config error' in its log"
 echo "bad: job $job exit 2, not requeued ($((SECONDS - t0)) s)"
 
-# start_80 NAME: submits a run of 80 iterations and waits for its iteration 20; prints the job id.
-start_80() {
+# start_40 NAME: submits a run of 40 iterations and waits for its iteration 10; prints the job id.
+start_40() {
   local out=$tmp/job-$1.out job
-  job=$(submit "$1" --set training.train_iters=80)
+  job=$(submit "$1" --set training.train_iters=40 --set lr_schedule.lr_warmup_iters=5)
   for _ in $(seq 600); do
-    grep -q "iteration *20/" "$out" 2>/dev/null && break
+    grep -q "iteration *10/" "$out" 2>/dev/null && break
     sleep 0.2
   done
-  grep -q "iteration *20/" "$out" || fail "job $job: did not reach iteration 20 within 120 s"
+  grep -q "iteration *10/" "$out" || fail "job $job: did not reach iteration 10 within 120 s"
   echo "$job"
 }
 
-# requeue_case NAME SCANCEL_OPTIONS: a run of 80 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
-# 20; its ranks save and exit 3, launch.sh requeues the job (the cluster's cred_expire=5 holds it about 6 s, not
+# requeue_case NAME SCANCEL_OPTIONS: a run of 40 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
+# 10; its ranks save and exit 3, launch.sh requeues the job (the cluster's cred_expire=5 holds it about 6 s, not
 # Slurm's default 2 minutes), and the requeued run resumes from that checkpoint and trains to the end.
 requeue_case() {
   local name=$1 out=$tmp/job-$1.out job stopped t0=$SECONDS
   shift
-  job=$(start_80 "$name")
+  job=$(start_40 "$name")
   scancel "$@" "$job"
   wait_job "$job" 120
   expect_exit "$job" 0 1
   grep -q "exit code 3: requeue to resume" "$out" || fail "job $job: the ranks did not stop with exit code 3"
   grep -q "launch: the ranks exited 3: requeueing job $job" "$out" || fail "job $job: launch.sh did not requeue it"
   stopped=$(sed -n 's/.*checkpoint: resumed from .*iter_0*\([0-9]*\) .*/\1/p' "$out")
-  [[ -n "$stopped" && "$stopped" -ge 20 && "$stopped" -lt 80 ]] ||
-    fail "job $job: the requeued run did not resume from a checkpoint between iterations 20 and 79 ('$stopped')"
-  grep -q "iteration *80/ *80 " "$out" || fail "job $job: the requeued run did not train to iteration 80"
+  [[ -n "$stopped" && "$stopped" -ge 10 && "$stopped" -lt 40 ]] ||
+    fail "job $job: the requeued run did not resume from a checkpoint between iterations 10 and 39 ('$stopped')"
+  grep -q "iteration *40/ *40 " "$out" || fail "job $job: the requeued run did not train to iteration 40"
   echo "$name: job $job stopped by scancel $* after iteration $stopped (exit 3), requeued, resumed to the end," \
     "exit 0 ($((SECONDS - t0)) s)"
 }
@@ -251,7 +254,7 @@ MS_LAUNCHER=mpirun requeue_case requeue-mpirun --batch --signal=USR1
 
 # e. a plain scancel ends the job: the ranks stop as on any SIGTERM, but launch.sh does not requeue a cancelled job
 t0=$SECONDS
-job=$(start_80 cancel)
+job=$(start_40 cancel)
 scancel "$job"
 wait_job "$job" 60
 state=$(job_field "$job" JobState)
@@ -260,4 +263,22 @@ state=$(job_field "$job" JobState)
 grep -q "launch: the ranks exited .*: not requeued" "$tmp/job-cancel.out" ||
   fail "job $job: no 'not requeued' line from launch.sh"
 echo "cancel: job $job cancelled, exit code $(job_field "$job" ExitCode), not requeued ($((SECONDS - t0)) s)"
+
+# f. rank 1 killed at step 10 (MS_INJECT crash): srun returns 137, rank 0 exits 18 naming the dead rank, and its
+#    exit_status.json makes 18 the job's code: requeued once, resumed from the checkpoint of iteration 5, killed again
+#    at step 10, and not requeued past MS_MAX_RESTARTS=1
+t0=$SECONDS
+out=$tmp/job-crash.out
+job=$(MS_INJECT=crash@step=10,rank=1 MS_MAX_RESTARTS=1 submit crash --set training.train_iters=40 \
+  --set lr_schedule.lr_warmup_iters=5 --set checkpoint.save_interval=5 --set reliability.collective_timeout_s=5)
+wait_job "$job" 120
+expect_exit "$job" 18 1
+[ "$(grep -c "launch: srun exited 137; the run's .* says 18" "$out")" = 2 ] ||
+  fail "job $job: launch.sh did not take 18 from exit_status.json over srun's 137 in both runs"
+grep -q "launch: the ranks exited 18: requeueing job $job" "$out" || fail "job $job: launch.sh did not requeue it"
+grep -q "checkpoint: resumed from .*iter_0000005 " "$out" || fail "job $job: the requeued run did not resume from 5"
+grep -q "launch: the ranks exited 18, but the job has been requeued 1 times" "$out" ||
+  fail "job $job: launch.sh did not stop at MS_MAX_RESTARTS"
+echo "crash: job $job: srun 137, the run's 18, requeued, resumed from iteration 5, 18 again, not requeued" \
+  "($((SECONDS - t0)) s)"
 echo "PASSED"
