@@ -18,5 +18,6 @@ Command add_preprocess_command(CLI::App& parent);  // cmd_preprocess.cpp
 Command add_convert_command(CLI::App& parent);     // cmd_convert.cpp
 Command add_eval_command(CLI::App& parent);        // cmd_eval.cpp
 Command add_generate_command(CLI::App& parent);    // cmd_generate.cpp
+Command add_report_command(CLI::App& parent);      // cmd_report.cpp
 
 }  // namespace ms::app
