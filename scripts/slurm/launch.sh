@@ -44,6 +44,8 @@ launcher=${MS_LAUNCHER:-srun}
 requeue_on=${MS_REQUEUE_ON-3 18}
 max_restarts=${MS_MAX_RESTARTS:-20}
 restarts=${SLURM_RESTART_COUNT:-0}
+# shellcheck disable=SC2206  # MS_LAUNCH_ARGS is a list of words by design
+extra=(${MS_LAUNCH_ARGS:-})
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 # The ranks inherit this environment, and the trainer warns of MS_* variables that are not its switches.
 unset MS_HOME MS_BIN MS_CKPT_DIR MS_LAUNCHER MS_LAUNCH_ARGS MS_REQUEUE_ON MS_MAX_RESTARTS
@@ -54,8 +56,6 @@ train=("$bin" train --config "$config" --set "checkpoint.save=$ckpt" --set "chec
 # run.output_dir, where the run records how it ended (exit_status.json), from the resolved config
 out_dir=$("${train[@]}" --print-config 2>/dev/null | awk '/^run:/ { r = 1; next } /^[^ ]/ { r = 0 }
   r && /^  output_dir:/ { sub(/^  output_dir: */, ""); gsub(/^["\047]|["\047]$/, ""); print }')
-# shellcheck disable=SC2206  # MS_LAUNCH_ARGS is a list of words by design
-extra=(${MS_LAUNCH_ARGS:-})
 # A stop signal that reaches this shell (--signal=B:..., scancel --batch) goes on to the launcher as `forward_as`:
 # srun passes any signal to every task; mpirun kills the ranks on SIGTERM and forwards only SIGUSR1 untouched.
 case $launcher in

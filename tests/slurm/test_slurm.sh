@@ -249,8 +249,9 @@ requeue_case() {
 # c. srun: Slurm signals every rank (as --signal=TERM@120 does before the time limit)
 requeue_case requeue --signal=TERM
 # d. mpirun inside the allocation: the batch shell gets the signal (as with --signal=B:USR1@120) and launch.sh
-#    passes it to mpirun as SIGUSR1
-MS_LAUNCHER=mpirun requeue_case requeue-mpirun --batch --signal=USR1
+#    passes it to mpirun as SIGUSR1; MS_LAUNCH_ARGS reaches mpirun
+MS_LAUNCHER=mpirun MS_LAUNCH_ARGS="--bind-to none" requeue_case requeue-mpirun --batch --signal=USR1
+grep -q "^launch: mpirun .* --bind-to none " "$tmp/job-requeue-mpirun.out" || fail "MS_LAUNCH_ARGS did not reach mpirun"
 
 # e. a plain scancel ends the job: the ranks stop as on any SIGTERM, but launch.sh does not requeue a cancelled job
 t0=$SECONDS
