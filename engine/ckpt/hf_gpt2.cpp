@@ -104,6 +104,22 @@ int positive_int(const json& config, const char* key, const std::string& where) 
 
 std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
+// A file of the Hugging Face directory <hf_dir> that must exist.
+void require_input_file(const std::string& path, const std::string& hf_dir) {
+    if (fs::is_regular_file(path)) return;
+    const bool pickle =
+        path.ends_with(kHfWeightsFile) && (fs::exists(fs::path(hf_dir) / "pytorch_model.bin") ||
+                                           fs::exists(fs::path(hf_dir) / "pytorch_model.bin.index.json"));
+    input_error(
+        fmt::format("'{}' does not exist{}\n---> HINT: --load takes a Hugging Face GPT-2 directory holding config.json "
+                    "and model.safetensors, or model.safetensors.index.json and the shards it names (what "
+                    "save_pretrained writes){}",
+                    path, fs::is_directory(hf_dir) ? "" : fmt::format(" ('{}' is not a directory)", hf_dir),
+                    pickle ? "; this one has only pytorch_model.bin, a pickle: convert it to safetensors "
+                             "first (model.save_pretrained(dir, safe_serialization=True))"
+                           : ""));
+}
+
 SafetensorsFile open_input(const std::string& path) {
     try {
         return SafetensorsFile::open(path);
@@ -128,6 +144,7 @@ class HfWeights {
     static HfWeights sharded(const fs::path& index_path) {
         HfWeights w;
         w.where_ = index_path.string();
+        w.sharded_ = true;
         const std::string hint =
             "\n---> HINT: model.safetensors.index.json is {\"metadata\": {\"total_size\": BYTES}, \"weight_map\": "
             "{\"TENSOR\": \"model-00001-of-00002.safetensors\", ...}}, as save_pretrained writes it";
@@ -198,7 +215,25 @@ class HfWeights {
         return w;
     }
 
+    // <hf_dir>/model.safetensors, else <hf_dir>/model.safetensors.index.json and its shards (transformers' order).
+    static HfWeights open(const std::string& hf_dir) {
+        const fs::path single_path = fs::path(hf_dir) / kHfWeightsFile, index_path = fs::path(hf_dir) / kHfIndexFile;
+        if (!fs::exists(single_path) && fs::is_regular_file(index_path)) return sharded(index_path);
+        require_input_file(single_path.string(), hf_dir);
+        return single(single_path.string());
+    }
+
     const std::string& where() const { return where_; }
+    bool sharded() const { return sharded_; }
+    // The dtypes of the tensors, as the files name them: "F32", "BF16, F32", ...
+    std::string dtypes() const {
+        std::string out;
+        for (const auto& [key, i] : file_of_) {
+            const std::string& dtype = files_[i].info(key).dtype_name;
+            if (out.find(dtype) == std::string::npos) out += (out.empty() ? "" : ", ") + dtype;
+        }
+        return out;
+    }
     std::vector<std::string> names() const {  // sorted
         std::vector<std::string> out;
         for (const auto& [key, i] : file_of_) out.push_back(key);
@@ -209,9 +244,112 @@ class HfWeights {
 
   private:
     std::string where_;
+    bool sharded_ = false;
     std::vector<SafetensorsFile> files_;
     std::map<std::string, size_t> file_of_;  // tensor -> index into files_
 };
+
+// The run config of the imported checkpoint: --config's (`cfg_in`), whose model dims must be config.json's, or the
+// defaults with config.json's dims. Sets s.Vp: the vocabulary padded as the config pads it.
+Config import_config(const Config* cfg_in, GptShape& s, const std::string& config_path) {
+    Config cfg = cfg_in ? *cfg_in : Config{};
+    ModelConfig& m = cfg.model;
+    if (cfg_in) {
+        const int ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
+        const int positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
+        const std::pair<std::string, std::array<double, 2>> dims[] = {
+            {"model.num_layers / n_layer", {double(m.num_layers), double(s.L)}},
+            {"model.hidden_size / n_embd", {double(m.hidden_size), double(s.C)}},
+            {"model.num_attention_heads / n_head", {double(m.num_attention_heads), double(s.NH)}},
+            {"model.ffn_hidden_size (0: 4 * hidden_size) / n_inner", {double(ffn), double(s.F)}},
+            {"model.max_position_embeddings (0: seq_length) / n_positions", {double(positions), double(s.T)}},
+            {"model.vocab_size / vocab_size", {double(m.vocab_size == 0 ? s.V : m.vocab_size), double(s.V)}},
+            {"model.layernorm_epsilon / layer_norm_epsilon", {double(m.layernorm_epsilon), double(s.eps)}}};
+        for (const auto& [name, v] : dims)
+            if (v[0] != v[1])
+                throw UserError(
+                    fmt::format("config error: {} is {} in --config but {} in '{}'\n---> HINT: set the "
+                                "model section of the config to the imported model's dims",
+                                name, v[0], v[1], config_path));
+    } else {
+        m.num_layers = s.L;
+        m.hidden_size = s.C;
+        m.num_attention_heads = s.NH;
+        m.ffn_hidden_size = s.F;
+        m.seq_length = s.T;
+        m.max_position_embeddings = s.T;
+        m.layernorm_epsilon = s.eps;
+    }
+    m.vocab_size = s.V;
+    s.Vp = static_cast<int>(padded_vocab_size(s.V, std::max(1, m.make_vocab_size_divisible_by), 1));
+    return cfg;
+}
+
+// The GPT-2 parameters of `weights` (any key prefix, F32/BF16/F16, Conv1D transposed back) in the whole model's flat
+// layout (gpt_param_table(s)); wte's padding rows are zero.
+std::vector<float> read_gpt2_params(const HfWeights& weights, const GptShape& s, const std::string& config_path,
+                                    Progress::Style progress) {
+    const std::string& where = weights.where();
+    const std::vector<ParamInfo> table = gpt_param_table(s);
+    std::map<std::string, std::string> key_of;  // canonical name -> the file's key
+    std::string lm_head_key;
+    const std::regex mask_buffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
+    for (const std::string& key : weights.names()) {
+        const std::string name = key.starts_with("transformer.") ? key.substr(12) : key;
+        if (std::regex_match(name, mask_buffer)) continue;  // causal-mask buffers, not parameters
+        if (name == "lm_head.weight") {
+            lm_head_key = key;
+            continue;
+        }
+        const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
+        if (!known)
+            input_error(
+                fmt::format("'{}' holds the tensor '{}', which is not a parameter of the GPT-2 that '{}' "
+                            "describes (GPT-2 names: wte.weight, wpe.weight, h.<0..{}>.{{ln_1,attn.c_attn,"
+                            "attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}}.{{weight,bias}}, ln_f.{{weight,bias}}, "
+                            "optionally prefixed with 'transformer.')",
+                            weights.file(key).path(), key, config_path, s.L - 1));
+        if (key_of.count(name))
+            input_error(fmt::format("'{}' holds '{}' twice: as '{}' and as '{}'", where, name, key_of[name], key));
+        key_of[name] = key;
+    }
+    std::vector<float> flat(static_cast<size_t>(table.back().offset + table.back().numel), 0.0f);
+    std::vector<float> wte;  // kept for the tied-head check
+    Progress bar("convert: reading", static_cast<int64_t>(flat.size() * sizeof(float)), progress, "tensors");
+    int64_t done = 0, tensors_read = 0;
+    for (const ParamInfo& p : table) {
+        const auto it = key_of.find(p.name);
+        std::vector<int64_t> want = p.global_shape;  // in the file's orientation
+        if (p.name == "wte.weight") want[0] = s.V;
+        if (is_conv1d(p.name)) std::swap(want[0], want[1]);
+        if (it == key_of.end())
+            input_error(fmt::format("'{}' has no tensor '{}' (shape {}), which the GPT-2 of '{}' needs", where, p.name,
+                                    shape_str(want), config_path));
+        const SafetensorsFile& file = weights.file(it->second);
+        const std::vector<int64_t>& got = file.info(it->second).shape;
+        if (got != want)
+            input_error(fmt::format("'{}': tensor '{}' has shape {}, but '{}' makes it {}", file.path(), it->second,
+                                    shape_str(got), config_path, shape_str(want)));
+        std::vector<float> data = read_as_f32(file, it->second);
+        if (is_conv1d(p.name)) data = transpose(data.data(), want[0], want[1]);
+        std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte: rows >= V stay 0
+        done += p.numel * static_cast<int64_t>(sizeof(float));
+        bar.update(done, ++tensors_read);
+        if (p.name == "wte.weight") wte = std::move(data);
+    }
+    bar.finish();
+    if (!lm_head_key.empty()) {
+        const SafetensorsFile& file = weights.file(lm_head_key);
+        const std::vector<int64_t> want = {s.V, s.C};
+        if (file.info(lm_head_key).shape != want || read_as_f32(file, lm_head_key) != wte)
+            input_error(
+                fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, which this GPT-2 "
+                            "does not support (its head is wte)\n---> HINT: only GPT-2 models with tied "
+                            "embeddings (all of OpenAI's) can be imported",
+                            file.path(), lm_head_key));
+    }
+    return flat;
+}
 
 }  // namespace
 
@@ -323,7 +461,6 @@ HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std:
             t.data = transpose(t.data.data(), t.shape[0], t.shape[1]);
             std::swap(t.shape[0], t.shape[1]);
         }
-        out.params += static_cast<int64_t>(t.data.size());
         tensors.push_back(std::move(t));
         done += p.numel * static_cast<int64_t>(sizeof(float));
         bar.update(done, static_cast<int64_t>(tensors.size()));
@@ -331,9 +468,17 @@ HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std:
     bar.finish();
     std::vector<int64_t> nbytes;
     for (const CanonicalTensor& t : tensors) nbytes.push_back(static_cast<int64_t>(t.data.size() * sizeof(float)));
+    const int64_t hf_bytes = std::accumulate(nbytes.begin(), nbytes.end(), int64_t{0});  // wte unpadded
+    out.params = hf_bytes / static_cast<int64_t>(sizeof(float));
     const std::vector<std::vector<size_t>> shards =
         plan_hf_shards(nbytes, o.max_shard_bytes > 0 ? o.max_shard_bytes : std::numeric_limits<int64_t>::max());
     json weight_map = json::object();
+    Progress written("convert: writing", hf_bytes, o.progress, "tensors");
+    int64_t bytes_written = 0, tensors_written = 0;
+    const auto on_written = [&](uint64_t n) {
+        bytes_written += static_cast<int64_t>(n);
+        written.update(bytes_written, ++tensors_written);
+    };
     for (size_t k = 0; k < shards.size(); ++k) {
         const std::string name = shards.size() == 1 ? kHfWeightsFile : hf_shard_name(k, shards.size());
         std::vector<TensorEntry> entries;
@@ -342,13 +487,13 @@ HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std:
             entries.push_back({t.name, DType::kF32, t.shape, t.data.data()});
             weight_map[t.name] = name;
         }
-        write_safetensors((fs::path(out_dir) / name).string(), entries, {{"format", "pt"}});
+        write_safetensors((fs::path(out_dir) / name).string(), entries, {{"format", "pt"}}, on_written);
         out.files.push_back(name);
     }
+    written.finish();
     // One shard is model.safetensors without an index, as save_pretrained writes a model under its shard size.
     if (shards.size() > 1) {
-        const json index = {{"metadata", {{"total_size", std::accumulate(nbytes.begin(), nbytes.end(), int64_t{0})}}},
-                            {"weight_map", weight_map}};
+        const json index = {{"metadata", {{"total_size", hf_bytes}}}, {"weight_map", weight_map}};
         write_file_atomic((fs::path(out_dir) / kHfIndexFile).string(), index.dump(2) + "\n");
         out.files.push_back(kHfIndexFile);
     }
@@ -360,124 +505,15 @@ HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std:
 std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, const std::string& save_dir,
                            Progress::Style progress) {
     const std::string config_path = (fs::path(hf_dir) / kHfConfigFile).string();
-    const fs::path weights_path = fs::path(hf_dir) / kHfWeightsFile, index_path = fs::path(hf_dir) / kHfIndexFile;
-    const bool sharded = !fs::exists(weights_path) && fs::is_regular_file(index_path);
-    for (const std::string& path : {config_path, sharded ? index_path.string() : weights_path.string()}) {
-        if (fs::is_regular_file(path)) continue;
-        const bool pickle = path == weights_path && (fs::exists(fs::path(hf_dir) / "pytorch_model.bin") ||
-                                                     fs::exists(fs::path(hf_dir) / "pytorch_model.bin.index.json"));
-        input_error(fmt::format(
-            "'{}' does not exist{}\n---> HINT: --load takes a Hugging Face GPT-2 directory holding config.json and "
-            "model.safetensors, or model.safetensors.index.json and the shards it names (what save_pretrained "
-            "writes){}",
-            path, fs::is_directory(hf_dir) ? "" : fmt::format(" ('{}' is not a directory)", hf_dir),
-            pickle ? "; this one has only pytorch_model.bin, a pickle: convert it to safetensors "
-                     "first (model.save_pretrained(dir, safe_serialization=True))"
-                   : ""));
-    }
+    require_input_file(config_path, hf_dir);
     std::ifstream config_file(config_path);
     const json hf_config = json::parse(config_file, nullptr, /*allow_exceptions=*/false);
     if (hf_config.is_discarded()) input_error(fmt::format("'{}' is not valid JSON", config_path));
     GptShape s = hf_gpt2_shape(hf_config, config_path);
-
-    // The run config this checkpoint is for: --config's, whose model dims must be config.json's, or the defaults.
-    Config cfg = cfg_in ? *cfg_in : Config{};
-    ModelConfig& m = cfg.model;
-    if (cfg_in) {
-        const int ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
-        const int positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
-        const std::pair<std::string, std::array<double, 2>> dims[] = {
-            {"model.num_layers / n_layer", {double(m.num_layers), double(s.L)}},
-            {"model.hidden_size / n_embd", {double(m.hidden_size), double(s.C)}},
-            {"model.num_attention_heads / n_head", {double(m.num_attention_heads), double(s.NH)}},
-            {"model.ffn_hidden_size (0: 4 * hidden_size) / n_inner", {double(ffn), double(s.F)}},
-            {"model.max_position_embeddings (0: seq_length) / n_positions", {double(positions), double(s.T)}},
-            {"model.vocab_size / vocab_size", {double(m.vocab_size == 0 ? s.V : m.vocab_size), double(s.V)}},
-            {"model.layernorm_epsilon / layer_norm_epsilon", {double(m.layernorm_epsilon), double(s.eps)}}};
-        for (const auto& [name, v] : dims)
-            if (v[0] != v[1])
-                throw UserError(
-                    fmt::format("config error: {} is {} in --config but {} in '{}'\n---> HINT: set the "
-                                "model section of the config to the imported model's dims",
-                                name, v[0], v[1], config_path));
-    } else {
-        m.num_layers = s.L;
-        m.hidden_size = s.C;
-        m.num_attention_heads = s.NH;
-        m.ffn_hidden_size = s.F;
-        m.seq_length = s.T;
-        m.max_position_embeddings = s.T;
-        m.layernorm_epsilon = s.eps;
-    }
-    m.vocab_size = s.V;
-    s.Vp = static_cast<int>(padded_vocab_size(s.V, std::max(1, m.make_vocab_size_divisible_by), 1));
-
-    // model.safetensors (or its shards) -> canonical tensors in the whole model's flat layout.
-    const HfWeights weights = sharded ? HfWeights::sharded(index_path) : HfWeights::single(weights_path.string());
-    const std::string& where = weights.where();
-    const std::vector<ParamInfo> table = gpt_param_table(s);
-    std::map<std::string, std::string> key_of;  // canonical name -> the file's key
-    std::string lm_head_key;
-    const std::regex mask_buffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
-    for (const std::string& key : weights.names()) {
-        const std::string name = key.starts_with("transformer.") ? key.substr(12) : key;
-        if (std::regex_match(name, mask_buffer)) continue;  // causal-mask buffers, not parameters
-        if (name == "lm_head.weight") {
-            lm_head_key = key;
-            continue;
-        }
-        const bool known = std::any_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
-        if (!known)
-            input_error(
-                fmt::format("'{}' holds the tensor '{}', which is not a parameter of the GPT-2 that '{}' "
-                            "describes (GPT-2 names: wte.weight, wpe.weight, h.<0..{}>.{{ln_1,attn.c_attn,"
-                            "attn.c_proj,ln_2,mlp.c_fc,mlp.c_proj}}.{{weight,bias}}, ln_f.{{weight,bias}}, "
-                            "optionally prefixed with 'transformer.')",
-                            weights.file(key).path(), key, config_path, s.L - 1));
-        if (key_of.count(name))
-            input_error(fmt::format("'{}' holds '{}' twice: as '{}' and as '{}'", where, name, key_of[name], key));
-        key_of[name] = key;
-    }
-    std::vector<float> flat(static_cast<size_t>(table.back().offset + table.back().numel), 0.0f);
-    std::vector<float> wte;
-    Progress bar("convert: reading", static_cast<int64_t>(flat.size() * sizeof(float)), progress, "tensors");
-    int64_t done = 0, tensors_read = 0;
-    for (const ParamInfo& p : table) {
-        const auto it = key_of.find(p.name);
-        std::vector<int64_t> want = p.global_shape;  // in the file's orientation
-        if (p.name == "wte.weight") want[0] = s.V;
-        if (is_conv1d(p.name)) std::swap(want[0], want[1]);
-        if (it == key_of.end())
-            input_error(fmt::format("'{}' has no tensor '{}' (shape {}), which the GPT-2 of '{}' needs", where, p.name,
-                                    shape_str(want), config_path));
-        const SafetensorsFile& file = weights.file(it->second);
-        const std::vector<int64_t>& got = file.info(it->second).shape;
-        if (got != want)
-            input_error(fmt::format("'{}': tensor '{}' has shape {}, but '{}' makes it {}", file.path(), it->second,
-                                    shape_str(got), config_path, shape_str(want)));
-        std::vector<float> data = read_as_f32(file, it->second);
-        if (is_conv1d(p.name)) data = transpose(data.data(), want[0], want[1]);
-        std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte: rows >= V stay 0
-        done += p.numel * static_cast<int64_t>(sizeof(float));
-        bar.update(done, ++tensors_read);
-        if (p.name == "wte.weight") wte = std::move(data);
-    }
-    bar.finish();
-    if (!lm_head_key.empty()) {
-        const SafetensorsFile& file = weights.file(lm_head_key);
-        const std::vector<int64_t> want = {s.V, s.C};
-        if (file.info(lm_head_key).shape != want || read_as_f32(file, lm_head_key) != wte)
-            input_error(
-                fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, which this GPT-2 "
-                            "does not support (its head is wte)\n---> HINT: only GPT-2 models with tied "
-                            "embeddings (all of OpenAI's) can be imported",
-                            file.path(), lm_head_key));
-    }
-    std::string dtypes;
-    for (const std::string& key : weights.names()) {
-        const std::string& dtype = weights.file(key).info(key).dtype_name;
-        if (dtypes.find(dtype) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + dtype;
-    }
+    const Config cfg = import_config(cfg_in, s, config_path);  // sets s.Vp
+    const HfWeights weights = HfWeights::open(hf_dir);
+    const std::vector<float> flat = read_gpt2_params(weights, s, config_path, progress);
+    const std::string dtypes = weights.dtypes();
 
     TrainState state;  // iteration 0: nothing trained yet
     state.lr_decay_style = cfg.lr_schedule.lr_decay_style;
@@ -496,7 +532,7 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
         "convert: imported {} ({} layers, hidden {}, {} heads, {} positions, vocabulary {} padded to {}; {}; {}) "
         "into {}",
         hf_dir, s.L, s.C, s.NH, s.T, s.V, s.Vp, dtypes,
-        sharded ? fmt::format("{} shards", weights.num_files()) : std::string(kHfWeightsFile), dir);
+        weights.sharded() ? fmt::format("{} shards", weights.num_files()) : std::string(kHfWeightsFile), dir);
     return dir;
 }
 

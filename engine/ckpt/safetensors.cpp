@@ -76,7 +76,8 @@ int64_t TensorInfo::numel() const {
 // ---- writer ----
 
 void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(uint64_t)>& on_written) {
     std::set<std::string_view> seen;
     for (const TensorEntry& t : tensors) {
         MS_CHECK(!t.name.empty() && t.name != "__metadata__", "invalid safetensors tensor name '{}'", t.name);
@@ -117,7 +118,10 @@ void write_safetensors(const std::string& path, const std::vector<TensorEntry>& 
     AtomicFile f(path);
     f.write(&header_len, 8);
     f.write(text);
-    for (size_t i = 0; i < order.size(); ++i) f.write(order[i]->data, nbytes[i]);
+    for (size_t i = 0; i < order.size(); ++i) {
+        f.write(order[i]->data, nbytes[i]);
+        if (on_written) on_written(nbytes[i]);
+    }
     f.commit();
 }
 

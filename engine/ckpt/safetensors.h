@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,8 +44,10 @@ struct TensorEntry {
 
 // Writes `path` atomically (path.tmp, fsync, rename, fsync dir). Throws UserError (kExitCheckpoint) on I/O errors;
 // a duplicate or empty name, the name "__metadata__" or a negative dimension is a programming error (MS_CHECK).
+// on_written, if given, is called with each tensor's byte count once its data is written (progress).
 void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::function<void(uint64_t)>& on_written = {});
 
 // "F32", "BF16", ... as the format spells the engine's types.
 std::string_view safetensors_dtype(DType t);

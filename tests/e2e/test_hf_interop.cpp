@@ -748,11 +748,17 @@ TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
     const auto plain = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_plain"));
     ASSERT_EQ(plain.exit_code, 0) << plain.output;
     EXPECT_EQ(plain.output.find('\r'), std::string::npos) << plain.output;
-    // A pseudo-terminal (util-linux `script`), when there is one: the bar, at 100% over the 28 tensors.
+    // A pseudo-terminal (util-linux `script`), when there is one: the bars, at 100% over the 28 tensors (reading the
+    // checkpoint and writing the safetensors for the export; reading the safetensors for the import).
     if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` for a pseudo-terminal";
-    for (const std::string& args : {"--to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tty"),
-                                    "--from hf-gpt2 --load " + path("hf") + " --out " + path("imp_tty")}) {
-        const std::string cmd = "script -qec \"'" MS_BINARY_PATH "' convert " + args + "\" /dev/null 2>&1";
+    const struct {
+        std::string args;
+        std::vector<std::string> bars;
+    } cases[] = {
+        {"--to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tty"), {"convert: reading", "convert: writing"}},
+        {"--from hf-gpt2 --load " + path("hf") + " --out " + path("imp_tty"), {"convert: reading"}}};
+    for (const auto& c : cases) {
+        const std::string cmd = "script -qec \"'" MS_BINARY_PATH "' convert " + c.args + "\" /dev/null 2>&1";
         std::string output;
         FILE* p = popen(cmd.c_str(), "r");
         ASSERT_NE(p, nullptr);
@@ -760,8 +766,11 @@ TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
         size_t n;
         while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
         ASSERT_EQ(pclose(p), 0) << output;
-        EXPECT_NE(output.find("convert: reading [##############################] 100.0%"), std::string::npos) << output;
-        EXPECT_NE(output.find("28 tensors  ETA 0:00"), std::string::npos) << output;
+        for (const std::string& bar : c.bars) {
+            const size_t at = output.find(bar + " [##############################] 100.0%");
+            ASSERT_NE(at, std::string::npos) << bar << " in\n" << output;
+            EXPECT_NE(output.find("28 tensors  ETA 0:00", at), std::string::npos) << output;
+        }
     }
 }
 
