@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,24 @@
 #include "comm/nodes.h"
 
 namespace ms {
+
+// One operation from its issue to its completion, as LinkModelCommunicator counts it (for a timeline:
+// engine/train/trace.h). Times on the steady clock (now_seconds()).
+struct CommRecord {
+    std::string_view group;  // Communicator::name(): "dp", "pp", "dp.intra", ...
+    CommOp op = CommOp::kCount;
+    bool mixed_p2p = false;  // a batch of both sends and receives (op is then kSend)
+    Priority priority = Priority::kNormal;
+    int64_t bytes = 0;  // a collective's payload (link_model.h counts it); a point-to-point batch's messages, summed
+    double issued = 0, wait_began = 0, completed = 0;  // wait_began 0: found complete by test(), never waited on
+};
+
+// Receives every operation the matrix counts, on the thread that completes it (the comm engine's too).
+class CommListener {
+  public:
+    virtual ~CommListener() = default;
+    virtual void operation(const CommRecord& r) = 0;
+};
 
 struct PairTraffic {
     int64_t bytes = 0;
@@ -54,6 +73,9 @@ class CommMatrix {
         return op_seconds_[static_cast<size_t>(group)];
     }
     PairTraffic sent(int group, int dst) const;
+    // Not owned; null (the default): none. Set while no operation is in flight.
+    void set_listener(CommListener* l) { listener_.store(l, std::memory_order_release); }
+    CommListener* listener() const { return listener_.load(std::memory_order_acquire); }
 
     // Collective over `world` (every rank of the matrix, in world order; not a counting communicator): rank 0 gets
     // {world_size, nodes, node_layout, pairs: [{src, dst, group, link, bytes, ops, seconds}] by bytes descending,
@@ -66,6 +88,7 @@ class CommMatrix {
     NodeLayout nodes_;
     std::vector<PairTraffic> sent_;  // (kGroups, world size): what this rank sent, by group and destination
     std::array<double, kGroups.size()> op_seconds_{};
+    std::atomic<CommListener*> listener_{nullptr};
 };
 
 // The `n` pairs of a gathered matrix with the most bytes, as lines of a table for the log.

@@ -36,6 +36,7 @@ struct LinkModelCommunicator::Op final : Handle::State {
     std::vector<double> recv_seconds;  // per receive: its modelled transfer time
     std::vector<P2POp> stamp_ops;
     std::vector<int> dsts;  // world ranks this operation sends to
+    CommRecord record;      // what a CommListener gets (comm_matrix.h)
 
     // The deadline once the receives' stamps have arrived.
     double modelled_deadline() const {
@@ -48,8 +49,14 @@ struct LinkModelCommunicator::Op final : Handle::State {
         CommMatrix& m = owner->matrix_;
         m.add_op_seconds(owner->group_, seconds);
         for (int dst : dsts) m.add_send_seconds(owner->group_, dst, seconds);
+        if (CommListener* l = m.listener()) {
+            record.issued = issued;
+            record.completed = completion;
+            l->operation(record);
+        }
     }
     void wait() override {
+        record.wait_began = now_seconds();
         const bool modelled = owner->model_ != nullptr;
         const bool was_complete = modelled && inner.test() && stamps.test();
         inner.wait();
@@ -136,6 +143,7 @@ LinkModelCommunicator::Op& LinkModelCommunicator::take_op(double issued) {
     op.recv_seconds.clear();
     op.stamp_ops.clear();
     op.dsts.clear();
+    op.record = {.group = name()};
     return op;
 }
 
@@ -144,9 +152,12 @@ Handle LinkModelCommunicator::forward(Call&& call) {
     return count_through(*inner_, std::forward<Call>(call));
 }
 
-Handle LinkModelCommunicator::collective(CommOp kind, double bytes, int root, double issued, Handle inner) {
+Handle LinkModelCommunicator::collective(CommOp kind, double bytes, int root, Priority p, double issued, Handle inner) {
     Op& op = take_op(issued);
     op.inner = std::move(inner);
+    op.record.op = kind;
+    op.record.priority = p;
+    op.record.bytes = static_cast<int64_t>(bytes);
     sends_.clear();
     ring_sends(kind, static_cast<int64_t>(bytes), size(), rank(), root, sends_);
     for (const RingSend& s : sends_) {
@@ -167,7 +178,13 @@ Handle LinkModelCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, P
     op.inner = std::move(h);
     const int me = members_[static_cast<size_t>(rank())];
     size_t recvs = 0;
-    for (const P2POp& o : ops) recvs += o.kind == P2POp::Kind::kRecv;
+    for (const P2POp& o : ops) {
+        recvs += o.kind == P2POp::Kind::kRecv;
+        op.record.bytes += static_cast<int64_t>(o.count * dtype_size(o.dtype));
+    }
+    op.record.op = recvs == ops.size() ? CommOp::kRecv : CommOp::kSend;
+    op.record.mixed_p2p = recvs > 0 && recvs < ops.size();
+    op.record.priority = p;
     op.recv_stamp.assign(recvs, 0.0);  // sized before any pointer into them is posted
     op.send_stamp.assign(ops.size() - recvs, 0.0);
     for (const P2POp& o : ops) {
@@ -204,7 +221,7 @@ Handle LinkModelCommunicator::all_reduce_impl(void* buf, size_t count, DType t, 
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] { return inner_->all_reduce(std::span<T>(static_cast<T*>(buf), count), op, p); });
     });
-    return collective(CommOp::kAllReduce, static_cast<double>(count * dtype_size(t)), 0, issued, std::move(h));
+    return collective(CommOp::kAllReduce, static_cast<double>(count * dtype_size(t)), 0, p, issued, std::move(h));
 }
 
 Handle LinkModelCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
@@ -217,7 +234,8 @@ Handle LinkModelCommunicator::reduce_scatter_impl(const void* in, void* out, siz
                                           std::span<T>(static_cast<T*>(out), out_count), op, p);
         });
     });
-    return collective(CommOp::kReduceScatter, static_cast<double>(in_count * dtype_size(t)), 0, issued, std::move(h));
+    return collective(CommOp::kReduceScatter, static_cast<double>(in_count * dtype_size(t)), 0, p, issued,
+                      std::move(h));
 }
 
 Handle LinkModelCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
@@ -230,7 +248,7 @@ Handle LinkModelCommunicator::all_gather_impl(const void* in, void* out, size_t 
                                       std::span<T>(static_cast<T*>(out), out_count), p);
         });
     });
-    return collective(CommOp::kAllGather, static_cast<double>(out_count * dtype_size(t)), 0, issued, std::move(h));
+    return collective(CommOp::kAllGather, static_cast<double>(out_count * dtype_size(t)), 0, p, issued, std::move(h));
 }
 
 Handle LinkModelCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) {
@@ -239,7 +257,7 @@ Handle LinkModelCommunicator::broadcast_impl(void* buf, size_t count, DType t, i
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] { return inner_->broadcast(std::span<T>(static_cast<T*>(buf), count), root, p); });
     });
-    return collective(CommOp::kBroadcast, static_cast<double>(count * dtype_size(t)), root, issued, std::move(h));
+    return collective(CommOp::kBroadcast, static_cast<double>(count * dtype_size(t)), root, p, issued, std::move(h));
 }
 
 Handle LinkModelCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
@@ -248,7 +266,7 @@ Handle LinkModelCommunicator::reduce_impl(void* buf, size_t count, DType t, int 
         using T = std::remove_pointer_t<decltype(type)>;
         return forward([&] { return inner_->reduce(std::span<T>(static_cast<T*>(buf), count), root, op, p); });
     });
-    return collective(CommOp::kReduce, static_cast<double>(count * dtype_size(t)), root, issued, std::move(h));
+    return collective(CommOp::kReduce, static_cast<double>(count * dtype_size(t)), root, p, issued, std::move(h));
 }
 
 Handle LinkModelCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
@@ -261,7 +279,7 @@ Handle LinkModelCommunicator::all_to_all_impl(const void* in, void* out, size_t 
                                       std::span<T>(static_cast<T*>(out), out_count), p);
         });
     });
-    return collective(CommOp::kAllToAll, static_cast<double>(in_count * dtype_size(t)), 0, issued, std::move(h));
+    return collective(CommOp::kAllToAll, static_cast<double>(in_count * dtype_size(t)), 0, p, issued, std::move(h));
 }
 
 void model_links(ProcessGroups& groups, CommMatrix& matrix, const LinkModel* model) {

@@ -17,7 +17,8 @@
 // When an operation is complete: under the model, an operation the inner communicator had completed before the wait
 // began completes at its modelled time (the model's premise: the machine's own transfer is negligible next to the
 // modelled one); otherwise at the moment the wait saw it complete. The counted time (issue to completion) goes to the
-// matrix: the group's total, and each pair the operation sends on (comm_matrix.h).
+// matrix: the group's total, and each pair the operation sends on (comm_matrix.h); and, when the matrix has a listener
+// (a timeline: engine/train/trace.h), the operation itself as a CommRecord, with when a wait() on it began.
 //
 // Stats: the inner communicator's op and byte counters (the stamps travel on their own communicator, uncounted); the
 // wait time is this decorator's, so it includes the modelled delay. barrier() is passed through, not modelled. split()
@@ -72,7 +73,7 @@ class LinkModelCommunicator final : public Communicator {
     static constexpr size_t kPooledOps = 64;  // operation states made at construction
     Op& take_op(double issued);
     // Counts a collective of `bytes` (as link_model.h's table counts them) and wraps the inner handle with its delay.
-    Handle collective(CommOp kind, double bytes, int root, double issued, Handle inner);
+    Handle collective(CommOp kind, double bytes, int root, Priority p, double issued, Handle inner);
     template <class Call>
     Handle forward(Call&& call);  // runs the inner call and mirrors the inner counters' increase
 

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <utility>
 
+#include "engine/core/timer.h"
 #include "memory/arena_memory.h"
 
 namespace ms {
@@ -101,11 +102,12 @@ std::string describe(OpKind op, const std::array<int64_t, 4>& d, uint32_t flags)
 
 }  // namespace
 
-bool ProfilingBackend::Key::operator<(const Key& o) const {
-    return std::tie(op, dims, flags) < std::tie(o.op, o.dims, o.flags);
-}
+bool OpKey::operator<(const OpKey& o) const { return std::tie(op, dims, flags) < std::tie(o.op, o.dims, o.flags); }
 
-ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+std::string OpKey::describe() const { return ms::describe(op, dims, flags); }
+
+ProfilingBackend::ProfilingBackend(std::unique_ptr<Backend> inner, Totals totals)
+    : inner_(std::move(inner)), totals_on_(totals == Totals::kOn) {}
 
 std::unique_ptr<ArenaMemory> ProfilingBackend::make_arena_memory(size_t bytes) {
     return inner_->make_arena_memory(bytes);
@@ -113,14 +115,19 @@ std::unique_ptr<ArenaMemory> ProfilingBackend::make_arena_memory(size_t bytes) {
 
 template <class F>
 void ProfilingBackend::timed(const Key& key, F&& op) {
+    const bool record = timeline_ != nullptr && timeline_->recording();
+    if (!totals_on_ && !record) return op();
     inner_->synchronize();  // whatever the host issued before (e.g. a collective's wait) is not this op's
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     op();
     inner_->synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Totals& t = totals_[key];  // allocates at a group's first call only
-    ++t.calls;
-    t.seconds += s;
+    const double t1 = now_seconds();
+    if (totals_on_) {
+        Sums& t = totals_[key];  // allocates at a group's first call only
+        ++t.calls;
+        t.seconds += t1 - t0;
+    }
+    if (record) timeline_->op(key, t0, t1);
 }
 
 void ProfilingBackend::reset() { totals_.clear(); }

@@ -8,6 +8,10 @@
 // without it. Ops are grouped by kind and, for the matmuls and attention, by shape (the Linear layers of a GPT are
 // then one row each); a group is created at its first call and found again without allocating, so steady-state
 // steps allocate nothing (the trainer's MS_CHECK_ALLOCS guard stays valid).
+//
+// A timeline (OpTimeline: logging.trace_dir, engine/train/trace.h) gets each op with its start and end, timed the
+// same way, while its recording() says so. A ProfilingBackend made for a timeline alone (Totals::kOff) forwards every
+// op untimed outside the recorded iterations.
 #pragma once
 
 #include <array>
@@ -22,9 +26,28 @@
 
 namespace ms {
 
+// A group of the profile: the op, up to four sizes (0 = none) and flags (which optional parts the call had).
+struct OpKey {
+    OpKind op;
+    std::array<int64_t, 4> dims{};
+    uint32_t flags = 0;
+    bool operator<(const OpKey& o) const;
+    std::string describe() const;  // e.g. "matmul forward N 4096 K 768 M 2304 +bias"
+};
+
+// Receives every op, with its start and end on the steady clock (now_seconds()), while recording().
+class OpTimeline {
+  public:
+    virtual ~OpTimeline() = default;
+    virtual bool recording() const = 0;
+    virtual void op(const OpKey& key, double begin, double end) = 0;
+};
+
 class ProfilingBackend final : public Backend {
   public:
-    explicit ProfilingBackend(std::unique_ptr<Backend> inner);
+    enum class Totals : uint8_t { kOn, kOff };  // kOff: no table, only the timeline's ops are timed
+    explicit ProfilingBackend(std::unique_ptr<Backend> inner, Totals totals = Totals::kOn);
+    void set_timeline(OpTimeline* timeline) { timeline_ = timeline; }  // not owned; null: none
 
     struct Row {
         std::string op;     // e.g. "matmul forward N 4096 K 768 M 2304 +bias"
@@ -66,14 +89,8 @@ class ProfilingBackend final : public Backend {
     void zero(const Tensor& x) override;
 
   private:
-    // A group: the op, up to four sizes (0 = none) and flags (which optional parts the call had).
-    struct Key {
-        OpKind op;
-        std::array<int64_t, 4> dims{};
-        uint32_t flags = 0;
-        bool operator<(const Key& o) const;
-    };
-    struct Totals {
+    using Key = OpKey;
+    struct Sums {
         int64_t calls = 0;
         double seconds = 0.0;
     };
@@ -81,7 +98,9 @@ class ProfilingBackend final : public Backend {
     void timed(const Key& key, F&& op);
 
     std::unique_ptr<Backend> inner_;
-    std::map<Key, Totals> totals_;
+    bool totals_on_;
+    OpTimeline* timeline_ = nullptr;
+    std::map<Key, Sums> totals_;
 };
 
 }  // namespace ms

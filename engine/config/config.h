@@ -144,6 +144,9 @@ struct LoggingConfig {
     std::string metrics_file = "${run.output_dir}/metrics.jsonl";
     double peak_flops = 0;        // FLOP/s used for MFU; 0 -> measured by an sgemm probe at start
     std::string tensorboard_dir;  // TensorBoard event files (engine/train/tensorboard.h); empty: none
+    std::string trace_dir;        // a Chrome/Perfetto timeline per rank, merged (engine/train/trace.h); empty: none
+    // the iterations trace_dir records: "N" or "FIRST:LAST", inclusive
+    std::string trace_steps = "2:3";
 };
 
 struct EvalConfig {

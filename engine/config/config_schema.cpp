@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "engine/core/check.h"
+#include "engine/train/trace.h"
 
 namespace ms::config_detail {
 namespace {
@@ -49,6 +50,11 @@ const char* split_weights(const FieldPtr& ptr) {
         begin = end + 1;
     }
     return (parts <= 3 && sum > 0) ? nullptr : kPhrase;
+}
+
+// logging.trace_steps: "N" or "FIRST:LAST" (engine/train/trace.h).
+const char* trace_steps_value(const FieldPtr& ptr) {
+    return parse_trace_steps(*std::get<std::string*>(ptr)) ? nullptr : kTraceStepsPhrase;
 }
 
 std::string constraint_phrase(const Constraint& c) {
@@ -214,6 +220,11 @@ std::vector<Field> config_fields(Config& c) {
         {"logging.peak_flops", &c.logging.peak_flops,
          Constraint{.min = 0, .hint = "0 measures it with an sgemm probe at start"}, true},
         {"logging.tensorboard_dir", &c.logging.tensorboard_dir, {}},
+        {"logging.trace_dir", &c.logging.trace_dir, {}},
+        {"logging.trace_steps", &c.logging.trace_steps,
+         Constraint{.custom = trace_steps_value,
+                    .phrase = kTraceStepsPhrase,
+                    .hint = "e.g. 5:6 traces iterations 5 and 6 (Megatron's --profile-step-start/--profile-step-end)"}},
 
         {"eval.eval_interval", &c.eval.eval_interval, Constraint{.min = 0, .hint = "0 disables validation"}},
         {"eval.eval_iters", &c.eval.eval_iters, at_least(0)},

@@ -17,6 +17,7 @@
 #include "engine/parallel/topology.h"
 #include "engine/train/reliability.h"
 #include "engine/train/run_layout.h"
+#include "engine/train/trace.h"
 
 namespace ms {
 namespace {
@@ -267,6 +268,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "at most {}, or 0 to skip sampling",
             cfg.eval.sample_tokens, kSampleWindows, max_positions, kSampleWindows * int64_t{max_positions},
             kSampleWindows * int64_t{max_positions});
+    }
+    if (const std::optional<TraceSteps> traced = parse_trace_steps(cfg.logging.trace_steps);
+        !cfg.logging.trace_dir.empty() && traced && traced->first > t.train_iters) {
+        fail(
+            "logging.trace_steps('{}') starts after training.train_iters({}): nothing would be traced; hint: e.g. "
+            "--set logging.trace_steps={}:{}",
+            cfg.logging.trace_steps, t.train_iters, std::min<int64_t>(2, t.train_iters), t.train_iters);
     }
     // The fault-injection spec that applies (MS_INJECT overrides reliability.inject): its syntax, a rank this world
     // has and a step the run reaches.

@@ -4,7 +4,9 @@
 #include <limits>
 #include <span>
 
+#include "engine/core/timer.h"
 #include "engine/optim/distributed_optimizer.h"
+#include "engine/train/trace.h"
 
 namespace ms {
 namespace {
@@ -188,6 +190,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
         const Action& a = actions[i];
         const int c = a.chunk, mb = a.microbatch, k = model_chunk(c);
         Gpt& chunk = *chunks_[static_cast<size_t>(c)];
+        const double t0 = trace_ != nullptr ? now_seconds() : 0.0;
         switch (a.kind) {
             case Action::Kind::kRecvActivation: {
                 const int s = acquire(c, mb);
@@ -231,7 +234,12 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 break;
             }
         }
-        if (ends_p2p_batch(actions, i)) run_batch();
+        if (trace_ != nullptr && !is_p2p(a.kind)) trace_->compute(a, t0, now_seconds());
+        if (ends_p2p_batch(actions, i)) {
+            const double issued = trace_ != nullptr ? now_seconds() : 0.0;
+            run_batch();
+            if (trace_ != nullptr) trace_->p2p_batch(actions, i, issued, now_seconds());
+        }
     }
     for (auto& c : chunks_) c->finish_gradients();
     // the tied embedding: first and last stage each hold wte; their gradients are summed

@@ -31,6 +31,8 @@
 
 namespace ms {
 
+class Trace;  // engine/train/trace.h
+
 // The most micro-batches of each local chunk whose forward is done and backward is not, in a stage's action list:
 // the activation slots PipelineModel gives each chunk.
 std::vector<int> pipeline_activation_slots(const std::vector<Action>& stage_actions, int virtual_stages);
@@ -77,6 +79,9 @@ class PipelineModel {
     // parallel.overlap_param_gather: every chunk's forward and backward waits, before a step first reads parameters,
     // for the buckets of `gather` that hold them (graph::RunArgs::on_params_needed). Not owned; null: no overlap.
     void set_param_gather(ParamGather* gather);
+    // logging.trace_dir: train_step() hands each forward, backward and point-to-point batch to `trace` (it records
+    // them in the iterations it traces). Not owned; null: none.
+    void set_trace(Trace* trace) { trace_ = trace; }
     // Mean loss of `micro_batches` micro-batches of this rank's slice, forward only (on every stage). stop, when
     // given, is called after every micro-batch on every rank (the trainer's agreement on a stop signal); once it
     // returns true the evaluation ends there and returns nullopt.
@@ -110,6 +115,7 @@ class PipelineModel {
         if (gather_ != nullptr) gather_->finish();
     }
 
+    Trace* trace_ = nullptr;
     GradBuckets* buckets_ = nullptr;
     std::vector<graph::GradsFinalFn> report_final_;  // per local chunk, to buckets_ with its base
     ParamGather* gather_ = nullptr;

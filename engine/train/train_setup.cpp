@@ -10,6 +10,7 @@
 #include <span>
 
 #include "comm/comm_engine.h"
+#include "comm/flight_recorder.h"
 #include "comm/hierarchical_communicator.h"
 #include "comm/link_model_communicator.h"
 #include "comm/synchronizing_communicator.h"
@@ -169,7 +170,46 @@ void log_inputs(const TrainRun& r) {
     log_derived(r.layout, cfg);
 }
 
-// MS_DEFER_OPS and MS_PROFILE_OPS wrap the backend (deferred_backend.h, profiling_backend.h).
+// logging.trace_dir: this rank's timeline (engine/train/trace.h), fed by the communication matrix (here), the
+// backend's op timer (wrap_backend) and the pipeline (run_train). Collective over world.
+void open_trace(TrainRun& r) {
+    const LoggingConfig& lc = r.cfg.logging;
+    if (lc.trace_dir.empty()) return;
+    // rank 0's realtime clock is every rank's zero; a double travels as two int32 words
+    std::array<int32_t, 2> origin{};
+    const double unix_now = unix_seconds();
+    std::memcpy(origin.data(), &unix_now, sizeof(unix_now));
+    r.world.broadcast(std::span<int32_t>(origin), 0).wait();
+    double zero = 0;
+    std::memcpy(&zero, origin.data(), sizeof(zero));
+    const RunLayout& l = r.layout;
+    const ProcessGroups& g = *r.groups;
+    // a first guess at one iteration's events (Trace grows what does not fit): per layer and micro-batch a few dozen
+    // ops and, with tp, a few collectives
+    const size_t layers = static_cast<size_t>(l.layers_per_chunk * l.virtual_stages);
+    const size_t m = static_cast<size_t>(l.num_microbatches), v = static_cast<size_t>(l.virtual_stages);
+    const Trace::Capacity capacity{
+        .ops = 64 * layers * m + 4096, .comms = 8 * layers * m + 8 * v * m + 1024, .pipeline = 6 * v * m};
+    const TraceRank rank{.world_rank = r.world.rank(),
+                         .world_size = r.world.size(),
+                         .tp_rank = g.tp_rank,
+                         .pp_rank = g.pp_rank,
+                         .dp_rank = g.dp_rank,
+                         .pp_size = g.pp_size,
+                         .virtual_stages = l.virtual_stages};
+    const TraceSteps steps = *parse_trace_steps(lc.trace_steps);  // validated with the config
+    on_every_rank_or_none(r.world, "open logging.trace_dir", [&] {
+        r.trace = std::make_unique<Trace>(lc.trace_dir, steps, r.cfg.training.train_iters, rank, zero, capacity);
+    });
+    r.comm_matrix->set_listener(r.trace.get());
+    log_info(
+        "trace: iterations {} to {} on a timeline per rank in {} (every op timed alone, as MS_PROFILE_OPS does, so "
+        "traced iterations run slower), merged into {}/trace.json for ui.perfetto.dev",
+        steps.first, r.trace->last_step(), lc.trace_dir, lc.trace_dir);
+}
+
+// MS_DEFER_OPS and MS_PROFILE_OPS wrap the backend (deferred_backend.h, profiling_backend.h), and so does
+// logging.trace_dir, whose timeline gets each op (without MS_PROFILE_OPS, only in the traced iterations).
 void wrap_backend(TrainRun& r) {
     if (r.env.defer_ops) {
         r.backend = std::make_unique<DeferredBackend>(std::move(r.backend));
@@ -177,10 +217,14 @@ void wrap_backend(TrainRun& r) {
             "MS_DEFER_OPS=1: ops run only when the host synchronizes (deferred_backend.h), so a missing "
             "synchronization changes the results; a checking mode, not for speed");
     }
-    if (r.env.profile_ops) {
-        auto wrapped = std::make_unique<ProfilingBackend>(std::move(r.backend));
-        r.profiler = wrapped.get();
+    if (r.env.profile_ops || r.trace) {
+        auto wrapped = std::make_unique<ProfilingBackend>(
+            std::move(r.backend), r.env.profile_ops ? ProfilingBackend::Totals::kOn : ProfilingBackend::Totals::kOff);
+        wrapped->set_timeline(r.trace.get());
+        if (r.env.profile_ops) r.profiler = wrapped.get();
         r.backend = std::move(wrapped);
+    }
+    if (r.env.profile_ops) {
         log_info(
             "MS_PROFILE_OPS=1: every op is timed on its own (a synchronisation around each), so steps are slower "
             "than without it; the table comes at the end");
@@ -319,6 +363,7 @@ void setup_backend(TrainRun& r) {
     on_every_rank_or_none(r.world, "start its backend", [&] { r.backend = make_backend(bo); });
     check_memory_fits(r.cfg, r.stages, r.world, r.mpi.local_size(), r.backend->device_memory());
     r.reliability->stop_point(r.world);
+    open_trace(r);
     wrap_backend(r);
     if (r.backend->asynchronous()) {
         // Kernels run behind the host (backend.h): every collective first waits for them. The host reads and writes

@@ -11,7 +11,7 @@
 //                     config hash, process groups (counted, and delayed by the link model), reliability, samplers
 //                     and the start-up log
 //   setup_backend     the memory plan, the backend (CUDA picks this rank's device), the memory check, the
-//                     environment switches' backend wrappers
+//                     timeline (logging.trace_dir), the environment switches' and the timeline's backend wrappers
 //   setup_model       the arena, the model and its initial weights, the optimizer, the loss scaler; the arena frozen
 //   setup_checkpoint  checkpoint.save's lock, the resume from checkpoint.load, the first iteration
 //   open_run_files    the MFU peak, config.resolved.yaml, metrics.jsonl and the TensorBoard event file (rank 0)
@@ -43,6 +43,7 @@
 #include "engine/train/reliability.h"
 #include "engine/train/run_layout.h"
 #include "engine/train/tensorboard.h"
+#include "engine/train/trace.h"
 #include "memory/arena.h"
 
 namespace ms {
@@ -59,6 +60,9 @@ struct TrainRun {
     std::unique_ptr<TokenSource> source;
     Config cfg;        // resolved: vocabulary from the data, the fault injection that applies, bounded eval_iters
     RunLayout layout;  // of cfg at this world size
+    // logging.trace_dir's timeline (null: none), made in setup_backend; declared before what refers to it (the
+    // matrix, the backend, the model), so that it outlives them.
+    std::unique_ptr<Trace> trace;
     // What every group sends, and link_model.enabled's delays (docs/communication.md): the groups refer to them.
     std::unique_ptr<CommMatrix> comm_matrix;
     std::unique_ptr<LinkModel> link_model;  // null: communication takes the time it takes

@@ -161,6 +161,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     // sized on first use: the communicators' pools of operation states reach their peak in the second, the first
     // step that begins with pipeline sends of the previous one still in flight.
     StepAllocGuard alloc_guard(it, /*arm=*/it > r.first_it + 1);
+    if (r.trace) r.trace->begin_step(it);
     // Megatron's sampler: micro-batch mb of the step is samples [mb * dp + dp_rank] * mbs onwards, so the step
     // covers the same global samples under every data-parallel size.
     const float loss_scale = scaler.scale();
@@ -193,6 +194,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     // The step's kernels complete inside its time, and what the host reads after it (logs, checkpoints) is its.
     backend.synchronize();
     alloc_guard.check();
+    if (r.trace) r.trace->end_step(it);  // writes the iteration's events (allocates) after the check
     r.reliability->after_step(it);
     if (r.profiler != nullptr && it == r.first_it) {
         r.profiler->reset();  // the first step's one-off costs (GEMM heuristics, first touches) are not the profile
@@ -303,6 +305,7 @@ std::optional<int> train_loop(TrainRun& r, LoopState& s, const std::function<boo
     log_info("training: {} iterations, log every {}", cfg.training.train_iters, cfg.logging.log_interval);
     for (int64_t it = r.first_it; it <= cfg.training.train_iters; ++it) {
         const StepOutcome step = run_step(r, s, it);
+        if (r.trace && it == r.trace->last_step()) r.trace->finish(r.world);
         if (it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters) log_interval(r, s, it, step);
         // A stop signal ends the run after this iteration: agreed at its step boundary, or during its validation or
         // save. Validation changes no state, so iteration `it` is what a stop saves.
@@ -392,7 +395,8 @@ void write_comm_matrix(TrainRun& r) {
 int end_of_run(TrainRun& r, const LoopState& s, const std::function<bool()>& stop_requested, double t_start) {
     const Config& cfg = r.cfg;
     if (const std::optional<int> code = sample_text(r, s, stop_requested)) return *code;
-    r.backend->synchronize();  // nothing may run on the arena once it is freed
+    r.backend->synchronize();               // nothing may run on the arena once it is freed
+    if (r.trace) r.trace->finish(r.world);  // a run resumed past the traced iterations: the header only
     write_comm_matrix(r);
     if (r.profiler != nullptr && s.profiled_steps > 0) {
         // every rank writes its own (pipeline stages differ); the logging rank also prints its table
@@ -431,6 +435,7 @@ int run_train(const Config& cfg_in) {
     setup_inputs(run, cfg_in);
     setup_backend(run);
     setup_model(run);
+    if (run.trace) run.model->set_trace(run.trace.get());
     setup_checkpoint(run);
     open_run_files(run);
 
