@@ -95,6 +95,38 @@ std::vector<double> integer_ticks(Range r) {
     return ticks;
 }
 
+// The indices of a series' points that are drawn: all of them up to kMaxDrawn; beyond, a long run's points are put in
+// kBuckets buckets of x and each bucket keeps its lowest and highest point (in x order), so that a spike survives, and
+// one non-finite point when it has any (the line breaks there). x is increasing (iterations).
+std::vector<size_t> drawn_points(const Series& s, Range xr) {
+    constexpr size_t kMaxDrawn = 2000, kBuckets = 1000;
+    std::vector<size_t> out;
+    const size_t n = s.x.size();
+    if (n <= kMaxDrawn) {
+        for (size_t i = 0; i < n; ++i) out.push_back(i);
+        return out;
+    }
+    auto bucket = [&](size_t i) {
+        return std::min(kBuckets - 1, static_cast<size_t>(std::max(0.0, scale(s.x[i], xr, 0, kBuckets))));
+    };
+    for (size_t i = 0; i < n;) {
+        const size_t b = bucket(i);
+        size_t lo = n, hi = n, gap = n;
+        for (; i < n && bucket(i) == b; ++i) {
+            if (!std::isfinite(s.y[i])) {
+                gap = i;
+            } else {
+                if (lo == n || s.y[i] < s.y[lo]) lo = i;
+                if (hi == n || s.y[i] > s.y[hi]) hi = i;
+            }
+        }
+        if (lo != n) out.push_back(std::min(lo, hi));
+        if (lo != n && hi != lo) out.push_back(std::max(lo, hi));
+        if (gap != n) out.push_back(gap);
+    }
+    return out;
+}
+
 // Sequential colour scale (viridis' end points and three stops between), t in [0, 1].
 std::string sequential_colour(double t) {
     static constexpr std::array<std::array<double, 3>, 5> kStops = {
@@ -215,7 +247,7 @@ std::string render_line_chart(const LineChart& c) {
                 escape(sr.name), finite, sr.colour, points);
             points.clear();
         };
-        for (size_t i = 0; i < sr.x.size(); ++i) {
+        for (size_t i : drawn_points(sr, xr)) {
             if (!std::isfinite(sr.y[i])) {
                 flush();
                 continue;

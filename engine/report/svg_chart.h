@@ -4,8 +4,9 @@
 //
 // Element classes a reader (or a test) can count: every chart is <svg id="<id>" class="chart">; its axis titles are
 // <text class="axis-label">, its tick labels <text class="tick">; a line series is one or more <polyline
-// class="series" data-series="<name>" data-points="<n>">; a bar is <rect class="bar">; a heatmap cell is <rect
-// class="cell" data-row data-col data-value>, one per (row, column), each with a <title> tooltip.
+// class="series" data-series="<name>" data-points="<n>"> (n: the series' finite points, all drawn unless there are
+// thousands: then each bucket of x draws its lowest and highest); a bar is <rect class="bar">; a heatmap cell
+// is <rect class="cell" data-row data-col data-value>, one per (row, column), each with a <title> tooltip.
 #pragma once
 
 #include <string>

@@ -6,6 +6,7 @@
 // matrix, a second rank) give a page that says so; a directory without metrics.jsonl is an error sentence.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -280,6 +281,28 @@ TEST(Report, NiceTicks) {
     EXPECT_EQ(report::format_value(1536, report::ValueFormat::kBytes), "1.50 KiB");
     EXPECT_EQ(report::format_value(12345, report::ValueFormat::kSi), "12.3k");
     EXPECT_EQ(report::escape("a<b & \"c\">"), "a&lt;b &amp; &quot;c&quot;&gt;");
+}
+
+// A long run's series is drawn thinned, keeping each bucket's extremes: a spike among 100000 points stays at the top
+// of the plot, a missing value still breaks the line, and the page stays small.
+TEST(Report, LongSeriesKeepsSpikesAndGaps) {
+    report::Series s{"loss", {}, {}, "#000"};
+    for (int i = 0; i < 100000; ++i) {
+        s.x.push_back(i + 1);
+        s.y.push_back(i == 54321 ? 100.0 : i == 70000 ? std::nan("") : 1.0);
+    }
+    const std::string svg = report::render_line_chart({"chart-long", "Long", "iteration", "loss", {s}});
+    EXPECT_EQ(count(svg, "<polyline"), 2u) << "one break, at the missing value";
+    EXPECT_EQ(count(svg, "data-points=\"99999\""), 2u) << "data-points counts the data, not what is drawn";
+    size_t drawn = 0;
+    for (size_t at = svg.find("points=\""); at != std::string::npos; at = svg.find("points=\"", at + 1)) {
+        if (svg.compare(at - 5, 5, "data-") == 0) continue;
+        drawn += count(svg.substr(at, svg.find('"', at + 8) - at), ",");
+    }
+    EXPECT_LE(drawn, 2000u);
+    EXPECT_GE(drawn, 1000u);
+    EXPECT_NE(svg.find(",34.0"), std::string::npos) << "the spike (100, the top tick) is drawn at the plot's top";
+    EXPECT_EQ(count(svg, "<circle"), 0u) << "no markers on a long series";
 }
 
 }  // namespace
