@@ -49,6 +49,7 @@ int64_t parse_shard_size(const std::string& text) {
 }
 
 int run_convert(ConvertArgs a) {
+    set_log_stream(LogStream::kStderr);  // convert's output is files; its lines are log, with the progress bars
     if (!a.tokenizer_type.empty()) a.tokenizer.type = parse_tokenizer_type(a.tokenizer_type);
     if (a.to.empty() == a.from.empty())
         throw UserError(

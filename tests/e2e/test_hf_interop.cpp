@@ -744,10 +744,15 @@ TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
 TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
     EXPECT_EQ(Progress::line("convert: reading", Progress::Style::kLines, 512 << 10, 1 << 20, 14, 2.0, "tensors"),
               "convert: reading:  50.0%  512.0 KiB / 1.0 MiB  256.0 KiB/s  14 tensors  ETA 0:02");
-    // Not a terminal: no bar (a plain line every few seconds; this export takes less).
-    const auto plain = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_plain"));
-    ASSERT_EQ(plain.exit_code, 0) << plain.output;
-    EXPECT_EQ(plain.output.find('\r'), std::string::npos) << plain.output;
+    // Not a terminal: no bar (a plain line every few seconds; this export takes less). The log is on stderr: stdout
+    // stays empty.
+    const auto plain =
+        test::run_cli_streams("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_plain"));
+    ASSERT_EQ(plain.exit_code, 0) << plain.errors;
+    EXPECT_EQ(plain.output, "");
+    EXPECT_NE(plain.errors.find("convert: wrote model.safetensors, config.json into"), std::string::npos)
+        << plain.errors;
+    EXPECT_EQ(plain.errors.find('\r'), std::string::npos) << plain.errors;
     // A pseudo-terminal (util-linux `script`), when there is one: the bars, at 100% over the 28 tensors (reading the
     // checkpoint and writing the safetensors for the export; reading the safetensors for the import).
     if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` for a pseudo-terminal";
