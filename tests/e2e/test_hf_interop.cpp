@@ -630,6 +630,16 @@ json hf_encode(const std::string& tokenizer_json, const TempDir& work) {
     return json();
 }
 
+// transformers' AutoTokenizer.from_pretrained(export dir), when the interpreter has transformers: the same ids.
+void expect_auto_tokenizer_agrees(const json& hf, const std::string& dir) {
+    if (!hf.contains("auto_ids")) {
+        std::printf("%s: transformers is not importable; AutoTokenizer not checked\n", dir.c_str());
+        return;
+    }
+    EXPECT_EQ(hf["auto_ids"], hf["ids"]) << dir;
+    EXPECT_EQ(hf["auto_eos"], hf["eos"]) << dir;
+}
+
 TEST_F(HfInterop, ExportCarriesTheTokenizerThatHuggingFaceLoads) {
     const std::string out = path("hf_tok");
     const std::string flags = " --vocab-file " + kBpeDir + "/vocab.json --merge-file " + kBpeDir + "/merges.txt";
@@ -686,6 +696,7 @@ TEST_F(HfInterop, ExportCarriesTheTokenizerThatHuggingFaceLoads) {
             EXPECT_EQ(hf["decoded"][i], kTokenizerTexts[i]) << dir;
         }
         EXPECT_EQ(hf["eos"], 266) << dir;
+        expect_auto_tokenizer_agrees(hf, dir);
     }
 }
 
@@ -707,6 +718,7 @@ TEST_F(HfInterop, ExportStatesTheByteTokenizerForHuggingFace) {
         EXPECT_EQ(hf["decoded"][i], kTokenizerTexts[i]);
     }
     EXPECT_EQ(hf["eos"], kByteEod);
+    expect_auto_tokenizer_agrees(hf, out);
 }
 
 TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
