@@ -23,15 +23,16 @@ struct ConvertArgs {
     HfTokenizerSource tokenizer;
 };
 
-// transformers' max_shard_size: bytes, or a number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB (of 1024).
+// save_pretrained's max_shard_size: bytes, or a number with KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (of
+// 1024), any case.
 int64_t parse_shard_size(const std::string& text) {
     size_t digits = 0;
     while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.'))
         ++digits;
     const std::string unit = text.substr(digits);
-    const std::pair<const char*, double> units[] = {
-        {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
-        {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+    const std::pair<const char*, double> units[] = {{"", 1},         {"B", 1},       {"KB", 1e3},     {"MB", 1e6},
+                                                    {"GB", 1e9},     {"TB", 1e12},   {"KIB", 0x1p10}, {"MIB", 0x1p20},
+                                                    {"GIB", 0x1p30}, {"TIB", 0x1p40}};
     std::string upper;
     for (const char c : unit) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     for (const auto& [name, scale] : units) {
@@ -44,7 +45,8 @@ int64_t parse_shard_size(const std::string& text) {
     }
     throw UserError(fmt::format(
         "command line error: --max-shard-size {} is not a size\n---> HINT: give bytes or a number with KB, MB, "
-        "GB (powers of 1000) or KiB, MiB, GiB (powers of 1024), as transformers' max_shard_size: e.g. 5GB",
+        "GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), as save_pretrained's max_shard_size: "
+        "e.g. 5GB",
         text));
 }
 

@@ -423,15 +423,22 @@ GptShape hf_gpt2_shape(const json& c, const std::string& where) {
 
 std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<int64_t>& nbytes, int64_t max_shard_bytes) {
     std::vector<std::vector<size_t>> shards;
+    std::vector<size_t> open;  // the shard being filled
     int64_t used = 0;
     for (size_t i = 0; i < nbytes.size(); ++i) {
-        if (shards.empty() || (used > 0 && nbytes[i] > max_shard_bytes - used)) {
-            shards.emplace_back();
+        if (nbytes[i] > max_shard_bytes) {  // alone, and the open shard stays open
+            shards.push_back({i});
+            continue;
+        }
+        if (nbytes[i] > max_shard_bytes - used) {
+            shards.push_back(std::move(open));
+            open.clear();
             used = 0;
         }
-        shards.back().push_back(i);
+        open.push_back(i);
         used += nbytes[i];
     }
+    if (!open.empty()) shards.push_back(std::move(open));
     return shards;
 }
 

@@ -15,11 +15,11 @@
 //                         h.{l}.mlp.c_fc.weight (C, F)      c_fc.bias (F)      columns are [Q | K | V], heads
 //                         h.{l}.mlp.c_proj.weight (F, C)    c_proj.bias (C)    contiguous within each, as our rows
 //                       no lm_head.weight: the head is tied to wte (transformers ties it on load).
-//   or, sharded (what save_pretrained writes above its max_shard_size, 5 GB by default):
+//   or, sharded (what save_pretrained writes above its max_shard_size: 5 GB in transformers 4, 50 GB in 5):
 //   model.safetensors.index.json  {"metadata": {"total_size": BYTES}, "weight_map": {"wte.weight":
 //                                  "model-00001-of-00003.safetensors", ...}}: every tensor in exactly one shard
-//   model-0000i-of-0000n.safetensors  the tensors above, split in the model's order; a shard is full when the next
-//                                  tensor would take its data past the size (a larger tensor gets a shard alone)
+//   model-0000i-of-0000n.safetensors  the tensors above, cut as huggingface_hub's split_state_dict_into_shards
+//                                  cuts them (plan_hf_shards)
 //   tokenizer files (hf_tokenizer.h), when the export is given the tokenizer the data was preprocessed with.
 // Export writes F32. Import reads F32, BF16 or F16 (widened to fp32 exactly); it accepts keys with or without the
 // "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias / h.{l}.attn.masked_bias, and accepts
@@ -51,8 +51,10 @@ nlohmann::json hf_gpt2_config(const GptShape& s, std::optional<int32_t> eos_toke
 // untied embeddings, per-layer attention scaling).
 GptShape hf_gpt2_shape(const nlohmann::json& config, const std::string& where);
 
-// The shards of tensors of these sizes (bytes, in order) at most max_shard_bytes each, as transformers'
-// split_torch_state_dict_into_shards cuts them: indices into `nbytes`.
+// The shards of tensors of these sizes (bytes, in the model's order) as huggingface_hub's
+// split_state_dict_into_shards_factory cuts them for save_pretrained: indices into `nbytes`. Tensors fill the open
+// shard until the next would take it past max_shard_bytes, which closes it; a tensor larger than max_shard_bytes
+// gets a shard of its own, placed when it comes, and the open shard stays open.
 std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<int64_t>& nbytes, int64_t max_shard_bytes);
 // "model-00002-of-00005.safetensors" for i = 1, n = 5.
 std::string hf_shard_name(size_t i, size_t n);

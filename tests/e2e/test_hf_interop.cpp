@@ -460,8 +460,10 @@ TEST_F(HfInterop, BadInputsEndWithASentenceAndTheRightExitCode) {
 TEST(HfShards, PlanCutsAsTransformers) {
     using P = std::vector<std::vector<size_t>>;
     EXPECT_EQ(plan_hf_shards({5, 5, 5}, 10), (P{{0, 1}, {2}}));
-    EXPECT_EQ(plan_hf_shards({15, 1}, 10), (P{{0}, {1}}));          // a tensor over the size gets a shard alone
-    EXPECT_EQ(plan_hf_shards({1, 15, 1}, 10), (P{{0}, {1}, {2}}));  // ... and closes the one before
+    EXPECT_EQ(plan_hf_shards({15, 1}, 10), (P{{0}, {1}}));        // a tensor over the size gets a shard alone
+    EXPECT_EQ(plan_hf_shards({1, 15, 1}, 10), (P{{1}, {0, 2}}));  // ... and the open shard stays open
+    EXPECT_EQ(plan_hf_shards({4, 4, 15, 4, 4}, 10), (P{{2}, {0, 1}, {3, 4}}));
+    EXPECT_EQ(plan_hf_shards({10, 10}, 10), (P{{0}, {1}}));  // exactly full
     EXPECT_EQ(plan_hf_shards({3, 3, 3}, 100), (P{{0, 1, 2}}));
     EXPECT_EQ(hf_shard_name(1, 5), "model-00002-of-00005.safetensors");
 }
