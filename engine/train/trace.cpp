@@ -150,7 +150,9 @@ void Trace::end_step(int64_t it) {
     write_step(it);
 }
 
-void Trace::op(const OpKey& key, double begin, double end) { add(ops_, OpEvent{key, begin, end}, dropped_ops_); }
+void Trace::op(const OpKey& key, double begin, double end) {
+    if (recording()) add(ops_, OpEvent{key, begin, end}, dropped_ops_);
+}
 
 void Trace::operation(const CommRecord& r) {
     if (!recording()) return;

@@ -131,7 +131,7 @@ class Trace final : public OpTimeline, public CommListener {
     TraceSteps steps_;
     int64_t last_;
     TraceRank rank_;
-    double steady_zero_;  // the steady clock's reading at rank 0's origin, on this machine
+    double steady_zero_ = 0;  // the steady clock's reading at rank 0's origin, on this machine
     std::FILE* file_ = nullptr;
     bool first_event_ = true;
     int comm_lanes_ = 1;  // communication rows named so far
