@@ -27,6 +27,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -468,6 +469,32 @@ TEST(HfShards, PlanCutsAsTransformers) {
     EXPECT_EQ(hf_shard_name(1, 5), "model-00002-of-00005.safetensors");
 }
 
+// The plan against huggingface_hub's own splitter, on size lists drawn here (sizes around the limit, some over it).
+TEST(HfShards, PlanEqualsHuggingFaceHubs) {
+    std::mt19937 rng(17);
+    json cases = json::array();
+    for (int c = 0; c < 200; ++c) {
+        const int64_t max = 1 + static_cast<int64_t>(rng() % 100);
+        std::vector<int64_t> sizes(1 + rng() % 12);
+        for (int64_t& n : sizes) n = 1 + static_cast<int64_t>(rng() % static_cast<uint32_t>(max * 3 / 2 + 1));
+        cases.push_back({{"sizes", sizes}, {"max", max}});
+    }
+    const TempDir work("ms_hf_plan");
+    std::ofstream(work / "cases.json") << cases.dump();
+    int rc = 77;
+    for (const std::string& python : {std::string(MS_SYSTEM_PYTHON), std::string("python3")}) {
+        if (python.empty()) continue;
+        rc = run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_shard.py") + " plan " +
+                                    quoted(work / "cases.json") + " " + quoted(work / "plans.json"));
+        if (rc != 77) break;
+    }
+    if (rc == 77) GTEST_SKIP() << "no python3 with huggingface_hub";
+    ASSERT_EQ(rc, 0) << "hf_shard.py plan failed";
+    const json plans = json::parse(read_file(work / "plans.json"));
+    for (size_t c = 0; c < cases.size(); ++c)
+        EXPECT_EQ(json(plan_hf_shards(cases[c]["sizes"], cases[c]["max"])), plans[c]) << cases[c].dump();
+}
+
 // A sharded export of the trained model: 20 KB shards cut its 28 tensors (150 KB) into 7 files.
 constexpr const char* kShardSize = "20KB";
 
@@ -524,8 +551,8 @@ TEST_F(HfInterop, ImportReadsShardsOfAnotherWriter) {
     const std::string dir = path("hf_py_shards");
     const std::string python = MS_SYSTEM_PYTHON;
     if (python.empty()) GTEST_SKIP() << "no system python3 (CMake MS_SYSTEM_PYTHON)";
-    const int rc = run_python(
-        python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_shard.py") + " " + quoted(path("hf")) + " " + quoted(dir) + " 3");
+    const int rc = run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_shard.py") + " split " + quoted(path("hf")) +
+                                          " " + quoted(dir) + " 3");
     ASSERT_EQ(rc, 0) << "hf_shard.py failed";
     const auto r = run_cli("convert --from hf-gpt2 --load " + dir + " --out " + path("imp_py_shards"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
