@@ -194,7 +194,6 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     // The step's kernels complete inside its time, and what the host reads after it (logs, checkpoints) is its.
     backend.synchronize();
     alloc_guard.check();
-    if (r.trace) r.trace->end_step(it);  // writes the iteration's events (allocates) after the check
     r.reliability->after_step(it);
     if (r.profiler != nullptr && it == r.first_it) {
         r.profiler->reset();  // the first step's one-off costs (GEMM heuristics, first touches) are not the profile
@@ -305,7 +304,10 @@ std::optional<int> train_loop(TrainRun& r, LoopState& s, const std::function<boo
     log_info("training: {} iterations, log every {}", cfg.training.train_iters, cfg.logging.log_interval);
     for (int64_t it = r.first_it; it <= cfg.training.train_iters; ++it) {
         const StepOutcome step = run_step(r, s, it);
-        if (r.trace && it == r.trace->last_step()) r.trace->finish(r.world);
+        if (r.trace) {  // the iteration's events written out (allocating), outside the step's time and alloc guard
+            r.trace->end_step(it);
+            if (it == r.trace->last_step()) r.trace->finish(r.world);
+        }
         if (it % cfg.logging.log_interval == 0 || it == cfg.training.train_iters) log_interval(r, s, it, step);
         // A stop signal ends the run after this iteration: agreed at its step boundary, or during its validation or
         // save. Validation changes no state, so iteration `it` is what a stop saves.
