@@ -200,6 +200,21 @@ std::string Trace::pipeline_name(const PipelineEvent& e) const {
     return name;
 }
 
+uint64_t Trace::flow_id(int64_t it, const Action& a) const {
+    // The message's model-chunk edge and direction, as the pipeline tags it (PipelineModel::tag): an activation
+    // leaves chunk k over edge k, a gradient enters chunk k - 1 over edge k - 1. Each field in its own bits.
+    const int k = a.chunk * rank_.pp_size + rank_.pp_rank;
+    const bool activation = a.kind == Action::Kind::kSendActivation || a.kind == Action::Kind::kRecvActivation;
+    const bool sent_from_here = a.kind == Action::Kind::kSendActivation || a.kind == Action::Kind::kSendGrad;
+    const int edge = activation ? (sent_from_here ? k : k - 1) : (sent_from_here ? k - 1 : k);
+    uint64_t id = static_cast<uint64_t>(it) & 0xfffff;
+    for (const auto& [value, bits] :
+         {std::pair{rank_.tp_rank, 8}, {rank_.dp_rank, 12}, {a.microbatch, 12}, {edge, 10}}) {
+        id = (id << bits) | (static_cast<uint64_t>(value) & ((uint64_t{1} << bits) - 1));
+    }
+    return (id << 1) | (activation ? 0 : 1);
+}
+
 void Trace::write_event(const std::string& json) {
     std::fputs(first_event_ ? "\n" : ",\n", file_);
     std::fputs(json.c_str(), file_);
@@ -263,6 +278,21 @@ void Trace::write_step(int64_t it) {
         }
         const char* cat = e.kind == PipelineEvent::Kind::kCompute ? "compute" : "p2p";
         complete(pipeline_name(e), cat, kPipelineRow, e.begin, e.end, std::move(args));
+        // an arrow from each send to its receive on the peer's row, bound to the batches' slices at their middle
+        for (uint8_t i = 0; e.kind == PipelineEvent::Kind::kBatch && i < e.messages; ++i) {
+            const Action& a = e.actions[i];
+            const bool send = a.kind == Action::Kind::kSendActivation || a.kind == Action::Kind::kSendGrad;
+            const bool activation = a.kind == Action::Kind::kSendActivation || a.kind == Action::Kind::kRecvActivation;
+            Json flow = {{"name", activation ? "activation" : "gradient"},
+                         {"cat", "p2p"},
+                         {"ph", send ? "s" : "f"},
+                         {"id", flow_id(it, a)},
+                         {"pid", pid},
+                         {"tid", kPipelineRow},
+                         {"ts", rounded(us(0.5 * (e.begin + e.end)))}};
+            if (!send) flow["bp"] = "e";
+            write_event(flow.dump());
+        }
     }
     for (const OpEvent& e : ops_) complete(e.key.describe(), "op", kOpsRow, e.begin, e.end, Json::object());
     {

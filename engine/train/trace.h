@@ -11,7 +11,8 @@
 //   pipeline       the iteration, each forward and backward of micro-batch m on local chunk c and each batch of
 //                  sends and receives (PipelineModel::train_step), in the schedule's order.
 // In the file: pid = world rank, one thread row per kind (pipeline 1, ops 2, communication 3 and, for operations
-// that overlap one still in flight, 4, 5, ...); ts and dur in microseconds.
+// that overlap one still in flight, 4, 5, ...); ts and dur in microseconds; and a flow arrow from each pipeline
+// send to its receive on the peer rank.
 //
 // Clock: events are taken on the steady clock (now_seconds()) and shifted once per rank onto CLOCK_REALTIME (both
 // read together at start-up), relative to rank 0's CLOCK_REALTIME at that moment: ranks on one machine share both
@@ -126,6 +127,8 @@ class Trace final : public OpTimeline, public CommListener {
     void write_metadata();
     void write_footer();
     std::string pipeline_name(const PipelineEvent& e) const;
+    // The same on the sending and the receiving rank's flow events (the arrows between them).
+    uint64_t flow_id(int64_t it, const Action& a) const;
 
     std::string dir_, path_;
     TraceSteps steps_;

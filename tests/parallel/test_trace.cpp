@@ -84,6 +84,7 @@ TEST(Trace, MergedFileHasOpsCommunicationAndPipelineOnEveryRank) {
             if (e["name"] == "thread_name") rows[pid].insert(e["args"]["name"].get<std::string>());
             continue;
         }
+        if (e["ph"] == "s" || e["ph"] == "f") continue;  // the arrows: OnlyTheChosenIterations
         ASSERT_EQ(e["ph"], "X") << e.dump();
         ASSERT_TRUE(e["ts"].is_number() && e["dur"].is_number()) << e.dump();
         const std::string cat = e["cat"];
@@ -123,6 +124,23 @@ TEST(Trace, OnlyTheChosenIterations) {
         if (e["ph"] == "X") iterations.insert(e["args"]["iteration"].get<int64_t>());
     }
     EXPECT_EQ(iterations, (std::set<int64_t>{3, 4}));
+}
+
+// Every pipeline send has an arrow to its receive on the other stage: one start ("s") and one end ("f") per id, on
+// two ranks. Per traced iteration and data-parallel rank, 1F1B over 2 stages sends 4 activations and 4 gradients.
+TEST(Trace, EverySendHasAnArrowToItsReceive) {
+    const TracedRun& r = traced();
+    ASSERT_TRUE(r.trace.is_object()) << r.output;
+    std::map<uint64_t, std::vector<std::pair<std::string, int>>> ends;  // id -> (ph, pid)
+    for (const nlohmann::json& e : r.trace["traceEvents"]) {
+        if (e["ph"] == "s" || e["ph"] == "f") ends[e["id"].get<uint64_t>()].push_back({e["ph"], e["pid"]});
+    }
+    EXPECT_EQ(ends.size(), static_cast<size_t>(2 * 2 * 2 * kMicroBatches));  // iterations x dp x (act, grad) x m
+    for (const auto& [id, e] : ends) {
+        ASSERT_EQ(e.size(), 2u) << id;
+        EXPECT_NE(e[0].first, e[1].first) << id;
+        EXPECT_NE(e[0].second, e[1].second) << id;
+    }
 }
 
 // The picture is the schedule: micro-batch m's forward on stage 1 starts after its forward on stage 0 ends (the
