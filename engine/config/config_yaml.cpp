@@ -27,6 +27,8 @@ std::string escape_interpolation(const std::string& s) {
 
 void emit_value(YAML::Emitter& out, const FieldPtr& ptr) {
     if (auto* s = std::get_if<std::string*>(&ptr)) {
+        // quoted with a ':', which YAML 1.1 readers (PyYAML) would take for a sexagesimal number: "2:3" -> 123
+        if ((*s)->find(':') != std::string::npos) out << YAML::DoubleQuoted;
         out << escape_interpolation(**s);
     } else if (auto* list = std::get_if<std::vector<std::string>*>(&ptr)) {
         out << YAML::Flow << YAML::BeginSeq;
