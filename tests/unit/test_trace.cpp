@@ -16,6 +16,7 @@
 #include "comm/link_model_communicator.h"
 #include "comm/nodes.h"
 #include "comm/self_communicator.h"
+#include "engine/config/config.h"
 #include "engine/core/timer.h"
 #include "engine/train/trace.h"
 #include "tests/common/temp_dir.h"
@@ -38,6 +39,15 @@ TEST(TraceSteps, ParsesAnIterationOrARange) {
     for (const char* bad : {"", "0", "5:3", "3:", ":4", "a", "1:2:3", "-1", "2,3", " 2"}) {
         EXPECT_FALSE(ms::parse_trace_steps(bad)) << "'" << bad << "'";
     }
+}
+
+// config.resolved.yaml quotes it: YAML 1.1 readers (PyYAML) take a plain 2:3 for the sexagesimal number 123.
+TEST(TraceSteps, ResolvedConfigQuotesThemAndReadsThemBack) {
+    ms::Config cfg;
+    cfg.logging.trace_steps = "5:6";
+    const std::string yaml = ms::config_to_yaml(cfg);
+    EXPECT_NE(yaml.find("trace_steps: \"5:6\""), std::string::npos) << yaml;
+    EXPECT_EQ(ms::load_config_text(yaml, "resolved", {}).logging.trace_steps, "5:6");
 }
 
 nlohmann::json read(const std::string& path) {
