@@ -161,13 +161,21 @@ class Communicator {
     // out[r * n, (r + 1) * n) = in of rank r; in has n elements, out size() * n
     template <typename T>
     Handle all_gather(std::span<const T> in, std::span<T> out, Priority p = Priority::kNormal) {
-        const double t0 = now_seconds();
-        return timed(all_gather_impl(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p), t0);
+        return all_gather(in.data(), out.data(), in.size(), out.size(), dtype_of<T>(), p);
     }
     template <typename T>
     Handle broadcast(std::span<T> buf, int root, Priority p = Priority::kNormal) {
+        return broadcast(buf.data(), buf.size(), dtype_of<T>(), root, p);
+    }
+    // The same two for a buffer whose element type is known only at run time (the 16-bit weights: bf16 or fp16).
+    Handle broadcast(void* buf, size_t count, DType t, int root, Priority p = Priority::kNormal) {
         const double t0 = now_seconds();
-        return timed(broadcast_impl(buf.data(), buf.size(), dtype_of<T>(), root, p), t0);
+        return timed(broadcast_impl(buf, count, t, root, p), t0);
+    }
+    Handle all_gather(const void* in, void* out, size_t in_count, size_t out_count, DType t,
+                      Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(all_gather_impl(in, out, in_count, out_count, t, p), t0);
     }
     // in place on root: buf = op over ranks of buf; the other ranks' buf is their input, left as it was or (a
     // communicator that falls back to all_reduce) the same result

@@ -127,7 +127,38 @@ std::pair<int64_t, int64_t> optim_range(const ParamInfo& p, const DistributedOpt
     return {lo - p.offset, hi - p.offset};
 }
 
-bool saves_optimizer(const CheckpointContext& c) { return c.optimizer.zero_stage() == 1 || c.groups.dp_rank == 0; }
+// AdamW's moments: every rank's shard with ZeRO-1, dp rank 0's replica otherwise.
+bool saves_moments(const CheckpointContext& c) { return c.optimizer.zero_stage() == 1 || c.groups.dp_rank == 0; }
+// An optimizer file: the moments, or onebit_adam's residuals, which every dp rank has its own of.
+bool saves_optimizer(const CheckpointContext& c) { return saves_moments(c) || c.optimizer.onebit() != nullptr; }
+
+std::string worker_error_kind(int dp_rank) { return fmt::format("onebit_worker_error_dp{:04d}", dp_rank); }
+
+// onebit_adam's residuals of parameter `param` (its index in the table): the worker's, over all its elements, and
+// the server's over the elements [a, b) of it this rank serves (a == b: none).
+struct OneBitResiduals {
+    float* worker = nullptr;
+    int64_t a = 0, b = 0;
+    float* server = nullptr;
+};
+OneBitResiduals onebit_residuals(const OneBitAllReduce& ob, int param) {
+    OneBitResiduals r;
+    for (const OneBitChunk& ch : ob.layout().chunks) {
+        if (ch.param != param) continue;
+        r.worker = ob.worker_error().data() + ch.error_offset;
+        break;
+    }
+    const std::span<const OneBitChunk> served = ob.served_chunks();
+    for (const OneBitChunk& ch : served) {
+        if (ch.param != param) continue;
+        if (r.a == r.b) {
+            r.a = ch.param_offset;
+            r.server = ob.server_error().data() + (ch.error_offset - served.front().error_offset);
+        }
+        r.b = ch.param_offset + ch.elems;
+    }
+    return r;
+}
 
 // Whether a save writes on this rank (write_rank_files and the commit): dp rank 0 the model file, saves_optimizer
 // the optimizer file, world rank 0 the train state and the commit.
@@ -141,7 +172,7 @@ std::array<int64_t, 2> stored_counts(const CheckpointContext& c) {
     for (const ParamInfo& p : c.params_info) {
         if (!stored_here(p, c.groups.tp_rank)) continue;
         if (c.groups.dp_rank == 0) n[0] += p.numel;
-        if (saves_optimizer(c)) {
+        if (saves_moments(c)) {
             const auto [a, b] = optim_range(p, c.optimizer);
             n[1] += std::max<int64_t>(0, b - a);
         }
@@ -165,21 +196,27 @@ void write_rank_files(const CheckpointContext& c, const TrainState& state, const
     if (inject == "write") injected_failure(inject, tmp);
     if (saves_optimizer(c)) {
         std::vector<TensorEntry> tensors;
-        std::vector<std::string> names;  // TensorEntry::name copies; keep the strings for the entries' lifetime
         std::map<std::string, std::string> meta = file_metadata(c, "optim");
         float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
-        for (const ParamInfo& p : c.params_info) {
+        const auto add = [&](const std::string& key, const ParamInfo& p, int64_t a, int64_t b, const float* data) {
+            meta[key] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
+            tensors.push_back({key, DType::kF32, {b - a}, data});
+        };
+        const OneBitAllReduce* onebit = c.optimizer.onebit();
+        for (size_t i = 0; i < c.params_info.size(); ++i) {
+            const ParamInfo& p = c.params_info[i];
             if (!stored_here(p, g.tp_rank)) continue;
             const auto [a, b] = optim_range(p, c.optimizer);
-            if (a >= b) continue;
-            const std::string info = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
-            for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
-                const std::string key = std::string(optim_state_name(s)) + "/" + p.name;
-                const float* data =
-                    state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
-                tensors.push_back({key, DType::kF32, {b - a}, data});
-                meta[key] = info;
+            if (saves_moments(c) && a < b) {
+                for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
+                    add(std::string(optim_state_name(s)) + "/" + p.name, p, a, b,
+                        state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin()));
+                }
             }
+            if (onebit == nullptr || onebit->worker_error().empty()) continue;
+            const OneBitResiduals e = onebit_residuals(*onebit, static_cast<int>(i));
+            add(worker_error_kind(g.dp_rank) + "/" + p.name, p, 0, p.numel, e.worker);
+            if (e.a < e.b) add("onebit_server_error/" + p.name, p, e.a, e.b, e.server);
         }
         write_safetensors(tmp + "/" + optim_file(g.dp_rank, g.tp_rank, g.pp_rank), tensors, meta);
     }
@@ -240,6 +277,33 @@ bool holds_committed_name(const std::string& dir) {
 // The model table of the whole model at tp 1 (canonical names and global shapes in model order).
 std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s); }
 
+// onebit_adam's residuals (the top of checkpoint.h): left zero when the checkpoint has none (AdamW's, or model-only).
+void load_onebit_residuals(const CheckpointReader& r, const CheckpointContext& c) {
+    const OneBitAllReduce* onebit = c.optimizer.onebit();
+    if (onebit == nullptr || onebit->worker_error().empty() || !r.has_state("onebit_server_error")) return;
+    const ProcessGroups& g = c.groups;
+    const int saved_dp = r.manifest().at("dp").get<int>();
+    std::vector<float> one;
+    std::vector<double> sum;
+    for (size_t i = 0; i < c.params_info.size(); ++i) {
+        const ParamInfo& p = c.params_info[i];
+        const ShardBox box = shard_box(p, g.tp_rank, g.tp_size);
+        const OneBitResiduals e = onebit_residuals(*onebit, static_cast<int>(i));
+        if (e.a < e.b) r.read_state_box(p.name, "onebit_server_error", box, e.a, e.b, e.server);
+        if (saved_dp == g.dp_size) {
+            r.read_state_box(p.name, worker_error_kind(g.dp_rank), box, 0, p.numel, e.worker);
+            continue;
+        }
+        one.resize(static_cast<size_t>(p.numel));
+        sum.assign(static_cast<size_t>(p.numel), 0.0);
+        for (int d = 0; d < saved_dp; ++d) {
+            r.read_state_box(p.name, worker_error_kind(d), box, 0, p.numel, one.data());
+            for (size_t k = 0; k < one.size(); ++k) sum[k] += one[k];
+        }
+        for (size_t k = 0; k < sum.size(); ++k) e.worker[k] = static_cast<float>(sum[k] / saved_dp);
+    }
+}
+
 void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;
     const bool with_optimizer = r.has_optimizer_state();
@@ -255,8 +319,10 @@ void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
             r.read_box(p.name, s, box, a, b, out);
         }
     }
+    load_onebit_residuals(r, c);
     // Zero moments restart the bias correction too (AdamW's first step after a model-only load is its step 1).
     c.optimizer.set_steps_taken(with_optimizer ? r.train_state().optimizer_step : 0);
+    c.optimizer.take_loaded_state();  // sharded master weights: this rank's shard of what was just read
 }
 
 }  // namespace
@@ -382,6 +448,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
     fill_schedule(c.cfg, state);
     state.optimizer_step = c.optimizer.steps_taken();
     c.optimizer.finish_param_gather();  // c.params as the step left them (parallel.overlap_param_gather)
+    c.optimizer.gather_masters();       // sharded master weights: the whole fp32 parameters into c.params
 
     // Every rank must be saving the same iteration (DeepSpeed's tag check): min and max over the world agree.
     std::array<int32_t, 2> it = {static_cast<int32_t>(state.iteration), -static_cast<int32_t>(state.iteration)};

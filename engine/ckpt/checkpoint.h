@@ -38,6 +38,12 @@
 // the padded vocabulary Vp of the saving layout (a multiple of make_vocab_size_divisible_by * tp); rows >= V are
 // zero, so a layout with another Vp loads rows [0, V) and zero-fills the rest.
 //
+// onebit_adam adds its error feedback to the optimizer files, per parameter like the moments: the servers' residuals
+// as "onebit_server_error/<name>" slices (each chunk has one server, so they tile the tensor once, whatever the
+// layout), and each dp rank's own worker residuals, whole tensors, as "onebit_worker_error_dpNNNN/<name>" (NNNN its
+// dp rank). A resume at the same data-parallel size reads its own rank's; at another size every rank starts from
+// the mean of the saved ranks' residuals, which keeps their sum over ranks, what the average owes.
+//
 // Optimizer files. ZeRO-1 shards the flat buffer, not tensors: a rank's range [shard_begin, +S) cuts parameters
 // anywhere, so its state is stored per parameter as the 1-D slices "exp_avg/<name>" and "exp_avg_sq/<name>" with
 // "range" = the slice's elements within the parameter's local shard (the box above). Any other layout finds the
@@ -46,8 +52,10 @@
 // stored: the model files hold the fp32 parameters, which are the master weights in every precision; a bf16/fp16
 // run's 16-bit weights are those rounded to nearest even (Gpt::refresh_weights), so nothing is lost, a resume is
 // exact, and the files load as fp32 into any precision (2 bytes per parameter more than 16-bit model files, 2 less
-// than 16-bit model files plus Megatron's separate fp32 master slices). The AdamW step count (bias correction) is
-// TrainState::optimizer_step.
+// than 16-bit model files plus Megatron's separate fp32 master slices). With sharded master weights
+// (distributed_optimizer.h) the dp ranks gather their master shards for the save into the buffer the model lends
+// (its gradients, free between steps), so the files are the same as with whole masters and any layout loads them.
+// The AdamW step count (bias correction) is TrainState::optimizer_step.
 //
 // No RNG state is saved: weights are initialised from Philox by global element index, there is no dropout, and the
 // data order is a pure function of (seed, source fingerprint, global sample index), so the whole data state is
@@ -133,7 +141,7 @@ struct CheckpointContext {
     const GptShape& shape;
     const ProcessGroups& groups;
     const std::vector<ParamInfo>& params_info;  // this rank's table: canonical names, shards, flat offsets
-    float* params;                              // the flat fp32 parameter buffer the table indexes
+    float* params;  // the flat fp32 parameter buffer the table indexes (sharded masters: lent, pipeline.h params())
     DistributedOptimizer& optimizer;
 };
 
@@ -234,7 +242,10 @@ class CheckpointReader {
     bool contains(const std::string& name) const;
     // False for a model-only checkpoint (no optim/ files: `convert --from hf-gpt2`); a resume from one starts the
     // optimizer from zero state.
-    bool has_optimizer_state() const { return !optim_pieces_[0].empty() || !optim_pieces_[1].empty(); }
+    bool has_optimizer_state() const { return has_state("exp_avg") || has_state("exp_avg_sq"); }
+    // Whether optimizer state of this kind is stored: "exp_avg", "exp_avg_sq", onebit_adam's "onebit_server_error"
+    // and "onebit_worker_error_dpNNNN" (one per saving dp rank).
+    bool has_state(const std::string& kind) const { return optim_pieces_.count(kind) != 0; }
     const std::vector<int64_t>& global_shape(const std::string& name) const;  // UserError if absent
 
     // The whole tensor assembled from every shard. Throws UserError(kExitCheckpoint) if absent or not fully covered.
@@ -248,6 +259,9 @@ class CheckpointReader {
     // UserError(kExitCheckpoint) naming the tensor. Returns how many elements came from the checkpoint.
     int64_t read_box(const std::string& name, std::optional<OptimState> which, const ShardBox& box, int64_t begin,
                      int64_t end, float* out) const;
+    // The same for optimizer state of any kind (has_state()).
+    int64_t read_state_box(const std::string& name, const std::string& kind, const ShardBox& box, int64_t begin,
+                           int64_t end, float* out) const;
 
   private:
     struct Piece {  // one stored shard (model) or slice (optimizer) of a tensor
@@ -265,7 +279,11 @@ class CheckpointReader {
     std::vector<std::string> names_;
     std::map<std::string, std::vector<int64_t>> shapes_;       // name -> global shape
     std::map<std::string, std::vector<int64_t>> view_shapes_;  // name -> view shape
-    std::map<std::string, std::vector<Piece>> model_pieces_, optim_pieces_[2];
+    // model values: name -> pieces; optimizer state: kind -> name -> pieces
+    std::map<std::string, std::vector<Piece>> model_pieces_;
+    std::map<std::string, std::map<std::string, std::vector<Piece>>> optim_pieces_;
+    int64_t read_pieces(const std::vector<Piece>* pieces, const std::string& name, const std::string& what,
+                        const ShardBox& box, int64_t begin, int64_t end, float* out) const;
 };
 
 }  // namespace ms

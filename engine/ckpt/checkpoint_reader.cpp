@@ -167,10 +167,14 @@ CheckpointReader::CheckpointReader(const std::string& dir_in) : dir_(dir_in) {
             if (is_optim) {
                 const size_t slash = key.find('/');
                 const std::string kind = key.substr(0, slash == std::string::npos ? 0 : slash);
-                if (kind != "exp_avg" && kind != "exp_avg_sq")
-                    fail(fmt::format("{}: optimizer tensors are named exp_avg/<name> or exp_avg_sq/<name>", where));
+                if (kind != "exp_avg" && kind != "exp_avg_sq" && kind != "onebit_server_error" &&
+                    !kind.starts_with("onebit_worker_error_dp"))
+                    fail(
+                        fmt::format("{}: optimizer tensors are named exp_avg/<name>, exp_avg_sq/<name>, "
+                                    "onebit_server_error/<name> or onebit_worker_error_dpNNNN/<name>",
+                                    where));
                 name = key.substr(slash + 1);
-                into = &optim_pieces_[kind == "exp_avg" ? 0 : 1];
+                into = &optim_pieces_[kind];
             }
             const auto known = shapes_.find(name);
             if (known == shapes_.end()) {
@@ -208,11 +212,28 @@ const std::vector<int64_t>& CheckpointReader::global_shape(const std::string& na
 
 int64_t CheckpointReader::read_box(const std::string& name, std::optional<OptimState> which, const ShardBox& box,
                                    int64_t begin, int64_t end, float* out) const {
-    const auto& index = which ? optim_pieces_[*which == OptimState::kExpAvg ? 0 : 1] : model_pieces_;
-    const std::string what = which ? fmt::format("{} of '{}'", optim_state_name(*which), name) : "'" + name + "'";
-    const auto found_pieces = index.find(name);
-    if (found_pieces == index.end()) fail(fmt::format("'{}' holds no {}", dir_, what));
-    const std::vector<Piece>& pieces = found_pieces->second;
+    if (which) return read_state_box(name, optim_state_name(*which), box, begin, end, out);
+    const auto found = model_pieces_.find(name);
+    return read_pieces(found == model_pieces_.end() ? nullptr : &found->second, name, "'" + name + "'", box, begin, end,
+                       out);
+}
+
+int64_t CheckpointReader::read_state_box(const std::string& name, const std::string& kind, const ShardBox& box,
+                                         int64_t begin, int64_t end, float* out) const {
+    const auto of_kind = optim_pieces_.find(kind);
+    const std::vector<Piece>* pieces = nullptr;
+    if (of_kind != optim_pieces_.end()) {
+        const auto found = of_kind->second.find(name);
+        if (found != of_kind->second.end()) pieces = &found->second;
+    }
+    return read_pieces(pieces, name, fmt::format("{} of '{}'", kind, name), box, begin, end, out);
+}
+
+int64_t CheckpointReader::read_pieces(const std::vector<Piece>* found_pieces, const std::string& name,
+                                      const std::string& what, const ShardBox& box, int64_t begin, int64_t end,
+                                      float* out) const {
+    if (found_pieces == nullptr) fail(fmt::format("'{}' holds no {}", dir_, what));
+    const std::vector<Piece>& pieces = *found_pieces;
     const std::vector<int64_t>& saved_view = view_shapes_.at(name);
     const size_t D = box.view_extent.size();
     MS_CHECK(D >= 1 && saved_view.size() == D && box.view_offset.size() == D && begin <= end &&

@@ -102,13 +102,18 @@ inline DType model_dtype(const MixedPrecisionConfig& mp) {
 }
 
 struct OptimizerConfig {
-    std::string type = "adamw";
+    std::string type = "adamw";  // adamw | onebit_adam
     float lr = 3e-4f;
     float min_lr = 0.0f;
     float weight_decay = 0.1f;
     float adam_beta1 = 0.9f;
     float adam_beta2 = 0.95f;
     float adam_eps = 1e-8f;
+    // onebit_adam (engine/optim/distributed_optimizer.h): AdamW for the first freeze_step steps (DeepSpeed's key),
+    // then the variance frozen and the momentum averaged over dp compressed to 1 bit per element, with one scale per
+    // piece of at most onebit_chunk_size elements of a parameter.
+    int64_t freeze_step = 0;
+    int64_t onebit_chunk_size = 2048;
 };
 
 struct LrScheduleConfig {

@@ -182,7 +182,9 @@ std::vector<Field> config_fields(Config& c) {
         {"mixed_precision.hysteresis", &c.mixed_precision.hysteresis, at_least(1)},
 
         {"optimizer.type", &c.optimizer.type,
-         Constraint{.choices = {"adamw"}, .hint = "Megatron's 'adam' is AdamW: write adamw"}},
+         Constraint{.choices = {"adamw", "onebit_adam"}, .hint = "Megatron's 'adam' is AdamW: write adamw"}},
+        {"optimizer.freeze_step", &c.optimizer.freeze_step, at_least(0)},
+        {"optimizer.onebit_chunk_size", &c.optimizer.onebit_chunk_size, at_least(32)},
         {"optimizer.lr", &c.optimizer.lr, at_least(0)},
         {"optimizer.min_lr", &c.optimizer.min_lr, at_least(0)},
         {"optimizer.weight_decay", &c.optimizer.weight_decay, at_least(0)},

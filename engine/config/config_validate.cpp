@@ -280,6 +280,30 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     // has and a step the run reaches.
     resolve_fault_injection(cfg.reliability, world_size, t.train_iters);
 
+    if (cfg.optimizer.type == "onebit_adam") {
+        const OptimizerConfig& o = cfg.optimizer;
+        if (dp == 1) {
+            fail(
+                "optimizer.type onebit_adam compresses the data-parallel average of the momentum, and this layout has "
+                "one data-parallel rank (world {} = tp {} x pp {}): there is nothing to compress; hint: use "
+                "optimizer.type: adamw, or run on more ranks",
+                world_size, tp, pp);
+        }
+        if (o.freeze_step < 1 || o.freeze_step >= t.train_iters) {
+            fail(
+                "optimizer.freeze_step({}) must be at least 1 and less than training.train_iters({}): onebit_adam runs "
+                "AdamW for freeze_step steps to learn the variance it then freezes, and compresses only after them; "
+                "hint: e.g. --set optimizer.freeze_step={} (DeepSpeed's tutorials freeze after 15-25% of the run)",
+                o.freeze_step, t.train_iters, std::max<int64_t>(1, t.train_iters / 5));
+        }
+        if (p.overlap_grad_reduce) {
+            fail(
+                "optimizer.type onebit_adam averages the momentum, not the gradients, after its warm-up, so "
+                "parallel.overlap_grad_reduce's gradient buckets have nothing to reduce; hint: set "
+                "overlap_grad_reduce: false");
+        }
+    }
+
     // ---- parallel axes this build does not run yet ----
     if (p.overlap_param_gather && (p.zero_stage != 1 || !p.overlap_grad_reduce)) {
         fail(

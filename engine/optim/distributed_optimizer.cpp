@@ -4,19 +4,54 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "engine/core/half.h"
 #include "engine/optim/adamw.h"
 
 namespace ms {
 namespace {
 constexpr int64_t kShardAlign = 16;  // shards start on 64-byte boundaries
+
+// onebit_adam's update with the averaged momentum m and the frozen variance v over n elements (the top of
+// distributed_optimizer.h), in fp32 like the AdamW op's fast path; the 16-bit weights in the same pass when copy
+// is defined.
+template <class T>
+void frozen_variance_update(float* param, const float* m, const float* v, int64_t n, float lr, float inv_c1,
+                            float inv_c2, float eps, float wd, T* copy) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+        param[i] -= lr * ((m[i] * inv_c1) / (std::sqrt(v[i] * inv_c2) + eps) + wd * param[i]);
+        if constexpr (!std::is_same_v<T, float>) copy[i] = from_float<T>(param[i]);
+    }
+}
+
 }  // namespace
 
 int64_t padded_flat_size(int64_t flat, int dp) {
     const int64_t unit = kShardAlign * dp;
     return (flat + unit - 1) / unit * unit;
+}
+
+int64_t OptimizerBlocks::onebit_bytes() const {
+    int64_t n = 0;
+    for (size_t b : onebit) n += static_cast<int64_t>(b);
+    return n;
+}
+
+OptimizerBlocks optimizer_blocks(const std::vector<ParamInfo>& table, int64_t flat, const OptimizerConfig& cfg,
+                                 int zero_stage, DType weights_dtype, int dp) {
+    const int64_t padded = padded_flat_size(flat, dp);
+    const int64_t state = 4 * (zero_stage == 1 ? padded / dp : padded);
+    const bool onebit = cfg.type == "onebit_adam";
+    OptimizerBlocks b;
+    b.master = shards_master_weights(zero_stage, weights_dtype) ? state : 0;
+    b.exp_avg = onebit ? 4 * padded : state;
+    b.exp_avg_sq = state;
+    if (onebit) b.onebit = onebit_allocation_sizes(table, padded, cfg.onebit_chunk_size, dp);
+    return b;
 }
 
 template <class Same>
@@ -34,7 +69,8 @@ void DistributedOptimizer::coalesce(std::vector<Segment>& segments, Same same) {
 
 DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params,
                                            float* grads, const OptimizerConfig& cfg, int zero_stage, Backend& backend,
-                                           Communicator& dp, Communicator& mp, int tp_rank, Arena* arena)
+                                           Communicator& dp, Communicator& mp, int tp_rank, Arena* arena, void* weights,
+                                           DType weights_dtype)
     : padded_(padded_flat_size(flat, dp.size())),
       params_(params),
       grads_(grads),
@@ -42,7 +78,10 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
       zero_stage_(zero_stage),
       backend_(backend),
       dp_(dp),
-      mp_(mp) {
+      mp_(mp),
+      weights_(weights),
+      weights_dtype_(weights == nullptr ? DType::kF32 : weights_dtype),
+      blocks_(optimizer_blocks(table, flat, cfg, zero_stage, weights_dtype_, dp.size())) {
     MS_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage {} (0 or 1)", zero_stage);
     shard_size_ = padded_ / dp.size();
     shard_begin_ = dp.rank() * shard_size_;
@@ -52,6 +91,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
         const bool counted = (tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate;
         if (b < e) norm_segments_.push_back({b, e, p.weight_decay, counted});
         if (zero_stage == 0) update_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
+        local_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, counted});
     }
     if (zero_stage == 1) update_segments_ = norm_segments_;
     // One op per run of neighbouring parameters that share what the op needs, not one per parameter: on a GPU each
@@ -60,10 +100,32 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     // same sum, grouped differently in double), the update only weight_decay.
     coalesce(norm_segments_, [](const Segment& a, const Segment& b) { return a.count_in_norm == b.count_in_norm; });
     coalesce(update_segments_, [](const Segment& a, const Segment& b) { return a.weight_decay == b.weight_decay; });
+    coalesce(local_segments_, [](const Segment& a, const Segment& b) { return a.count_in_norm == b.count_in_norm; });
     state_base_ = zero_stage == 1 ? shard_begin_ : 0;
     state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
-    m_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg");
-    v_ = MemoryBlock(state_len_ * sizeof(float), arena, MemCategory::kOptimizer, "exp_avg_sq");
+    const bool onebit = cfg.type == "onebit_adam";
+    m_base_ = onebit ? 0 : state_base_;
+    const auto bytes = [](int64_t b) { return static_cast<size_t>(b); };
+    master_ = MemoryBlock(bytes(blocks_.master), arena, MemCategory::kOptimizer, "master weights");
+    m_ = MemoryBlock(bytes(blocks_.exp_avg), arena, MemCategory::kOptimizer, "exp_avg");
+    v_ = MemoryBlock(bytes(blocks_.exp_avg_sq), arena, MemCategory::kOptimizer, "exp_avg_sq");
+    if (onebit) onebit_ = std::make_unique<OneBitAllReduce>(table, padded_, cfg.onebit_chunk_size, dp, arena);
+    take_loaded_state();
+}
+
+void DistributedOptimizer::take_loaded_state() {
+    m_whole_ = zero_stage_ == 0;
+    if (!sharded_masters()) return;
+    backend_.synchronize();  // the host copies: after whatever wrote the lent buffer (once per init or load)
+    std::memcpy(master_.data(), params_ + shard_begin_, state_len_ * sizeof(float));
+}
+
+void DistributedOptimizer::gather_masters() {
+    if (!sharded_masters()) return;
+    const auto n = static_cast<size_t>(shard_size_);
+    dp_.all_gather(std::span<const float>(master_.as<float>(), n),
+                   std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
+        .wait();
 }
 
 GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
@@ -75,7 +137,7 @@ GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, con
 
 ParamGather& DistributedOptimizer::overlap_param_gather() {
     MS_CHECK(zero_stage_ == 1 && buckets_, "overlapped parameter gathers need zero_stage 1 and gradient buckets");
-    gather_ = std::make_unique<ParamGather>(*buckets_, padded_, params_, dp_, backend_);
+    gather_ = std::make_unique<ParamGather>(*buckets_, padded_, sharded_masters() ? nullptr : params_, dp_, backend_);
     gather_->set_weights(weights_, weights_dtype_);
     return *gather_;
 }
@@ -99,9 +161,94 @@ GradSquares DistributedOptimizer::local_grad_squares() const {
     return r;
 }
 
-OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale, const GradSquares* local) {
+Tensor DistributedOptimizer::weights_copy(const Segment& s) const {
+    // The 16-bit weights in the update's pass: all of them for zero_stage 0, this rank's shard to be gathered with
+    // sharded masters. zero_stage 1 with whole masters casts once the fp32 params are gathered.
+    if (weights_dtype_ == DType::kF32 || !(zero_stage_ == 0 || sharded_masters())) return {};
+    const size_t ws = dtype_size(weights_dtype_);
+    return Tensor(static_cast<std::byte*>(weights_) + static_cast<size_t>(s.begin) * ws, weights_dtype_,
+                  {s.end - s.begin});
+}
+
+void DistributedOptimizer::gather_updated() {
+    if (gather_) {
+        gather_->start();  // waited bucket by bucket by the next forward's reads (and cast there with whole masters)
+    } else if (sharded_masters()) {
+        const size_t ws = dtype_size(weights_dtype_);
+        std::byte* w = static_cast<std::byte*>(weights_);
+        dp_.all_gather(w + static_cast<size_t>(shard_begin_) * ws, w, static_cast<size_t>(shard_size_),
+                       static_cast<size_t>(padded_), weights_dtype_, Priority::kLow)
+            .wait();
+    } else if (zero_stage_ == 1) {
+        dp_.all_gather(std::span<const float>(params_ + shard_begin_, static_cast<size_t>(shard_size_)),
+                       std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
+            .wait();
+        if (weights_dtype_ != DType::kF32)
+            backend_.cast({Tensor::f32(params_, {padded_}), Tensor(weights_, weights_dtype_, {padded_})});
+    }
+}
+
+OptimizerStepResult DistributedOptimizer::compressed_step(float lr, float clip_grad, float unscale) {
     OptimizerStepResult r;
-    finish_param_gather();  // AdamW writes this rank's shard, which the last step's gathers send from
+    // This rank's own gradient norm (summed over tp and pp), and over dp the sum of the ranks' squares: their root
+    // mean square is reported, and a non-finite value on any rank skips the step on all.
+    double sq = 0;
+    for (const Segment& s : local_segments_)
+        if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+    float own = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
+    mp_.all_reduce(std::span<float>(&own, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    float all = own;
+    dp_.all_reduce(std::span<float>(&all, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    r.grad_norm = std::sqrt(static_cast<double>(all) / dp_.size());
+    if (!std::isfinite(r.grad_norm)) return r;
+
+    ++step_;
+    float* m = m_.as<float>();
+    if (!m_whole_) {  // the whole momentum, once: zero_stage 1's warm-up (or a load) kept this rank's shard only
+        dp_.all_gather(std::span<const float>(m + shard_begin_, static_cast<size_t>(shard_size_)),
+                       std::span<float>(m, static_cast<size_t>(padded_)), Priority::kLow)
+            .wait();
+        m_whole_ = true;
+    }
+    backend_.synchronize();  // the host loops below read the gradients and write the momentum
+    const float c = clip_coefficient(std::sqrt(static_cast<double>(own)), clip_grad) * unscale;
+    const float b1 = cfg_.adam_beta1;
+    for (const Segment& s : local_segments_) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = s.begin; i < s.end; ++i) m[i] = b1 * m[i] + (1.0f - b1) * (c * grads_[i]);
+    }
+    onebit_->run(m);
+
+    const float inv_c1 =
+        static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(cfg_.adam_beta1), static_cast<double>(step_))));
+    const float inv_c2 = static_cast<float>(
+        1.0 / (1.0 - std::pow(static_cast<double>(cfg_.adam_beta2), static_cast<double>(cfg_.freeze_step))));
+    float* master = sharded_masters() ? master_.as<float>() : params_ + state_base_;
+    const float* v = v_.as<float>();
+    for (const Segment& s : update_segments_) {
+        const int64_t n = s.end - s.begin, k = s.begin - state_base_;
+        const float wd = s.weight_decay ? cfg_.weight_decay : 0.0f;
+        const Tensor copy = weights_copy(s);
+        const auto update = [&]<class T>(T* out) {
+            frozen_variance_update(master + k, m + s.begin, v + k, n, lr, inv_c1, inv_c2, cfg_.adam_eps, wd, out);
+        };
+        if (!copy.defined()) {
+            update(static_cast<float*>(nullptr));
+        } else if (copy.dtype == DType::kBF16) {
+            update(static_cast<bf16*>(copy.data));
+        } else {
+            update(static_cast<fp16*>(copy.data));
+        }
+    }
+    gather_updated();
+    r.stepped = true;
+    return r;
+}
+
+OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float unscale, const GradSquares* local) {
+    finish_param_gather();  // the update writes this rank's shard, which the last step's gathers send from
+    if (compressing()) return compressed_step(lr, clip_grad, unscale);
+    OptimizerStepResult r;
     const std::span<float> all(grads_, static_cast<size_t>(padded_));
     const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
     if (buckets_) {
@@ -132,30 +279,17 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     const float scale = clip_coefficient(r.grad_norm, clip_grad) * unscale;
     float* m = m_.as<float>();
     float* v = v_.as<float>();
-    const bool mixed = weights_ != nullptr && weights_dtype_ != DType::kF32;
-    const size_t ws = dtype_size(weights_dtype_);
+    // The fp32 values AdamW updates: the sharded masters' own block, else the parameters, both indexed from
+    // state_base_ like v (m from m_base_).
+    float* master = sharded_masters() ? master_.as<float>() : params_ + state_base_;
     for (const Segment& s : update_segments_) {
         const int64_t n = s.end - s.begin, k = s.begin - state_base_;
-        // zero_stage 0 writes the 16-bit weights in the same pass; zero_stage 1 casts once the params are gathered
-        const Tensor copy =
-            mixed && zero_stage_ == 0
-                ? Tensor(static_cast<std::byte*>(weights_) + static_cast<size_t>(s.begin) * ws, weights_dtype_, {n})
-                : Tensor();
-        backend_.adamw({Tensor::f32(params_ + s.begin, {n}), Tensor::f32(grads_ + s.begin, {n}),
-                        Tensor::f32(m + k, {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1, cfg_.adam_beta2,
-                        cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_, copy});
+        backend_.adamw({Tensor::f32(master + k, {n}), Tensor::f32(grads_ + s.begin, {n}),
+                        Tensor::f32(m + (s.begin - m_base_), {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1,
+                        cfg_.adam_beta2, cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_,
+                        weights_copy(s)});
     }
-    if (gather_) {
-        gather_->start();  // waited bucket by bucket by the next forward's reads (and cast there)
-    } else if (zero_stage_ == 1) {
-        // The fp32 params, not the 16-bit weights, are gathered: every rank keeps whole master weights, which the
-        // checkpoint writes (twice the bytes of gathering the weights: Megatron's distributed optimizer gathers
-        // the 16-bit ones and keeps only its shard of the master).
-        dp_.all_gather(std::span<const float>(params_ + shard_begin_, static_cast<size_t>(shard_size_)),
-                       std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
-            .wait();
-        if (mixed) backend_.cast({Tensor::f32(params_, {padded_}), Tensor(weights_, weights_dtype_, {padded_})});
-    }
+    gather_updated();
     r.stepped = true;
     return r;
 }

@@ -11,6 +11,28 @@
 // Both compute the gradient norm the same way, so they give bit-identical results for dp = 2: each DP rank sums
 // the squares of its shard (parameters replicated across TP ranks only on tp rank 0), then the partial sums are
 // all-reduced over dp and over the model-parallel group.
+//
+// Sharded master weights (zero_stage 1 in bf16 / fp16: shards_master_weights(); Megatron's distributed optimizer):
+// the fp32 master weights exist only as this rank's shard, held here beside exp_avg and exp_avg_sq, and the model
+// keeps no fp32 copy: per parameter 2 (16-bit weights) + 4 (fp32 gradients) + 12 / dp bytes, against 2 + 4 + 4 +
+// 8 / dp when every rank keeps whole masters. AdamW updates the shard and writes its 16-bit weights in the same
+// pass; the 16-bit weights are all-gathered, half the bytes of gathering fp32 parameters. The whole fp32 parameters
+// exist only where a caller needs them, in a flat buffer it lends (the model's gradient buffer between steps):
+// take_loaded_state() takes the shard from it after an init or a checkpoint load, gather_masters() fills it for a save.
+// The values are bit for bit those of whole masters: the same AdamW on the same fp32 shard, the same rounding.
+//
+// optimizer.type onebit_adam (1-bit Adam, Tang et al. 2021; DeepSpeed's OnebitAdam): AdamW, as above, for the first
+// optimizer.freeze_step steps; then the variance is frozen and no gradient is reduced. Each rank updates the momentum
+// from its own gradient, m = b1 m + (1 - b1) g, over the whole buffer, and the momenta are averaged over dp by
+// onebit.h's compressed all-reduce (1 bit per element, a scale per chunk, worker and server error feedback), after
+// which m is the same on every dp rank. The update is AdamW's with that m and the frozen v (its bias correction
+// frozen at freeze_step): p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^freeze_step)) + eps) + wd p), on every element
+// (zero_stage 0) or on this rank's shard followed by the gather of the weights (zero_stage 1, which composes: the
+// compressed all-reduce's first phase is a reduce-scatter, and every rank keeps a whole m, which phase 2 gives it,
+// besides its shards of v and the masters). With no reduced gradient there is no global norm: each rank clips its
+// own gradient by its own norm (summed over tp and pp), and the norm reported is the root mean square of the dp
+// ranks' norms (DeepSpeed clips the local gradients too). The momentum update and the frozen-variance update run on
+// the host (arena memory is host-visible), as the compression does.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +44,7 @@
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
 #include "engine/optim/grad_buckets.h"
+#include "engine/optim/onebit.h"
 #include "engine/optim/param_gather.h"
 #include "memory/memory_block.h"
 
@@ -29,6 +52,25 @@ namespace ms {
 
 // The flat buffer length for `flat` elements on `dp` data-parallel ranks.
 int64_t padded_flat_size(int64_t flat, int dp);
+
+// Whether the optimizer holds the fp32 master weights as dp shards, the model none (see the top of this file): the
+// one place that decides it, for the optimizer, the model's allocations and the memory plan.
+constexpr bool shards_master_weights(int zero_stage, DType weights_dtype) {
+    return zero_stage == 1 && weights_dtype != DType::kF32;
+}
+
+// The optimizer's arena allocations, in bytes, in the order it makes them: the master shard (sharded masters),
+// exp_avg (whole with onebit_adam, which needs every rank's momentum), exp_avg_sq, and onebit_adam's buffers
+// (onebit.h). table is read only for onebit_adam (its chunks); flat: the table's flat length, unpadded. The memory
+// plan lists the same.
+struct OptimizerBlocks {
+    int64_t master = 0, exp_avg = 0, exp_avg_sq = 0;
+    std::vector<size_t> onebit;
+    int64_t onebit_bytes() const;
+    int64_t total() const { return master + exp_avg + exp_avg_sq + onebit_bytes(); }
+};
+OptimizerBlocks optimizer_blocks(const std::vector<ParamInfo>& table, int64_t flat, const OptimizerConfig& cfg,
+                                 int zero_stage, DType weights_dtype, int dp);
 
 // Sums of squares of this rank's gradients as the backward left them, before any reduction (local_grad_squares).
 struct GradSquares {
@@ -43,22 +85,27 @@ struct OptimizerStepResult {
 
 class DistributedOptimizer {
   public:
-    // params/grads: flat buffers of at least padded_flat_size(flat, dp.size()) elements.
-    // mp: the model-parallel group (tp x pp ranks with the same dp rank) over which the norm's partial sums are
-    // reduced; tp_rank decides who counts TP-replicated parameters. arena: where exp_avg, exp_avg_sq (kOptimizer)
-    // and the zero_stage 1 reduce-scatter buffer (kComm) come from, allocated in that order; nullptr: HostBuffers.
+    // params/grads: flat buffers of at least padded_flat_size(flat, dp.size()) elements; with sharded master weights
+    // params is the lent buffer that holds the whole fp32 parameters now (take_loaded_state() is called here) and when
+    // a save asks for them (gather_masters()). mp: the model-parallel group (tp x pp ranks with the same dp rank) over
+    // which the norm's partial sums are reduced; tp_rank decides who counts TP-replicated parameters. arena: where the
+    // master shard (sharded masters only), exp_avg and exp_avg_sq (kOptimizer) come from, allocated in that order;
+    // nullptr: HostBuffers. weights: mixed precision's 16-bit weights (flat, the params' layout, dtype bf16 / fp16)
+    // that every step refreshes from the updated fp32 master weights: fused into AdamW, then for zero_stage 1
+    // all-gathered (sharded masters) or cast after the fp32 all-gather (zero_stage 1 in fp32 has no 16-bit weights).
     DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params, float* grads,
                          const OptimizerConfig& cfg, int zero_stage, Backend& backend, Communicator& dp,
-                         Communicator& mp, int tp_rank, Arena* arena = nullptr);
+                         Communicator& mp, int tp_rank, Arena* arena = nullptr, void* weights = nullptr,
+                         DType weights_dtype = DType::kF32);
 
-    // Mixed precision: the 16-bit weights (flat, the params' layout, dtype bf16 / fp16) that every step refreshes
-    // from the updated fp32 params (the master weights): fused into AdamW for zero_stage 0, a cast after the
-    // all-gather for zero_stage 1.
-    void set_weights(void* weights, DType dtype) {
-        weights_ = weights;
-        weights_dtype_ = dtype;
-        if (gather_) gather_->set_weights(weights, dtype);
-    }
+    bool sharded_masters() const { return shards_master_weights(zero_stage_, weights_dtype_); }
+    // After the whole parameters were written into the lent buffer and this rank's state into exp_avg() and
+    // exp_avg_sq() (an init, a checkpoint load): sharded masters take their shard of the parameters, and onebit_adam
+    // gathers the whole momentum again before it next compresses (zero_stage 1 loads only this rank's shard).
+    void take_loaded_state();
+    // Sharded masters: the whole fp32 master weights gathered into the lent buffer (collective over dp), for a save.
+    // Otherwise nothing: the buffer holds them already.
+    void gather_masters();
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
     // unscale multiplies the gradients first (1 / the loss scale with fp16): the norm reported and clipped is the
     // unscaled one. A non-finite norm (an fp16 overflow, a NaN) skips the update: stepped = false.
@@ -86,16 +133,19 @@ class DistributedOptimizer {
     int64_t shard_size() const { return shard_size_; }
     int64_t steps_taken() const { return step_; }
     int zero_stage() const { return zero_stage_; }
+    // Optimizer bytes held by this rank (optimizer_blocks): masters, moments, onebit_adam's buffers.
+    int64_t state_bytes() const { return blocks_.total(); }
+    // onebit_adam's compressed all-reduce (nullptr for adamw), and whether the next step compresses.
+    const OneBitAllReduce* onebit() const { return onebit_.get(); }
+    bool compressing() const { return onebit_ != nullptr && step_ >= cfg_.freeze_step; }
     // The AdamW state this rank holds, for checkpoints: exp_avg()[k] and exp_avg_sq()[k] belong to flat element
     // state_begin() + k, k < state_size() (the dp shard for zero_stage 1, the whole padded buffer for 0).
     int64_t state_begin() const { return state_base_; }
     int64_t state_size() const { return static_cast<int64_t>(state_len_); }
-    float* exp_avg() { return m_.as<float>(); }
+    float* exp_avg() { return m_.as<float>() + (state_base_ - m_base_); }
     float* exp_avg_sq() { return v_.as<float>(); }
     // On resume: the step count that the next step's bias correction continues from.
     void set_steps_taken(int64_t steps) { step_ = steps; }
-    // Optimizer state bytes held by this rank (exp_avg + exp_avg_sq).
-    int64_t state_bytes() const { return 2 * static_cast<int64_t>(state_len_) * 4; }
 
   private:
     struct Segment {  // a parameter's part of the range this rank updates
@@ -105,6 +155,12 @@ class DistributedOptimizer {
     // Merges neighbouring segments (one's end the next's begin) for which same(a, b) holds; the first's flags stay.
     template <class Same>
     static void coalesce(std::vector<Segment>& segments, Same same);
+    // onebit_adam after its warm-up (see the top of this file).
+    OptimizerStepResult compressed_step(float lr, float clip_grad, float unscale);
+    // The 16-bit weights of AdamW's segment s, when the update writes them (zero_stage 0, sharded masters).
+    Tensor weights_copy(const Segment& s) const;
+    // After the update of this rank's range: zero_stage 1 gathers the parameters or weights.
+    void gather_updated();
 
     int64_t padded_;
     float* params_;
@@ -119,11 +175,17 @@ class DistributedOptimizer {
     int64_t shard_begin_ = 0, shard_size_ = 0;
     std::vector<Segment> norm_segments_;    // this rank's shard (both stages)
     std::vector<Segment> update_segments_;  // shard (zero 1) or the whole buffer (zero 0)
+    std::vector<Segment> local_segments_;   // the whole buffer, for onebit_adam's own-gradient norm
     size_t state_len_ = 0;
-    int64_t state_base_ = 0;   // flat index of exp_avg[0]
-    MemoryBlock m_, v_;        // (state_len) exp_avg, exp_avg_sq
-    void* weights_ = nullptr;  // set_weights()
-    DType weights_dtype_ = DType::kF32;
+    int64_t state_base_ = 0;  // flat index of exp_avg[0]
+    void* weights_;           // the 16-bit weights, or nullptr
+    DType weights_dtype_;     // their dtype (kF32 without them)
+    OptimizerBlocks blocks_;
+    MemoryBlock master_;  // (state_len) sharded masters: this rank's fp32 master weights, else empty
+    MemoryBlock m_, v_;   // exp_avg (from flat element m_base_), exp_avg_sq (state_len, from state_base_)
+    int64_t m_base_ = 0;  // flat index of m_[0]: state_base_, or 0 when m_ is whole (onebit_adam)
+    std::unique_ptr<OneBitAllReduce> onebit_;
+    bool m_whole_ = true;  // onebit_adam: m_ holds the whole momentum (false after a zero_stage 1 warm-up or load)
     int64_t step_ = 0;
 };
 

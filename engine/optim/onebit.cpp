@@ -85,23 +85,25 @@ OneBitLayout onebit_layout(const std::vector<ParamInfo>& table, int64_t padded, 
     return l;
 }
 
-std::vector<OneBitBuffer> onebit_buffers(const OneBitLayout& layout, int dp_rank) {
-    MS_CHECK(dp_rank >= 0 && dp_rank < layout.dp, "1-bit Adam: dp rank {} is outside [0, {})", dp_rank, layout.dp);
+std::vector<OneBitBuffer> onebit_buffers(const OneBitLayout& layout) {
     const bool on = layout.dp > 1;
+    // server_error holds the largest server's share on every rank, so that every rank of a stage allocates the same
+    // (the memory plan is per stage): at most one chunk more than a rank's own share
+    int64_t served = 0;
+    for (int s = 0; s < layout.dp; ++s) served = std::max(served, layout.served_elements(s));
     const size_t staging = on ? static_cast<size_t>(layout.dp * layout.block_words) * sizeof(uint32_t) : 0;
     return {
         {on ? static_cast<size_t>(layout.elements) * sizeof(float) : 0, MemCategory::kOptimizer, "onebit_worker_error"},
-        {on ? static_cast<size_t>(layout.served_elements(dp_rank)) * sizeof(float) : 0, MemCategory::kOptimizer,
-         "onebit_server_error"},
+        {on ? static_cast<size_t>(served) * sizeof(float) : 0, MemCategory::kOptimizer, "onebit_server_error"},
         {staging, MemCategory::kComm, "onebit_send"},
         {staging, MemCategory::kComm, "onebit_recv"},
     };
 }
 
 std::vector<size_t> onebit_allocation_sizes(const std::vector<ParamInfo>& table, int64_t padded, int64_t chunk_elems,
-                                            int dp_size, int dp_rank) {
+                                            int dp_size) {
     std::vector<size_t> sizes;
-    for (const OneBitBuffer& b : onebit_buffers(onebit_layout(table, padded, chunk_elems, dp_size), dp_rank))
+    for (const OneBitBuffer& b : onebit_buffers(onebit_layout(table, padded, chunk_elems, dp_size)))
         if (b.bytes > 0) sizes.push_back(b.bytes);
     return sizes;
 }
@@ -132,7 +134,7 @@ void decompress_chunk(float scale, const uint32_t* bits, std::span<float> out) {
 OneBitAllReduce::OneBitAllReduce(const std::vector<ParamInfo>& table, int64_t padded, int64_t chunk_elems,
                                  Communicator& dp, Arena* arena)
     : layout_(onebit_layout(table, padded, chunk_elems, dp.size())), dp_(dp), rank_(dp.rank()) {
-    const std::vector<OneBitBuffer> b = onebit_buffers(layout_, rank_);
+    const std::vector<OneBitBuffer> b = onebit_buffers(layout_);
     worker_error_ = MemoryBlock(b[0].bytes, arena, b[0].category, b[0].name);
     server_error_ = MemoryBlock(b[1].bytes, arena, b[1].category, b[1].name);
     send_ = MemoryBlock(b[2].bytes, arena, b[2].category, b[2].name);
@@ -144,7 +146,7 @@ std::span<float> OneBitAllReduce::worker_error() const {
 }
 
 std::span<float> OneBitAllReduce::server_error() const {
-    return {server_error_.as<float>(), server_error_.size() / sizeof(float)};
+    return {server_error_.as<float>(), static_cast<size_t>(layout_.dp > 1 ? layout_.served_elements(rank_) : 0)};
 }
 
 std::span<const OneBitChunk> OneBitAllReduce::served_chunks() const {

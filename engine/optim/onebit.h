@@ -27,7 +27,8 @@
 //
 // Buffers, allocated once, in this order (onebit_buffers; a zero-sized one is not allocated):
 //   worker_error  (chunk elements) fp32   kOptimizer  every chunk, packed in chunk order
-//   server_error  (served elements) fp32  kOptimizer  this rank's served chunks, packed in chunk order
+//   server_error  (served elements) fp32  kOptimizer  this rank's served chunks, packed in chunk order (room for
+//                                                     the largest server's, so every rank allocates the same)
 //   send          (dp * block_words)      kComm       phase 1's blocks by server; phase 2's block in its first one
 //   recv          (dp * block_words)      kComm       phase 1's blocks by worker; then phase 2's blocks by server
 // A run allocates nothing.
@@ -82,11 +83,12 @@ struct OneBitBuffer {
     MemCategory category = MemCategory::kOptimizer;
     const char* name = "";
 };
-// worker_error, server_error, send, recv (sizes in bytes, 0 for each with dp == 1), in allocation order.
-std::vector<OneBitBuffer> onebit_buffers(const OneBitLayout& layout, int dp_rank);
+// worker_error, server_error (the largest server's share: the same on every rank), send, recv (sizes in bytes, 0 for
+// each with dp == 1), in allocation order.
+std::vector<OneBitBuffer> onebit_buffers(const OneBitLayout& layout);
 // The sizes of the allocations OneBitAllReduce makes, in its order: onebit_buffers' nonzero sizes.
 std::vector<size_t> onebit_allocation_sizes(const std::vector<ParamInfo>& table, int64_t padded, int64_t chunk_elems,
-                                            int dp_size, int dp_rank);
+                                            int dp_size);
 
 // 32-bit words holding the sign bits of k elements.
 inline int64_t sign_words(int64_t k) { return (k + 31) / 32; }

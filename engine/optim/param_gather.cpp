@@ -28,8 +28,12 @@ void ParamGather::start() {
     for (Bucket& b : buckets_) {
         for (size_t i = 0; i < b.parts.size(); ++i) {
             const OwnerPart& o = b.parts[i];
-            const std::span<float> part(params_ + o.begin, static_cast<size_t>(o.end - o.begin));
-            b.handles[i] = dp_.broadcast(part, o.owner, Priority::kLow);
+            const auto n = static_cast<size_t>(o.end - o.begin);
+            b.handles[i] = params_ != nullptr
+                               ? dp_.broadcast(std::span<float>(params_ + o.begin, n), o.owner, Priority::kLow)
+                               : dp_.broadcast(static_cast<std::byte*>(weights_) +
+                                                   static_cast<size_t>(o.begin) * dtype_size(weights_dtype_),
+                                               n, weights_dtype_, o.owner, Priority::kLow);
         }
         b.pending = true;
         ++in_flight_;
@@ -38,7 +42,7 @@ void ParamGather::start() {
 
 void ParamGather::complete(Bucket& b) {
     for (Handle& h : b.handles) h.wait();
-    if (weights_ != nullptr && weights_dtype_ != DType::kF32) {
+    if (params_ != nullptr && weights_ != nullptr && weights_dtype_ != DType::kF32) {
         const int64_t n = b.end - b.begin;
         std::byte* w = static_cast<std::byte*>(weights_) + static_cast<size_t>(b.begin) * dtype_size(weights_dtype_);
         backend_.cast({Tensor::f32(params_ + b.begin, {n}), Tensor(w, weights_dtype_, {n})});

@@ -5,7 +5,9 @@
 // [begin, end) ranges), one broadcast per dp shard the bucket intersects, from the shard's owner (owner_parts()), and
 // returns without waiting. The buckets are issued from the flat buffer's start up, the order in which the forward
 // reads them. need() is what a forward step calls before it reads parameters: it waits for the buckets holding them
-// and, in mixed precision, casts those buckets' fp32 parameters into the 16-bit weights the ops read. finish()
+// and, in mixed precision, casts those buckets' fp32 parameters into the 16-bit weights the ops read. With sharded
+// master weights (distributed_optimizer.h: the model keeps no fp32 copy) the 16-bit weights themselves are gathered,
+// half the bytes, and nothing is cast. finish()
 // waits for every bucket still in flight: whatever reads the parameters outside the training step's forward
 // (evaluation, checkpoints, generation, the next optimizer step) goes through it (PipelineModel's accessors,
 // DistributedOptimizer::step, save_checkpoint).
@@ -28,12 +30,14 @@ namespace ms {
 
 class ParamGather {
   public:
-    // The buckets of `buckets`, over params (padded elements, shards of padded / dp.size()).
+    // The buckets of `buckets`, over params (padded elements, shards of padded / dp.size()). params nullptr: the
+    // weights given to set_weights() are gathered instead (sharded master weights).
     ParamGather(const GradBuckets& buckets, int64_t padded, float* params, Communicator& dp, Backend& backend);
     ParamGather(const ParamGather&) = delete;
     ParamGather& operator=(const ParamGather&) = delete;
 
-    // Mixed precision: the 16-bit weights (params' layout) each gathered bucket is cast into.
+    // Mixed precision: the 16-bit weights (params' layout) each gathered bucket is cast into, or (params nullptr)
+    // gathered.
     void set_weights(void* weights, DType dtype) {
         weights_ = weights;
         weights_dtype_ = dtype;

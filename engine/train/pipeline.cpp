@@ -24,39 +24,52 @@ std::vector<int> pipeline_activation_slots(const std::vector<Action>& actions, i
     return peak;
 }
 
+StageParams stage_params(const GptShape& shape, int tp, int pp, int stage, int virtual_stages) {
+    const int v = virtual_stages, K = pp * v;
+    MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
+    const int Lc = shape.L / K;
+    StageParams st;
+    for (int c = 0; c < v; ++c) {
+        const int k = c * pp + stage;  // the model chunk of local chunk c (schedule.h)
+        const GptPart part{k * Lc, Lc, k == 0, k == K - 1};
+        st.bases.push_back(st.flat);
+        for (ParamInfo p : gpt_param_table(shape, tp, part)) {
+            p.offset += st.flat;
+            st.table.push_back(std::move(p));
+        }
+        st.flat = (st.table.back().offset + st.table.back().numel + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
+        st.parts.push_back(part);
+    }
+    return st;
+}
+
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
-                             Arena* arena, DType dtype, const GptGraphOptions& graph)
+                             Arena* arena, DType dtype, const GptGraphOptions& graph, bool sharded_masters)
     : shape_(shape),
       backend_(backend),
       groups_(groups),
       micro_batch_(micro_batch),
       num_microbatches_(num_microbatches),
       virtual_stages_(virtual_stages),
-      dtype_(dtype) {
-    const int pp = groups.pp_size, v = virtual_stages, K = pp * v;
-    MS_CHECK(shape.L % K == 0, "{} layers do not split into {} pipeline chunks", shape.L, K);
+      dtype_(dtype),
+      sharded_masters_(sharded_masters) {
+    MS_CHECK(!sharded_masters || dtype != DType::kF32, "sharded master weights need 16-bit weights");
+    const int pp = groups.pp_size, v = virtual_stages;
     schedule_ = make_schedule(kind, pp, num_microbatches, v);
     forward_ = make_forward_schedule(pp, v);
     slots_ = pipeline_activation_slots(schedule_[static_cast<size_t>(groups.pp_rank)], v);
 
     // one flat layout over the local chunks
-    const int Lc = shape.L / K;
-    std::vector<GptPart> parts;
-    std::vector<int64_t> bases;
-    for (int c = 0; c < v; ++c) {
-        const int k = model_chunk(c);
-        GptPart part{k * Lc, Lc, k == 0, k == K - 1};
-        bases.push_back(flat_);
-        for (ParamInfo p : gpt_param_table(shape, groups.tp_size, part)) {
-            p.offset += flat_;
-            table_.push_back(std::move(p));
-        }
-        flat_ = (table_.back().offset + table_.back().numel + kChunkAlign - 1) / kChunkAlign * kChunkAlign;
-        parts.push_back(part);
-    }
+    StageParams stage = stage_params(shape, groups.tp_size, pp, groups.pp_rank, v);
+    table_ = std::move(stage.table);
+    flat_ = stage.flat;
+    const std::vector<GptPart>& parts = stage.parts;
+    const std::vector<int64_t>& bases = stage.bases;
     const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
-    params_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kParameter, "params");
+    if (!sharded_masters) {
+        params_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kParameter, "params");
+    }
     grads_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kGradient, "grads");
     const size_t es = dtype_size(dtype);
     if (dtype != DType::kF32) {

@@ -37,23 +37,39 @@ class Trace;  // engine/train/trace.h
 // the activation slots PipelineModel gives each chunk.
 std::vector<int> pipeline_activation_slots(const std::vector<Action>& stage_actions, int virtual_stages);
 
+// The parameters of pipeline stage `stage` of pp (v virtual stages each, tp-sharded): its local chunks' tables back to
+// back in one flat buffer, each chunk starting 16-aligned, offsets into that buffer. What PipelineModel holds.
+struct StageParams {
+    std::vector<ParamInfo> table;
+    std::vector<GptPart> parts;  // (v) the local chunks' parts of the model
+    std::vector<int64_t> bases;  // (v) where each local chunk's parameters start
+    int64_t flat = 0;            // the flat length, before the data-parallel padding
+};
+StageParams stage_params(const GptShape& shape, int tp, int pp, int stage, int virtual_stages);
+
 class PipelineModel {
   public:
     // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
     // arena, the flat parameters and gradients and every chunk's activation blocks are allocated from it, in this
     // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
     // slot blocks (plan.h's StagePlan::allocations() lists the same sequence).
+    // sharded_masters (distributed_optimizer.h shards_master_weights): no fp32 parameters are allocated; see
+    // params().
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                   ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
-                  Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {});
+                  Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {},
+                  bool sharded_masters = false);
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }
     // The parameters and weights as the last optimizer step left them: with parallel.overlap_param_gather both
     // accessors first complete its gathers (the chunks' own programs wait for each bucket as they read it).
+    // With sharded master weights the model holds no fp32 parameters: params() is then the gradient buffer lent as
+    // a place for them, holding them only where a caller put them (init_weights(), a checkpoint load, the
+    // optimizer's gather_masters() for a save) until the next train_step() zeroes it.
     float* params() {
         settle_params();
-        return params_.as<float>();
+        return sharded_masters_ ? grads_.as<float>() : params_.as<float>();
     }
     float* grads() { return grads_.as<float>(); }
     DType dtype() const { return dtype_; }
@@ -123,7 +139,8 @@ class PipelineModel {
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
     DType dtype_ = DType::kF32;
-    MemoryBlock params_, grads_;  // (padded) flat fp32
+    bool sharded_masters_ = false;
+    MemoryBlock params_, grads_;  // (padded) flat fp32; params_ empty with sharded masters
     MemoryBlock weights_;         // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;
     // train_step()'s bookkeeping, sized once here so that a step allocates nothing

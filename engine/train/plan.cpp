@@ -88,6 +88,7 @@ PlanShape plan_shape(const RunLayout& l) {
     p.num_microbatches = l.num_microbatches;
     p.micro_batch = l.micro_batch;
     p.zero_stage = l.zero_stage;
+    p.optimizer = l.optimizer;
     p.sequence_parallel = l.sequence_parallel;
     p.dtype = l.dtype;
     p.graph = l.graph;
@@ -106,8 +107,10 @@ std::vector<size_t> StagePlan::allocations() const {
         add(scratch_bytes[c]);
         for (int i = 0; i < slots[c]; ++i) add(slot_bytes[c]);
     }
-    add(optimizer_bytes / 2);  // exp_avg
-    add(optimizer_bytes / 2);  // exp_avg_sq
+    add(optimizer.master);
+    add(optimizer.exp_avg);
+    add(optimizer.exp_avg_sq);
+    for (size_t b : optimizer.onebit) add(static_cast<int64_t>(b));
     return a;
 }
 
@@ -137,9 +140,14 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             st.activation_bytes += slot * st.slots[static_cast<size_t>(c)] + scratch;
         }
         st.padded = padded_flat_size(flat, p.dp);
-        st.param_bytes = st.grad_bytes = 4 * st.padded;
+        st.param_bytes = shards_master_weights(p.zero_stage, p.dtype) ? 0 : 4 * st.padded;
+        st.grad_bytes = 4 * st.padded;
         st.weight_bytes = p.dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(p.dtype)) * st.padded;
-        st.optimizer_bytes = 8 * (p.zero_stage == 1 ? st.padded / p.dp : st.padded);
+        // onebit_adam's chunks need the stage's table; the other optimizers only its length (the table of a billion
+        // layers is never built)
+        const std::vector<ParamInfo> table =
+            p.optimizer.type == "onebit_adam" ? stage_params(shape, p.tp, p.pp, s, v).table : std::vector<ParamInfo>{};
+        st.optimizer = optimizer_blocks(table, flat, p.optimizer, p.zero_stage, p.dtype, p.dp);
     }
     return stages;
 }
@@ -152,11 +160,16 @@ std::vector<std::string> stage_table(const std::vector<StagePlan>& stages) {
         for (size_t c = 0; c < st.slots.size(); ++c)
             acts += fmt::format("{}{} x {} + {}", c ? " + " : "", bytes_cell(st.slot_bytes[c]), st.slots[c],
                                 bytes_cell(st.scratch_bytes[c]));
-        const std::string params = st.weight_bytes == 0
-                                       ? bytes_cell(st.param_bytes)
-                                       : bytes_cell(st.param_bytes) + " + " + bytes_cell(st.weight_bytes);
+        // fp32 parameters + 16-bit weights, either absent; the fp32 master shard + the moments
+        const auto sum_cell = [](int64_t a, int64_t b) {
+            return a == 0 || b == 0 ? bytes_cell(a + b) : bytes_cell(a) + " + " + bytes_cell(b);
+        };
+        const std::string params = sum_cell(st.param_bytes, st.weight_bytes);
+        const OptimizerBlocks& o = st.optimizer;
+        std::string optimizer = sum_cell(o.master, o.exp_avg + o.exp_avg_sq);
+        if (!o.onebit.empty()) optimizer += " + " + bytes_cell(o.onebit_bytes());
         rows.push_back({fmt::format("{}", s), st.layers, fmt::format("{}", st.params), params,
-                        bytes_cell(st.grad_bytes), bytes_cell(st.optimizer_bytes), bytes_cell(st.comm_bytes()), acts,
+                        bytes_cell(st.grad_bytes), optimizer, bytes_cell(st.comm_bytes()), acts,
                         bytes_cell(st.total_bytes())});
     }
     return table_lines({"stage", "layers", "parameters", "param bytes", "grad bytes", "optimizer", "comm",

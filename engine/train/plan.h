@@ -23,6 +23,7 @@
 #include "engine/backends/backend.h"
 #include "engine/config/config.h"
 #include "engine/model/gpt.h"
+#include "engine/optim/distributed_optimizer.h"
 #include "engine/parallel/schedule.h"
 #include "engine/train/run_layout.h"
 
@@ -44,21 +45,25 @@ struct PlanOptions {
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).
 struct StagePlan {
-    std::string layers;  // e.g. "0-5", or "0-2,12-14" with virtual stages
-    int64_t params = 0;  // elements of the tp rank's shard, summed over the local chunks
-    int64_t padded = 0;  // flat buffer elements: padded_flat_size of the chunks' aligned layout
-    int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
+    std::string layers;                       // e.g. "0-5", or "0-2,12-14" with virtual stages
+    int64_t params = 0;                       // elements of the tp rank's shard, summed over the local chunks
+    int64_t padded = 0;                       // flat buffer elements: padded_flat_size of the chunks' aligned layout
+    int64_t param_bytes = 0, grad_bytes = 0;  // fp32 parameters (0 with sharded master weights), gradients
     int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
+    OptimizerBlocks optimizer;                // masters (sharded), moments, onebit_adam's buffers
+    int64_t optimizer_bytes() const { return optimizer.total(); }
     std::vector<int64_t> slot_bytes;          // (v) one activation slot of each local chunk
     std::vector<int> slots;                   // (v) activation slots of each local chunk
     std::vector<int64_t> scratch_bytes;       // (v) each local chunk's scratch block
     int64_t activation_bytes = 0;             // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return 0; }  // pipeline p2p uses the slots, zero_stage 1 reduce-scatters in place
     int64_t total_bytes() const {
-        return param_bytes + grad_bytes + weight_bytes + optimizer_bytes + comm_bytes() + activation_bytes;
+        return param_bytes + grad_bytes + weight_bytes + optimizer_bytes() + comm_bytes() + activation_bytes;
     }
+    // Weights, gradients, master weights and optimizer state: what zero_stage and sharded masters divide.
+    int64_t model_state_bytes() const { return param_bytes + grad_bytes + weight_bytes + optimizer_bytes(); }
     // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, 16-bit
-    // weights, per chunk its scratch and slots; DistributedOptimizer: exp_avg, exp_avg_sq); no empty ones.
+    // weights, per chunk its scratch and slots; DistributedOptimizer: optimizer_blocks()); no empty ones.
     std::vector<size_t> allocations() const;
 };
 
@@ -68,6 +73,7 @@ struct PlanShape {
     int num_microbatches = 1, micro_batch = 1, zero_stage = 0;
     bool sequence_parallel = false;
     DType dtype = DType::kF32;   // mixed_precision.dtype: activations and the weights the ops read
+    OptimizerConfig optimizer;   // its type (onebit_adam's buffers) and 1-bit chunk size
     GptGraphOptions graph = {};  // the fused LM head, recomputation: which ops the chunks' graphs run
 };
 

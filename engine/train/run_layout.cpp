@@ -46,6 +46,7 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.layers_per_chunk = cfg.model.num_layers / (par.pipeline_model_parallel_size * l.virtual_stages);
     l.sequence_parallel = par.sequence_parallel;
     l.zero_stage = par.zero_stage;
+    l.optimizer = cfg.optimizer;
     if (par.overlap_grad_reduce && d.dp > 1)
         l.grad_bucket_elems = par.bucket_size > 0 ? par.bucket_size : default_bucket_elems(d.dp);
     l.param_gather_overlap = par.overlap_param_gather && l.grad_bucket_elems > 0;

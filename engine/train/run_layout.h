@@ -41,6 +41,7 @@ struct RunLayout {
     int layers_per_chunk = 1;  // num_layers / (pp * virtual_stages)
     bool sequence_parallel = false;
     int zero_stage = 0;
+    OptimizerConfig optimizer;  // the validated optimizer section (its type and 1-bit chunks size the memory plan)
     // parallel.overlap_grad_reduce with dp > 1: elements per gradient bucket (parallel.bucket_size or Megatron's
     // default); 0: the gradients are reduced in one piece after the backward
     int64_t grad_bucket_elems = 0;

@@ -233,17 +233,26 @@ void wrap_backend(TrainRun& r) {
 
 // The start-up lines on what the model, optimizer and loss scaler hold.
 void log_model_memory(const TrainRun& r) {
-    const int64_t flat = r.model->flat_size();
+    // what the plan says this rank holds (setup_model checks the arena against it)
+    const StagePlan& st = r.stages[static_cast<size_t>(r.groups->pp_rank)];
     const DType dtype = r.layout.dtype;
-    log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {}){}",
-             human_bytes(4.0 * static_cast<double>(flat)), human_bytes(4.0 * static_cast<double>(flat)),
-             human_bytes(static_cast<double>(r.optimizer->state_bytes())), r.layout.zero_stage,
-             dtype == DType::kF32
-                 ? std::string()
-                 : fmt::format(" | {} weights {} (activations in {}; fp32 master weights, gradients, optimizer "
-                               "state)",
-                               dtype_name(dtype), human_bytes(static_cast<double>(dtype_size(dtype) * flat)),
-                               dtype_name(dtype)));
+    const auto b = [](int64_t bytes) { return human_bytes(static_cast<double>(bytes)); };
+    if (dtype == DType::kF32) {
+        log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
+                 b(st.param_bytes), b(st.grad_bytes), b(st.optimizer_bytes()), r.layout.zero_stage);
+    } else if (st.optimizer.master > 0) {
+        log_info(
+            "memory per rank: {} weights {} | fp32 gradients {} | fp32 master weights {} (sharded over dp {}) | "
+            "optimizer state {} (zero_stage {})",
+            dtype_name(dtype), b(st.weight_bytes), b(st.grad_bytes), b(st.optimizer.master), r.layout.dp(),
+            b(st.optimizer_bytes() - st.optimizer.master), r.layout.zero_stage);
+    } else {
+        log_info(
+            "memory per rank: {} weights {} | fp32 master weights {} | fp32 gradients {} | optimizer state {} "
+            "(zero_stage {})",
+            dtype_name(dtype), b(st.weight_bytes), b(st.param_bytes), b(st.grad_bytes), b(st.optimizer_bytes()),
+            r.layout.zero_stage);
+    }
     const LossScaler& scaler = *r.scaler;
     const MixedPrecisionConfig& mp = r.cfg.mixed_precision;
     if (scaler.enabled()) {
@@ -396,15 +405,16 @@ void setup_model(TrainRun& r) {
 
     const RunLayout& l = r.layout;
     const ProcessGroups& groups = *r.groups;
-    r.model =
-        std::make_unique<PipelineModel>(l.shape, *r.backend, groups, l.micro_batch, l.schedule, l.num_microbatches,
-                                        l.virtual_stages, l.sequence_parallel, &arena, l.dtype, l.graph);
+    r.model = std::make_unique<PipelineModel>(l.shape, *r.backend, groups, l.micro_batch, l.schedule,
+                                              l.num_microbatches, l.virtual_stages, l.sequence_parallel, &arena,
+                                              l.dtype, l.graph, shards_master_weights(l.zero_stage, l.dtype));
     PipelineModel& model = *r.model;
     model.init_weights(r.cfg.run.seed, r.cfg.model.init_method_std);
+    // With sharded master weights the optimizer takes its shard of the initial parameters here.
     r.optimizer = std::make_unique<DistributedOptimizer>(model.params_info(), model.flat_size(), model.params(),
                                                          model.grads(), r.cfg.optimizer, l.zero_stage, *r.backend,
-                                                         *groups.dp, *groups.mp, groups.tp_rank, &arena);
-    if (l.dtype != DType::kF32) r.optimizer->set_weights(model.weights(), l.dtype);
+                                                         *groups.dp, *groups.mp, groups.tp_rank, &arena,
+                                                         l.dtype == DType::kF32 ? nullptr : model.weights(), l.dtype);
     if (l.grad_bucket_elems > 0) {
         GradBuckets& buckets = r.optimizer->overlap_grad_reduce(l.grad_bucket_elems, model.params_info());
         model.set_grad_buckets(&buckets);

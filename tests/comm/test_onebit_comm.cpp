@@ -225,7 +225,7 @@ TEST(OneBitComm, AnArenaOfThePlannedSizesHoldsTheBuffersAndGivesTheSameBits) {
     const int me = world().rank();
     int64_t padded = 0;
     const std::vector<ParamInfo> table = awkward_table(&padded);
-    const std::vector<size_t> sizes = onebit_allocation_sizes(table, padded, 64, world().size(), me);
+    const std::vector<size_t> sizes = onebit_allocation_sizes(table, padded, 64, world().size());
     Arena arena(arena_capacity_for(sizes, 256, 0, BlockFit::kPacked), 256, 0, BlockFit::kPacked);
     auto dp = world().split(0, me, "dp");
     OneBitAllReduce in_arena(table, padded, 64, *dp, &arena), on_host(table, padded, 64, *dp);

@@ -27,6 +27,7 @@ struct TrainRun {
     std::map<std::string, std::vector<float>> grads;       // name -> global tensor after step 1's backward
     int64_t skipped_iterations = -1, nan_iterations = -1;  // of the last record (cumulative counts)
     std::vector<double> loss_scales;                       // fp16 only: "loss-scale" after every step
+    std::vector<int64_t> dp_bytes;                         // bytes rank 0 sent on dp in every step
     std::string output;                                    // stdout and stderr of the whole run
 };
 
@@ -68,6 +69,7 @@ inline TrainRun run_train(const TrainCommand& c) {
         if (j.contains("skipped_iterations")) r.skipped_iterations = j["skipped_iterations"].get<int64_t>();
         if (j.contains("nan_iterations")) r.nan_iterations = j["nan_iterations"].get<int64_t>();
         if (j.contains("loss-scale")) r.loss_scales.push_back(j["loss-scale"].get<double>());
+        if (j.contains("bytes_per_step")) r.dp_bytes.push_back(j["bytes_per_step"].value("dp", int64_t{0}));
     }
     for (int stage = 0;; ++stage) {  // one dump per pipeline stage; the tied wte is on the first and the last
         const std::string file = dir / ("grads.bin.stage" + std::to_string(stage));

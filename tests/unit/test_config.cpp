@@ -341,6 +341,19 @@ TEST(ConfigTest, ValidationSentences) {
                    {"parallel.comm_engine runs MPI from a progress thread, for run.backend: cpu",
                     "(got backend cuda, comm auto)", "hint: set comm_engine: false"});
     set_error({"parallel.comm_chunk_bytes=100"}, {"parallel.comm_chunk_bytes"});
+    // onebit_adam: nothing to compress on one dp rank; a warm-up that never ends; gradient buckets it does not use
+    validate_error(small({"optimizer.type=onebit_adam", "optimizer.freeze_step=2"}), 1,
+                   {"optimizer.type onebit_adam compresses the data-parallel average of the momentum",
+                    "one data-parallel rank (world 1 = tp 1 x pp 1)", "hint: use optimizer.type: adamw"});
+    validate_error(small({"optimizer.type=onebit_adam", "optimizer.freeze_step=10"}), 2,
+                   {"optimizer.freeze_step(10) must be at least 1 and less than training.train_iters(10)",
+                    "--set optimizer.freeze_step=2"});
+    validate_error(small({"optimizer.type=onebit_adam"}), 2, {"optimizer.freeze_step(0) must be at least 1"});
+    validate_error(
+        small({"optimizer.type=onebit_adam", "optimizer.freeze_step=2", "parallel.overlap_grad_reduce=true"}), 2,
+        {"parallel.overlap_grad_reduce's gradient buckets have nothing to reduce", "hint:"});
+    set_error({"optimizer.onebit_chunk_size=8"}, {"optimizer.onebit_chunk_size"});
+    set_error({"optimizer.type=lamb"}, {"optimizer.type", "onebit_adam"});
     validate_error(small({"model.num_attention_heads=4", "parallel.tensor_model_parallel_size=3"}), 3,
                    {"model.num_attention_heads(4) is not divisible by parallel.tensor_model_parallel_size(3)"});
     validate_error(small({"model.num_attention_heads=5"}), 1,
