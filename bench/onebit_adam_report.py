@@ -24,7 +24,7 @@ def read(path):
     return train, valid, dp_bytes
 
 
-def svg(curves, path):
+def svg(curves, freeze, path):
     w, h, pad = 900, 520, 60
     xs = [x for c in curves.values() for series in c for x, _ in series]
     ys = [y for c in curves.values() for series in c for _, y in series]
@@ -44,6 +44,10 @@ def svg(curves, path):
         out.append(f'<text x="{pad - 5}" y="{sy(y) + 4}" text-anchor="end">{y:.2f}</text>')
         x = x0 + (x1 - x0) * i / 5
         out.append(f'<text x="{sx(x)}" y="{h - pad + 16}" text-anchor="middle">{x:.0f}</text>')
+    if x0 <= freeze <= x1:
+        out.append(f'<line x1="{sx(freeze)}" y1="{pad}" x2="{sx(freeze)}" y2="{h - pad}" stroke="gray" '
+                   f'stroke-dasharray="4 4"/>')
+        out.append(f'<text x="{sx(freeze) + 4}" y="{pad + 12}" fill="gray">freeze_step {freeze}</text>')
     for k, (name, (train, valid)) in enumerate(curves.items()):
         c = colours[k % len(colours)]
         pts = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in train)
@@ -69,7 +73,7 @@ def main():
         print(f"{name:14s} final validation loss {final:.4f} ({final / base:.4f} of {names[0]}'s) | "
               f"dp bytes/step (rank 0) warm-up {before[-1] if before else 'n/a'}, "
               f"after {after[-1] if after else 'n/a'}")
-    svg(curves, f"{out}/curves.svg")
+    svg(curves, freeze, f"{out}/curves.svg")
     print(f"curves: {out}/curves.svg")
 
 

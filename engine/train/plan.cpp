@@ -298,11 +298,14 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
 
     const PlanShape ps = plan_shape(layout);
     const auto stages = plan_stages(layout.shape, ps);
-    log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {})",
-             ps.dtype == DType::kF32
-                 ? std::string("fp32")
-                 : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype)),
-             ps.zero_stage, ps.dp);
+    const std::string precision =
+        ps.dtype == DType::kF32 ? std::string("fp32")
+        : shards_master_weights(ps.zero_stage, ps.dtype)
+            ? fmt::format("{0} activations; param bytes: {0} weights; optimizer: fp32 master shard + moments",
+                          dtype_name(ps.dtype))
+            : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype));
+    log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {}{})",
+             precision, ps.zero_stage, ps.dp, ps.optimizer.type == "onebit_adam" ? ", onebit_adam" : "");
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
     const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
     log_info(
