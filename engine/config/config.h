@@ -114,6 +114,7 @@ struct OptimizerConfig {
     // piece of at most onebit_chunk_size elements of a parameter.
     int64_t freeze_step = 0;
     int64_t onebit_chunk_size = 2048;
+    bool onebit_adam() const { return type == "onebit_adam"; }
 };
 
 struct LrScheduleConfig {

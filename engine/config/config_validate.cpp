@@ -280,7 +280,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     // has and a step the run reaches.
     resolve_fault_injection(cfg.reliability, world_size, t.train_iters);
 
-    if (cfg.optimizer.type == "onebit_adam") {
+    if (cfg.optimizer.onebit_adam()) {
         const OptimizerConfig& o = cfg.optimizer;
         if (dp == 1) {
             fail(

@@ -45,7 +45,7 @@ OptimizerBlocks optimizer_blocks(const std::vector<ParamInfo>& table, int64_t fl
                                  int zero_stage, DType weights_dtype, int dp) {
     const int64_t padded = padded_flat_size(flat, dp);
     const int64_t state = 4 * (zero_stage == 1 ? padded / dp : padded);
-    const bool onebit = cfg.type == "onebit_adam";
+    const bool onebit = cfg.onebit_adam();
     OptimizerBlocks b;
     b.master = shards_master_weights(zero_stage, weights_dtype) ? state : 0;
     b.exp_avg = onebit ? 4 * padded : state;
@@ -103,7 +103,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     coalesce(local_segments_, [](const Segment& a, const Segment& b) { return a.count_in_norm == b.count_in_norm; });
     state_base_ = zero_stage == 1 ? shard_begin_ : 0;
     state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
-    const bool onebit = cfg.type == "onebit_adam";
+    const bool onebit = cfg.onebit_adam();
     m_base_ = onebit ? 0 : state_base_;
     const auto bytes = [](int64_t b) { return static_cast<size_t>(b); };
     master_ = MemoryBlock(bytes(blocks_.master), arena, MemCategory::kOptimizer, "master weights");

@@ -146,7 +146,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         // onebit_adam's chunks need the stage's table; the other optimizers only its length (the table of a billion
         // layers is never built)
         const std::vector<ParamInfo> table =
-            p.optimizer.type == "onebit_adam" ? stage_params(shape, p.tp, p.pp, s, v).table : std::vector<ParamInfo>{};
+            p.optimizer.onebit_adam() ? stage_params(shape, p.tp, p.pp, s, v).table : std::vector<ParamInfo>{};
         st.optimizer = optimizer_blocks(table, flat, p.optimizer, p.zero_stage, p.dtype, p.dp);
     }
     return stages;
@@ -305,7 +305,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
                           dtype_name(ps.dtype))
             : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype));
     log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {}{})",
-             precision, ps.zero_stage, ps.dp, ps.optimizer.type == "onebit_adam" ? ", onebit_adam" : "");
+             precision, ps.zero_stage, ps.dp, ps.optimizer.onebit_adam() ? ", onebit_adam" : "");
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
     const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
     log_info(

@@ -120,16 +120,17 @@ TEST(OneBitAdam, ZeroStage1IsBitIdenticalToZeroStage0AtDp2) {
 // a stage's bits against the whole model's), but the stages' gradients are not bit-identical to one stage's (the tied
 // embedding's two halves are summed across stages, the norm's partial sums too), and tp's chunks are cut from
 // shards. A sign bit turns an fp32 rounding difference in a near-zero momentum element into a step of the chunk's
-// scale, so the runs part by more than AdamW's layouts do (2e-6): measured over 10 steps, worst relative loss
-// difference 1.4e-2 (pp2 x dp2) and 3.1e-2 (tp2 x dp2), printed; bound 0.1. A wrong chunk, server or shard is O(1).
+// scale, so the runs part by more than AdamW's layouts do (2e-6): measured over 50 steps, worst relative loss
+// difference 1.7e-2 (pp2 x dp2) and 4.3e-2 (tp2 x dp2), printed; bound 0.1. A wrong chunk, server or shard is O(1).
 TEST(OneBitAdam, TensorAndPipelineParallelTrackDataParallelAlone) {
-    const TrainRun dp2 = train(2, "");
-    ASSERT_EQ(dp2.losses.size(), 10u);
+    const std::string steps = "--set training.train_iters=50 ";
+    const TrainRun dp2 = train(2, steps);
+    ASSERT_EQ(dp2.losses.size(), 50u);
     for (const auto& [name, sets] :
          {std::pair<std::string, std::string>{"pp2 x dp2", "--set parallel.pipeline_model_parallel_size=2"},
           {"tp2 x dp2", "--set parallel.tensor_model_parallel_size=2"}}) {
-        const TrainRun r = train(4, sets);
-        ASSERT_EQ(r.losses.size(), 10u) << r.output;
+        const TrainRun r = train(4, steps + sets);
+        ASSERT_EQ(r.losses.size(), 50u) << r.output;
         const double worst = worst_relative(r.losses, dp2.losses);
         std::printf("onebit_adam %s vs dp2: worst relative loss difference %.3g\n", name.c_str(), worst);
         EXPECT_LE(worst, 0.1) << name;
