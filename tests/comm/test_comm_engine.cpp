@@ -24,7 +24,7 @@ namespace {
 
 TEST(CommEngineMpi, CollectivesThroughTheEngineGiveMpisValues) {
     const int W = world().size(), me = world().rank();
-    auto engine = std::make_shared<CommEngine>(CommEngineOptions{.chunk_bytes = 1024});
+    auto engine = std::make_shared<CommEngine>(CommEngineOptions{.chunk_bytes = 1024, .on_queued = {}});
     std::unique_ptr<Communicator> comm = CommEngine::wrap(engine, world().split(0, me, "dp"));
     ASSERT_EQ(comm->size(), W);
 
@@ -86,7 +86,7 @@ Timed critical_behind_background(bool with_engine) {
         std::make_unique<LinkModelCommunicator>(world().split(0, me, "tp"), everyone(), matrix, &model);
     std::shared_ptr<CommEngine> engine;
     if (with_engine) {
-        engine = std::make_shared<CommEngine>(CommEngineOptions{.chunk_bytes = 2 << 20});
+        engine = std::make_shared<CommEngine>(CommEngineOptions{.chunk_bytes = 2 << 20, .on_queued = {}});
         dp = CommEngine::wrap(engine, std::move(dp));
         tp = CommEngine::wrap(engine, std::move(tp));
     }

@@ -21,7 +21,8 @@ namespace {
 
 // Every rank its own node: every link inter-node, 30 ms latency, bandwidth that adds 0.4 ms per kB.
 const LinkModel kModel{.intra = {.alpha_s = 1e-3, .bytes_per_s = 1e9},
-                       .inter = {.alpha_s = 0.03, .bytes_per_s = 2.5e6}};
+                       .inter = {.alpha_s = 0.03, .bytes_per_s = 2.5e6},
+                       .occupancy = nullptr};
 
 TEST(LinkModelMpi, ReceiveCompletesAfterTheSendersIssuePlusTheModel) {
     const int W = world().size();

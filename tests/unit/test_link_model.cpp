@@ -64,7 +64,8 @@ class InstantCommunicator final : public Communicator {
 
 TEST(LinkModel, CollectiveTimesAreTheRingFormulas) {
     const LinkModel m{.intra = {.alpha_s = 1e-5, .bytes_per_s = 1e9},
-                      .inter = {.alpha_s = 1e-4, .bytes_per_s = 1.25e8}};
+                      .inter = {.alpha_s = 1e-4, .bytes_per_s = 1.25e8},
+                      .occupancy = nullptr};
     const double n = 8e6;  // bytes
     // all_reduce, 4 ranks in a node: 2 * 3 steps of n / 4 bytes = 6 * (1e-5 + 2e6 / 1e9) s
     EXPECT_DOUBLE_EQ(collective_seconds(m, CommOp::kAllReduce, n, 4, LinkClass::kIntraNode), 0.01206);
@@ -155,7 +156,8 @@ struct Decorated {
 
 // 50 ms for an all-reduce of 1000 floats over the inter-node link: 2 steps of 25 ms latency (bandwidth negligible).
 const LinkModel kSlow{.intra = {.alpha_s = 1e-3, .bytes_per_s = 1e15},
-                      .inter = {.alpha_s = 0.025, .bytes_per_s = 1e15}};
+                      .inter = {.alpha_s = 0.025, .bytes_per_s = 1e15},
+                      .occupancy = nullptr};
 constexpr double kModelled = 2 * (0.025 + 2000.0 / 1e15);
 
 TEST(LinkModelCommunicator, CountsByRingAndMirrorsTheStats) {
