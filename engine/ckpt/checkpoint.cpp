@@ -7,6 +7,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <span>
 
 #include "engine/ckpt/atomic_dir.h"
@@ -18,6 +19,7 @@
 #include "engine/core/switches.h"
 #include "engine/core/timer.h"
 #include "engine/data/file_source.h"
+#include "engine/data/progress.h"
 #include "engine/optim/adamw.h"
 #include "engine/optim/distributed_optimizer.h"
 
@@ -180,27 +182,41 @@ std::array<int64_t, 2> stored_counts(const CheckpointContext& c) {
     return n;
 }
 
+// The bar of a save or load on world rank 0 when its stderr is a terminal; nothing otherwise (the other ranks, and
+// a log file, which has the save's or load's own summary line).
+Progress::Style checkpoint_progress(const ProcessGroups& g) {
+    return g.world->rank() == 0 ? Progress::bar_or_none_for_stderr() : Progress::Style::kNone;
+}
+
+int64_t tensor_bytes(const std::vector<TensorEntry>& tensors) {
+    int64_t n = 0;
+    for (const TensorEntry& t : tensors) {
+        int64_t numel = 1;
+        for (const int64_t d : t.shape) numel *= d;
+        n += numel * static_cast<int64_t>(dtype_size(t.dtype));
+    }
+    return n;
+}
+
 void write_rank_files(const CheckpointContext& c, const TrainState& state, const std::string& tmp,
                       const std::string& inject) {
     const ProcessGroups& g = c.groups;
+    std::vector<TensorEntry> model_tensors, optim_tensors;
+    std::map<std::string, std::string> model_meta, optim_meta;
     if (g.dp_rank == 0) {
-        std::vector<TensorEntry> tensors;
-        std::map<std::string, std::string> meta = file_metadata(c, "model");
+        model_meta = file_metadata(c, "model");
         for (const ParamInfo& p : c.params_info) {
             if (!stored_here(p, g.tp_rank)) continue;
-            tensors.push_back({p.name, DType::kF32, p.shape, c.params + p.offset});
-            meta[p.name] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), 0, p.numel, false);
+            model_tensors.push_back({p.name, DType::kF32, p.shape, c.params + p.offset});
+            model_meta[p.name] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), 0, p.numel, false);
         }
-        write_safetensors(tmp + "/" + model_file(g.tp_rank, g.pp_rank), tensors, meta);
     }
-    if (inject == "write") injected_failure(inject, tmp);
     if (saves_optimizer(c)) {
-        std::vector<TensorEntry> tensors;
-        std::map<std::string, std::string> meta = file_metadata(c, "optim");
+        optim_meta = file_metadata(c, "optim");
         float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
         const auto add = [&](const std::string& key, const ParamInfo& p, int64_t a, int64_t b, const float* data) {
-            meta[key] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
-            tensors.push_back({key, DType::kF32, {b - a}, data});
+            optim_meta[key] = piece_metadata(p, shard_box(p, g.tp_rank, g.tp_size), a, b, true);
+            optim_tensors.push_back({key, DType::kF32, {b - a}, data});
         };
         const OneBitAllReduce* onebit = c.optimizer.onebit();
         for (size_t i = 0; i < c.params_info.size(); ++i) {
@@ -218,8 +234,22 @@ void write_rank_files(const CheckpointContext& c, const TrainState& state, const
             add(worker_error_kind(g.dp_rank) + "/" + p.name, p, 0, p.numel, e.worker);
             if (e.a < e.b) add("onebit_server_error/" + p.name, p, e.a, e.b, e.server);
         }
-        write_safetensors(tmp + "/" + optim_file(g.dp_rank, g.tp_rank, g.pp_rank), tensors, meta);
     }
+    // Progress over the tensor bytes of this rank's files (model, then optimizer).
+    Progress bar("checkpoint: saving", tensor_bytes(model_tensors) + tensor_bytes(optim_tensors),
+                 checkpoint_progress(g), "tensors");
+    int64_t bytes_written = 0, tensors_written = 0;
+    const auto on_written = [&](uint64_t n) {
+        bytes_written += static_cast<int64_t>(n);
+        bar.update(bytes_written, ++tensors_written);
+    };
+    if (g.dp_rank == 0)
+        write_safetensors(tmp + "/" + model_file(g.tp_rank, g.pp_rank), model_tensors, model_meta, on_written);
+    if (inject == "write") injected_failure(inject, tmp);
+    if (saves_optimizer(c))
+        write_safetensors(tmp + "/" + optim_file(g.dp_rank, g.tp_rank, g.pp_rank), optim_tensors, optim_meta,
+                          on_written);
+    bar.finish();
     if (g.world->rank() == 0) {
         write_file_atomic(tmp + "/" + kTrainStateFile, train_state_to_json(state).dump(2) + "\n");
         write_file_atomic(tmp + "/" + kResolvedConfigFile, config_to_yaml(c.cfg));
@@ -307,19 +337,37 @@ void load_onebit_residuals(const CheckpointReader& r, const CheckpointContext& c
 void load_rank_state(const CheckpointReader& r, const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;
     const bool with_optimizer = r.has_optimizer_state();
-    for (const ParamInfo& p : c.params_info) {
+    // Progress over the fp32 bytes this rank reads: each parameter, and its moments' range when there are any.
+    std::vector<int64_t> read_bytes(c.params_info.size());
+    for (size_t i = 0; i < c.params_info.size(); ++i) {
+        const ParamInfo& p = c.params_info[i];
+        const auto [a, b] = optim_range(p, c.optimizer);
+        read_bytes[i] =
+            static_cast<int64_t>(sizeof(float)) * (p.numel + (with_optimizer ? 2 * std::max<int64_t>(0, b - a) : 0));
+    }
+    int64_t bytes_read = 0, tensors_read = 0;
+    Progress bar("checkpoint: loading", std::accumulate(read_bytes.begin(), read_bytes.end(), int64_t{0}),
+                 checkpoint_progress(g), "tensors");
+    for (size_t i = 0; i < c.params_info.size(); ++i) {
+        const ParamInfo& p = c.params_info[i];
         const ShardBox box = shard_box(p, g.tp_rank, g.tp_size);
         r.read_box(p.name, std::nullopt, box, 0, p.numel, c.params + p.offset);
-        if (!with_optimizer) continue;  // a model-only checkpoint: exp_avg and exp_avg_sq stay zero
         const auto [a, b] = optim_range(p, c.optimizer);
-        if (a >= b) continue;
-        float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
-        for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
-            float* out = state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
-            r.read_box(p.name, s, box, a, b, out);
+        ++tensors_read;
+        // A model-only checkpoint: exp_avg and exp_avg_sq stay zero.
+        if (with_optimizer && a < b) {
+            float* const state[2] = {c.optimizer.exp_avg(), c.optimizer.exp_avg_sq()};
+            for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq}) {
+                float* out = state[s == OptimState::kExpAvg ? 0 : 1] + (p.offset + a - c.optimizer.state_begin());
+                r.read_box(p.name, s, box, a, b, out);
+                ++tensors_read;
+            }
         }
+        bytes_read += read_bytes[i];
+        bar.update(bytes_read, tensors_read);
     }
     load_onebit_residuals(r, c);
+    bar.finish();
     // Zero moments restart the bias correction too (AdamW's first step after a model-only load is its step 1).
     c.optimizer.set_steps_taken(with_optimizer ? r.train_state().optimizer_step : 0);
     c.optimizer.take_loaded_state();  // sharded master weights: this rank's shard of what was just read

@@ -110,7 +110,8 @@ void read_whole_model(const CheckpointReader& r, Gpt& model) {
 }
 
 std::string write_model_checkpoint(const std::string& save_dir, const Config& cfg, const GptShape& shape,
-                                   const float* params, const TrainState& state, const json& extra_manifest) {
+                                   const float* params, const TrainState& state, const json& extra_manifest,
+                                   Progress::Style progress) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(save_dir, ec)) {
         const std::string n = e.path().filename().string();
@@ -135,8 +136,10 @@ std::string write_model_checkpoint(const std::string& save_dir, const Config& cf
                                                {"dp_rank", "0"},
                                                {"dp_size", "1"},
                                                {"vocab_size", std::to_string(shape.V)}};
+    int64_t total_bytes = 0;
     for (const ParamInfo& p : gpt_param_table(shape)) {
         tensors.push_back({p.name, DType::kF32, p.shape, params + p.offset});
+        total_bytes += p.numel * static_cast<int64_t>(sizeof(float));
         const ShardBox b = shard_box(p, 0, 1);
         meta[p.name] = json{{"global_shape", p.global_shape},
                             {"view_shape", b.view_shape},
@@ -144,7 +147,13 @@ std::string write_model_checkpoint(const std::string& save_dir, const Config& cf
                             {"view_extent", b.view_extent}}
                            .dump();
     }
-    write_safetensors(writer.path("model/tp00_pp000.safetensors"), tensors, meta);
+    Progress bar("checkpoint: saving", total_bytes, progress, "tensors");
+    int64_t bytes_written = 0, tensors_written = 0;
+    write_safetensors(writer.path("model/tp00_pp000.safetensors"), tensors, meta, [&](uint64_t n) {
+        bytes_written += static_cast<int64_t>(n);
+        bar.update(bytes_written, ++tensors_written);
+    });
+    bar.finish();
     writer.write_file(kTrainStateFile, train_state_to_json(state).dump(2) + "\n");
     const std::string yaml = config_to_yaml(cfg);
     writer.write_file(kResolvedConfigFile, yaml);

@@ -12,6 +12,7 @@
 
 #include "engine/ckpt/checkpoint.h"
 #include "engine/config/config.h"
+#include "engine/data/progress.h"
 #include "engine/model/gpt.h"
 
 namespace ms {
@@ -41,8 +42,10 @@ void read_whole_model(const CheckpointReader& r, Gpt& model);
 // parameter buffer laid out by gpt_param_table(shape): the model file, train_state.json (`state`),
 // config.resolved.yaml (config_to_yaml(cfg)) and the manifest (the trainer's fields for a 1-rank layout, plus
 // `extra_manifest` merged in). Refuses (UserError(kExitCheckpoint)) a save directory that already holds a committed
-// checkpoint, whose tracker this would overwrite. Returns the committed directory.
+// checkpoint, whose tracker this would overwrite. `progress` draws the model file's writing (Progress, over its
+// tensor bytes). Returns the committed directory.
 std::string write_model_checkpoint(const std::string& save_dir, const Config& cfg, const GptShape& shape,
-                                   const float* params, const TrainState& state, const nlohmann::json& extra_manifest);
+                                   const float* params, const TrainState& state, const nlohmann::json& extra_manifest,
+                                   Progress::Style progress = Progress::Style::kNone);
 
 }  // namespace ms

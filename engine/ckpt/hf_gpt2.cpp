@@ -534,7 +534,7 @@ std::string import_hf_gpt2(const std::string& hf_dir, const Config* cfg_in, cons
     state.data_describe = "none: weights imported from the Hugging Face GPT-2 directory " + hf_dir;
     const json extra = {{"source", {{"format", "hf-gpt2"}, {"path", hf_dir}, {"dtype", dtypes}}},
                         {"optimizer_state", "none: a model-only checkpoint (imported weights)"}};
-    const std::string dir = write_model_checkpoint(save_dir, cfg, s, flat.data(), state, extra);
+    const std::string dir = write_model_checkpoint(save_dir, cfg, s, flat.data(), state, extra, progress);
     log_info(
         "convert: imported {} ({} layers, hidden {}, {} heads, {} positions, vocabulary {} padded to {}; {}; {}) "
         "into {}",

@@ -25,6 +25,7 @@ std::string clock_time(double seconds) {
 }  // namespace
 
 Progress::Style Progress::style_for_stderr() { return isatty(STDERR_FILENO) ? Style::kBar : Style::kLines; }
+Progress::Style Progress::bar_or_none_for_stderr() { return isatty(STDERR_FILENO) ? Style::kBar : Style::kNone; }
 
 Progress::Progress(std::string label, int64_t total_bytes, Style style, std::string items_name)
     : label_(std::move(label)), total_(total_bytes), items_name_(std::move(items_name)), style_(style) {}

@@ -1,5 +1,6 @@
-// progress.h: progress of a long phase on stderr (preprocess, convert): a bar with rate and ETA redrawn in place when
-// stderr is a terminal, a plain line every few seconds otherwise (a log file gets no carriage returns).
+// progress.h: progress of a long phase on stderr (preprocess, convert, checkpoint save and load): a bar with rate and
+// ETA redrawn in place when stderr is a terminal, a plain line every few seconds otherwise (a log file gets no carriage
+// returns).
 #pragma once
 
 #include <chrono>
@@ -13,6 +14,9 @@ class Progress {
     enum class Style : uint8_t { kBar, kLines, kNone };
     // kBar when stderr is a terminal, else kLines.
     static Style style_for_stderr();
+    // kBar when stderr is a terminal, else kNone: for phases whose log has its own summary line (checkpoint save and
+    // load), so that a log file gets nothing more.
+    static Style bar_or_none_for_stderr();
 
     // `total` bytes of input to get through; `label` starts every line; `items_name` counts the items.
     Progress(std::string label, int64_t total_bytes, Style style, std::string items_name = "documents");

@@ -12,7 +12,8 @@
 //   - sharded directories (model.safetensors.index.json): export cut as save_pretrained cuts, import bit for bit,
 //     each corruption of the index or its shards a sentence naming the file;
 //   - tokenizer files in exports (byte-level, GPT-2 BPE, tokenizer.json) that Hugging Face `tokenizers` loads to
-//     our ids (tests/e2e/hf_tokenizer_encode.py; skipped without the package); convert's progress bar on a terminal;
+//     our ids (tests/e2e/hf_tokenizer_encode.py; skipped without the package); convert's and checkpoint save and
+//     load's progress bars on a terminal, and none in a log;
 //   - bad inputs end with a sentence and exit code 2 (the input or the config) or 19 (our checkpoints).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -45,6 +46,7 @@
 #include "engine/model/gpt.h"
 #include "engine/train/plan.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/terminal_run.h"
 #include "tests/e2e/run_cli.h"
 
 namespace ms {
@@ -782,7 +784,7 @@ TEST_F(HfInterop, ExportRefusesATokenizerThatIsNotTheModels) {
     EXPECT_NE(r.output.find("apply to --to hf-gpt2 only"), std::string::npos) << r.output;
 }
 
-TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
+TEST_F(HfInterop, ConvertAndCheckpointsShowProgressOnATerminal) {
     EXPECT_EQ(Progress::line("convert: reading", Progress::Style::kLines, 512 << 10, 1 << 20, 14, 2.0, "tensors"),
               "convert: reading:  50.0%  512.0 KiB / 1.0 MiB  256.0 KiB/s  14 tensors  ETA 0:02");
     // Not a terminal: no bar (a plain line every few seconds; this export takes less). The log is on stderr: stdout
@@ -794,28 +796,44 @@ TEST_F(HfInterop, ConvertShowsProgressOnATerminal) {
     EXPECT_NE(plain.errors.find("convert: wrote model.safetensors, config.json into"), std::string::npos)
         << plain.errors;
     EXPECT_EQ(plain.errors.find('\r'), std::string::npos) << plain.errors;
-    // A pseudo-terminal (util-linux `script`), when there is one: the bars, at 100% over the 28 tensors (reading the
-    // checkpoint and writing the safetensors for the export; reading the safetensors for the import).
-    if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` for a pseudo-terminal";
+    // Training that resumes from the checkpoint and saves one, not on a terminal: the log's own lines only (the save
+    // and load draw nothing there, not even plain lines).
+    const std::string resume = "train --config " + config() + " --set checkpoint.load=" + path("ckpt") +
+                               " --set training.train_iters=14 --set run.output_dir=";
+    const auto plain_train =
+        test::run_cli_streams(resume + path("run_plain") + " --set checkpoint.save=" + path("ckpt_plain"));
+    const std::string log = plain_train.output + plain_train.errors;
+    ASSERT_EQ(plain_train.exit_code, 0) << log;
+    EXPECT_NE(log.find("checkpoint: resumed from"), std::string::npos) << log;
+    EXPECT_NE(log.find("checkpoint: saved iteration 14"), std::string::npos) << log;
+    EXPECT_EQ(log.find('\r'), std::string::npos) << log;
+    EXPECT_EQ(log.find("checkpoint: loading"), std::string::npos) << log;
+    EXPECT_EQ(log.find("checkpoint: saving"), std::string::npos) << log;
+    // A pseudo-terminal (util-linux `script`), when there is one: the bars at 100% over the 28 tensors (reading the
+    // checkpoint and writing the safetensors for the export; reading the safetensors and writing the checkpoint for
+    // the import), and over the 84 tensors (28 parameters with their two AdamW moments) the training run loads and
+    // saves.
+    if (!test::have_pseudo_terminal()) GTEST_SKIP() << "no `script` for a pseudo-terminal";
     const struct {
         std::string args;
         std::vector<std::string> bars;
-    } cases[] = {
-        {"--to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tty"), {"convert: reading", "convert: writing"}},
-        {"--from hf-gpt2 --load " + path("hf") + " --out " + path("imp_tty"), {"convert: reading"}}};
+        int tensors;
+    } cases[] = {{"convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf_tty"),
+                  {"convert: reading", "convert: writing"},
+                  28},
+                 {"convert --from hf-gpt2 --load " + path("hf") + " --out " + path("imp_tty"),
+                  {"convert: reading", "checkpoint: saving"},
+                  28},
+                 {resume + path("run_tty") + " --set checkpoint.save=" + path("ckpt_tty"),
+                  {"checkpoint: loading", "checkpoint: saving"},
+                  84}};
     for (const auto& c : cases) {
-        const std::string cmd = "script -qec \"'" MS_BINARY_PATH "' convert " + c.args + "\" /dev/null 2>&1";
-        std::string output;
-        FILE* p = popen(cmd.c_str(), "r");
-        ASSERT_NE(p, nullptr);
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
-        ASSERT_EQ(pclose(p), 0) << output;
+        const auto r = test::run_on_terminal("'" MS_BINARY_PATH "' " + c.args);
+        ASSERT_EQ(r.code, 0) << r.output;
         for (const std::string& bar : c.bars) {
-            const size_t at = output.find(bar + " [##############################] 100.0%");
-            ASSERT_NE(at, std::string::npos) << bar << " in\n" << output;
-            EXPECT_NE(output.find("28 tensors  ETA 0:00", at), std::string::npos) << output;
+            const size_t at = r.output.find(bar + " [##############################] 100.0%");
+            ASSERT_NE(at, std::string::npos) << bar << " in\n" << r.output;
+            EXPECT_NE(r.output.find(fmt::format("{} tensors  ETA 0:00", c.tensors), at), std::string::npos) << r.output;
         }
     }
 }

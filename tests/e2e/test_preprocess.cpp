@@ -22,6 +22,7 @@
 #include "engine/data/gpt2_bpe.h"
 #include "engine/data/progress.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/terminal_run.h"
 #include "tests/e2e/run_cli.h"
 
 namespace {
@@ -307,20 +308,14 @@ TEST(Preprocess, ProgressBarOnATerminal) {
     EXPECT_EQ(ms::Progress::line("preprocess", ms::Progress::Style::kLines, 512 << 10, 1 << 20, 10, 2.0),
               "preprocess:  50.0%  512.0 KiB / 1.0 MiB  256.0 KiB/s  10 documents  ETA 0:02");
     // Through the binary on a pseudo-terminal (util-linux `script`), when there is one.
-    if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` for a pseudo-terminal";
+    if (!ms::test::have_pseudo_terminal()) GTEST_SKIP() << "no `script` for a pseudo-terminal";
     const TempDir dir("ms_preprocess_tty");
     std::ofstream(dir / "in.txt") << "one\n\ntwo\n";
-    const std::string cmd = "script -qec \"'" MS_BINARY_PATH "' preprocess --input " + dir / "in.txt" +
-                            " --output-prefix " + dir / "o" + "\" /dev/null 2>&1";
-    std::string output;
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output.append(buf, n);
-    ASSERT_EQ(pclose(p), 0) << output;
-    EXPECT_NE(output.find("preprocess [##############################] 100.0%"), std::string::npos) << output;
-    EXPECT_NE(output.find("2 documents  ETA 0:00"), std::string::npos) << output;
+    const auto r = ms::test::run_on_terminal("'" MS_BINARY_PATH "' preprocess --input " + dir / "in.txt" +
+                                             " --output-prefix " + dir / "o");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("preprocess [##############################] 100.0%"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("2 documents  ETA 0:00"), std::string::npos) << r.output;
 }
 
 }  // namespace
