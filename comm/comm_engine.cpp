@@ -28,7 +28,8 @@ bool is_background(Priority p) { return p == Priority::kLow; }
 // True on the engine's thread while it holds the engine's lock (queue_json must not take it again there).
 thread_local bool t_holds_engine_lock = false;
 
-const char* priority_name(Priority p) {
+// The engine's two classes of operation, for its queue dump.
+const char* priority_class(Priority p) {
     switch (p) {
         case Priority::kLow:
             return "background";
@@ -507,7 +508,7 @@ nlohmann::ordered_json CommEngine::queue_json() const {
                               {"op", op->p2p.size() > 1 ? "send_recv" : comm_op_name(op->kind)},
                               {"count", op->p2p.empty() ? op->count : op->p2p.front().count},
                               {"dtype", dtype_name(op->p2p.empty() ? op->dtype : op->p2p.front().dtype)},
-                              {"priority", priority_name(op->priority)},
+                              {"priority", priority_class(op->priority)},
                               {"pieces", op->pieces},
                               {"issued", op->issued},
                               {"queued_at", op->queued_at}});

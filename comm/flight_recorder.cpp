@@ -7,6 +7,18 @@
 
 namespace ms {
 
+const char* priority_name(Priority p) {
+    switch (p) {
+        case Priority::kLow:
+            return "low";
+        case Priority::kNormal:
+            return "normal";
+        case Priority::kHigh:
+            return "high";
+    }
+    return "?";
+}
+
 const char* comm_op_name(CommOp op) {
     switch (op) {
         case CommOp::kAllReduce:

@@ -90,6 +90,7 @@ class FlightRecorder {
 };
 
 const char* comm_op_name(CommOp op);           // "all_reduce", "reduce_scatter", ..., "barrier"
+const char* priority_name(Priority p);         // "low", "normal", "high"
 double unix_seconds();                         // wall clock, for timestamps that line up across ranks and hosts
 std::string utc_iso8601(double unix_seconds);  // "2026-11-29T23:10:00.123Z"
 

@@ -312,22 +312,30 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
                     name));
 }
 
-std::string to_string(const Action& a) {
-    switch (a.kind) {
+const char* to_string(Action::Kind kind) {
+    switch (kind) {
         case Kind::kForward:
-            return fmt::format("F mb{} c{}", a.microbatch, a.chunk);
+            return "F";
         case Kind::kBackward:
-            return fmt::format("B mb{} c{}", a.microbatch, a.chunk);
+            return "B";
         case Kind::kSendActivation:
-            return fmt::format("send-act mb{} c{} -> {}", a.microbatch, a.chunk, a.peer_stage);
+            return "send-act";
         case Kind::kRecvActivation:
-            return fmt::format("recv-act mb{} c{} <- {}", a.microbatch, a.chunk, a.peer_stage);
+            return "recv-act";
         case Kind::kSendGrad:
-            return fmt::format("send-grad mb{} c{} -> {}", a.microbatch, a.chunk, a.peer_stage);
+            return "send-grad";
         case Kind::kRecvGrad:
-            return fmt::format("recv-grad mb{} c{} <- {}", a.microbatch, a.chunk, a.peer_stage);
+            return "recv-grad";
     }
-    MS_UNREACHABLE("Action::Kind {}", static_cast<int>(a.kind));
+    MS_UNREACHABLE("Action::Kind {}", static_cast<int>(kind));
+}
+
+std::string to_string(const Action& a) {
+    const bool compute = a.kind == Kind::kForward || a.kind == Kind::kBackward;
+    const bool sends = a.kind == Kind::kSendActivation || a.kind == Kind::kSendGrad;
+    return compute ? fmt::format("{} mb{} c{}", to_string(a.kind), a.microbatch, a.chunk)
+                   : fmt::format("{} mb{} c{} {} {}", to_string(a.kind), a.microbatch, a.chunk, sends ? "->" : "<-",
+                                 a.peer_stage);
 }
 
 SimResult simulate(const std::vector<std::vector<Action>>& schedule, double t_forward, double t_backward,

@@ -98,6 +98,7 @@ int max_in_flight(const std::vector<Action>& actions);
 const char* to_string(ScheduleKind kind);
 ScheduleKind parse_schedule_kind(const std::string& name);  // throws ms::UserError on an unknown name
 std::string to_string(const Action& action);                // e.g. "F mb3 c1", "send-act mb3 c1 -> 2"
+const char* to_string(Action::Kind kind);  // "F", "B", "send-act", "recv-act", "send-grad", "recv-grad"
 
 struct SimResult {
     double makespan = 0;         // time at which the last stage finishes

@@ -41,36 +41,6 @@ std::optional<int64_t> parse_iteration(std::string_view s) {
 
 double rounded(double us) { return std::round(us * 1e3) / 1e3; }  // nanoseconds are the clocks' resolution
 
-const char* priority_name(Priority p) {
-    switch (p) {
-        case Priority::kLow:
-            return "low";
-        case Priority::kNormal:
-            return "normal";
-        case Priority::kHigh:
-            return "high";
-    }
-    return "?";
-}
-
-const char* message_name(Action::Kind k) {
-    switch (k) {
-        case Action::Kind::kSendActivation:
-            return "send act";
-        case Action::Kind::kRecvActivation:
-            return "recv act";
-        case Action::Kind::kSendGrad:
-            return "send grad";
-        case Action::Kind::kRecvGrad:
-            return "recv grad";
-        case Action::Kind::kForward:
-            return "forward";
-        case Action::Kind::kBackward:
-            return "backward";
-    }
-    return "?";
-}
-
 Json metadata(const char* name, int pid, int tid, Json args) {
     Json e = {{"name", name}, {"ph", "M"}, {"pid", pid}};
     if (tid >= 0) e["tid"] = tid;
@@ -189,13 +159,12 @@ void Trace::p2p_batch(const std::vector<Action>& actions, size_t last, double be
 std::string Trace::pipeline_name(const PipelineEvent& e) const {
     if (e.kind == PipelineEvent::Kind::kCompute) {
         const Action& a = e.actions[0];
-        const char* fb = a.kind == Action::Kind::kForward ? "F" : "B";
-        return rank_.virtual_stages == 1 ? fmt::format("{}{}", fb, a.microbatch)
-                                         : fmt::format("{}{} chunk {}", fb, a.microbatch, a.chunk);
+        return rank_.virtual_stages == 1 ? fmt::format("{}{}", to_string(a.kind), a.microbatch)
+                                         : fmt::format("{}{} chunk {}", to_string(a.kind), a.microbatch, a.chunk);
     }
     std::string name;
     for (uint8_t i = 0; i < e.messages; ++i) {
-        name += fmt::format("{}{} {}", i > 0 ? " + " : "", message_name(e.actions[i].kind), e.actions[i].microbatch);
+        name += fmt::format("{}{} {}", i > 0 ? " + " : "", to_string(e.actions[i].kind), e.actions[i].microbatch);
     }
     return name;
 }
@@ -268,7 +237,7 @@ void Trace::write_step(int64_t it) {
             Json messages = Json::array();
             for (uint8_t i = 0; i < e.messages; ++i) {
                 const Action& a = e.actions[i];
-                messages.push_back({{"kind", message_name(a.kind)},
+                messages.push_back({{"kind", to_string(a.kind)},
                                     {"microbatch", a.microbatch},
                                     {"chunk", a.chunk},
                                     {"peer_stage", a.peer_stage}});

@@ -87,7 +87,7 @@ TEST(Trace, RecordsTheTracedIterationOnly) {
     }
     EXPECT_EQ(by_cat["op"]["name"], "matmul forward N 2 K 3 M 4");
     EXPECT_EQ(by_cat["compute"]["name"], "F0");
-    EXPECT_EQ(by_cat["p2p"]["name"], "send act 0 + recv grad 0");
+    EXPECT_EQ(by_cat["p2p"]["name"], "send-act 0 + recv-grad 0");
     EXPECT_EQ(by_cat["p2p"]["args"]["messages"].size(), 2u);
     EXPECT_EQ(by_cat["iteration"]["name"], "iteration 2");
     const nlohmann::json& comm = by_cat["comm"];
