@@ -2,6 +2,7 @@
 // checkpoint_reader.cpp.
 #include "engine/ckpt/checkpoint.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <exception>
@@ -143,21 +144,23 @@ struct OneBitResiduals {
     int64_t a = 0, b = 0;
     float* server = nullptr;
 };
+// The run of `chunks` (in table order, so a parameter's chunks are neighbours) that belongs to parameter `param`.
+std::span<const OneBitChunk> chunks_of(std::span<const OneBitChunk> chunks, int param) {
+    const auto lo =
+        std::partition_point(chunks.begin(), chunks.end(), [&](const OneBitChunk& c) { return c.param < param; });
+    const auto hi = std::partition_point(lo, chunks.end(), [&](const OneBitChunk& c) { return c.param == param; });
+    return {lo, hi};
+}
+
 OneBitResiduals onebit_residuals(const OneBitAllReduce& ob, int param) {
     OneBitResiduals r;
-    for (const OneBitChunk& ch : ob.layout().chunks) {
-        if (ch.param != param) continue;
-        r.worker = ob.worker_error().data() + ch.error_offset;
-        break;
-    }
-    const std::span<const OneBitChunk> served = ob.served_chunks();
-    for (const OneBitChunk& ch : served) {
-        if (ch.param != param) continue;
-        if (r.a == r.b) {
-            r.a = ch.param_offset;
-            r.server = ob.server_error().data() + (ch.error_offset - served.front().error_offset);
-        }
-        r.b = ch.param_offset + ch.elems;
+    const std::span<const OneBitChunk> all = chunks_of(ob.layout().chunks, param);
+    if (!all.empty()) r.worker = ob.worker_error().data() + all.front().error_offset;
+    const std::span<const OneBitChunk> served = ob.served_chunks(), mine = chunks_of(served, param);
+    if (!mine.empty()) {
+        r.a = mine.front().param_offset;
+        r.b = mine.back().param_offset + mine.back().elems;
+        r.server = ob.server_error().data() + (mine.front().error_offset - served.front().error_offset);
     }
     return r;
 }
