@@ -15,8 +15,12 @@
 // fp16 (engine/core/half.h), taken from its activation tensors:
 //   - activations and their gradients (inp, out, dout, dinp, qkv, logits/dlogits, a, b) and the model weights an op
 //     reads (weight, bias, table, pos) are D;
-//   - parameter gradients (dweight, dbias, dtable, dpos) are always fp32, whatever D is: they accumulate over
-//     micro-batches in fp32 (Megatron's main_grad), and the optimizer reads them;
+//   - parameter gradients (dweight, dbias, dtable, dpos, dwte) are fp32 (Megatron's main_grad, accumulated over
+//     micro-batches in fp32: grad_reduce_in_fp32, the default) or D (grad_reduce_in_fp32: false, bf16 / fp16 runs);
+//     an op takes their dtype from the tensor. A D gradient is updated by rounding, once per call, the fp32 sum of its
+//     old value and the op's whole fp32 contribution (lm_head_loss: once per chunk of rows, the chunk's contribution
+//     being what an fp32 dwte would get added), so a D gradient equals from_float<D>(old + the fp32 contribution)
+//     element by element, and an fp32 gradient is what it always was;
 //   - statistics (mean, rstd, lse, row_max, sum_exp, target_logit, dloss) and the optimizer's tensors (AdamWArgs)
 //     are always fp32;
 //   - values are loaded as fp32 (to_float), every sum and product is fp32, and each D output element is rounded
@@ -234,7 +238,7 @@ struct LmHeadLossArgs {
     Tensor dloss;    // (N) fp32 per-row loss gradient, e.g. loss_scale / N (optional: undefined runs the forward only)
     Tensor losses;   // (N) fp32 = log(sum_exp) + row_max - target_logit, overwritten
     Tensor dlnf;     // (N, C) overwritten (required with dloss, else unused)
-    Tensor dwte;     // (Vp_local, C) fp32 += (required with dloss, else unused)
+    Tensor dwte;     // (Vp_local, C) fp32 or D += (required with dloss, else unused)
     Tensor scratch;  // (>= lm_head_loss_scratch_elems(...)) fp32: a chunk's logits and statistics (contents undefined)
     int64_t vocab_start;        // 0: a tensor-parallel group of one
     int64_t vocab_valid_local;  // number of unmasked columns
@@ -253,7 +257,7 @@ int64_t lm_head_loss_scratch_elems(BackendKind kind, DType D, int64_t N, int64_t
 //   param -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * param )
 struct AdamWArgs {
     Tensor param;  // (n) fp32: the master weights
-    Tensor grad;   // (n) fp32
+    Tensor grad;   // (n) fp32, or bf16 / fp16 (16-bit gradients): widened to fp32 on load
     Tensor m;      // (n) fp32
     Tensor v;      // (n) fp32
     float lr, beta1, beta2, eps, weight_decay;
@@ -313,7 +317,8 @@ class Backend {
     virtual void cross_entropy_backward(const CrossEntropyBackwardArgs& a) = 0;
     virtual void lm_head_loss(const LmHeadLossArgs& a) = 0;
     virtual void adamw(const AdamWArgs& a) = 0;
-    // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm). x is fp32.
+    // sum of x[i]^2 over n elements, accumulated in double (for the global gradient norm). x is fp32, bf16 or fp16
+    // (a gradient buffer's dtype), each element widened to fp32 and then to double.
     virtual double sum_squares(const Tensor& x) = 0;
     virtual void cast(const CastArgs& a) = 0;
     // x[:] = 0
