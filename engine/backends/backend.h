@@ -61,6 +61,11 @@ enum class OpKind : uint16_t {
     kAdamW,
     kSumSquares,
     kCast,
+    kRmsNormForward,
+    kRmsNormBackward,
+    kRope,  // forward and inverse rotation (RopeDirection)
+    kSwiGluForward,
+    kSwiGluBackward,
     kCount
 };
 
@@ -114,6 +119,57 @@ struct LayerNormBackwardArgs {
     Tensor dweight;  // (C) +=
     Tensor dbias;    // (C) +=
     Accumulate accumulate;
+};
+
+// RMSNorm (Llama): out = inp * rstd * weight over the last dim, rstd[n] = 1 / sqrt(mean_c inp[n, c]^2 + eps), saved
+// for the backward. Backward, with norm = inp * rstd and g = dout * weight:
+//   dinp = (g - norm * mean_c(g * norm)) * rstd   (= or += per `accumulate`);  dweight += sum_n dout * norm.
+struct RmsNormForwardArgs {
+    Tensor inp;     // (N, C)
+    Tensor weight;  // (C)
+    Tensor out;     // (N, C)
+    Tensor rstd;    // (N) fp32
+    float eps;
+};
+struct RmsNormBackwardArgs {
+    Tensor dout;     // (N, C)
+    Tensor inp;      // (N, C)
+    Tensor weight;   // (C)
+    Tensor rstd;     // (N) fp32, the forward's
+    Tensor dinp;     // (N, C) per `accumulate`
+    Tensor dweight;  // (C) fp32 or D +=
+    Accumulate accumulate;
+};
+
+// Rotary position embedding (HF / Megatron, non-interleaved: rotate_half pairs column i with i + HS/2 of a head), in
+// place on the Q and K heads of a qkv tensor whose rows are [Q (NH*HS) | K (NKV*HS) | V (NKV*HS)], each block
+// head-major; V is not touched. For a head x at position p and i < HS/2, with c = table[p, i], s = table[p, HS/2 + i]
+// (rope_table.h: cos and sin of p * f_i):
+//   kForward: x[i], x[i + HS/2] = x[i] c - x[i + HS/2] s,  x[i + HS/2] c + x[i] s
+//   kInverse: the transpose (the rotation by -p f_i), which is also the backward of kForward on dqkv.
+// Each element is computed from fp32 loads and the fp32 table, rounded once to D on store.
+enum class RopeDirection : uint8_t { kForward, kInverse };
+struct RopeArgs {
+    Tensor qkv;        // (N, (NH + 2*NKV)*HS) rotated in place (Q and K heads)
+    Tensor table;      // (P, HS) fp32 rope_table rows: [cos(p f_i), i < HS/2 | sin(p f_i)]
+    Tensor positions;  // (N) int32 in [0, P) (optional: undefined puts row n at position n % T)
+    int64_t T;         // sequence length (positions undefined)
+    int64_t NH;        // query heads held here (NH_local)
+    int64_t NKV;       // key/value heads held here, dividing NH
+    RopeDirection direction;
+};
+
+// SwiGLU (Llama's MLP activation): a row of inp is [gate (F) | up (F)], out = silu(gate) * up with
+// silu(x) = x * sigmoid(x). Backward: dgate = dout * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate))),
+// dup = dout * silu(gate), written as dinp's [dgate | dup] (overwrite).
+struct SwiGluForwardArgs {
+    Tensor inp;  // (N, 2F)
+    Tensor out;  // (N, F) must not overlap inp
+};
+struct SwiGluBackwardArgs {
+    Tensor dout;  // (N, F)
+    Tensor inp;   // (N, 2F) the forward's
+    Tensor dinp;  // (N, 2F) overwritten; must not overlap dout or inp
 };
 
 // out = inp @ weight^T + bias
@@ -321,6 +377,11 @@ class Backend {
     // (a gradient buffer's dtype), each element widened to fp32 and then to double.
     virtual double sum_squares(const Tensor& x) = 0;
     virtual void cast(const CastArgs& a) = 0;
+    virtual void rmsnorm_forward(const RmsNormForwardArgs& a) = 0;
+    virtual void rmsnorm_backward(const RmsNormBackwardArgs& a) = 0;
+    virtual void rope(const RopeArgs& a) = 0;
+    virtual void swiglu_forward(const SwiGluForwardArgs& a) = 0;
+    virtual void swiglu_backward(const SwiGluBackwardArgs& a) = 0;
     // x[:] = 0
     virtual void zero(const Tensor& x) = 0;
 };

@@ -45,6 +45,11 @@ void DeferredBackend::run_queue() {
         [&](const LmHeadLossArgs& a) { b.lm_head_loss(a); },
         [&](const AdamWArgs& a) { b.adamw(a); },
         [&](const CastArgs& a) { b.cast(a); },
+        [&](const RmsNormForwardArgs& a) { b.rmsnorm_forward(a); },
+        [&](const RmsNormBackwardArgs& a) { b.rmsnorm_backward(a); },
+        [&](const RopeArgs& a) { b.rope(a); },
+        [&](const SwiGluForwardArgs& a) { b.swiglu_forward(a); },
+        [&](const SwiGluBackwardArgs& a) { b.swiglu_backward(a); },
         [&](const Zero& z) { b.zero(z.x); },
     };
     for (const Op& op : queue_) std::visit(run, op);

@@ -60,6 +60,11 @@ class DeferredBackend final : public Backend {
     void adamw(const AdamWArgs& a) override { queue_.emplace_back(a); }
     double sum_squares(const Tensor& x) override;
     void cast(const CastArgs& a) override { queue_.emplace_back(a); }
+    void rmsnorm_forward(const RmsNormForwardArgs& a) override { queue_.emplace_back(a); }
+    void rmsnorm_backward(const RmsNormBackwardArgs& a) override { queue_.emplace_back(a); }
+    void rope(const RopeArgs& a) override { queue_.emplace_back(a); }
+    void swiglu_forward(const SwiGluForwardArgs& a) override { queue_.emplace_back(a); }
+    void swiglu_backward(const SwiGluBackwardArgs& a) override { queue_.emplace_back(a); }
     void zero(const Tensor& x) override { queue_.emplace_back(Zero{x}); }
 
   private:
@@ -69,7 +74,8 @@ class DeferredBackend final : public Backend {
     using Op = std::variant<EmbeddingForwardArgs, EmbeddingBackwardArgs, LayerNormForwardArgs, LayerNormBackwardArgs,
                             MatmulForwardArgs, MatmulBackwardArgs, AttentionForwardArgs, AttentionBackwardArgs,
                             GeluForwardArgs, GeluBackwardArgs, ResidualForwardArgs, CrossEntropyForwardArgs,
-                            CrossEntropyBackwardArgs, LmHeadLossArgs, AdamWArgs, CastArgs, Zero>;
+                            CrossEntropyBackwardArgs, LmHeadLossArgs, AdamWArgs, CastArgs, RmsNormForwardArgs,
+                            RmsNormBackwardArgs, RopeArgs, SwiGluForwardArgs, SwiGluBackwardArgs, Zero>;
     // Runs the queue on inner_, in call order, and empties it (keeping its capacity).
     void run_queue();
 

@@ -54,6 +54,16 @@ const char* op_name(OpKind op) {
             return "sum of squares";
         case OpKind::kCast:
             return "cast";
+        case OpKind::kRmsNormForward:
+            return "rmsnorm forward";
+        case OpKind::kRmsNormBackward:
+            return "rmsnorm backward";
+        case OpKind::kRope:
+            return "rope";
+        case OpKind::kSwiGluForward:
+            return "swiglu forward";
+        case OpKind::kSwiGluBackward:
+            return "swiglu backward";
         case OpKind::kCount:
             break;
     }
@@ -229,6 +239,23 @@ double ProfilingBackend::sum_squares(const Tensor& x) {
 }
 void ProfilingBackend::cast(const CastArgs& a) {
     timed({OpKind::kCast, {a.src.numel()}}, [&] { inner_->cast(a); });
+}
+void ProfilingBackend::rmsnorm_forward(const RmsNormForwardArgs& a) {
+    timed({OpKind::kRmsNormForward, {a.inp.numel()}}, [&] { inner_->rmsnorm_forward(a); });
+}
+void ProfilingBackend::rmsnorm_backward(const RmsNormBackwardArgs& a) {
+    timed({OpKind::kRmsNormBackward, {a.inp.numel()}, flag(a.accumulate == Accumulate::kAdd, kAdd)},
+          [&] { inner_->rmsnorm_backward(a); });
+}
+void ProfilingBackend::rope(const RopeArgs& a) {
+    timed({OpKind::kRope, {a.qkv.numel()}, flag(a.direction == RopeDirection::kInverse, kBackward)},
+          [&] { inner_->rope(a); });
+}
+void ProfilingBackend::swiglu_forward(const SwiGluForwardArgs& a) {
+    timed({OpKind::kSwiGluForward, {a.out.numel()}}, [&] { inner_->swiglu_forward(a); });
+}
+void ProfilingBackend::swiglu_backward(const SwiGluBackwardArgs& a) {
+    timed({OpKind::kSwiGluBackward, {a.dout.numel()}}, [&] { inner_->swiglu_backward(a); });
 }
 void ProfilingBackend::zero(const Tensor& x) {
     timed({OpKind::kCount, {x.numel()}}, [&] { inner_->zero(x); });

@@ -86,6 +86,11 @@ class ProfilingBackend final : public Backend {
     void adamw(const AdamWArgs& a) override;
     double sum_squares(const Tensor& x) override;
     void cast(const CastArgs& a) override;
+    void rmsnorm_forward(const RmsNormForwardArgs& a) override;
+    void rmsnorm_backward(const RmsNormBackwardArgs& a) override;
+    void rope(const RopeArgs& a) override;
+    void swiglu_forward(const SwiGluForwardArgs& a) override;
+    void swiglu_backward(const SwiGluBackwardArgs& a) override;
     void zero(const Tensor& x) override;
 
   private:

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/backends/cuda/cuda_backend.h"
+#include "engine/backends/rope_table.h"
 #include "tests/ops/op_test_util.h"
 
 #if defined(MS_TEST_CUDA_DEVICE)
@@ -695,6 +696,78 @@ MS_CUDA_BACKEND_TEST(CastMatchesTheCpuBitForBit, OpKind::kCast) {
         EXPECT_EQ(half, half_ref);
         EXPECT_TRUE(bit_identical(back, back_ref));
     }
+}
+
+// ---- the Llama ops (fp32; bf16 / fp16 and the launchers' contracts: test_cuda_emu_llama_ops.cpp) ----
+
+MS_CUDA_BACKEND_TEST(LlamaOpsMatchTheCpuReference, OpKind::kRmsNormForward, OpKind::kRmsNormBackward, OpKind::kRope,
+                     OpKind::kSwiGluForward, OpKind::kSwiGluBackward) {
+    const int64_t N = 37, C = 131, F = 67, NH = 4, NKV = 2, HS = 10, T = 13, row = (NH + 2 * NKV) * HS;
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    auto cuda = make_cuda();
+    // RMSNorm: dinp += onto random values, dweight += onto random values.
+    auto inp = random_floats(N * C, 1, -2.0f, 2.0f), weight = random_floats(C, 2), dout = random_floats(N * C, 3);
+    const auto dinp0 = random_floats(N * C, 4), dweight0 = random_floats(C, 5);
+    std::vector<float> out_ref(N * C), rstd_ref(N), dinp_ref = dinp0, dweight_ref = dweight0;
+    Guarded out(N * C, NAN), rstd(N, NAN), dinp(dinp0), dweight(dweight0);
+    for (Backend* b : {cpu.get(), cuda.get()}) {
+        const bool on_cuda = b == cuda.get();
+        b->rmsnorm_forward({.inp = view(inp, {N, C}),
+                            .weight = view(weight, {C}),
+                            .out = on_cuda ? out.tensor({N, C}) : view(out_ref, {N, C}),
+                            .rstd = on_cuda ? rstd.tensor({N}) : view(rstd_ref, {N}),
+                            .eps = 1e-5f});
+        b->rmsnorm_backward({.dout = view(dout, {N, C}),
+                             .inp = view(inp, {N, C}),
+                             .weight = view(weight, {C}),
+                             .rstd = on_cuda ? rstd.tensor({N}) : view(rstd_ref, {N}),
+                             .dinp = on_cuda ? dinp.tensor({N, C}) : view(dinp_ref, {N, C}),
+                             .dweight = on_cuda ? dweight.tensor({C}) : view(dweight_ref, {C}),
+                             .accumulate = Accumulate::kAdd});
+    }
+    cuda->synchronize();
+    expect_close("rmsnorm out", max_rel_error(out.values(), out_ref), 1e-6);
+    expect_close("rmsnorm rstd", max_rel_error(rstd.values(), rstd_ref), 1e-6);
+    expect_close("rmsnorm dinp", max_rel_error(dinp.values(), dinp_ref), 1e-6);
+    expect_close("rmsnorm dweight", max_rel_error(dweight.values(), dweight_ref), 1e-6);
+    EXPECT_TRUE(out.guards_intact() && rstd.guards_intact() && dinp.guards_intact() && dweight.guards_intact());
+    // RoPE, forward and inverse, with and without positions (B = 3 sequences of T).
+    const int64_t Nr = 3 * T;
+    auto table = rope_table(2 * T, HS, 10000.0, {.factor = 8.0, .original_max_position_embeddings = 16.0});
+    auto positions = random_ints(Nr, 6, 0, static_cast<int32_t>(2 * T - 1));
+    const auto qkv0 = random_floats(Nr * row, 7, -2.0f, 2.0f);
+    for (RopeDirection dir : {RopeDirection::kForward, RopeDirection::kInverse}) {
+        for (bool with_positions : {false, true}) {
+            std::vector<float> ref = qkv0;
+            Guarded qkv(qkv0);
+            for (Backend* b : {cpu.get(), cuda.get()}) {
+                b->rope({.qkv = b == cuda.get() ? qkv.tensor({Nr, row}) : view(ref, {Nr, row}),
+                         .table = view(table, {2 * T, HS}),
+                         .positions = with_positions ? view(positions, {Nr}) : Tensor{},
+                         .T = T,
+                         .NH = NH,
+                         .NKV = NKV,
+                         .direction = dir});
+            }
+            cuda->synchronize();
+            expect_close("rope", max_rel_error(qkv.values(), ref), 1e-6);
+            EXPECT_TRUE(qkv.guards_intact());
+        }
+    }
+    // SwiGLU
+    auto sw_inp = random_floats(N * 2 * F, 8, -8.0f, 8.0f), sw_dout = random_floats(N * F, 9);
+    std::vector<float> sw_out_ref(N * F), sw_dinp_ref(N * 2 * F);
+    Guarded sw_out(N * F, NAN), sw_dinp(N * 2 * F, NAN);
+    cpu->swiglu_forward({.inp = view(sw_inp, {N, 2 * F}), .out = view(sw_out_ref, {N, F})});
+    cpu->swiglu_backward(
+        {.dout = view(sw_dout, {N, F}), .inp = view(sw_inp, {N, 2 * F}), .dinp = view(sw_dinp_ref, {N, 2 * F})});
+    cuda->swiglu_forward({.inp = view(sw_inp, {N, 2 * F}), .out = sw_out.tensor({N, F})});
+    cuda->swiglu_backward(
+        {.dout = view(sw_dout, {N, F}), .inp = view(sw_inp, {N, 2 * F}), .dinp = sw_dinp.tensor({N, 2 * F})});
+    cuda->synchronize();
+    expect_close("swiglu out", max_rel_error(sw_out.values(), sw_out_ref), 1e-6);
+    expect_close("swiglu dinp", max_rel_error(sw_dinp.values(), sw_dinp_ref), 1e-6);
+    EXPECT_TRUE(sw_out.guards_intact() && sw_dinp.guards_intact());
 }
 
 // Registered at static-initialisation time, so this holds when ctest runs each test in its own process.

@@ -54,6 +54,20 @@ std::vector<Check> required_checks(OpKind op) {
             checks.push_back(Check::kExact);     // round trips of representable values, ties to even
             checks.push_back(Check::kContract);  // same dtype copies, in place is a no-op, half -> half rounds once
             break;
+        case OpKind::kRmsNormForward:
+        case OpKind::kSwiGluForward:
+            checks.push_back(Check::kGradient);
+            break;
+        case OpKind::kRmsNormBackward:
+        case OpKind::kSwiGluBackward:
+            checks.push_back(Check::kGradient);
+            checks.push_back(Check::kContract);  // Accumulate, dweight += (16-bit: rounded once), overwrite
+            break;
+        case OpKind::kRope:
+            checks.push_back(Check::kExact);     // the hand-computed rotation
+            checks.push_back(Check::kGradient);  // the inverse is the forward's transpose (its backward)
+            checks.push_back(Check::kContract);  // the inverse undoes the forward, V untouched, positions
+            break;
         case OpKind::kCount:
             break;
     }

@@ -36,6 +36,11 @@ class CpuBackend final : public Backend {
     void adamw(const AdamWArgs& a) override { cpu::adamw(a, mode_); }
     double sum_squares(const Tensor& x) override { return cpu::sum_squares(x, mode_); }
     void cast(const CastArgs& a) override { cpu::cast(a, mode_); }
+    void rmsnorm_forward(const RmsNormForwardArgs& a) override { cpu::rmsnorm_forward(a, mode_); }
+    void rmsnorm_backward(const RmsNormBackwardArgs& a) override { cpu::rmsnorm_backward(a, mode_); }
+    void rope(const RopeArgs& a) override { cpu::rope(a, mode_); }
+    void swiglu_forward(const SwiGluForwardArgs& a) override { cpu::swiglu_forward(a, mode_); }
+    void swiglu_backward(const SwiGluBackwardArgs& a) override { cpu::swiglu_backward(a, mode_); }
     void zero(const Tensor& x) override { std::memset(x.data, 0, x.bytes()); }
 
   private:

@@ -29,6 +29,11 @@ void lm_head_loss(const LmHeadLossArgs& a, OpMode mode);
 void adamw(const AdamWArgs& a, OpMode mode);
 double sum_squares(const Tensor& x, OpMode mode);
 void cast(const CastArgs& a, OpMode mode);
+void rmsnorm_forward(const RmsNormForwardArgs& a, OpMode mode);
+void rmsnorm_backward(const RmsNormBackwardArgs& a, OpMode mode);
+void rope(const RopeArgs& a, OpMode mode);
+void swiglu_forward(const SwiGluForwardArgs& a, OpMode mode);
+void swiglu_backward(const SwiGluBackwardArgs& a, OpMode mode);
 
 // The CPU Backend in options.mode (cpu_backend.cpp); make_backend() is the public way in.
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

@@ -23,7 +23,11 @@
 #include "engine/backends/cuda/kernels/lm_head_loss.cuh"
 #include "engine/backends/cuda/kernels/matmul.cuh"
 #include "engine/backends/cuda/kernels/residual.cuh"
+#include "engine/backends/cuda/kernels/rmsnorm.cuh"
+#include "engine/backends/cuda/kernels/rope.cuh"
 #include "engine/backends/cuda/kernels/sum_squares.cuh"
+#include "engine/backends/cuda/kernels/swiglu.cuh"
+#include "engine/backends/rope_table.h"
 #include "engine/core/check.h"
 #include "engine/core/switches.h"
 #include "memory/arena_memory.h"
@@ -724,6 +728,111 @@ void CudaBackend::adamw(const AdamWArgs& a) {
             cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), a.param_copy.as<T>(), n, h, stream_);
         });
     }
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+// ---- the Llama ops: RMSNorm, rotary embeddings, SwiGLU ----
+
+void CudaBackend::rmsnorm_forward(const RmsNormForwardArgs& a) {
+    const int64_t C = a.inp.dim(-1);
+    MS_CHECK(C > 0, "rmsnorm: inp has no columns");
+    const int64_t N = a.inp.numel() / C;
+    check_numel(a.out, N * C, "rmsnorm", "out (N * C)");
+    check_numel(a.weight, C, "rmsnorm", "weight (C)");
+    check_numel(a.rstd, N, "rmsnorm", "rstd (N)");
+    const DType D = activation_dtype(a.inp, "rmsnorm", "inp");
+    check_d(a.out, D, "rmsnorm", "out");
+    check_d(a.weight, D, "rmsnorm", "weight");
+    check_fp32(a.rstd, "rmsnorm", "rstd", "statistic");
+    dispatch(D, [&]<class T>(T) {
+        cuda::rmsnorm_forward(a.out.as<T>(), a.rstd.f32(), a.inp.as<T>(), a.weight.as<T>(), to_int(N, "rmsnorm", "N"),
+                              to_int(C, "rmsnorm", "C"), a.eps, stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rmsnorm_backward(const RmsNormBackwardArgs& a) {
+    const int64_t C = a.inp.dim(-1);
+    MS_CHECK(C > 0, "rmsnorm: inp has no columns");
+    const int64_t N = a.inp.numel() / C;
+    check_numel(a.dout, N * C, "rmsnorm", "dout (N * C)");
+    check_numel(a.dinp, N * C, "rmsnorm", "dinp (N * C)");
+    check_numel(a.weight, C, "rmsnorm", "weight (C)");
+    check_numel(a.dweight, C, "rmsnorm", "dweight (C)");
+    check_numel(a.rstd, N, "rmsnorm", "rstd (N)");
+    const DType D = activation_dtype(a.inp, "rmsnorm", "inp");
+    check_d(a.dout, D, "rmsnorm", "dout");
+    check_d(a.dinp, D, "rmsnorm", "dinp");
+    check_d(a.weight, D, "rmsnorm", "weight");
+    check_fp32(a.rstd, "rmsnorm", "rstd", "statistic");
+    MS_CHECK(a.dweight.dtype == DType::kF32 || a.dweight.dtype == D,
+             "rmsnorm: dweight is {}, but a parameter gradient is fp32 or the activation dtype {} (backend.h "
+             "precision contract)",
+             dtype_name(a.dweight.dtype), dtype_name(D));
+    const int n = to_int(N, "rmsnorm", "N"), c = to_int(C, "rmsnorm", "C");
+    float* scratch =
+        static_cast<float*>(rmsnorm_scratch_.reserve(cuda::rmsnorm_backward_scratch_floats(n, c) * sizeof(float)));
+    dispatch(D, [&]<class T>(T) {
+        const auto run = [&]<class G>(G* dweight) {
+            cuda::rmsnorm_backward<T, G>(a.dinp.as<T>(), dweight, scratch, a.dout.as<T>(), a.inp.as<T>(),
+                                         a.weight.as<T>(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
+        };
+        if (a.dweight.dtype == DType::kF32) {
+            run(a.dweight.f32());
+        } else {
+            run(a.dweight.as<T>());
+        }
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::rope(const RopeArgs& a) {
+    const RopeDims d = rope_dims(a);
+    const DType D = activation_dtype(a.qkv, "rope", "qkv");
+    const cuda::RopeRotation rotation =
+        a.direction == RopeDirection::kInverse ? cuda::RopeRotation::kInverse : cuda::RopeRotation::kForward;
+    dispatch(D, [&]<class T>(T) {
+        cuda::rope(a.qkv.as<T>(), a.table.f32(), opt<int32_t>(a.positions), d.N, to_int(d.row, "rope", "qkv row"),
+                   to_int(d.rotated, "rope", "(NH + NKV) * HS"), to_int(d.HS, "rope", "HS"),
+                   a.positions.defined() ? 0 : to_int(a.T, "rope", "T"), rotation, stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+// F of a SwiGLU call: inp (N, 2F), `other` (N, F).
+int64_t swiglu_width(const Tensor& inp, const Tensor& other, const char* what) {
+    const int64_t width = inp.dim(-1);
+    MS_CHECK(width > 0 && width % 2 == 0,
+             "swiglu: inp rows have {} columns; a row is [gate (F) | up (F)], so the width must be even and positive",
+             width);
+    check_numel(other, inp.numel() / 2, "swiglu", what);
+    return width / 2;
+}
+
+}  // namespace
+
+void CudaBackend::swiglu_forward(const SwiGluForwardArgs& a) {
+    const int64_t F = swiglu_width(a.inp, a.out, "out (N * F)");
+    const DType D = activation_dtype(a.inp, "swiglu", "inp");
+    check_d(a.out, D, "swiglu", "out");
+    dispatch(D, [&]<class T>(T) {
+        cuda::swiglu_forward(a.out.as<T>(), a.inp.as<T>(), a.out.numel() / F, to_int(F, "swiglu", "F"), stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::swiglu_backward(const SwiGluBackwardArgs& a) {
+    const int64_t F = swiglu_width(a.inp, a.dout, "dout (N * F)");
+    check_numel(a.dinp, a.inp.numel(), "swiglu", "dinp (N * 2F)");
+    const DType D = activation_dtype(a.inp, "swiglu", "inp");
+    check_d(a.dout, D, "swiglu", "dout");
+    check_d(a.dinp, D, "swiglu", "dinp");
+    dispatch(D, [&]<class T>(T) {
+        cuda::swiglu_backward(a.dinp.as<T>(), a.inp.as<T>(), a.dout.as<T>(), a.dout.numel() / F,
+                              to_int(F, "swiglu", "F"), stream_);
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 

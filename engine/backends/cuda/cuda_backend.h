@@ -95,6 +95,11 @@ class CudaBackend final : public Backend {
     void adamw(const AdamWArgs& a) override;
     double sum_squares(const Tensor& x) override;
     void cast(const CastArgs& a) override;
+    void rmsnorm_forward(const RmsNormForwardArgs& a) override;
+    void rmsnorm_backward(const RmsNormBackwardArgs& a) override;
+    void rope(const RopeArgs& a) override;
+    void swiglu_forward(const SwiGluForwardArgs& a) override;
+    void swiglu_backward(const SwiGluBackwardArgs& a) override;
     void zero(const Tensor& x) override;
 
     // True in the host build (kernels on fibers), false when the kernels run on a GPU.
@@ -107,6 +112,7 @@ class CudaBackend final : public Backend {
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
+    DeviceScratch rmsnorm_scratch_;      // (rmsnorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch attention_scratch_;    // (attention_backward_scratch_bytes) fused backward: fp32 dQ, semaphores
     CudaDebugOptions debug_;             // the config's debug.cuda_* (BackendOptions::cuda)
     // The matmuls on a GPU (cublas_gemm.h): the cuBLASLt handle, its workspace and the per-shape plan cache, with
