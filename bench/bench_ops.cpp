@@ -18,6 +18,7 @@
 
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
+#include "engine/backends/rope_table.h"
 #include "engine/core/timer.h"
 
 namespace {
@@ -282,6 +283,63 @@ int main(int argc, char** argv) {
                0, 28.0 * kParams, 1, false);
         report("sum_squares (124M)", time_op(reps, [&] { be.sum_squares(t(grad, {kParams})); }), 0, 4.0 * kParams, 1,
                false);
+    }
+
+    {
+        // The Llama ops at the same N and C (no part of the GPT-2 step: x0): RMSNorm, RoPE with NKV = 4 of NH = 12
+        // heads, SwiGLU with F = 2048.
+        constexpr int64_t NKV = 4, HS = C / NH, F = 2048, row = (NH + 2 * NKV) * HS;
+        auto inp = filled(N * C), w = filled(C), out = filled(N * C), rstd = filled(N), dinp = filled(N * C),
+             dw = filled(C);
+        const auto rmsnorm_forward = [&] {
+            be.rmsnorm_forward({.inp = t(inp, {N, C}),
+                                .weight = t(w, {C}),
+                                .out = t(out, {N, C}),
+                                .rstd = t(rstd, {N}),
+                                .eps = 1e-5f});
+        };
+        rmsnorm_forward();
+        report("rmsnorm fwd", time_op(repeats, rmsnorm_forward), 0, 8.0 * N * C, 0, false);
+        report("rmsnorm bwd",
+               time_op(repeats,
+                       [&] {
+                           be.rmsnorm_backward({.dout = t(out, {N, C}),
+                                                .inp = t(inp, {N, C}),
+                                                .weight = t(w, {C}),
+                                                .rstd = t(rstd, {N}),
+                                                .dinp = t(dinp, {N, C}),
+                                                .dweight = t(dw, {C}),
+                                                .accumulate = ms::Accumulate::kAdd});
+                       }),
+               0, 16.0 * N * C, 0, false);
+        auto qkv = filled(N * row), table = ms::rope_table(T, HS, 500000.0, {});
+        report("rope (NKV 4)",
+               time_op(repeats,
+                       [&] {
+                           be.rope({.qkv = t(qkv, {N, row}),
+                                    .table = t(table, {T, HS}),
+                                    .positions = {},
+                                    .T = T,
+                                    .NH = NH,
+                                    .NKV = NKV,
+                                    .direction = ms::RopeDirection::kForward});
+                       }),
+               0, 8.0 * N * (NH + NKV) * HS, 0, false);
+        auto gate_up = filled(N * 2 * F, -4.0f, 4.0f), act = filled(N * F), dgate_up = filled(N * 2 * F);
+        report("swiglu fwd",
+               time_op(repeats,
+                       [&] {
+                           be.swiglu_forward({.inp = t(gate_up, {N, 2 * F}), .out = t(act, {N, F})});
+                       }),
+               0, 12.0 * N * F, 0, false);
+        report(
+            "swiglu bwd",
+            time_op(repeats,
+                    [&] {
+                        be.swiglu_backward(
+                            {.dout = t(act, {N, F}), .inp = t(gate_up, {N, 2 * F}), .dinp = t(dgate_up, {N, 2 * F})});
+                    }),
+            0, 20.0 * N * F, 0, false);
     }
 
     const double model_flops = 6.0 * kParams * N + 12.0 * L * B * NH * (T * (T + 1) / 2) * (C / NH);
