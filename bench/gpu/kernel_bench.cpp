@@ -13,6 +13,8 @@
 //     (attention_tc.cuh) at B = 4, 8, 16 (NH=12, T=1024, HS=64, bf16): split (a dQ kernel and a dK/dV kernel, 7
 //     products) and fused (one kernel, dQ added across key tiles in a fixed order through fp32 scratch, 5 products),
 //     both with the same FLOP count (5 products), so the TFLOP/s compare times;
+//   - the Llama ops at the same sizes (RMSNorm forward and backward, RoPE on Q and K with NKV = 4, SwiGLU over
+//     F = 2048 forward and backward), as bandwidth;
 //   - at GPT-2 124M's micro-batch 16 in bf16: the cross-entropy forward as two pieces beside its one-read form
 //     (kMaxSumExp) and its backward, as bandwidth; the embedding's table gradient with uniform and with skewed tokens.
 // Times are medians of cudaEvent-timed repeats after a warm-up; each repeat times `inner` back-to-back launches on
@@ -33,6 +35,7 @@
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/cuda_backend.h"
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
+#include "engine/backends/rope_table.h"
 
 namespace {
 
@@ -215,6 +218,68 @@ int main() {
                        20, kInner),
                    3.0 * R * H * s);
             for (void* p : {h, hg, dh}) MS_CUDA_CHECK(cudaFree(p));
+
+            // The Llama ops: RMSNorm (R, C); RoPE on Q and K of a (R, (NH + 2 NKV) HS) qkv with NKV = 4; SwiGLU over
+            // (R, 2F) with F = 2048.
+            {
+                const int64_t NKV = 4, HS = C / NH, F = 2048, row = (NH + 2 * NKV) * HS;
+                void* rx = device_values(*be, d, R * C, 0.5f);
+                void* ry = device_values(*be, d, R * C, 0.0f);
+                void* rdy = device_values(*be, d, R * C, 0.01f);
+                void* rdx = device_values(*be, d, R * C, 0.0f);
+                void* rw = device_values(*be, d, C, 1.0f);
+                float* rrstd = device_floats(R, 0.0f);
+                float* rdw = device_floats(C, 0.0f);
+                const ms::RmsNormForwardArgs rn{Tensor(rx, d, {R, C}), Tensor(rw, d, {C}), Tensor(ry, d, {R, C}),
+                                                Tensor::f32(rrstd, {R}), 1e-5f};
+                report("rmsnorm forward," + at, d,
+                       time_ms(
+                           *be, [&] { be->rmsnorm_forward(rn); }, 20, kInner),
+                       2.0 * R * C * s + R * 4);
+                const ms::RmsNormBackwardArgs rnb{
+                    Tensor(rdy, d, {R, C}), Tensor(rx, d, {R, C}), Tensor(rw, d, {C}),  Tensor::f32(rrstd, {R}),
+                    Tensor(rdx, d, {R, C}), Tensor::f32(rdw, {C}), ms::Accumulate::kAdd};
+                report("rmsnorm backward (dinp +=)," + at, d,
+                       time_ms(
+                           *be, [&] { be->rmsnorm_backward(rnb); }, 20, kInner),
+                       4.0 * R * C * s + R * 4);
+                for (void* p : {rx, ry, rdy, rdx, rw}) MS_CUDA_CHECK(cudaFree(p));
+                for (float* p : {rrstd, rdw}) MS_CUDA_CHECK(cudaFree(p));
+                void* qkv = device_values(*be, d, R * row, 0.5f);
+                const std::vector<float> table_host = ms::rope_table(T, HS, 500000.0, {});
+                float* table = device_floats(table_host.size(), 0.0f);
+                MS_CUDA_CHECK(
+                    cudaMemcpy(table, table_host.data(), table_host.size() * sizeof(float), cudaMemcpyHostToDevice));
+                const ms::RopeArgs rope{Tensor(qkv, d, {R, row}),   Tensor::f32(table, {T, HS}), Tensor(), T, NH, NKV,
+                                        ms::RopeDirection::kForward};
+                report("rope in place, Q and K of NH=12 NKV=4," + at, d,
+                       time_ms(
+                           *be, [&] { be->rope(rope); }, 20, kInner),
+                       2.0 * R * (NH + NKV) * HS * s);
+                MS_CUDA_CHECK(cudaFree(qkv));
+                MS_CUDA_CHECK(cudaFree(table));
+                void* gu = device_values(*be, d, R * 2 * F, 0.5f);
+                void* act = device_values(*be, d, R * F, 0.0f);
+                void* dgu = device_values(*be, d, R * 2 * F, 0.0f);
+                report("swiglu forward, F=2048," + at, d,
+                       time_ms(
+                           *be,
+                           [&] {
+                               be->swiglu_forward({Tensor(gu, d, {R, 2 * F}), Tensor(act, d, {R, F})});
+                           },
+                           20, kInner),
+                       3.0 * R * F * s);
+                report("swiglu backward, F=2048," + at, d,
+                       time_ms(
+                           *be,
+                           [&] {
+                               be->swiglu_backward(
+                                   {Tensor(act, d, {R, F}), Tensor(gu, d, {R, 2 * F}), Tensor(dgu, d, {R, 2 * F})});
+                           },
+                           20, kInner),
+                       5.0 * R * F * s);
+                for (void* p : {gu, act, dgu}) MS_CUDA_CHECK(cudaFree(p));
+            }
         }
     }
 
