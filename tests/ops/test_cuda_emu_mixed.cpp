@@ -657,15 +657,15 @@ TEST(CudaEmuMixedDeathTest, ContractViolationsAreSentences) {
     const int64_t N = 4, K = 3, M = 2;
     Buf inp(DType::kBF16, std::vector<float>(N * K)), w(DType::kBF16, std::vector<float>(M * K)),
         w16(DType::kF16, std::vector<float>(M * K)), out(DType::kBF16, std::vector<float>(N * M)),
-        dout(DType::kBF16, std::vector<float>(N * M)), dw_bf16(DType::kBF16, std::vector<float>(M * K));
+        dout(DType::kBF16, std::vector<float>(N * M)), dw_f16(DType::kF16, std::vector<float>(M * K));
     EXPECT_DEATH(cuda->matmul_backward({.dout = dout.tensor({N, M}),
                                         .inp = inp.tensor({N, K}),
                                         .weight = w.tensor({M, K}),
                                         .dinp = {},
-                                        .dweight = dw_bf16.tensor({M, K}),
+                                        .dweight = dw_f16.tensor({M, K}),
                                         .dbias = {},
                                         .accumulate = Accumulate::kOverwrite}),
-                 "matmul: dweight is bf16, but a parameter gradient is fp32 whatever the activation dtype is");
+                 "matmul: dweight is fp16, but a parameter gradient is fp32 or the op's activation dtype bf16");
     EXPECT_DEATH(cuda->matmul_forward(
                      {.inp = inp.tensor({N, K}), .weight = w16.tensor({M, K}), .bias = {}, .out = out.tensor({N, M})}),
                  "matmul: weight is fp16 but the op's activation dtype is bf16");

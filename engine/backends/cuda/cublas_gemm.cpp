@@ -16,6 +16,7 @@
 #include "engine/backends/backend.h"
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/kernels/gelu.cuh"
+#include "engine/backends/cuda/kernels/matmul.cuh"
 #include "engine/core/check.h"
 #include "engine/core/half.h"
 
@@ -301,6 +302,9 @@ std::unique_ptr<Plan> CublasGemm::Impl::make_plan(const LtProduct& p, const Plan
     set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(p.epilogue));
     // The heuristic reads the bias and aux pointers' alignment (part of the key); run() sets each call's pointers.
     if (p.bias) set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias);
+    // A 16-bit dweight's bias gradient stays fp32 in the scratch (cublas_gemm.h); an fp32 one is fp32 by default.
+    if (p.epilogue == CUBLASLT_EPILOGUE_BGRADB && p.c_type != CUDA_R_32F)
+        set_desc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CUDA_R_32F));
     if (gelu_aux) {
         set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux);
         set_desc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<int64_t>(p.m));
@@ -414,9 +418,10 @@ void CublasGemm::forward(T* out, T* gelu_out, const T* inp, const T* weight, con
     if (gelu_out) gelu_forward(gelu_out, static_cast<const T*>(out), static_cast<int64_t>(N) * M, stream);
 }
 
-template <class T>
-void CublasGemm::backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                          const T* gelu_inp, int N, int K, int M, DinpWrite dinp_write, CUstream_st* stream) {
+template <class T, class G>
+void CublasGemm::backward(T* dinp, G* dweight, std::type_identity_t<G>* dbias, const T* dout, const T* inp,
+                          const T* weight, const T* gelu_inp, int N, int K, int M, DinpWrite dinp_write,
+                          CUstream_st* stream) {
     Impl& g = *impl_;
     const float one = 1.0f;
     if (dinp) {
@@ -458,11 +463,12 @@ void CublasGemm::backward(T* dinp, float* dweight, float* dbias, const T* dout, 
             }
         }
     }
-    // dweight^T (K, M) += inp^T (K, N) @ dout (N, M): T inputs, fp32 C. dbias: the sum of D's M columns over the
-    // GEMM's k = N, written by BGRADB into the scratch, then added (cublas_gemm.h says why not the GEMV)
+    // dweight^T (K, M) += inp^T (K, N) @ dout (N, M): T inputs, G C (one rounding of old + product). dbias: the sum
+    // of D's M columns over the GEMM's k = N, written by BGRADB into the fp32 scratch, then added (cublas_gemm.h says
+    // why not the GEMV)
     LtProduct p{.product = Product::kDweight,
                 .ab_type = cuda_type<T>(),
-                .c_type = CUDA_R_32F,
+                .c_type = cuda_type<G>(),
                 .ta = CUBLAS_OP_N,
                 .tb = CUBLAS_OP_T,
                 .m = K,
@@ -483,13 +489,17 @@ void CublasGemm::backward(T* dinp, float* dweight, float* dbias, const T* dout, 
         bgrad.epilogue = CUBLASLT_EPILOGUE_BGRADB;
         bgrad.bias = g.bias_scratch(M, stream);
         if (g.run(bgrad, stream)) {
-            MS_CUBLAS_CHECK(cublasSaxpy(g.cublas(stream), M, &one, g.dbias_scratch, 1, dbias, 1));
+            if constexpr (std::is_same_v<G, float>) {
+                MS_CUBLAS_CHECK(cublasSaxpy(g.cublas(stream), M, &one, g.dbias_scratch, 1, dbias, 1));
+            } else {
+                add_to_gradient(dbias, static_cast<const float*>(g.dbias_scratch), M, stream);
+            }
             return;
         }
     }
     cublasHandle_t h = g.cublas(stream);
     if (!g.run(p, stream)) gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_T, K, M, N, &one, inp, K, dout, M, &one, dweight, K);
-    if (dbias) {  // dbias (M, 1) += dout^T (M, N) @ ones (N, 1): fp32 C
+    if (dbias) {  // dbias (M, 1) += dout^T (M, N) @ ones (N, 1): G C, one rounding of old + sum
         if constexpr (std::is_same_v<T, float>) {
             MS_CUBLAS_CHECK(
                 cublasSgemv(h, CUBLAS_OP_N, M, N, &one, dout, M, g.ones_of<float>(N, stream), 1, &one, dbias, 1));
@@ -499,11 +509,19 @@ void CublasGemm::backward(T* dinp, float* dweight, float* dbias, const T* dout, 
     }
 }
 
-#define MS_INSTANTIATE(T)                                                                                            \
-    template void CublasGemm::forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, CUstream_st*);         \
-    template void CublasGemm::backward<T>(T*, float*, float*, const T*, const T*, const T*, const T*, int, int, int, \
-                                          DinpWrite, CUstream_st*);
+#define MS_INSTANTIATE(T) \
+    template void CublasGemm::forward<T>(T*, T*, const T*, const T*, const T*, int, int, int, CUstream_st*);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
+// (T, G): every activation dtype with fp32 gradients, and bf16 / fp16 with gradients of their own dtype.
+#define MS_INSTANTIATE(T, G)                                                                                    \
+    template void CublasGemm::backward<T, G>(T*, G*, G*, const T*, const T*, const T*, const T*, int, int, int, \
+                                             DinpWrite, CUstream_st*);
+MS_INSTANTIATE(float, float)
+MS_INSTANTIATE(bf16, float)
+MS_INSTANTIATE(bf16, bf16)
+MS_INSTANTIATE(fp16, float)
+MS_INSTANTIATE(fp16, fp16)
 #undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

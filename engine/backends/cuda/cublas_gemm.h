@@ -1,7 +1,7 @@
 // cublas_gemm.h: the Linear layer's three products on cuBLASLt, for the CudaBackend on a real GPU (ms_cuda_backend).
 //
 // The same contract as kernels/matmul.cuh (row-major; weight in Linear orientation (M, K); T the activation dtype,
-// float, bf16 or fp16; dweight and dbias fp32 whatever T is), plus backend.h's GELU fusion:
+// float, bf16 or fp16; dweight and dbias G, float or T itself for 16-bit gradients), plus backend.h's GELU fusion:
 //   forward   out (N, M)      = inp (N, K) @ weight^T + bias               (bias optional)
 //             gelu_out (N, M) = gelu(out)                                   (optional: the MLP's c_fc)
 //   backward  dinp (N, K)     = dout @ weight       (= or += per DinpWrite; skipped when dinp is null)
@@ -48,7 +48,12 @@
 // allows TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32) instead. T = bf16 / fp16: T inputs, fp32 accumulation
 // (CUBLAS_COMPUTE_32F), one rounding per output element: out = round(acc + bias), gelu_out = round(gelu(acc + bias))
 // and out = round(acc + bias) (so the GELU's input is the fp32 value, not the rounded out: backend.h), dinp =
-// round(acc) or round(old + acc), or round(gelu'(gelu_inp) * acc); dweight is an fp32 C with beta 1. Split-K: only the
+// round(acc) or round(old + acc), or round(gelu'(gelu_inp) * acc); dweight is a G C with beta 1: for G = T,
+// round(old + acc) once, the fp32 product added to the widened old value in the epilogue, which is backend.h's
+// contract for a 16-bit gradient (matmul.cu's tiled kernel computes the same, up to the product's summation order).
+// A 16-bit dbias: BGRADB writes the fp32 column sums (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE fp32, not D's dtype) into
+// the scratch, and matmul.cuh's add_to_gradient adds them with one rounding; the fallback's GemmEx against the ones
+// vector with a T C and beta 1 rounds round(old + sum) once too. Split-K: only the
 // reduction scheme CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (fp32 partial sums in the workspace, reduced in a fixed
 // order), never in the output type, and never the in-place one; the fallback sets
 // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION. So the results are deterministic for a given shape, alignment,
@@ -62,6 +67,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 struct CUstream_st;
 
@@ -89,8 +95,9 @@ class CublasGemm {
     template <class T>
     void forward(T* out, T* gelu_out, const T* inp, const T* weight, const T* bias, int N, int K, int M,
                  CUstream_st* stream);
-    template <class T>
-    void backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+    // G: the gradients' dtype, float or T (instantiated for those pairs).
+    template <class T, class G>
+    void backward(T* dinp, G* dweight, std::type_identity_t<G>* dbias, const T* dout, const T* inp, const T* weight,
                   const T* gelu_inp, int N, int K, int M, DinpWrite dinp_write, CUstream_st* stream);
 
     // Plans made so far, and how many of them fall back to cuBLAS (for the bench's report).

@@ -52,7 +52,7 @@ void check_numel(const Tensor& t, int64_t expected, const char* op, const char* 
     MS_CHECK(t.numel() == expected, "{}: {} has {} elements, expected {}", op, what, t.numel(), expected);
 }
 
-// ---- the precision contract (backend.h): one activation dtype D per op, fp32 gradients and statistics ----
+// ---- the precision contract (backend.h): one activation dtype D per op, fp32 or D gradients, fp32 statistics ----
 
 // D, taken from the op's `from` tensor; the CUDA kernels are built for fp32, bf16 and fp16.
 DType activation_dtype(const Tensor& from, const char* op, const char* what) {
@@ -71,7 +71,24 @@ void check_d(const Tensor& t, DType D, const char* op, const char* what) {
              op, what, dtype_name(t.dtype), dtype_name(D));
 }
 
-// A parameter gradient (`kind` "parameter gradient") or a statistic: fp32 whatever D is.
+// The dtype G of an op's parameter gradients, taken from `grad` (the first of them the op has): fp32, or D itself
+// (16-bit gradients); the op's other gradients are checked against it with check_grad.
+DType grad_dtype(const Tensor& grad, DType D, const char* op, const char* what) {
+    MS_CHECK(grad.dtype == DType::kF32 || grad.dtype == D,
+             "{}: {} is {}, but a parameter gradient is fp32 or the op's activation dtype {} (backend.h precision "
+             "contract)",
+             op, what, dtype_name(grad.dtype), dtype_name(D));
+    return grad.dtype;
+}
+
+// Another parameter gradient of the op (skipped when undefined): G, the dtype grad_dtype took from `first`.
+void check_grad(const Tensor& t, DType G, const char* op, const char* what, const char* first) {
+    if (!t.defined()) return;
+    MS_CHECK(t.dtype == G, "{}: {} is {} but {} is {}: an op's parameter gradients share one dtype", op, what,
+             dtype_name(t.dtype), first, dtype_name(G));
+}
+
+// A statistic, a master weight or optimizer state (`kind` names which): fp32 whatever D is.
 void check_fp32(const Tensor& t, const char* op, const char* what, const char* kind) {
     if (!t.defined()) return;
     MS_CHECK(t.dtype == DType::kF32,
@@ -83,6 +100,18 @@ void check_fp32(const Tensor& t, const char* op, const char* what, const char* k
 template <class F>
 void dispatch(DType D, F&& f) {
     visit_float(D, std::forward<F>(f));
+}
+
+// f(T{}, G{}) for D's storage type T and the parameter gradients' G (grad_dtype: float, or T itself).
+template <class F>
+void dispatch_grad(DType D, DType G, F&& f) {
+    dispatch(D, [&]<class T>(T) {
+        if (G == DType::kF32) {
+            f(T{}, float{});
+        } else if constexpr (!std::is_same_v<T, float>) {
+            f(T{}, T{});
+        }
+    });
 }
 
 // t's data as T*, or nullptr when t is undefined (optional tensors).
@@ -296,7 +325,8 @@ void CudaBackend::cast(const CastArgs& a) {
 
 // ---- ops ----
 // Each op takes its activation dtype D from one tensor, checks every other tensor against the precision contract
-// (D, or fp32 for parameter gradients and statistics), then runs the launcher instantiated for D.
+// (D; fp32 or D for parameter gradients; fp32 for statistics), then runs the launcher instantiated for D (and the
+// gradients' dtype).
 
 void CudaBackend::embedding_forward(const EmbeddingForwardArgs& a) {
     const int64_t C = a.table.dim(-1), N = a.tokens.numel();
@@ -323,10 +353,10 @@ void CudaBackend::embedding_backward(const EmbeddingBackwardArgs& a) {
     MS_CHECK(a.T > 0 && N % a.T == 0, "embedding: N({}) is not a multiple of T({})", N, a.T);
     if (a.dpos.defined()) check_numel(a.dpos, a.T * C, "embedding", "dpos (T * C)");
     const DType D = activation_dtype(a.dout, "embedding", "dout");
-    check_fp32(a.dtable, "embedding", "dtable", "parameter gradient");
-    check_fp32(a.dpos, "embedding", "dpos", "parameter gradient");
-    dispatch(D, [&]<class T>(T) {
-        cuda::embedding_backward(a.dtable.f32(), opt<float>(a.dpos), a.tokens.i32(), a.dout.as<T>(),
+    const DType G = grad_dtype(a.dtable, D, "embedding", "dtable");
+    check_grad(a.dpos, G, "embedding", "dpos", "dtable");
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
+        cuda::embedding_backward(a.dtable.as<Grad>(), opt<Grad>(a.dpos), a.tokens.i32(), a.dout.as<T>(),
                                  to_int(N, "embedding", "N"), to_int(C, "embedding", "C"),
                                  to_int(a.dtable.numel() / C, "embedding", "V_local"), a.vocab_start,
                                  to_int(a.T, "embedding", "T"), stream_);
@@ -391,14 +421,15 @@ void CudaBackend::layernorm_backward(const LayerNormBackwardArgs& a) {
     check_d(a.weight, D, "layernorm", "weight");
     check_fp32(a.mean, "layernorm", "mean", "statistic");
     check_fp32(a.rstd, "layernorm", "rstd", "statistic");
-    check_fp32(a.dweight, "layernorm", "dweight", "parameter gradient");
-    check_fp32(a.dbias, "layernorm", "dbias", "parameter gradient");
+    const DType G = grad_dtype(a.dweight, D, "layernorm", "dweight");
+    check_grad(a.dbias, G, "layernorm", "dbias", "dweight");
     const int n = to_int(N, "layernorm", "N"), c = to_int(C, "layernorm", "C");
     float* scratch =
         static_cast<float*>(layernorm_scratch_.reserve(cuda::layernorm_backward_scratch_floats(n, c) * sizeof(float)));
-    dispatch(D, [&]<class T>(T) {
-        cuda::layernorm_backward(a.dinp.as<T>(), a.dweight.f32(), a.dbias.f32(), scratch, a.dout.as<T>(), a.inp.as<T>(),
-                                 a.weight.as<T>(), a.mean.f32(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
+        cuda::layernorm_backward(a.dinp.as<T>(), a.dweight.as<Grad>(), a.dbias.as<Grad>(), scratch, a.dout.as<T>(),
+                                 a.inp.as<T>(), a.weight.as<T>(), a.mean.f32(), a.rstd.f32(), n, c,
+                                 dinp_write(a.accumulate), stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -450,8 +481,8 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
     check_d(a.inp, D, "matmul", "inp");
     check_d(a.weight, D, "matmul", "weight");
     check_d(a.dinp, D, "matmul", "dinp");
-    check_fp32(a.dweight, "matmul", "dweight", "parameter gradient");
-    check_fp32(a.dbias, "matmul", "dbias", "parameter gradient");
+    const DType G = grad_dtype(a.dweight, D, "matmul", "dweight");
+    check_grad(a.dbias, G, "matmul", "dbias", "dweight");
     if (a.gelu_inp.defined()) {
         MS_CHECK(a.dinp.defined() && a.accumulate == Accumulate::kOverwrite,
                  "matmul: gelu_inp needs dinp with accumulate = kOverwrite (dinp = gelu'(gelu_inp) * (dout @ weight))");
@@ -461,15 +492,15 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
     const int n = to_int(N, "matmul", "N"), k = to_int(K, "matmul", "K"), m = to_int(M, "matmul", "M");
 #if defined(MS_CUDA_RUNTIME)
     // cuBLASLt: gelu' in the dinp product's epilogue, dbias in the dweight product's (cublas_gemm.h)
-    dispatch(D, [&]<class T>(T) {
-        gemm_->backward(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
+        gemm_->backward(opt<T>(a.dinp), a.dweight.as<Grad>(), opt<Grad>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
                         a.weight.as<T>(), opt<T>(a.gelu_inp), n, k, m, dinp_write(a.accumulate), stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
 #else
-    dispatch(D, [&]<class T>(T) {
-        cuda::matmul_backward<T>(opt<T>(a.dinp), a.dweight.f32(), opt<float>(a.dbias), a.dout.as<T>(), a.inp.as<T>(),
-                                 a.weight.as<T>(), n, k, m, dinp_write(a.accumulate), stream_);
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
+        cuda::matmul_backward<T, Grad>(opt<T>(a.dinp), a.dweight.as<Grad>(), opt<Grad>(a.dbias), a.dout.as<T>(),
+                                       a.inp.as<T>(), a.weight.as<T>(), n, k, m, dinp_write(a.accumulate), stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
     // unfused, as the CPU backend: gelu' applied to the rounded product (backend.h)
@@ -661,8 +692,9 @@ void CudaBackend::lm_head_loss(const LmHeadLossArgs& a) {
         check_numel(a.dwte, Vp * C, op, "dwte (Vp_local * C)");
         check_fp32(a.dloss, op, "dloss", "statistic");
         check_d(a.dlnf, D, op, "dlnf");
-        check_fp32(a.dwte, op, "dwte", "parameter gradient");
     }
+    // the gradients' dtype (fp32 when there is no backward: dwte unused)
+    const DType G = backward ? grad_dtype(a.dwte, D, op, "dwte") : DType::kF32;
     const int64_t R = a.chunk_rows > 0 ? std::min(a.chunk_rows, std::max<int64_t>(N, 1))
                                        : lm_head_loss_chunk_rows(BackendKind::kCUDA, D, N, Vp);
     const int64_t need = lm_head_loss_scratch_elems(BackendKind::kCUDA, D, N, Vp, R);
@@ -677,7 +709,7 @@ void CudaBackend::lm_head_loss(const LmHeadLossArgs& a) {
     float* sum_exp = row_max + R;
     float* target_logit = sum_exp + R;
     void* logits_mem = a.scratch.f32() + (3 * R + 63) / 64 * 64;
-    dispatch(D, [&]<class T>(T) {
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
         T* logits = static_cast<T*>(logits_mem);
         const T* wte = a.wte.as<T>();
         for (int64_t r0 = 0; r0 < N; r0 += R) {
@@ -698,11 +730,11 @@ void CudaBackend::lm_head_loss(const LmHeadLossArgs& a) {
                                          0, valid, stream_);
             T* dx = a.dlnf.as<T>() + r0 * C;
 #if defined(MS_CUDA_RUNTIME)
-            gemm_->backward(dx, a.dwte.f32(), nullptr, static_cast<const T*>(logits), x, wte,
+            gemm_->backward(dx, a.dwte.as<Grad>(), nullptr, static_cast<const T*>(logits), x, wte,
                             static_cast<const T*>(nullptr), rows, c, vp, cuda::DinpWrite::kOverwrite, stream_);
 #else
-            cuda::matmul_backward<T>(dx, a.dwte.f32(), nullptr, logits, x, wte, rows, c, vp,
-                                     cuda::DinpWrite::kOverwrite, stream_);
+            cuda::matmul_backward<T, Grad>(dx, a.dwte.as<Grad>(), nullptr, logits, x, wte, rows, c, vp,
+                                           cuda::DinpWrite::kOverwrite, stream_);
 #endif
         }
     });
@@ -716,18 +748,20 @@ void CudaBackend::adamw(const AdamWArgs& a) {
     check_numel(a.v, n, "adamw", "v (n = param's)");
     MS_CHECK(a.step >= 1, "adamw: step is {}, must be >= 1 (bias corrections divide by 1 - beta^step)", a.step);
     check_fp32(a.param, "adamw", "param", "master weight");
-    check_fp32(a.grad, "adamw", "grad", "parameter gradient");
     check_fp32(a.m, "adamw", "m", "optimizer state");
     check_fp32(a.v, "adamw", "v", "optimizer state");
     const cuda::AdamWHyper h{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
-    if (!a.param_copy.defined()) {
-        cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), n, h, stream_);
-    } else {
-        check_numel(a.param_copy, n, "adamw", "param_copy (n = param's)");
-        dispatch(activation_dtype(a.param_copy, "adamw", "param_copy"), [&]<class T>(T) {
-            cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.f32(), a.param_copy.as<T>(), n, h, stream_);
-        });
-    }
+    // grad: fp32, bf16 or fp16 (16-bit gradients), widened on load
+    dispatch(activation_dtype(a.grad, "adamw", "grad"), [&]<class G>(G) {
+        if (!a.param_copy.defined()) {
+            cuda::adamw<float, G>(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.as<G>(), nullptr, n, h, stream_);
+        } else {
+            check_numel(a.param_copy, n, "adamw", "param_copy (n = param's)");
+            dispatch(activation_dtype(a.param_copy, "adamw", "param_copy"), [&]<class T>(T) {
+                cuda::adamw(a.param.f32(), a.m.f32(), a.v.f32(), a.grad.as<G>(), a.param_copy.as<T>(), n, h, stream_);
+            });
+        }
+    });
     MS_CUDA_LAUNCH_CHECK();
 }
 

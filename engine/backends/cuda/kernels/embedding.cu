@@ -1,9 +1,10 @@
 /*
 Token + position embedding, vocab-parallel: this rank holds rows [vocab_start, vocab_start + V_local) of the token
 table; tokens outside that range contribute 0 here (the TP all-reduce sums them in). Twin: cpu/ops/embedding.cpp.
-Layout: tokens (N) int32, table (V_local, C) T, pos (T, C) T optional, out/dout (N, C) T; dtable (V_local, C) and
-dpos (T, C) fp32 (parameter gradients, whatever T is); row n is at position n % T, N = B * T. T is float, bf16 or
-fp16: out = table + pos summed in fp32 and rounded once; the gradients sum dout's values in fp32.
+Layout: tokens (N) int32, table (V_local, C) D, pos (T, C) D optional, out/dout (N, C) D; dtable (V_local, C) and
+dpos (T, C) G (parameter gradients: float, or D itself, backend.h precision contract); row n is at position n % T,
+N = B * T. D is float, bf16 or fp16: out = table + pos summed in fp32 and rounded once; the gradients sum dout's values
+in fp32.
 Forward:  one thread per output element (grid-stride).
 Backward: no float atomics, and every element is summed in token order n = 0, 1, ... exactly as the CPU twin, so
           the result is bit-identical to it:
@@ -19,8 +20,13 @@ Backward: no float atomics, and every element is summed in token order n = 0, 1,
                   dtable (text is skewed: GPT-2's most frequent tokens share the lowest ids, so one slice held a
                   large share of the tokens and its blocks ran a chain of thousands of global round trips).
           dpos:   one thread per (t, c): the sum over b of dout[b * T + t, c], in b order.
+Gradient dtype G: an fp32 element's sum starts from its old value (the CPU twin's sequence of +=, as always); a 16-bit
+          one's starts from 0 and is added to the old value on store, one rounding: from_float<G>(old + c), c being
+          what the same call adds into an fp32 gradient that starts at 0 (kStartsFromOld below).
 Accumulation contract: out is overwritten; dtable and dpos are += (rows of tokens not held here are not touched).
 */
+#include <type_traits>
+
 #include "engine/backends/cuda/kernels/embedding.cuh"
 
 namespace ms::cuda {
@@ -33,6 +39,28 @@ constexpr int kTokensPerThread = 4;  // tokens a thread classifies per round (kR
 constexpr int kRound = kTokensPerThread * kCols;
 constexpr int kColWarps = kCols / 32;
 static_assert(kSliceRows <= 64, "a thread tracks the rows it has loaded in one 64-bit mask");
+
+// An fp32 gradient's sum starts from its old value; a 16-bit one's from 0, the old value added on store (header).
+template <class G>
+constexpr bool kStartsFromOld = std::is_same_v<G, float>;
+
+// The start of a gradient element's sum, and its store of the finished sum acc (old: the element's value).
+template <class G>
+__device__ __forceinline__ float gradient_start(G old) {
+    if constexpr (kStartsFromOld<G>) {
+        return old;
+    } else {
+        return 0.0f;
+    }
+}
+template <class G>
+__device__ __forceinline__ G gradient_store(G old, float acc) {
+    if constexpr (kStartsFromOld<G>) {
+        return acc;
+    } else {
+        return from_float<G>(to_float(old) + acc);
+    }
+}
 
 // ----------------------------------------------------------------------------
 // CUDA kernels
@@ -52,8 +80,8 @@ __global__ void embedding_forward_kernel(D* __restrict__ out, const int32_t* __r
     }
 }
 
-template <class D>
-__global__ void embedding_backward_table_kernel(float* __restrict__ dtable, const int32_t* __restrict__ tokens,
+template <class D, class G>
+__global__ void embedding_backward_table_kernel(G* __restrict__ dtable, const int32_t* __restrict__ tokens,
                                                 const D* __restrict__ dout, int N, int C, int V_local,
                                                 int64_t vocab_start) {
     __shared__ float s_acc[kSliceRows][kCols];  // the slice's rows, this block's columns
@@ -103,7 +131,7 @@ __global__ void embedding_backward_table_kernel(float* __restrict__ dtable, cons
                 const int r = s_row[i];
                 const float d = to_float(dout[static_cast<int64_t>(s_token[i]) * C + c]);
                 if (!(loaded >> r & 1u)) {
-                    s_acc[r][threadIdx.x] = dtable[(row0 + r) * C + c];
+                    s_acc[r][threadIdx.x] = gradient_start(dtable[(row0 + r) * C + c]);
                     loaded |= uint64_t{1} << r;
                 }
                 s_acc[r][threadIdx.x] += d;
@@ -113,19 +141,19 @@ __global__ void embedding_backward_table_kernel(float* __restrict__ dtable, cons
     }
     if (c < C) {
         for (int r = 0; r < rows; ++r) {
-            if (loaded >> r & 1u) dtable[(row0 + r) * C + c] = s_acc[r][threadIdx.x];
+            G& g = dtable[(row0 + r) * C + c];
+            if (loaded >> r & 1u) g = gradient_store(g, s_acc[r][threadIdx.x]);
         }
     }
 }
 
-template <class D>
-__global__ void embedding_backward_pos_kernel(float* __restrict__ dpos, const D* __restrict__ dout, int N, int C,
-                                              int T) {
+template <class D, class G>
+__global__ void embedding_backward_pos_kernel(G* __restrict__ dpos, const D* __restrict__ dout, int N, int C, int T) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // t * C + c
     if (i >= static_cast<int64_t>(T) * C) return;
-    float acc = dpos[i];
+    float acc = gradient_start(dpos[i]);
     for (int n = static_cast<int>(i / C); n < N; n += T) acc += to_float(dout[static_cast<int64_t>(n) * C + i % C]);
-    dpos[i] = acc;
+    dpos[i] = gradient_store(dpos[i], acc);
 }
 
 void check_shape(int N, int C, int V_local, int T) {
@@ -149,8 +177,8 @@ void embedding_forward(D* out, const int32_t* tokens, const D* table, const NoDe
     MS_CUDA_LAUNCH_CHECK();
 }
 
-template <class D>
-void embedding_backward(float* dtable, float* dpos, const int32_t* tokens, const D* dout, int N, int C, int V_local,
+template <class D, class G>
+void embedding_backward(G* dtable, NoDeduce<G>* dpos, const int32_t* tokens, const D* dout, int N, int C, int V_local,
                         int64_t vocab_start, int T, cudaStream_t stream) {
     check_shape(N, C, V_local, T);
     if (N == 0) return;
@@ -159,23 +187,31 @@ void embedding_backward(float* dtable, float* dpos, const int32_t* tokens, const
         MS_ASSERT(slices <= 65535, "embedding: V_local = %d rows make %lld slices of %d, over the grid's y limit",
                   V_local, static_cast<long long>(slices), kSliceRows);
         const dim3 grid(static_cast<unsigned>(ceil_div(C, kCols)), static_cast<unsigned>(slices));
-        ms_launch(embedding_backward_table_kernel<D>, grid, kCols, 0, stream, dtable, tokens, dout, N, C, V_local,
+        ms_launch(embedding_backward_table_kernel<D, G>, grid, kCols, 0, stream, dtable, tokens, dout, N, C, V_local,
                   vocab_start);
         MS_CUDA_LAUNCH_CHECK();
     }
     if (dpos != nullptr) {
-        ms_launch(embedding_backward_pos_kernel<D>, static_cast<int>(ceil_div(static_cast<int64_t>(T) * C, kBlockSize)),
-                  kBlockSize, 0, stream, dpos, dout, N, C, T);
+        ms_launch(embedding_backward_pos_kernel<D, G>,
+                  static_cast<int>(ceil_div(static_cast<int64_t>(T) * C, kBlockSize)), kBlockSize, 0, stream, dpos,
+                  dout, N, C, T);
         MS_CUDA_LAUNCH_CHECK();
     }
 }
 
-#define MS_INSTANTIATE(D)                                                                                      \
-    template void embedding_forward<D>(D*, const int32_t*, const D*, const D*, int, int, int, int64_t, int,    \
-                                       cudaStream_t);                                                          \
-    template void embedding_backward<D>(float*, float*, const int32_t*, const D*, int, int, int, int64_t, int, \
-                                        cudaStream_t);
+#define MS_INSTANTIATE(D)                                                                                   \
+    template void embedding_forward<D>(D*, const int32_t*, const D*, const D*, int, int, int, int64_t, int, \
+                                       cudaStream_t);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
+// (D, G): every activation dtype with fp32 gradients, and bf16 / fp16 with gradients of their own dtype.
+#define MS_INSTANTIATE(D, G) \
+    template void embedding_backward<D, G>(G*, G*, const int32_t*, const D*, int, int, int, int64_t, int, cudaStream_t);
+MS_INSTANTIATE(float, float)
+MS_INSTANTIATE(bf16, float)
+MS_INSTANTIATE(bf16, bf16)
+MS_INSTANTIATE(fp16, float)
+MS_INSTANTIATE(fp16, fp16)
 #undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

@@ -1,13 +1,15 @@
 /*
 LayerNorm over the last dim (GPT-2 style), forward and backward.
-Layout: inp/out/dout/dinp (N, C) row-major T, weight/bias (C) T, dweight/dbias (C) fp32, mean/rstd (N) fp32, where
-T (float, bf16, fp16) is the activation dtype; every sum is fp32 and each T output is rounded once.
+Layout: inp/out/dout/dinp (N, C) row-major T, weight/bias (C) T, dweight/dbias (C) G, mean/rstd (N) fp32, where
+T (float, bf16, fp16) is the activation dtype and G the parameter gradients' (float, or T itself: backend.h precision
+contract); every sum is fp32 and each T or G output is rounded once.
 Forward:  one warp per row: mean, then the biased variance of (x - mean) (two passes, as cpu/ops/layernorm.cpp),
           rstd = 1 / sqrt(var + eps), out = (x - mean) * rstd * weight + bias; mean and rstd are saved.
 Backward: g = dout * weight; dinp = (g - mean(g) - norm * mean(g * norm)) * rstd, one warp per row;
           dweight += sum_n dout * norm, dbias += sum_n dout in two deterministic passes: blocks of (32 columns x 8
           row lanes) sum a chunk of kRowsPerChunk rows each into a scratch (2, chunks, C), then one thread per
-          column adds the chunks in order. Atomics would be one pass, but their order, and so the bits, would vary.
+          column adds the chunks in order, from 0, and adds that sum to the old value with one rounding to G (for
+          G = float the bits of an fp32 +=). Atomics would be one pass, but their order, and so the bits, would vary.
 Residual fusion (layernorm_residual_forward): the residual stream's add in front of the forward, one kernel. Each
           row's warp computes r = a + (b + bias) in fp32 as residual.cu does, rounds it to T, writes it to
           residual_out and sums it in the forward's order; the forward's other passes (normalise_row) then re-read
@@ -363,7 +365,8 @@ __global__ void layernorm_backward_partials_kernel_16(float* __restrict__ partia
     }
 }
 
-__global__ void layernorm_backward_reduce_kernel(float* __restrict__ dweight, float* __restrict__ dbias,
+template <class G>
+__global__ void layernorm_backward_reduce_kernel(G* __restrict__ dweight, G* __restrict__ dbias,
                                                  const float* __restrict__ partials, int chunks, int C) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -372,8 +375,8 @@ __global__ void layernorm_backward_reduce_kernel(float* __restrict__ dweight, fl
         dw += partials[static_cast<int64_t>(k) * C + c];
         db += partials[static_cast<int64_t>(chunks + k) * C + c];
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    dweight[c] = from_float<G>(to_float(dweight[c]) + dw);
+    dbias[c] = from_float<G>(to_float(dbias[c]) + db);
 }
 
 int num_chunks(int N) { return static_cast<int>(ceil_div(N, kRowsPerChunk)); }
@@ -428,10 +431,9 @@ void layernorm_residual_forward(T* out, float* mean, float* rstd, T* res_out, co
 
 size_t layernorm_backward_scratch_floats(int N, int C) { return 2 * static_cast<size_t>(num_chunks(N)) * C; }
 
-template <class T>
-void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
-                        const T* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
-                        cudaStream_t stream) {
+template <class T, class G>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, float* scratch, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, DinpWrite write, cudaStream_t stream) {
     MS_ASSERT(N >= 0 && C > 0, "layernorm: N = %d, C = %d (C must be positive)", N, C);
     if (N == 0) return;
     const int row_blocks = static_cast<int>(ceil_div(N, kWarpsPerBlock));
@@ -478,7 +480,7 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
                   inp, mean, rstd, N, C);
         MS_CUDA_LAUNCH_CHECK();
     }
-    ms_launch(layernorm_backward_reduce_kernel, static_cast<int>(ceil_div(C, kBlockSize)), kBlockSize, 0, stream,
+    ms_launch(layernorm_backward_reduce_kernel<G>, static_cast<int>(ceil_div(C, kBlockSize)), kBlockSize, 0, stream,
               dweight, dbias, scratch, chunks, C);
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -487,10 +489,18 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, c
     template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, float,       \
                                        cudaStream_t);                                                           \
     template void layernorm_residual_forward<T>(T*, float*, float*, T*, const T*, const T*, const T*, const T*, \
-                                                const T*, int, int, float, cudaStream_t);                       \
-    template void layernorm_backward<T>(T*, float*, float*, float*, const T*, const T*, const T*, const float*, \
-                                        const float*, int, int, DinpWrite, cudaStream_t);
+                                                const T*, int, int, float, cudaStream_t);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
+// (T, G): every activation dtype with fp32 gradients, and bf16 / fp16 with gradients of their own dtype.
+#define MS_INSTANTIATE(T, G)                                                                               \
+    template void layernorm_backward<T, G>(T*, G*, G*, float*, const T*, const T*, const T*, const float*, \
+                                           const float*, int, int, DinpWrite, cudaStream_t);
+MS_INSTANTIATE(float, float)
+MS_INSTANTIATE(bf16, float)
+MS_INSTANTIATE(bf16, bf16)
+MS_INSTANTIATE(fp16, float)
+MS_INSTANTIATE(fp16, fp16)
 #undef MS_INSTANTIATE
 
 }  // namespace ms::cuda

@@ -7,8 +7,8 @@
 
 namespace ms::cuda {
 
-// T: the activation dtype, float, bf16 or fp16 (inp, out, weight, bias, dout, dinp); mean, rstd, dweight, dbias and
-// the scratch are fp32 whatever T is.
+// T: the activation dtype, float, bf16 or fp16 (inp, out, weight, bias, dout, dinp); mean, rstd and the scratch are
+// fp32 whatever T is; dweight and dbias are G, float or T itself (backend.h precision contract).
 // out = (inp - mean) * rstd * weight + bias per row; mean and rstd (N) are saved for the backward.
 template <class T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
@@ -26,10 +26,10 @@ void layernorm_residual_forward(T* out, float* mean, float* rstd, T* res_out, co
 size_t layernorm_backward_scratch_floats(int N, int C);
 
 // dinp = or += per `write`; dweight += sum_n dout * norm; dbias += sum_n dout. Deterministic (no atomics).
-// kAdd rounds the fp32 sum of the old dinp and the new term once.
-template <class T>
-void layernorm_backward(T* dinp, float* dweight, float* dbias, float* scratch, const T* dout, const T* inp,
-                        const T* weight, const float* mean, const float* rstd, int N, int C, DinpWrite write,
-                        cudaStream_t stream);
+// kAdd rounds the fp32 sum of the old dinp and the new term once; dweight and dbias are from_float<G>(old + the fp32
+// sum over the rows), one rounding each.
+template <class T, class G>
+void layernorm_backward(T* dinp, G* dweight, G* dbias, float* scratch, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, DinpWrite write, cudaStream_t stream);
 
 }  // namespace ms::cuda

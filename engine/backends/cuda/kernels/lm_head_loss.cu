@@ -3,7 +3,8 @@ The LM head's loss per row, for the fused LM head + cross-entropy (backend.h, Lm
 the op chunk by chunk over the rows: the chunk's logits (R, Vp) in T from one GEMM (cuBLASLt on a GPU, matmul.cu's
 tiled kernel on the emulation) into the caller's scratch, cross_entropy.cu's kMaxSumExp kernel for its row_max,
 sum_exp and target_logit, this kernel for the losses, then with a loss gradient cross_entropy.cu's backward in place
-and the matmul backward (dlnf rows overwritten, dwte +=). The twin is cpu/ops/lm_head_loss.cpp.
+and the matmul backward (dlnf rows overwritten, dwte +=: fp32, or T for 16-bit gradients, which the matmul backward
+rounds once per chunk, from_float<T>(old + the chunk's fp32 product)). The twin is cpu/ops/lm_head_loss.cpp.
 Layout: row_max, sum_exp, target_logit, losses (N) fp32. Accumulation: losses are overwritten; one thread per row,
 in fp32 (logf, as the CPU's std::log on a float).
 */

@@ -1,16 +1,19 @@
 /*
 The Linear layer, out = inp @ weight^T + bias, and its backward. Twin: cpu/ops/matmul.cpp.
 Layout (row-major): inp/dinp (N, K) T, weight (M, K) T (Linear orientation), bias (M) T, out/dout (N, M) T, where T is
-the activation dtype (float, bf16, fp16); dweight (M, K) and dbias (M) are fp32 whatever T is.
+the activation dtype (float, bf16, fp16); dweight (M, K) and dbias (M) G, the parameter gradients' dtype: float, or T
+itself (16-bit gradients, backend.h precision contract).
 Backward: dinp = dout @ weight (= or += per DinpWrite), dweight += dout^T @ inp, dbias += sum_n dout[n, :].
 One plain tiled SGEMM kernel serves all three products: C (R, Q) = or += A (R, I) @ B (I, Q) (+ a bias per column),
 with A and B addressed through (row, column) strides, so a transposed operand is only a swap of strides. Blocks
 of (kTile, kTile) threads each own a kTile x kTile tile of C, one element per thread, and walk the inner dim in
 kTile steps through shared memory (fp32 tiles, converted on load); every element is one thread's float sum in k
 order, so runs are bit-identical. The kernel is a template on the operands' type TA and the output's TC: the
-forward and dinp are (T, T), dweight (T, float); the fp32 accumulator (plus the bias, plus the old value for kAdd) is
-rounded to TC once.
-dbias is one thread per column summing the rows in order.
+forward and dinp are (T, T), dweight (T, G); the fp32 accumulator (plus the bias, plus the old value for kAdd) is
+rounded to TC once. So a G = T dweight is from_float<T>(old + the product), the product being exactly what an fp32
+dweight gets added: the contract's one rounding per call.
+dbias is one thread per column summing the rows in order from 0, then adding the sum to the old value (one rounding to
+G; for G = float the same bits as before 16-bit gradients existed).
 Status: the spec on the CPU emulation, not the GPU path: on H100/H200 the products will go to cuBLASLt (bf16/tf32
 tensor cores, the bias and GELU epilogues fused); this kernel is a correctness fallback and nothing more.
 Accumulation contract: out overwritten; dinp per DinpWrite; dweight and dbias +=.
@@ -61,13 +64,19 @@ __global__ void matmul_kernel(TC* __restrict__ c, Strided<TA> a, Strided<TA> b, 
     }
 }
 
-template <class T>
-__global__ void matmul_backward_bias_kernel(float* __restrict__ dbias, const T* __restrict__ dout, int N, int M) {
+template <class T, class G>
+__global__ void matmul_backward_bias_kernel(G* __restrict__ dbias, const T* __restrict__ dout, int N, int M) {
     const int m = blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
     float sum = 0.0f;
     for (int n = 0; n < N; ++n) sum += to_float(dout[static_cast<int64_t>(n) * M + m]);
-    dbias[m] += sum;
+    dbias[m] = from_float<G>(to_float(dbias[m]) + sum);
+}
+
+template <class G>
+__global__ void add_to_gradient_kernel(G* __restrict__ grad, const float* __restrict__ contribution, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) grad[i] = from_float<G>(to_float(grad[i]) + contribution[i]);
 }
 
 // c (R, Q) = or += a @ b (+ bias).
@@ -104,26 +113,45 @@ void matmul_forward(T* out, const T* inp, const T* weight, const NoDeduce<T>* bi
     gemm<T, T>(out, {inp, K, 1}, {weight, 1, K}, bias, N, K, M, DinpWrite::kOverwrite, stream);
 }
 
-template <class T>
-void matmul_backward(NoDeduce<T>* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+template <class T, class G>
+void matmul_backward(NoDeduce<T>* dinp, G* dweight, NoDeduce<G>* dbias, const T* dout, const T* inp, const T* weight,
                      int N, int K, int M, DinpWrite write, cudaStream_t stream) {
     check_shape(N, K, M);
     if (N == 0) return;
     // dinp (N, K): A = dout (N, M), B = weight (M, K).
     if (dinp != nullptr) gemm<T, T>(dinp, {dout, M, 1}, {weight, K, 1}, nullptr, N, M, K, write, stream);
-    // dweight (M, K) fp32: A(m, n) = dout[n, m], B = inp (N, K).
-    gemm<T, float>(dweight, {dout, 1, M}, {inp, K, 1}, nullptr, M, N, K, DinpWrite::kAdd, stream);
+    // dweight (M, K) G: A(m, n) = dout[n, m], B = inp (N, K).
+    gemm<T, G>(dweight, {dout, 1, M}, {inp, K, 1}, nullptr, M, N, K, DinpWrite::kAdd, stream);
     if (dbias != nullptr) {
-        ms_launch(matmul_backward_bias_kernel<T>, static_cast<int>(ceil_div(M, kBlockSize)), kBlockSize, 0, stream,
+        ms_launch(matmul_backward_bias_kernel<T, G>, static_cast<int>(ceil_div(M, kBlockSize)), kBlockSize, 0, stream,
                   dbias, dout, N, M);
         MS_CUDA_LAUNCH_CHECK();
     }
 }
 
-#define MS_INSTANTIATE(T)                                                                                        \
-    template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, cudaStream_t);              \
-    template void matmul_backward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, int, DinpWrite, \
-                                     cudaStream_t);
+template <class G>
+void add_to_gradient(G* grad, const float* contribution, int n, cudaStream_t stream) {
+    if (n == 0) return;
+    ms_launch(add_to_gradient_kernel<G>, static_cast<int>(ceil_div(n, kBlockSize)), kBlockSize, 0, stream, grad,
+              contribution, n);
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+#define MS_INSTANTIATE(T) \
+    template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int, cudaStream_t);
+MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
+#undef MS_INSTANTIATE
+// (T, G): every activation dtype with fp32 gradients, and bf16 / fp16 with gradients of their own dtype.
+#define MS_INSTANTIATE(T, G)                                                                                \
+    template void matmul_backward<T, G>(T*, G*, G*, const T*, const T*, const T*, int, int, int, DinpWrite, \
+                                        cudaStream_t);
+MS_INSTANTIATE(float, float)
+MS_INSTANTIATE(bf16, float)
+MS_INSTANTIATE(bf16, bf16)
+MS_INSTANTIATE(fp16, float)
+MS_INSTANTIATE(fp16, fp16)
+#undef MS_INSTANTIATE
+#define MS_INSTANTIATE(G) template void add_to_gradient<G>(G*, const float*, int, cudaStream_t);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
 #undef MS_INSTANTIATE
 

@@ -1,11 +1,11 @@
 /*
 Sum of x[i]^2 over n elements, in double, for the global gradient norm. Twin: cpu/ops/sum_squares.cpp.
-Layout: x (n) T contiguous (fp32 for the parameter gradients; bf16 / fp16 built too, e.g. for activation norms); scratch
-(chunks) double; out a device double. Two passes, deterministic: x is cut into fixed chunks of kChunk elements
-(depending on n only, not on the GPU); pass 1 gives each chunk one block, whose threads sum x^2 in double (strided),
-then a block tree (xor butterflies, then warp 0 over the warp sums) writes the chunk's partial; pass 2 is one warp that
-adds the partials in a fixed order (strided per lane, then a butterfly) and writes *out. No atomics, so the bits never
-depend on scheduling. Accumulation contract: *out is overwritten.
+Layout: x (n) T contiguous (a gradient buffer's dtype: fp32, or bf16 / fp16 for 16-bit gradients, each element widened
+to fp32 and then to double); scratch (chunks) double; out a device double. Two passes, deterministic: x is cut into
+fixed chunks of kChunk elements (depending on n only, not on the GPU); pass 1 gives each chunk one block, whose threads
+sum x^2 in double (strided), then a block tree (xor butterflies, then warp 0 over the warp sums) writes the chunk's
+partial; pass 2 is one warp that adds the partials in a fixed order (strided per lane, then a butterfly) and writes
+*out. No atomics, so the bits never depend on scheduling. Accumulation contract: *out is overwritten.
 */
 #include "engine/backends/cuda/kernels/sum_squares.cuh"
 

@@ -13,7 +13,7 @@ size_t sum_squares_scratch_doubles(int64_t n);
 
 // *out = sum_i x[i]^2 in double, written to a device scalar (the caller copies it back when it needs the value).
 // Bit-identical from run to run and from GPU to GPU: the chunking depends on n only.
-// T: float (the gradients), bf16 or fp16.
+// T: the gradient buffer's dtype, float, bf16 or fp16 (16-bit gradients).
 template <class T>
 void sum_squares(double* out, double* scratch, const T* x, int64_t n, cudaStream_t stream);
 
