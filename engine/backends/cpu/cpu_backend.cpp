@@ -14,8 +14,8 @@ class CpuBackend final : public Backend {
         if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
     }
     std::string_view name() const override { return mode_ == OpMode::kFast ? "cpu" : "cpu-reference"; }
-    // Every op computes on fp32, bf16 or fp16 (the precision contract in backend.h; sum_squares and adamw take fp32
-    // parameter gradients and optimizer state whatever the activation dtype is).
+    // Every op computes on fp32, bf16 or fp16 (the precision contract in backend.h: parameter gradients are fp32 or
+    // the activation dtype; adamw's state is fp32 whatever the activation dtype is).
     bool supports(OpKind, DType dtype) const override { return is_float(dtype); }
     void synchronize() override {}
 

@@ -7,9 +7,10 @@
 //           dweight += sum_n dout * norm;  dbias += sum_n dout.
 // The fast backward does the rows in parallel for dinp, then the columns in parallel for dweight/dbias (each
 // thread sums its columns over all rows in order): deterministic, no per-thread partial buffers.
-// Precision: inp, weight, bias, out, dout and dinp are D; mean, rstd, dweight and dbias are fp32. Values are
-// loaded with to_float and every D output element is rounded once on store (kAdd: the fp32 sum of the old value
-// and the new term).
+// Precision: inp, weight, bias, out, dout and dinp are D; mean and rstd are fp32; dweight and dbias are fp32 or D.
+// Values are loaded with to_float and every D output element is rounded once on store (kAdd: the fp32 sum of the
+// old value and the new term); each dweight / dbias element gets its column's whole fp32 sum added in one step, so a
+// D one is rounded once per call.
 // Residual fusion (residual_out defined, backend.h): residual.cpp's op writes residual_out, then the forward above
 // normalises it, in the same mode; so the fused op is the two ops in sequence, bit for bit, by construction.
 #include <omp.h>
@@ -89,8 +90,8 @@ void backward_reference(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
     const float* mean = a.mean.f32();
     const float* rstd = a.rstd.f32();
     D* dinp = a.dinp.as<D>();
-    float* dweight = a.dweight.f32();
-    float* dbias = a.dbias.f32();
+    const ParamGrad<D> dweight = ParamGrad<D>::of(a.dweight);
+    const ParamGrad<D> dbias = ParamGrad<D>::of(a.dbias);
     for (int64_t n = 0; n < N; ++n) {
         const D* x = inp + n * C;
         const D* d = dout + n * C;
@@ -116,8 +117,8 @@ void backward_reference(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
             dw += to_float(dout[n * C + c]) * norm;
             db += to_float(dout[n * C + c]);
         }
-        dweight[c] += static_cast<float>(dw);
-        dbias[c] += static_cast<float>(db);
+        dweight.add(c, static_cast<float>(dw));
+        dbias.add(c, static_cast<float>(db));
     }
 }
 
@@ -129,8 +130,8 @@ void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
     const float* mean = a.mean.f32();
     const float* rstd = a.rstd.f32();
     D* dinp = a.dinp.as<D>();
-    float* dweight = a.dweight.f32();
-    float* dbias = a.dbias.f32();
+    const ParamGrad<D> dweight = ParamGrad<D>::of(a.dweight);
+    const ParamGrad<D> dbias = ParamGrad<D>::of(a.dbias);
     const bool add = a.accumulate == Accumulate::kAdd;
 #pragma omp parallel
     {
@@ -182,8 +183,8 @@ void backward_fast(const LayerNormBackwardArgs& a, int64_t N, int64_t C) {
                 }
             }
             for (int64_t c = c0; c < c1; ++c) {
-                dweight[c] += dw[c - c0];
-                dbias[c] += db[c - c0];
+                dweight.add(c, dw[c - c0]);
+                dbias.add(c, db[c - c0]);
             }
         }
     }
@@ -247,8 +248,8 @@ void layernorm_backward(const LayerNormBackwardArgs& a, OpMode mode) {
     expect_d(a.dinp, D, "layernorm_backward", "dinp", "inp");
     expect_f32(a.mean, "layernorm_backward", "mean", "statistics");
     expect_f32(a.rstd, "layernorm_backward", "rstd", "statistics");
-    expect_f32(a.dweight, "layernorm_backward", "dweight", "parameter gradients");
-    expect_f32(a.dbias, "layernorm_backward", "dbias", "parameter gradients");
+    expect_grad(a.dweight, D, "layernorm_backward", "dweight", "inp");
+    expect_grad(a.dbias, D, "layernorm_backward", "dbias", "inp");
     dispatch_float(D, [&](auto tag) {
         using T = decltype(tag);
         if (mode == OpMode::kReference) {

@@ -1,7 +1,7 @@
 // lm_head_loss.cpp: the LM head's matmul and softmax cross-entropy, forward and backward, chunk by chunk over the
 // rows (backend.h, LmHeadLossArgs), so that no more than one chunk of logits is ever held.
 //
-// Layouts (row-major): lnf/dlnf (N, C), wte (Vp, C) (Linear orientation), dwte (Vp, C) fp32, targets (N) int32,
+// Layouts (row-major): lnf/dlnf (N, C), wte (Vp, C) (Linear orientation), dwte (Vp, C) fp32 or D, targets (N) int32,
 // losses/dloss (N) fp32; scratch: the chunk's logits (R, Vp) fp32 (values rounded to D), then row_max and sum_exp
 // (R) fp32. Columns j >= vocab_valid_local (the padded vocabulary) take no part in the max or the sum and get exactly
 // 0 gradient, so the padded rows of dwte get nothing added.
@@ -19,9 +19,15 @@
 // order whatever the thread count: the results do not depend on it. bf16 / fp16: lnf and wte are converted to fp32
 // once per call (thread-local scratch, as matmul.cpp does), the logits and dlogits are rounded to D in the fp32
 // scratch (so sgemm reads them directly), and dlnf is rounded once on store from an fp32 (R, C) staging buffer.
+// A D dwte (16-bit gradients): each chunk's block of dwte rows is computed by the same sgemm call into a thread's
+// fp32 block scratch zeroed first (what an fp32 dwte starting at 0 would get added), then rounded into dwte once.
 // Reference path: naive loops with double accumulators, no chunks: bit-identical to the reference modes of
 // matmul_forward, cross_entropy_forward, cross_entropy_backward and matmul_backward called on the whole logits (with
-// the loss formed as the model forms it); it allocates its (N, Vp) dlogits, being the executable spec for tests.
+// the loss formed as the model forms it); it allocates its (N, Vp) dlogits, being the executable spec for tests. A D
+// dwte takes the chunks of the fast path, as the contract has it: each chunk's double sum over its rows, as fp32,
+// rounded in once; an fp32 dwte gets the double sum over all rows added, as matmul_backward's reference does.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -96,7 +102,7 @@ HeadShape check_args(const LmHeadLossArgs& a) {
                  "{}: with dloss, dwte must be (Vp_local = {}, C = {})", op, s.Vp, s.C);
         expect_f32(a.dloss, op, "dloss", "statistics");
         expect_d(a.dlnf, D, op, "dlnf", "lnf");
-        expect_f32(a.dwte, op, "dwte", "parameter gradients");
+        expect_grad(a.dwte, D, op, "dwte", "lnf");
     }
     s.R = a.chunk_rows > 0 ? std::min(a.chunk_rows, std::max<int64_t>(s.N, 1))
                            : lm_head_loss_chunk_rows(BackendKind::kCPU, D, s.N, s.Vp);
@@ -153,7 +159,7 @@ void reference(const LmHeadLossArgs& a, const HeadShape& s) {
     if (!backward) return;
     // matmul_backward's reference: dlnf = dlogits @ wte, dwte += dlogits^T @ lnf
     D* dlnf = a.dlnf.as<D>();
-    float* dwte = a.dwte.f32();
+    const ParamGrad<D> dwte = ParamGrad<D>::of(a.dwte);
     std::vector<double> acc(static_cast<size_t>(s.C));
     for (int64_t n = 0; n < s.N; ++n) {
         std::fill(acc.begin(), acc.end(), 0.0);
@@ -163,13 +169,17 @@ void reference(const LmHeadLossArgs& a, const HeadShape& s) {
         }
         for (int64_t k = 0; k < s.C; ++k) dlnf[n * s.C + k] = from_float<D>(static_cast<float>(acc[k]));
     }
-    for (int64_t m = 0; m < s.Vp; ++m) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t n = 0; n < s.N; ++n) {
-            const double d = dlogits[n * s.Vp + m];
-            for (int64_t k = 0; k < s.C; ++k) acc[k] += d * to_float(lnf[n * s.C + k]);
+    const int64_t rows_per_sum = dwte.f32 ? s.N : s.R;  // fp32: one sum over all rows; D: one per chunk
+    for (int64_t r0 = 0; r0 < s.N; r0 += rows_per_sum) {
+        const int64_t r1 = std::min(s.N, r0 + rows_per_sum);
+        for (int64_t m = 0; m < s.Vp; ++m) {
+            std::fill(acc.begin(), acc.end(), 0.0);
+            for (int64_t n = r0; n < r1; ++n) {
+                const double d = dlogits[n * s.Vp + m];
+                for (int64_t k = 0; k < s.C; ++k) acc[k] += d * to_float(lnf[n * s.C + k]);
+            }
+            for (int64_t k = 0; k < s.C; ++k) dwte.add(m * s.C + k, static_cast<float>(acc[k]));
         }
-        for (int64_t k = 0; k < s.C; ++k) dwte[m * s.C + k] += static_cast<float>(acc[k]);
     }
 }
 
@@ -213,7 +223,8 @@ float row_loss(float* l, const HeadShape& s, int32_t target, const float* dloss)
     return loss;
 }
 
-template <class D>
+// G: dwte's storage type (float or D).
+template <class D, class G>
 void fast(const LmHeadLossArgs& a, const HeadShape& s) {
     use_single_threaded_blas();
     const bool backward = a.dloss.defined();
@@ -238,7 +249,12 @@ void fast(const LmHeadLossArgs& a, const HeadShape& s) {
     const int32_t* targets = a.targets.i32();
     const float* dloss = backward ? a.dloss.f32() : nullptr;
     float* losses = a.losses.f32();
-    float* dwte = backward ? a.dwte.f32() : nullptr;
+    G* dwte = backward ? a.dwte.as<G>() : nullptr;
+    // A D dwte: each thread's block of the chunk's fp32 product (at most width rows of C), zeroed before its sgemm.
+    const int64_t block_elems = block_width(s.Vp) * s.C;
+    float* dwte_blocks = kIsF32<G> || !backward
+                             ? nullptr
+                             : scratch_f32(Scratch::kGrad, static_cast<size_t>(omp_get_max_threads() * block_elems));
 #pragma omp parallel
     {
         if constexpr (!kIsF32<D>) {
@@ -277,8 +293,18 @@ void fast(const LmHeadLossArgs& a, const HeadShape& s) {
                 for_each_block(s.Vp, vocab, [&](const Slice& b) {
                     // dwte[b, :] (b, C) += dlogits[:, b]^T (b, rows) @ x (rows, C); the padded rows' dlogits are 0
                     if (b.begin >= s.valid) return;
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), C, rows, 1.0f, logits + b.begin, Vp,
-                                x, C, 1.0f, dwte + b.begin * s.C, C);
+                    const auto product_into = [&](float* out) {
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), C, rows, 1.0f, logits + b.begin,
+                                    Vp, x, C, 1.0f, out, C);
+                    };
+                    if constexpr (kIsF32<G>) {
+                        product_into(dwte + b.begin * s.C);
+                    } else {
+                        float* block = dwte_blocks + omp_get_thread_num() * block_elems;
+                        std::fill_n(block, b.size() * s.C, 0.0f);
+                        product_into(block);
+                        add_rounded_range(dwte + b.begin * s.C, block, b.size() * s.C);
+                    }
                 });
             }
 #pragma omp barrier
@@ -293,11 +319,9 @@ void lm_head_loss(const LmHeadLossArgs& a, OpMode mode) {
     if (s.N == 0) return;
     dispatch_float(a.lnf.dtype, [&](auto tag) {
         using T = decltype(tag);
-        if (mode == OpMode::kReference) {
-            reference<T>(a, s);
-        } else {
-            fast<T>(a, s);
-        }
+        if (mode == OpMode::kReference) return reference<T>(a, s);
+        const DType dwte_dtype = a.dloss.defined() ? a.dwte.dtype : DType::kF32;  // unused without dloss
+        dispatch_grad<T>(dwte_dtype, [&](auto g) { fast<T, decltype(g)>(a, s); });
     });
 }
 

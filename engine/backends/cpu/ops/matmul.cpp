@@ -9,10 +9,13 @@
 // Reference path: triple loops with double accumulators.
 // GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in the same
 // mode: bit-identical to the two ops called one after the other.
-// Precision: inp, weight, bias, out, dout and dinp are D; dweight and dbias are fp32. For D = fp32 sgemm reads and
-// writes the tensors themselves. For bf16 / fp16 the fast path first converts the D operands into thread-local fp32
-// scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for kAdd,
-// old value plus new term) once into the D output; dweight and dbias accumulate straight into their fp32 tensors.
+// Precision: inp, weight, bias, out, dout and dinp are D; dweight and dbias are fp32 or D. For D = fp32 sgemm reads
+// and writes the tensors themselves. For bf16 / fp16 the fast path first converts the D operands into thread-local
+// fp32 scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for
+// kAdd, old value plus new term) once into the D output; an fp32 dweight or dbias accumulates straight into its
+// tensor. A D dweight gets each block's product computed by the same sgemm call into fp32 scratch zeroed first (what
+// an fp32 dweight starting at 0 would hold), then rounded into it once; a D dbias gets each column's fp32 sum rounded
+// in once.
 #include <cblas.h>
 
 #include <algorithm>
@@ -113,7 +116,7 @@ void backward_reference(const MatmulBackwardArgs& a, const MatmulShape& s) {
     const D* dout = a.dout.as<D>();
     const D* inp = a.inp.as<D>();
     const D* weight = a.weight.as<D>();
-    float* dweight = a.dweight.f32();
+    const ParamGrad<D> dweight = ParamGrad<D>::of(a.dweight);
     std::vector<double> acc(static_cast<size_t>(s.K));
     if (a.dinp.defined()) {
         D* dinp = a.dinp.as<D>();
@@ -136,20 +139,21 @@ void backward_reference(const MatmulBackwardArgs& a, const MatmulShape& s) {
             const double d = to_float(dout[n * s.M + m]);
             for (int64_t k = 0; k < s.K; ++k) acc[k] += d * to_float(inp[n * s.K + k]);
         }
-        for (int64_t k = 0; k < s.K; ++k) dweight[m * s.K + k] += static_cast<float>(acc[k]);
+        for (int64_t k = 0; k < s.K; ++k) dweight.add(m * s.K + k, static_cast<float>(acc[k]));
     }
     if (a.dbias.defined()) {
-        float* dbias = a.dbias.f32();
+        const ParamGrad<D> dbias = ParamGrad<D>::of(a.dbias);
         for (int64_t m = 0; m < s.M; ++m) {
             double sum = 0.0;
             for (int64_t n = 0; n < s.N; ++n) sum += to_float(dout[n * s.M + m]);
-            dbias[m] += static_cast<float>(sum);
+            dbias.add(m, static_cast<float>(sum));
         }
     }
 }
 
 // dbias[m] += sum_n dout[n, m] for m in [m0, m1): blocks of 64 columns, each summed over the rows in order.
-void bias_backward_slice(const float* dout, float* dbias, int64_t N, int64_t M, int64_t m0, int64_t m1) {
+template <class G>
+void bias_backward_slice(const float* dout, G* dbias, int64_t N, int64_t M, int64_t m0, int64_t m1) {
     constexpr int64_t kBlock = 64;
     for (int64_t b0 = m0; b0 < m1; b0 += kBlock) {
         const int64_t b1 = std::min(m1, b0 + kBlock);
@@ -159,17 +163,33 @@ void bias_backward_slice(const float* dout, float* dbias, int64_t N, int64_t M, 
 #pragma omp simd
             for (int64_t m = b0; m < b1; ++m) sum[m - b0] += d[m];
         }
-        for (int64_t m = b0; m < b1; ++m) dbias[m] += sum[m - b0];
+        for (int64_t m = b0; m < b1; ++m) dbias[m] = add_rounded(dbias[m], sum[m - b0]);
+    }
+}
+
+// dweight (M, K) += the product sgemm(c) writes at `c` (a block of dweight, leading dimension K: rows x cols). An fp32
+// dweight takes it in place; a D dweight gets it in the same place of `acc` (M, K) fp32, zeroed first, and then
+// rounded in once per element.
+template <class G, class Gemm>
+void dweight_block(G* dweight, float* acc, int64_t offset, int64_t rows, int64_t cols, int64_t K, Gemm&& sgemm) {
+    if constexpr (kIsF32<G>) {
+        sgemm(dweight + offset);
+    } else {
+        for (int64_t r = 0; r < rows; ++r) std::fill_n(acc + offset + r * K, cols, 0.0f);
+        sgemm(acc + offset);
+        for (int64_t r = 0; r < rows; ++r) add_rounded_range(dweight + offset + r * K, acc + offset + r * K, cols);
     }
 }
 
 // The calling thread's share of the backward on fp32 operands: columns k_cols of dinp (= or += per dinp_beta,
-// skipped when dinp is null), and of dweight (+=) its columns k_cols when K > M, else its rows m_rows; dbias (+=)
-// over m_rows. k_cols and m_rows are thread_columns ranges, computed block by block. Every block's call packs again
-// the operand that spans the whole reduction: inp (N, K) when dweight is cut by rows, dout (N, M) when by columns,
-// so dweight is cut along the longer of its two dims, which keeps the operand packed again the smaller one.
-void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta,
-                     float* dweight, float* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
+// skipped when dinp is null), and of dweight (+=, fp32 or D: dweight_block) its columns k_cols when K > M, else its
+// rows m_rows; dbias (+=) over m_rows. k_cols and m_rows are thread_columns ranges, computed block by block. Every
+// block's call packs again the operand that spans the whole reduction: inp (N, K) when dweight is cut by rows, dout
+// (N, M) when by columns, so dweight is cut along the longer of its two dims, which keeps the operand packed again
+// the smaller one.
+template <class G, class GB>
+void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta, G* dweight,
+                     float* dweight_acc, GB* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
     const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
     if (dinp) {
         for_each_block(s.K, k_cols, [&](const Slice& b) {
@@ -181,32 +201,39 @@ void backward_slices(const float* dout, const float* inp, const float* weight, f
     if (s.K > s.M) {
         for_each_block(s.K, k_cols, [&](const Slice& b) {
             // dweight[:, b] (M, k) += dout^T (M, N) @ inp[:, b] (N, k)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, b.size(), N, 1.0f, dout, M, inp + b.begin, K, 1.0f,
-                        dweight + b.begin, K);
+            dweight_block(dweight, dweight_acc, b.begin, s.M, b.size(), s.K, [&](float* c) {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, b.size(), N, 1.0f, dout, M, inp + b.begin, K,
+                            1.0f, c, K);
+            });
         });
     } else {
         for_each_block(s.M, m_rows, [&](const Slice& b) {
             // dweight[b, :] (m, K) += dout[:, b]^T (m, N) @ inp (N, K)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K, 1.0f,
-                        dweight + b.begin * s.K, K);
+            dweight_block(dweight, dweight_acc, b.begin * s.K, b.size(), s.K, s.K, [&](float* c) {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K,
+                            1.0f, c, K);
+            });
         });
     }
     if (dbias && m_rows.size() > 0) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
 }
 
-template <class D>
+// G, GB: the storage types of dweight and dbias (float or D).
+template <class D, class G, class GB>
 void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
     use_single_threaded_blas();
     const D* dout = a.dout.as<D>();
     const D* inp = a.inp.as<D>();
     const D* weight = a.weight.as<D>();
     D* dinp = a.dinp.defined() ? a.dinp.as<D>() : nullptr;
-    float* dweight = a.dweight.f32();
-    float* dbias = a.dbias.defined() ? a.dbias.f32() : nullptr;
+    G* dweight = a.dweight.as<G>();
+    GB* dbias = a.dbias.defined() ? a.dbias.as<GB>() : nullptr;
+    // A D dweight's fp32 contribution (dweight_block).
+    float* dweight_acc = kIsF32<G> ? nullptr : scratch_f32(Scratch::kGrad, static_cast<size_t>(s.M * s.K));
     const bool add = a.accumulate == Accumulate::kAdd;
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dbias, s, thread_columns(s.K),
+        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dweight_acc, dbias, s, thread_columns(s.K),
                         thread_columns(s.M));
     } else {
         float* dout_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.M));
@@ -220,7 +247,8 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: all complete below
             const Slice k_cols = thread_columns(s.K);
-            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dbias, s, k_cols, thread_columns(s.M));
+            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dweight_acc, dbias, s, k_cols,
+                            thread_columns(s.M));
             if (dinp) {
                 for (int64_t n = 0; n < s.N; ++n) {
                     for (int64_t k = k_cols.begin; k < k_cols.end; ++k) {
@@ -275,15 +303,16 @@ void matmul_backward(const MatmulBackwardArgs& a, OpMode mode) {
     expect_d(a.dout, D, "matmul_backward", "dout", "inp");
     expect_d(a.weight, D, "matmul_backward", "weight", "inp");
     expect_d(a.dinp, D, "matmul_backward", "dinp", "inp");
-    expect_f32(a.dweight, "matmul_backward", "dweight", "parameter gradients");
-    expect_f32(a.dbias, "matmul_backward", "dbias", "parameter gradients");
+    expect_grad(a.dweight, D, "matmul_backward", "dweight", "inp");
+    expect_grad(a.dbias, D, "matmul_backward", "dbias", "inp");
     dispatch_float(D, [&](auto tag) {
         using T = decltype(tag);
-        if (mode == OpMode::kReference) {
-            backward_reference<T>(a, s);
-        } else {
-            backward_fast<T>(a, s);
-        }
+        if (mode == OpMode::kReference) return backward_reference<T>(a, s);
+        // dbias's type when it is undefined does not matter: take dweight's.
+        const DType dbias_dtype = a.dbias.defined() ? a.dbias.dtype : a.dweight.dtype;
+        dispatch_grad<T>(a.dweight.dtype, [&](auto g) {
+            dispatch_grad<T>(dbias_dtype, [&](auto gb) { backward_fast<T, decltype(g), decltype(gb)>(a, s); });
+        });
     });
     if (a.gelu_inp.defined()) gelu_backward({.inp = a.gelu_inp, .dout = a.dinp, .dinp = a.dinp}, mode);
 }
