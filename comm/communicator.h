@@ -167,7 +167,21 @@ class Communicator {
     Handle broadcast(std::span<T> buf, int root, Priority p = Priority::kNormal) {
         return broadcast(buf.data(), buf.size(), dtype_of<T>(), root, p);
     }
-    // The same two for a buffer whose element type is known only at run time (the 16-bit weights: bf16 or fp16).
+    // The same for buffers whose element type is known only at run time (the 16-bit weights: bf16 or fp16; the
+    // gradients: fp32, or 16-bit without mixed_precision.grad_reduce_in_fp32).
+    Handle all_reduce(void* buf, size_t count, DType t, ReduceOp op, Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(all_reduce_impl(buf, count, t, op, p), t0);
+    }
+    Handle reduce_scatter(const void* in, void* out, size_t out_count, size_t in_count, DType t, ReduceOp op,
+                          Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(reduce_scatter_impl(in, out, out_count, in_count, t, op, p), t0);
+    }
+    Handle reduce(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p = Priority::kNormal) {
+        const double t0 = now_seconds();
+        return timed(reduce_impl(buf, count, t, root, op, p), t0);
+    }
     Handle broadcast(void* buf, size_t count, DType t, int root, Priority p = Priority::kNormal) {
         const double t0 = now_seconds();
         return timed(broadcast_impl(buf, count, t, root, p), t0);

@@ -85,10 +85,12 @@ struct TrainingConfig {
     int recompute_num_layers = 1;  // uniform: layers per group (1); block: the first layers of each model chunk
 };
 
-// Megatron's precision flags. bf16 / fp16: 16-bit model weights and activations, fp32 master weights, gradients and
-// optimizer state. fp16 scales the loss (dynamic unless loss_scale > 0) and skips steps whose gradients overflow.
+// Megatron's precision flags. bf16 / fp16: 16-bit model weights and activations, fp32 master weights and optimizer
+// state, fp32 gradients unless grad_reduce_in_fp32 is false. fp16 scales the loss (dynamic unless loss_scale > 0) and
+// skips steps whose gradients overflow.
 struct MixedPrecisionConfig {
     std::string dtype = "fp32";                // fp32 | bf16 | fp16
+    bool grad_reduce_in_fp32 = true;           // false (bf16 / fp16): gradients accumulated and reduced in dtype
     double loss_scale = 0;                     // fp16: a fixed loss scale; 0 (or null) = dynamic loss scaling
     double initial_loss_scale = 4294967296.0;  // fp16 dynamic: the first scale (2^32)
     double min_loss_scale = 1.0;               // fp16 dynamic: the scale never drops below this
@@ -99,6 +101,10 @@ struct MixedPrecisionConfig {
 // The model's activation and weight dtype for mixed_precision.dtype (fp32, bf16 or fp16).
 inline DType model_dtype(const MixedPrecisionConfig& mp) {
     return mp.dtype == "bf16" ? DType::kBF16 : mp.dtype == "fp16" ? DType::kF16 : DType::kF32;
+}
+// The dtype parameter gradients are accumulated and reduced in: fp32, or the model's with grad_reduce_in_fp32 false.
+inline DType grad_dtype(const MixedPrecisionConfig& mp) {
+    return mp.grad_reduce_in_fp32 ? DType::kF32 : model_dtype(mp);
 }
 
 struct OptimizerConfig {

@@ -174,6 +174,7 @@ std::vector<Field> config_fields(Config& c) {
         {"training.recompute_num_layers", &c.training.recompute_num_layers, at_least(1)},
 
         {"mixed_precision.dtype", &c.mixed_precision.dtype, one_of({"fp32", "bf16", "fp16"})},
+        {"mixed_precision.grad_reduce_in_fp32", &c.mixed_precision.grad_reduce_in_fp32, {}},
         {"mixed_precision.loss_scale", &c.mixed_precision.loss_scale,
          Constraint{.min = 0, .hint = "0 or null means dynamic loss scaling (fp16 only)"}, true},
         {"mixed_precision.initial_loss_scale", &c.mixed_precision.initial_loss_scale, positive()},

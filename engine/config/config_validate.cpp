@@ -95,6 +95,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "(bf16 has fp32's exponent range); hint: remove loss_scale, or set mixed_precision.dtype: fp16",
             cfg.mixed_precision.loss_scale, cfg.mixed_precision.dtype);
     }
+    if (!cfg.mixed_precision.grad_reduce_in_fp32 && model_dtype(cfg.mixed_precision) == DType::kF32) {
+        fail(
+            "mixed_precision.grad_reduce_in_fp32 = false asks for 16-bit gradients, but mixed_precision.dtype = "
+            "'fp32': gradients take the model's dtype, so there is nothing narrower to keep; hint: set "
+            "mixed_precision.dtype: bf16 (or fp16), or remove grad_reduce_in_fp32");
+    }
     if (cfg.mixed_precision.min_loss_scale > cfg.mixed_precision.initial_loss_scale) {
         fail(
             "mixed_precision.min_loss_scale = {} exceeds mixed_precision.initial_loss_scale = {}; hint: lower "
@@ -295,6 +301,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
                 "AdamW for freeze_step steps to learn the variance it then freezes, and compresses only after them; "
                 "hint: e.g. --set optimizer.freeze_step={} (DeepSpeed's tutorials freeze after 15-25% of the run)",
                 o.freeze_step, t.train_iters, std::max<int64_t>(1, t.train_iters / 5));
+        }
+        if (!cfg.mixed_precision.grad_reduce_in_fp32) {
+            fail(
+                "optimizer.type onebit_adam folds each rank's own gradients into an fp32 momentum before compressing "
+                "it, and mixed_precision.grad_reduce_in_fp32 = false keeps them in {}: it is not built for 16-bit "
+                "gradients; hint: remove grad_reduce_in_fp32 (fp32 gradients), or use optimizer.type: adamw",
+                cfg.mixed_precision.dtype);
         }
         if (p.overlap_grad_reduce) {
             fail(

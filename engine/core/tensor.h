@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 
@@ -37,6 +38,13 @@ struct Tensor {
         return n;
     }
     int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
+    // Elements [begin, begin + n) of this tensor's storage as a 1-D tensor of its dtype (a flat buffer's range).
+    Tensor slice(int64_t begin, int64_t n) const {
+        MS_CHECK(begin >= 0 && n >= 0 && begin + n <= numel(), "slice [{}, {}) of a tensor of {} elements", begin,
+                 begin + n, numel());
+        return Tensor(static_cast<std::byte*>(data) + static_cast<size_t>(begin) * dtype_size(dtype), dtype, {n},
+                      device);
+    }
     size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
     bool defined() const { return data != nullptr; }
 

@@ -13,7 +13,7 @@
 // contributions of both into one tensor, the first overwriting and the rest accumulating (Accumulate::kAdd), and the
 // identity gradients of a residual add and of a tensor-parallel "reduce" alias the incoming gradient instead of
 // copying it. So one gradient tensor may be written by several backward ops; its lifetime runs from the first write
-// to the last read. Parameter gradients live in the flat fp32 gradient buffer and are always accumulated (+=).
+// to the last read. Parameter gradients live in the flat gradient buffer and are always accumulated (+=).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,7 @@ inline constexpr TensorId kNoTensor = -1;
 
 enum class Role : uint8_t {
     kParameter,   // the 16-bit (or fp32) weights the ops read: flat weights buffer at `param_offset`
-    kGradient,    // a parameter's fp32 gradient: flat gradient buffer at `param_offset`
+    kGradient,    // a parameter's gradient (fp32, or 16-bit: GptGraphOptions::grads): flat gradient buffer
     kInput,       // written by the host before the forward (tokens, targets, a pipeline stage's input activation)
     kOutput,      // read by the host or the pipeline after the forward (losses, logits, a stage's output)
     kActivation,  // written and read by ops; planned (memory_plan.cpp)

@@ -19,7 +19,7 @@ namespace ms::graph {
 // Where the tensors of one micro-batch live: the flat parameter buffers and this slot's and the chunk's blocks.
 struct Bindings {
     std::byte* weights = nullptr;  // the weights the ops read (dtype Graph::act), flat, parameter-table layout
-    float* grads = nullptr;        // fp32, same layout
+    std::byte* grads = nullptr;    // the parameter gradients (dtype their tensors say), same layout
     std::byte* slot = nullptr;     // MemoryPlan::slot_bytes()
     std::byte* scratch = nullptr;  // MemoryPlan::scratch_bytes()
 };

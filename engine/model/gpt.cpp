@@ -120,8 +120,11 @@ double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
 }
 
 Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
-    : shape_(shape), backend_(backend), tp_(tp), part_(o.part), dtype_(o.dtype) {
+    : shape_(shape), backend_(backend), tp_(tp), part_(o.part), dtype_(o.dtype), grad_dtype_(o.graph.grads) {
     MS_CHECK(is_float(dtype_), "model dtype {} is not fp32, bf16 or fp16", dtype_name(dtype_));
+    MS_CHECK(grad_dtype_ == DType::kF32 || grad_dtype_ == dtype_,
+             "gradients in {} on a {} model: they are fp32 or the model's dtype", dtype_name(grad_dtype_),
+             dtype_name(dtype_));
     MS_CHECK(shape.C % shape.NH == 0, "hidden {} not divisible by heads {}", shape.C, shape.NH);
     MS_CHECK(shape.Vp >= shape.V, "padded vocab {} < vocab {}", shape.Vp, shape.V);
     MS_CHECK(o.num_slots >= 1, "num_slots {} < 1", o.num_slots);
@@ -144,9 +147,9 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     } else {
         const size_t elems = static_cast<size_t>(std::max(flat_size(), o.flat_capacity));
         params_ = MemoryBlock(elems * sizeof(float), o.arena, MemCategory::kParameter, what + " params");
-        grads_ = MemoryBlock(elems * sizeof(float), o.arena, MemCategory::kGradient, what + " grads");
+        grads_ = MemoryBlock(elems * dtype_size(grad_dtype_), o.arena, MemCategory::kGradient, what + " grads");
         params_ptr_ = params_.as<float>();
-        grads_ptr_ = grads_.as<float>();
+        grads_ptr_ = grads_.data();
         if (mixed) {
             weights_ = MemoryBlock(elems * dtype_size(dtype_), o.arena, MemCategory::kParameter,
                                    fmt::format("{} weights {}", what, dtype_name(dtype_)));
@@ -208,7 +211,7 @@ void Gpt::refresh_weights() {
     backend_.cast({Tensor::f32(params(), {flat_size()}), Tensor(weights_ptr_, dtype_, {flat_size()})});
 }
 
-void Gpt::zero_grads() { backend_.zero(Tensor::f32(grads(), {table_.back().offset + table_.back().numel})); }
+void Gpt::zero_grads() { backend_.zero(Tensor(grads(), grad_dtype_, {flat_size()})); }
 
 Tensor Gpt::logits_tensor() const { return program_->logits_tensor(); }
 const float* Gpt::losses() const { return program_->losses(); }

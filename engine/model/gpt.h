@@ -56,6 +56,9 @@ struct GptGraphOptions {
     bool lm_head_loss_fusion = false;
     // model.recompute_granularity / recompute_method / recompute_num_layers (engine/graph/passes.h)
     graph::RecomputeOptions recompute = {};
+    // The parameter gradients' dtype (mixed_precision.grad_reduce_in_fp32: fp32, else the activation dtype): the
+    // graph's gradient tensors, the flat gradient buffer and every reduction of it.
+    DType grads = DType::kF32;
 };
 
 struct GptShape {
@@ -141,7 +144,8 @@ class Gpt {
         GptPart part;
         int num_slots = 1;        // micro-batches whose activations are kept at once (pipeline schedules)
         float* params = nullptr;  // external flat storage of >= flat_size() elements (both or neither);
-        float* grads = nullptr;   //   several pipeline chunks of one rank share one flat buffer this way
+        void* grads = nullptr;    //   several pipeline chunks of one rank share one flat buffer this way (grads in
+                                  //   graph.grads)
         // Megatron's sequence parallelism: outside the tensor-parallel regions (LayerNorms, residual stream)
         // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
@@ -164,7 +168,9 @@ class Gpt {
     // elements from the first parameter to the end of the last (alignment gaps included)
     int64_t flat_size() const { return table_.back().offset + table_.back().numel; }
     float* params() { return params_ptr_; }
-    float* grads() { return grads_ptr_; }
+    // The flat gradients (flat_size() elements of grad_dtype()).
+    void* grads() { return grads_ptr_; }
+    DType grad_dtype() const { return grad_dtype_; }
     DType dtype() const { return dtype_; }
     // The weights the ops read: params() itself in fp32, else the 16-bit copy (flat, params()'s layout).
     void* weights() { return weights_ptr_; }
@@ -232,11 +238,12 @@ class Gpt {
     bool sp_ = false;  // sequence parallelism (with tp > 1)
     int64_t num_params_ = 0;
     DType dtype_ = DType::kF32;
-    MemoryBlock params_;   // (flat) when owned
-    MemoryBlock weights_;  // (flat, dtype_) when owned and dtype_ is not fp32
-    MemoryBlock grads_;    // (flat) when owned
+    DType grad_dtype_ = DType::kF32;  // the Options' graph.grads
+    MemoryBlock params_;              // (flat) when owned
+    MemoryBlock weights_;             // (flat, dtype_) when owned and dtype_ is not fp32
+    MemoryBlock grads_;               // (flat) when owned
     float* params_ptr_ = nullptr;
-    float* grads_ptr_ = nullptr;
+    void* grads_ptr_ = nullptr;
     void* weights_ptr_ = nullptr;
     std::unique_ptr<GptProgram> program_;  // the activations and the compiled forward and backward
 };

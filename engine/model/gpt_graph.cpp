@@ -35,7 +35,7 @@ class GptBuilder {
                                               .param = static_cast<int>(i)});
             const TensorId d = g_.add_tensor({.name = "grad." + p.name,
                                               .shape = p.shape,
-                                              .dtype = DType::kF32,
+                                              .dtype = s.options.grads,
                                               .role = Role::kGradient,
                                               .param_offset = p.offset,
                                               .param = static_cast<int>(i)});
@@ -319,7 +319,7 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
     entry->graph = build_gpt_graph(spec, table_);
     entry->plan = !with_loss && plan_.logits_only ? plan_.logits_only.get() : &plan_;
     for (int i = 0; i < o_.num_slots; ++i) {
-        const graph::Bindings at{static_cast<std::byte*>(o_.weights), o_.grads,
+        const graph::Bindings at{static_cast<std::byte*>(o_.weights), static_cast<std::byte*>(o_.grads),
                                  slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>()};
         double* loss = &loss_sum_[static_cast<size_t>(i)];
         entry->forward.push_back(
@@ -362,8 +362,9 @@ std::vector<graph::GradRange> GptProgram::gradients_finished_per_step() const {
 void GptProgram::finish_gradients() {
     for (int i : full_->graph.g.tp_partial_grad_params) {
         const ParamInfo& p = table_[static_cast<size_t>(i)];
-        tp_.all_reduce(std::span<float>(o_.grads + p.offset, static_cast<size_t>(p.numel)), ReduceOp::kSum,
-                       Priority::kHigh)
+        const DType t = o_.graph.grads;
+        tp_.all_reduce(static_cast<std::byte*>(o_.grads) + static_cast<size_t>(p.offset) * dtype_size(t),
+                       static_cast<size_t>(p.numel), t, ReduceOp::kSum, Priority::kHigh)
             .wait();
     }
 }

@@ -61,7 +61,7 @@ class GptProgram {
         GptGraphOptions graph = {};
         float* params = nullptr;  // fp32 master weights (flat, gpt_param_table layout)
         void* weights = nullptr;  // what the ops read: params itself in fp32, else the 16-bit copy
-        float* grads = nullptr;
+        void* grads = nullptr;    // flat, graph.grads
         Arena* arena = nullptr;
     };
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);

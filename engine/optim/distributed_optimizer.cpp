@@ -68,12 +68,12 @@ void DistributedOptimizer::coalesce(std::vector<Segment>& segments, Same same) {
 }
 
 DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params,
-                                           float* grads, const OptimizerConfig& cfg, int zero_stage, Backend& backend,
+                                           void* grads, const OptimizerConfig& cfg, int zero_stage, Backend& backend,
                                            Communicator& dp, Communicator& mp, int tp_rank, Arena* arena, void* weights,
-                                           DType weights_dtype)
+                                           DType weights_dtype, DType grads_dtype)
     : padded_(padded_flat_size(flat, dp.size())),
       params_(params),
-      grads_(grads),
+      grads_(grads, grads_dtype, {padded_}),
       cfg_(cfg),
       zero_stage_(zero_stage),
       backend_(backend),
@@ -83,6 +83,10 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
       weights_dtype_(weights == nullptr ? DType::kF32 : weights_dtype),
       blocks_(optimizer_blocks(table, flat, cfg, zero_stage, weights_dtype_, dp.size())) {
     MS_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage {} (0 or 1)", zero_stage);
+    MS_CHECK(grads_dtype == DType::kF32 || grads_dtype == weights_dtype_,
+             "gradients in {} with {} weights: they are fp32 or the weights' dtype", dtype_name(grads_dtype),
+             dtype_name(weights_dtype_));
+    MS_CHECK(grads_dtype == DType::kF32 || !cfg.onebit_adam(), "onebit_adam needs fp32 gradients");
     shard_size_ = padded_ / dp.size();
     shard_begin_ = dp.rank() * shard_size_;
     const int64_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
@@ -131,7 +135,8 @@ void DistributedOptimizer::gather_masters() {
 GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
     MS_CHECK(dp_.size() > 1, "overlapped gradient buckets need dp > 1");
     const GradReduction reduction = zero_stage_ == 0 ? GradReduction::kAllReduce : GradReduction::kToShardOwners;
-    buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_, dp_, backend_, reduction);
+    buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_.data, dp_, backend_, reduction,
+                                             grads_.dtype);
     return *buckets_;
 }
 
@@ -149,12 +154,12 @@ GradSquares DistributedOptimizer::local_grad_squares() const {
         return r;
     }
     if (dp_.size() > 1) {
-        r.all = backend_.sum_squares(Tensor::f32(grads_, {padded_}));
+        r.all = backend_.sum_squares(grads_);
         return r;
     }
     double uncounted = 0;
     for (const Segment& s : norm_segments_) {
-        const double sq = backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+        const double sq = backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
         (s.count_in_norm ? r.counted : uncounted) += sq;
     }
     r.all = r.counted + uncounted;
@@ -194,7 +199,7 @@ OptimizerStepResult DistributedOptimizer::compressed_step(float lr, float clip_g
     // mean square is reported, and a non-finite value on any rank skips the step on all.
     double sq = 0;
     for (const Segment& s : local_segments_)
-        if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+        if (s.count_in_norm) sq += backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
     float own = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
     mp_.all_reduce(std::span<float>(&own, 1), ReduceOp::kSum, Priority::kHigh).wait();
     float all = own;
@@ -210,12 +215,13 @@ OptimizerStepResult DistributedOptimizer::compressed_step(float lr, float clip_g
             .wait();
         m_whole_ = true;
     }
-    backend_.synchronize();  // the host loops below read the gradients and write the momentum
+    backend_.synchronize();             // the host loops below read the gradients and write the momentum
+    const float* grads = grads_.f32();  // fp32: the constructor refused onebit_adam with 16-bit gradients
     const float c = clip_coefficient(std::sqrt(static_cast<double>(own)), clip_grad) * unscale;
     const float b1 = cfg_.adam_beta1;
     for (const Segment& s : local_segments_) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = s.begin; i < s.end; ++i) m[i] = b1 * m[i] + (1.0f - b1) * (c * grads_[i]);
+        for (int64_t i = s.begin; i < s.end; ++i) m[i] = b1 * m[i] + (1.0f - b1) * (c * grads[i]);
     }
     onebit_->run(m);
 
@@ -249,15 +255,15 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     finish_param_gather();  // the update writes this rank's shard, which the last step's gathers send from
     if (compressing()) return compressed_step(lr, clip_grad, unscale);
     OptimizerStepResult r;
-    const std::span<float> all(grads_, static_cast<size_t>(padded_));
-    const std::span<float> shard(grads_ + shard_begin_, static_cast<size_t>(shard_size_));
     if (buckets_) {
         // the pipeline's backward and finish() did it
     } else if (zero_stage_ == 0) {
-        dp_.all_reduce(all, ReduceOp::kAvg, Priority::kLow).wait();
+        dp_.all_reduce(grads_.data, static_cast<size_t>(padded_), grads_.dtype, ReduceOp::kAvg, Priority::kLow).wait();
     } else {
         // in place: this rank's shard is its own block of the gradient buffer (mpi_communicator.h)
-        dp_.reduce_scatter(std::span<const float>(all), shard, ReduceOp::kAvg, Priority::kLow).wait();
+        dp_.reduce_scatter(grads_.data, grads_.slice(shard_begin_, shard_size_).data, static_cast<size_t>(shard_size_),
+                           static_cast<size_t>(padded_), grads_.dtype, ReduceOp::kAvg, Priority::kLow)
+            .wait();
     }
 
     double sq = 0;
@@ -265,7 +271,7 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
         sq = local->counted;
     } else {
         for (const Segment& s : norm_segments_) {
-            if (s.count_in_norm) sq += backend_.sum_squares(Tensor::f32(grads_ + s.begin, {s.end - s.begin}));
+            if (s.count_in_norm) sq += backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
         }
     }
     // in double first: squares of loss-scaled gradients may exceed fp32's range where their unscaled sum does not
@@ -284,7 +290,7 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     float* master = sharded_masters() ? master_.as<float>() : params_ + state_base_;
     for (const Segment& s : update_segments_) {
         const int64_t n = s.end - s.begin, k = s.begin - state_base_;
-        backend_.adamw({Tensor::f32(master + k, {n}), Tensor::f32(grads_ + s.begin, {n}),
+        backend_.adamw({Tensor::f32(master + k, {n}), grads_.slice(s.begin, n),
                         Tensor::f32(m + (s.begin - m_base_), {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1,
                         cfg_.adam_beta2, cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_,
                         weights_copy(s)});

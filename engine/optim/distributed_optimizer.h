@@ -93,10 +93,12 @@ class DistributedOptimizer {
     // nullptr: HostBuffers. weights: mixed precision's 16-bit weights (flat, the params' layout, dtype bf16 / fp16)
     // that every step refreshes from the updated fp32 master weights: fused into AdamW, then for zero_stage 1
     // all-gathered (sharded masters) or cast after the fp32 all-gather (zero_stage 1 in fp32 has no 16-bit weights).
-    DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params, float* grads,
+    // grads_dtype: the gradients' (fp32, or the weights' 16-bit dtype: mixed_precision.grad_reduce_in_fp32 false),
+    // in which they are reduced over dp and read by the norm and AdamW.
+    DistributedOptimizer(const std::vector<ParamInfo>& table, int64_t flat, float* params, void* grads,
                          const OptimizerConfig& cfg, int zero_stage, Backend& backend, Communicator& dp,
                          Communicator& mp, int tp_rank, Arena* arena = nullptr, void* weights = nullptr,
-                         DType weights_dtype = DType::kF32);
+                         DType weights_dtype = DType::kF32, DType grads_dtype = DType::kF32);
 
     bool sharded_masters() const { return shards_master_weights(zero_stage_, weights_dtype_); }
     // After the whole parameters were written into the lent buffer and this rank's state into exp_avg() and
@@ -164,7 +166,7 @@ class DistributedOptimizer {
 
     int64_t padded_;
     float* params_;
-    float* grads_;
+    Tensor grads_;  // (padded_) flat
     OptimizerConfig cfg_;
     int zero_stage_;
     Backend& backend_;

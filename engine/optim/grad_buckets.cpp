@@ -20,9 +20,9 @@ std::vector<OwnerPart> owner_parts(int64_t begin, int64_t end, int64_t shard) {
     return parts;
 }
 
-GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
-                         Communicator& dp, Backend& backend, GradReduction reduction)
-    : reduction_(reduction), grads_(grads), dp_(dp), backend_(backend) {
+GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, void* grads,
+                         Communicator& dp, Backend& backend, GradReduction reduction, DType grads_dtype)
+    : reduction_(reduction), grads_(grads, grads_dtype, {padded}), dp_(dp), backend_(backend) {
     MS_CHECK(reduction == GradReduction::kAllReduce || padded % dp.size() == 0,
              "gradient buckets: {} elements do not split into {} shards", padded, dp.size());
     MS_CHECK(bucket_elems >= 1, "gradient buckets of {} elements", bucket_elems);
@@ -94,15 +94,17 @@ void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t b
 
 void GradBuckets::issue(int index) {
     Bucket& b = buckets_[static_cast<size_t>(index)];
-    const std::span<float> grads(grads_ + b.begin, static_cast<size_t>(b.end - b.begin));
-    b.squares = backend_.sum_squares(Tensor::f32(grads.data(), {b.end - b.begin}));  // synchronizes the backend
+    const Tensor grads = grads_.slice(b.begin, b.end - b.begin);
+    b.squares = backend_.sum_squares(grads);  // synchronizes the backend
     if (reduction_ == GradReduction::kAllReduce) {
-        b.handles[0] = dp_.all_reduce(grads, ReduceOp::kAvg, Priority::kLow);
+        b.handles[0] =
+            dp_.all_reduce(grads.data, static_cast<size_t>(grads.numel()), grads.dtype, ReduceOp::kAvg, Priority::kLow);
     } else {
         for (size_t i = 0; i < b.parts.size(); ++i) {
             const OwnerPart& o = b.parts[i];
-            const std::span<float> part(grads_ + o.begin, static_cast<size_t>(o.end - o.begin));
-            b.handles[i] = dp_.reduce(part, o.owner, ReduceOp::kAvg, Priority::kLow);
+            const Tensor part = grads_.slice(o.begin, o.end - o.begin);
+            b.handles[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner, ReduceOp::kAvg,
+                                      Priority::kLow);
         }
     }
     issued_.push_back(index);

@@ -50,9 +50,11 @@ std::vector<OwnerPart> owner_parts(int64_t begin, int64_t end, int64_t shard);
 class GradBuckets {
   public:
     // table: the rank's parameters (offsets into grads); padded: the flat buffer's length (its tail is zeros; with
-    // kToShardOwners, padded / dp.size() is the shard).
-    GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, float* grads,
-                Communicator& dp, Backend& backend, GradReduction reduction = GradReduction::kAllReduce);
+    // kToShardOwners, padded / dp.size() is the shard); grads_dtype: the gradients' (fp32 or 16-bit), which the
+    // reductions keep.
+    GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, void* grads,
+                Communicator& dp, Backend& backend, GradReduction reduction = GradReduction::kAllReduce,
+                DType grads_dtype = DType::kF32);
     GradBuckets(const GradBuckets&) = delete;
     GradBuckets& operator=(const GradBuckets&) = delete;
 
@@ -93,7 +95,7 @@ class GradBuckets {
     std::vector<graph::GradRange> deferred_ranges_;
     std::vector<int> issued_;
     GradReduction reduction_;
-    float* grads_;
+    Tensor grads_;  // (padded) flat, fp32 or 16-bit
     Communicator& dp_;
     Backend& backend_;
 };

@@ -53,6 +53,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
       num_microbatches_(num_microbatches),
       virtual_stages_(virtual_stages),
       dtype_(dtype),
+      grad_dtype_(graph.grads),
       sharded_masters_(sharded_masters) {
     MS_CHECK(!sharded_masters || dtype != DType::kF32, "sharded master weights need 16-bit weights");
     const int pp = groups.pp_size, v = virtual_stages;
@@ -67,10 +68,15 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     const std::vector<GptPart>& parts = stage.parts;
     const std::vector<int64_t>& bases = stage.bases;
     const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
+    padded_ = capacity;
+    const size_t fp32_bytes = static_cast<size_t>(capacity) * sizeof(float);
     if (!sharded_masters) {
-        params_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kParameter, "params");
+        params_ = MemoryBlock(fp32_bytes, arena, MemCategory::kParameter, "params");
+    } else if (grad_dtype_ != DType::kF32) {
+        staging_ = StagingMemory(fp32_bytes, backend.make_arena_memory(fp32_bytes));
     }
-    grads_ = MemoryBlock(static_cast<size_t>(capacity) * sizeof(float), arena, MemCategory::kGradient, "grads");
+    grads_ = MemoryBlock(static_cast<size_t>(capacity) * dtype_size(grad_dtype_), arena, MemCategory::kGradient,
+                         fmt::format("grads {}", dtype_name(grad_dtype_)));
     const size_t es = dtype_size(dtype);
     if (dtype != DType::kF32) {
         weights_ = MemoryBlock(static_cast<size_t>(capacity) * es, arena, MemCategory::kParameter,
@@ -82,7 +88,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.part = parts[static_cast<size_t>(c)];
         o.num_slots = slots_[static_cast<size_t>(c)];
         o.params = params() + bases[static_cast<size_t>(c)];
-        o.grads = grads() + bases[static_cast<size_t>(c)];
+        o.grads = grads_.as<std::byte>() + static_cast<size_t>(bases[static_cast<size_t>(c)]) * dtype_size(grad_dtype_);
         o.sequence_parallel = sequence_parallel;
         o.arena = arena;
         o.dtype = dtype;
@@ -178,7 +184,11 @@ void PipelineModel::set_param_gather(ParamGather* gather) {
 
 float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, int T, float loss_scale_in) {
     if (buckets_ != nullptr) buckets_->begin_step();
-    backend_.zero(Tensor::f32(grads(), {flat_}));  // on the device for a device backend
+    if (staging_lent_) {  // what init, a load or a save put there has been taken
+        staging_.release();
+        staging_lent_ = false;
+    }
+    backend_.zero(Tensor(grads(), grad_dtype_, {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
     Communicator& pp = *groups_.pp;
@@ -258,7 +268,9 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     // the tied embedding: first and last stage each hold wte; their gradients are summed
     if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
-        groups_.embd->all_reduce(std::span<float>(grads() + p.offset, static_cast<size_t>(p.numel)), ReduceOp::kSum)
+        groups_.embd
+            ->all_reduce(grads_tensor().slice(p.offset, p.numel).data, static_cast<size_t>(p.numel), grad_dtype_,
+                         ReduceOp::kSum)
             .wait();
     }
     if (buckets_ != nullptr) buckets_->finish();

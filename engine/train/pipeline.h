@@ -28,6 +28,7 @@
 #include "engine/optim/param_gather.h"
 #include "engine/parallel/schedule.h"
 #include "memory/memory_block.h"
+#include "memory/staging_memory.h"
 
 namespace ms {
 
@@ -54,7 +55,7 @@ class PipelineModel {
     // order: parameters, gradients, the 16-bit weights (dtype bf16 / fp16 only), per local chunk its scratch block and
     // slot blocks (plan.h's StagePlan::allocations() lists the same sequence).
     // sharded_masters (distributed_optimizer.h shards_master_weights): no fp32 parameters are allocated; see
-    // params().
+    // params(). The gradients are graph.grads (fp32, or dtype with mixed_precision.grad_reduce_in_fp32 false).
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                   ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
                   Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {},
@@ -64,14 +65,21 @@ class PipelineModel {
     int64_t flat_size() const { return flat_; }
     // The parameters and weights as the last optimizer step left them: with parallel.overlap_param_gather both
     // accessors first complete its gathers (the chunks' own programs wait for each bucket as they read it).
-    // With sharded master weights the model holds no fp32 parameters: params() is then the gradient buffer lent as
-    // a place for them, holding them only where a caller put them (init_weights(), a checkpoint load, the
-    // optimizer's gather_masters() for a save) until the next train_step() zeroes it.
+    // With sharded master weights the model holds no fp32 parameters: params() is then a place lent for them,
+    // holding them only where a caller put them (init_weights(), a checkpoint load, the optimizer's gather_masters()
+    // for a save) until the next train_step(): the fp32 gradient buffer, which that step zeroes, or with 16-bit
+    // gradients (too small) staging memory outside the arena (memory/staging_memory.h), which that step releases.
     float* params() {
         settle_params();
-        return sharded_masters_ ? grads_.as<float>() : params_.as<float>();
+        if (!sharded_masters_) return params_.as<float>();
+        if (staging_.data() == nullptr) return grads_.as<float>();
+        staging_lent_ = true;
+        return static_cast<float*>(staging_.data());
     }
-    float* grads() { return grads_.as<float>(); }
+    // The flat gradients: flat_size() (padded) elements of grad_dtype().
+    void* grads() { return grads_.data(); }
+    DType grad_dtype() const { return grad_dtype_; }
+    Tensor grads_tensor() { return Tensor(grads_.data(), grad_dtype_, {padded_}); }
     DType dtype() const { return dtype_; }
     // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
     void* weights() {
@@ -138,9 +146,12 @@ class PipelineModel {
     std::vector<graph::ParamsNeededFn> need_params_;  // per local chunk, to gather_ with its base
     int64_t flat_ = 0;
     int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
-    DType dtype_ = DType::kF32;
+    DType dtype_ = DType::kF32, grad_dtype_ = DType::kF32;
     bool sharded_masters_ = false;
-    MemoryBlock params_, grads_;  // (padded) flat fp32; params_ empty with sharded masters
+    int64_t padded_ = 0;          // the flat buffers' length: flat_ padded for the data-parallel optimizer
+    MemoryBlock params_, grads_;  // (padded) flat fp32 and grad_dtype_; params_ empty with sharded masters
+    StagingMemory staging_;       // (padded) fp32, with sharded masters and 16-bit gradients: params()
+    bool staging_lent_ = false;   // params() handed staging_ out since the last train_step()
     MemoryBlock weights_;         // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;
     // train_step()'s bookkeeping, sized once here so that a step allocates nothing

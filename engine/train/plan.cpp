@@ -141,7 +141,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         }
         st.padded = padded_flat_size(flat, p.dp);
         st.param_bytes = shards_master_weights(p.zero_stage, p.dtype) ? 0 : 4 * st.padded;
-        st.grad_bytes = 4 * st.padded;
+        st.grad_bytes = static_cast<int64_t>(dtype_size(p.graph.grads)) * st.padded;
         st.weight_bytes = p.dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(p.dtype)) * st.padded;
         // onebit_adam's chunks need the stage's table; the other optimizers only its length (the table of a billion
         // layers is never built)

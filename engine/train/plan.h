@@ -48,7 +48,8 @@ struct StagePlan {
     std::string layers;                       // e.g. "0-5", or "0-2,12-14" with virtual stages
     int64_t params = 0;                       // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;                       // flat buffer elements: padded_flat_size of the chunks' aligned layout
-    int64_t param_bytes = 0, grad_bytes = 0;  // fp32 parameters (0 with sharded master weights), gradients
+    int64_t param_bytes = 0, grad_bytes = 0;  // fp32 parameters (0 with sharded master weights), gradients (fp32 or
+                                              // 16-bit: GptGraphOptions::grads)
     int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
     OptimizerBlocks optimizer;                // masters (sharded), moments, onebit_adam's buffers
     int64_t optimizer_bytes() const { return optimizer.total(); }

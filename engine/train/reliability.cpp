@@ -190,10 +190,12 @@ void Reliability::begin_step(int64_t it) {
     }
 }
 
-void Reliability::inject_nan(int64_t it, std::span<float> grads, Backend& backend) {
-    if (inject_.kind == FaultKind::kNan && inject_.step == it && inject_.rank == rank_ && !grads.empty()) {
+void Reliability::inject_nan(int64_t it, const Tensor& grads, Backend& backend) {
+    if (inject_.kind == FaultKind::kNan && inject_.step == it && inject_.rank == rank_ && grads.numel() > 0) {
         backend.synchronize();  // the host writes the gradients
-        grads[0] = std::numeric_limits<float>::quiet_NaN();
+        visit_float(grads.dtype, [&]<class T>(T) {
+            static_cast<T*>(grads.data)[0] = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+        });
         nan_injected_ = true;  // its event is written outside the allocation guard
     }
 }

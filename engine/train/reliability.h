@@ -60,6 +60,7 @@
 #include "comm/watch_options.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "engine/core/tensor.h"
 #include "engine/train/run_end.h"
 
 namespace ms {
@@ -144,7 +145,7 @@ class Reliability {
     void begin_step(int64_t it);
     // After the backward of `it`, before the gradients are read: fires a nan injection of this rank and step (a
     // NaN written into the first gradient).
-    void inject_nan(int64_t it, std::span<float> grads, Backend& backend);
+    void inject_nan(int64_t it, const Tensor& grads, Backend& backend);
     // After the backward of `it`, before any data-parallel reduction: checks this rank's loss (last pipeline stage;
     // pass the step's loss everywhere, others ignore it) and the sum of squares of its gradients (grad_squares:
     // DistributedOptimizer::local_grad_squares().all), and agrees with every rank on NaNs and signals (one int32[3]

@@ -58,6 +58,7 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.shape = gpt_shape(cfg, d);
     l.graph.backend = l.backend;
     l.graph.lm_head_loss_fusion = cfg.model.cross_entropy_loss_fusion;
+    l.graph.grads = grad_dtype(cfg.mixed_precision);
     const TrainingConfig& t = cfg.training;
     using graph::RecomputeGranularity;
     l.graph.recompute.granularity = t.recompute_granularity == "full"        ? RecomputeGranularity::kFull

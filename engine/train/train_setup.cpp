@@ -236,21 +236,22 @@ void log_model_memory(const TrainRun& r) {
     // what the plan says this rank holds (setup_model checks the arena against it)
     const StagePlan& st = r.stages[static_cast<size_t>(r.groups->pp_rank)];
     const DType dtype = r.layout.dtype;
+    const std::string_view grads = dtype_name(r.layout.graph.grads);
     const auto b = [](int64_t bytes) { return human_bytes(static_cast<double>(bytes)); };
     if (dtype == DType::kF32) {
         log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
                  b(st.param_bytes), b(st.grad_bytes), b(st.optimizer_bytes()), r.layout.zero_stage);
     } else if (st.optimizer.master > 0) {
         log_info(
-            "memory per rank: {} weights {} | fp32 gradients {} | fp32 master weights {} (sharded over dp {}) | "
+            "memory per rank: {} weights {} | {} gradients {} | fp32 master weights {} (sharded over dp {}) | "
             "optimizer state {} (zero_stage {})",
-            dtype_name(dtype), b(st.weight_bytes), b(st.grad_bytes), b(st.optimizer.master), r.layout.dp(),
+            dtype_name(dtype), b(st.weight_bytes), grads, b(st.grad_bytes), b(st.optimizer.master), r.layout.dp(),
             b(st.optimizer_bytes() - st.optimizer.master), r.layout.zero_stage);
     } else {
         log_info(
-            "memory per rank: {} weights {} | fp32 master weights {} | fp32 gradients {} | optimizer state {} "
+            "memory per rank: {} weights {} | fp32 master weights {} | {} gradients {} | optimizer state {} "
             "(zero_stage {})",
-            dtype_name(dtype), b(st.weight_bytes), b(st.param_bytes), b(st.grad_bytes), b(st.optimizer_bytes()),
+            dtype_name(dtype), b(st.weight_bytes), b(st.param_bytes), grads, b(st.grad_bytes), b(st.optimizer_bytes()),
             r.layout.zero_stage);
     }
     const LossScaler& scaler = *r.scaler;
@@ -411,10 +412,10 @@ void setup_model(TrainRun& r) {
     PipelineModel& model = *r.model;
     model.init_weights(r.cfg.run.seed, r.cfg.model.init_method_std);
     // With sharded master weights the optimizer takes its shard of the initial parameters here.
-    r.optimizer = std::make_unique<DistributedOptimizer>(model.params_info(), model.flat_size(), model.params(),
-                                                         model.grads(), r.cfg.optimizer, l.zero_stage, *r.backend,
-                                                         *groups.dp, *groups.mp, groups.tp_rank, &arena,
-                                                         l.dtype == DType::kF32 ? nullptr : model.weights(), l.dtype);
+    r.optimizer = std::make_unique<DistributedOptimizer>(
+        model.params_info(), model.flat_size(), model.params(), model.grads(), r.cfg.optimizer, l.zero_stage,
+        *r.backend, *groups.dp, *groups.mp, groups.tp_rank, &arena, l.dtype == DType::kF32 ? nullptr : model.weights(),
+        l.dtype, model.grad_dtype());
     if (l.grad_bucket_elems > 0) {
         GradBuckets& buckets = r.optimizer->overlap_grad_reduce(l.grad_bucket_elems, model.params_info());
         model.set_grad_buckets(&buckets);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -48,15 +49,25 @@ void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std
                     int zero_stage) {
     if (path.empty()) return;
     const int64_t padded = padded_flat_size(model.flat_size(), groups.dp_size);
-    std::vector<float> avg(model.grads(), model.grads() + padded);
+    // averaged over dp in the gradients' own dtype, as the optimizer's reduction does, then widened to fp32
+    const DType t = model.grad_dtype();
+    const size_t es = dtype_size(t);
+    std::vector<std::byte> raw(static_cast<size_t>(padded) * es);
+    std::memcpy(raw.data(), model.grads(), raw.size());
     if (!bucketed) {
-        groups.dp->all_reduce(std::span<float>(avg), ReduceOp::kAvg).wait();
+        groups.dp->all_reduce(raw.data(), static_cast<size_t>(padded), t, ReduceOp::kAvg).wait();
     } else if (zero_stage == 1) {
         const size_t shard = static_cast<size_t>(padded / groups.dp_size);
-        const std::span<float> all(avg);
-        const std::span<const float> own = all.subspan(static_cast<size_t>(groups.dp_rank) * shard, shard);
-        groups.dp->all_gather(own, all).wait();
+        groups.dp
+            ->all_gather(raw.data() + static_cast<size_t>(groups.dp_rank) * shard * es, raw.data(), shard,
+                         static_cast<size_t>(padded), t)
+            .wait();
     }
+    std::vector<float> avg(static_cast<size_t>(padded));
+    visit_float(t, [&]<class T>(T) {
+        const T* g = reinterpret_cast<const T*>(raw.data());
+        for (int64_t i = 0; i < padded; ++i) avg[static_cast<size_t>(i)] = to_float(g[i]);
+    });
     std::vector<float> all(static_cast<size_t>(padded) * groups.tp_size);
     groups.tp->all_gather(std::span<const float>(avg), std::span<float>(all)).wait();
     if (groups.tp_rank != 0 || groups.dp_rank != 0) return;
@@ -173,8 +184,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     // The gradients' sums of squares are taken once: for that check and, when no reduction changes the gradients
     // (dp 1), for the norm.
     const bool check_grads = !scaler.enabled();
-    r.reliability->inject_nan(it, std::span<float>(r.model->grads(), static_cast<size_t>(r.model->flat_size())),
-                              backend);
+    r.reliability->inject_nan(it, r.model->grads_tensor(), backend);
     const GradSquares squares = check_grads ? r.optimizer->local_grad_squares() : GradSquares{};
     const StepVerdict verdict = r.reliability->step_boundary(*groups.world, it, out.loss, squares.all, check_grads);
     out.stop = verdict.stop;

@@ -393,7 +393,8 @@ TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
 // Per parameter, what zero_stage and mixed precision keep on a rank (weights, gradients, master weights, optimizer
 // state; activations aside), on the GPT-2 124M and 1.5B shapes at dp 1, 2, 4 and 8: fp32 ZeRO-1 4 + 4 + 8 / dp bytes;
 // bf16 ZeRO-0 2 + 4 + 4 + 8 (whole fp32 masters beside the 16-bit weights); bf16 ZeRO-1 2 + 4 + 12 / dp, the fp32
-// masters sharded with the moments (Megatron's distributed optimizer with fp32 gradients). The flat buffers' padding
+// masters sharded with the moments (Megatron's distributed optimizer with fp32 gradients); with 16-bit gradients
+// (mixed_precision.grad_reduce_in_fp32: false) 2 + 2 + 12 / dp, Megatron's bf16 main_grad. The flat buffers' padding
 // keeps each within 1% of the formula.
 TEST(PlanArithmetic, ShardedMasterWeightsKeepTwoPlusFourPlusTwelveOverDpBytesPerParameter) {
     ms::GptShape small;  // GPT-2 124M
@@ -401,31 +402,37 @@ TEST(PlanArithmetic, ShardedMasterWeightsKeepTwoPlusFourPlusTwelveOverDpBytesPer
     ms::GptShape xl = small;  // GPT-2 1.5B
     xl.L = 48, xl.C = 1600, xl.NH = 25, xl.F = 6400;
     for (const ms::GptShape& shape : {small, xl}) {
-        std::map<int, double> bf16_zero1;  // dp -> bytes per parameter
+        std::map<int, double> bf16_zero1, bf16_grads;  // dp -> bytes per parameter (fp32, bf16 gradients)
         for (const int dp : {1, 2, 4, 8}) {
             struct Case {
                 ms::DType dtype;
                 int zero_stage;
                 double bytes_per_param;
+                ms::DType grads = ms::DType::kF32;
             };
             for (const Case c : {Case{ms::DType::kF32, 1, 4 + 4 + 8.0 / dp}, Case{ms::DType::kBF16, 0, 2 + 4 + 4 + 8},
-                                 Case{ms::DType::kBF16, 1, 2 + 4 + 12.0 / dp}}) {
+                                 Case{ms::DType::kBF16, 1, 2 + 4 + 12.0 / dp},
+                                 Case{ms::DType::kBF16, 1, 2 + 2 + 12.0 / dp, ms::DType::kBF16}}) {
                 ms::PlanShape p;
                 p.dp = dp, p.dtype = c.dtype, p.zero_stage = c.zero_stage;
+                p.graph.grads = c.grads;
                 const auto stages = ms::plan_stages(shape, p);
                 ASSERT_EQ(stages.size(), 1u);
                 const ms::StagePlan& st = stages[0];
                 const double per_param = static_cast<double>(st.model_state_bytes()) / static_cast<double>(st.params);
                 EXPECT_NEAR(per_param / c.bytes_per_param, 1.0, 0.01)
-                    << "L " << shape.L << " dp " << dp << " " << ms::dtype_name(c.dtype) << " zero " << c.zero_stage;
+                    << "L " << shape.L << " dp " << dp << " " << ms::dtype_name(c.dtype) << " zero " << c.zero_stage
+                    << " grads " << ms::dtype_name(c.grads);
+                EXPECT_EQ(st.grad_bytes, static_cast<int64_t>(ms::dtype_size(c.grads)) * st.padded);
                 const bool sharded = c.dtype != ms::DType::kF32 && c.zero_stage == 1;
                 EXPECT_EQ(st.param_bytes, sharded ? 0 : 4 * st.padded);
                 EXPECT_EQ(st.optimizer.master, sharded ? 4 * st.padded / dp : 0);
-                if (sharded) bf16_zero1[dp] = per_param;
+                if (sharded) (c.grads == ms::DType::kF32 ? bf16_zero1 : bf16_grads)[dp] = per_param;
             }
         }
-        // 18 bytes per parameter at dp 1, 7.5 at dp 8
+        // 18 bytes per parameter at dp 1, 7.5 at dp 8; with bf16 gradients 16 and 5.5 (2.9x)
         EXPECT_GE(bf16_zero1[1] / bf16_zero1[8], 2.39) << "L " << shape.L;
+        EXPECT_GE(bf16_grads[1] / bf16_grads[8], 2.9) << "L " << shape.L;
     }
 }
 

@@ -368,15 +368,17 @@ TEST(MixedPrecisionDeathTest, DtypesThatBreakTheContractAreRefused) {
     auto backend = make_cpu_backend(OpMode::kFast);
     std::vector<bf16> x(12), y(12), z(12);
     std::vector<float> f(12), g(12);
-    // A bf16 parameter gradient.
-    EXPECT_DEATH(backend->matmul_backward({.dout = dview(x, {3, 4}),
-                                           .inp = dview(y, {3, 3}),
-                                           .weight = dview(z, {4, 3}),
-                                           .dinp = {},
-                                           .dweight = dview(z, {4, 3}),
-                                           .dbias = {},
-                                           .accumulate = Accumulate::kOverwrite}),
-                 "matmul_backward: dweight is bf16, but parameter gradients are always fp32");
+    // An fp16 parameter gradient of a bf16 op (parameter gradients are fp32 or the activation dtype).
+    std::vector<fp16> dw16(12);
+    EXPECT_DEATH(
+        backend->matmul_backward({.dout = dview(x, {3, 4}),
+                                  .inp = dview(y, {3, 3}),
+                                  .weight = dview(z, {4, 3}),
+                                  .dinp = {},
+                                  .dweight = dview(dw16, {4, 3}),
+                                  .dbias = {},
+                                  .accumulate = Accumulate::kOverwrite}),
+        "matmul_backward: dweight is fp16, but a parameter gradient is fp32 or the op's activation dtype bf16");
     // An fp32 weight with bf16 activations.
     EXPECT_DEATH(backend->matmul_forward(
                      {.inp = dview(x, {3, 4}), .weight = view(f, {3, 4}), .bias = {}, .out = dview(y, {3, 3})}),
@@ -411,8 +413,9 @@ TEST(MixedPrecisionDeathTest, DtypesThatBreakTheContractAreRefused) {
                                           .out = dview(z, {3, 3}),
                                           .gelu_out = dview(z, {3, 3})}),
                  "matmul: gelu_out must not alias out");
-    // sum_squares takes fp32 gradients only; adamw's state is fp32.
-    EXPECT_DEATH(backend->sum_squares(dview(x, {12})), "sum_squares: x is bf16");
+    // sum_squares takes fp32, bf16 or fp16 gradients; adamw's state is fp32.
+    std::vector<int32_t> ids(12);
+    EXPECT_DEATH(backend->sum_squares(Tensor::i32(ids.data(), {12})), "sum_squares: x is int32");
     EXPECT_DEATH(backend->adamw({.param = dview(x, {12}),
                                  .grad = view(f, {12}),
                                  .m = view(g, {12}),

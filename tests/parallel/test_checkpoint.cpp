@@ -189,6 +189,13 @@ INSTANTIATE_TEST_SUITE_P(
     Dtypes, CheckpointResumeMixed,
     ::testing::Values(Layout{"bf16_one_rank", 1, "--set mixed_precision.dtype=bf16"},
                       Layout{"fp16_one_rank", 1, "--set mixed_precision.dtype=fp16"},
+                      // 16-bit gradients: the fp32 masters of the load and the save pass through staging memory
+                      Layout{"bf16_dp2_zero1_bf16_grads", 2,
+                             "--set mixed_precision.dtype=bf16 --set parallel.zero_stage=1 "
+                             "--set mixed_precision.grad_reduce_in_fp32=false"},
+                      Layout{"fp16_dp2_zero1_fp16_grads", 2,
+                             "--set mixed_precision.dtype=fp16 --set parallel.zero_stage=1 "
+                             "--set mixed_precision.grad_reduce_in_fp32=false"},
                       Layout{"bf16_tp2_pp2_dp2_zero1", 8,
                              "--set mixed_precision.dtype=bf16 --set parallel.tensor_model_parallel_size=2 "
                              "--set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"},

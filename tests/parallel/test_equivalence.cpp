@@ -282,6 +282,64 @@ TEST(EquivalenceMixed, Bf16ShardedMastersAtDp2AndDp4TrackOneBf16Rank) {
     }
 }
 
+// 16-bit gradients (mixed_precision.grad_reduce_in_fp32: false, Megatron's bf16 main_grad): each op rounds its
+// contribution into the bf16 gradient, the micro-batches accumulate in bf16 and the data-parallel reductions sum bf16
+// numbers (MPI's fp32-then-round op). Against one bf16 rank with bf16 gradients: dp 2 and dp 4 with sharded masters,
+// and tp2 x pp2 x dp2 with sequence parallelism; and one bf16-gradient rank against one fp32-gradient rank. The
+// bounds are from the values this test prints (see the EXPECTs); a wrong shard or a missing reduction is O(1).
+TEST(EquivalenceMixed, Bf16GradientsTrackOneBf16Rank) {
+    const std::string bf16 = "--set mixed_precision.dtype=bf16 ";
+    const std::string grads16 = bf16 + "--set mixed_precision.grad_reduce_in_fp32=false ";
+    const RunResult one = run_layout(1, grads16);
+    const RunResult one_fp32_grads = run_layout(1, bf16);
+    ASSERT_EQ(one.losses.size(), 10u) << one.output;
+    EXPECT_NE(one.output.find("| bf16 gradients"), std::string::npos) << one.output;
+    EXPECT_LT(one.losses.back(), one.losses.front());
+    std::string name;
+    const double g1 = worst_grad(one, one_fp32_grads, name), l1 = worst_loss(one, one_fp32_grads);
+    std::printf("bf16 gradients vs fp32 gradients, one bf16 rank: gradient %.3g (%s), loss %.3g\n", g1, name.c_str(),
+                l1);
+    EXPECT_LE(g1, 2e-2);
+    EXPECT_LE(l1, 1e-2);
+    struct Case {
+        const char* name;
+        int ranks;
+        std::string sets;
+    };
+    for (const Case& c :
+         {Case{"dp2 zero1", 2, "--set parallel.zero_stage=1"}, Case{"dp4 zero1", 4, "--set parallel.zero_stage=1"},
+          Case{"tp2 pp2 dp2 zero1 sp", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.pipeline_model_parallel_size=2 "
+               "--set parallel.zero_stage=1 --set parallel.sequence_parallel=true"}}) {
+        const RunResult r = run_layout(c.ranks, grads16 + c.sets);
+        ASSERT_EQ(r.losses.size(), 10u) << r.output;
+        const double g = worst_grad(r, one, name), l = worst_loss(r, one);
+        std::printf("bf16 gradients, %s vs one rank: gradient %.3g (%s), loss %.3g\n", c.name, g, name.c_str(), l);
+        EXPECT_LE(g, 3e-2) << c.name;
+        EXPECT_LE(l, 5e-3) << c.name;
+        EXPECT_LT(r.losses.back(), r.losses.front()) << c.name;
+    }
+}
+
+// With 16-bit gradients too, dp 2 adds the same two numbers whichever reduction does it: zero_stage 0's all-reduce,
+// zero_stage 1's reduce-scatter and overlap_grad_reduce's bucketed reduces to the shard owners give the same bits.
+TEST(EquivalenceExact, Bf16GradientsReduceAlikeAtDp2) {
+    const std::string sets = "--set mixed_precision.dtype=bf16 --set mixed_precision.grad_reduce_in_fp32=false ";
+    const RunResult zero0 = run_layout(2, sets + "--set parallel.zero_stage=0");
+    ASSERT_EQ(zero0.losses.size(), 10u) << zero0.output;
+    for (const std::string other : {"--set parallel.zero_stage=1",
+                                    "--set parallel.zero_stage=1 --set parallel.overlap_grad_reduce=true "
+                                    "--set parallel.bucket_size=5000"}) {
+        const RunResult r = run_layout(2, sets + other);
+        EXPECT_EQ(r.losses, zero0.losses) << other;
+        for (const auto& [name, g] : zero0.grads) {
+            const std::vector<float>& h = r.grads.at(name);
+            ASSERT_EQ(g.size(), h.size()) << name;
+            EXPECT_EQ(std::memcmp(g.data(), h.data(), g.size() * sizeof(float)), 0) << other << " " << name;
+        }
+    }
+}
+
 // parallel.overlap_grad_reduce reduces the same gradients with the same all-reduce, in buckets the backward starts:
 // the same bits as one reduction after it, with data parallelism alone and beside tp, sp and pp (the buckets wait
 // for their per-step LayerNorm and tied-embedding sums). bucket_size 5000 cuts tiny.yaml's model into several.

@@ -352,6 +352,13 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(
         small({"optimizer.type=onebit_adam", "optimizer.freeze_step=2", "parallel.overlap_grad_reduce=true"}), 2,
         {"parallel.overlap_grad_reduce's gradient buckets have nothing to reduce", "hint:"});
+    validate_error(small({"optimizer.type=onebit_adam", "optimizer.freeze_step=2", "mixed_precision.dtype=bf16",
+                          "mixed_precision.grad_reduce_in_fp32=false"}),
+                   2, {"mixed_precision.grad_reduce_in_fp32 = false keeps them in bf16", "hint:"});
+    // 16-bit gradients need a 16-bit model
+    validate_error(small({"mixed_precision.grad_reduce_in_fp32=false"}), 1,
+                   {"mixed_precision.grad_reduce_in_fp32 = false asks for 16-bit gradients",
+                    "mixed_precision.dtype = 'fp32'", "hint: set mixed_precision.dtype: bf16"});
     set_error({"optimizer.onebit_chunk_size=8"}, {"optimizer.onebit_chunk_size"});
     set_error({"optimizer.type=lamb"}, {"optimizer.type", "onebit_adam"});
     validate_error(small({"model.num_attention_heads=4", "parallel.tensor_model_parallel_size=3"}), 3,

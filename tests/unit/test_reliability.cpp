@@ -163,9 +163,9 @@ struct OneRank {
     }
     // The trainer's step boundary on these gradients: the injection, their sum of squares, the verdict.
     ms::StepVerdict boundary(ms::Reliability& rel, int64_t it, float loss) {
-        rel.inject_nan(it, grads, *backend);
-        const double squares =
-            backend->sum_squares(ms::Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())}));
+        const ms::Tensor g = ms::Tensor::f32(grads.data(), {static_cast<int64_t>(grads.size())});
+        rel.inject_nan(it, g, *backend);
+        const double squares = backend->sum_squares(g);
         return rel.step_boundary(world, it, loss, squares, /*check_grads=*/true);
     }
 };
