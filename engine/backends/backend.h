@@ -354,6 +354,9 @@ class Backend {
     virtual std::string device_name() const { return {}; }
     // The memory the arena comes from when it is a device's ({} for host memory).
     virtual DeviceMemory device_memory() const { return {}; }
+    // The device's PCI bus id as CUDA spells it ("0000:3b:00.0"), by which NVML finds it (engine/train/
+    // gpu_metrics.h); "" when the ops run on the host.
+    virtual std::string pci_bus_id() const { return {}; }
     // Memory of `bytes` bytes for the trainer's arena that both these ops and the host can read and write (CUDA:
     // managed memory on the selected device), or nullptr when plain host memory is that (the CPU backend).
     virtual std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes);

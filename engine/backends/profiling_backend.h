@@ -67,6 +67,7 @@ class ProfilingBackend final : public Backend {
     bool asynchronous() const override { return inner_->asynchronous(); }
     std::string device_name() const override { return inner_->device_name(); }
     DeviceMemory device_memory() const override { return inner_->device_memory(); }
+    std::string pci_bus_id() const override { return inner_->pci_bus_id(); }
     std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override;

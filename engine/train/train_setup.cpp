@@ -385,6 +385,7 @@ void setup_backend(TrainRun& r) {
         log_info("device: {} | backend {} (rank 0; each rank takes local rank % devices)", r.backend->device_name(),
                  r.backend->name());
     }
+    r.gpu_metrics = open_gpu_metrics(r.layout.backend, r.backend->pci_bus_id());
 }
 
 void setup_model(TrainRun& r) {

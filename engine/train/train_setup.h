@@ -10,8 +10,9 @@
 //   setup_inputs      exit record, stop signals, the input checks (data, vocabulary, config -> RunLayout), the
 //                     config hash, process groups (counted, and delayed by the link model), reliability, samplers
 //                     and the start-up log
-//   setup_backend     the memory plan, the backend (CUDA picks this rank's device), the memory check, the
-//                     timeline (logging.trace_dir), the environment switches' and the timeline's backend wrappers
+//   setup_backend     the memory plan, the backend (CUDA picks this rank's device), the memory check, NVML for the
+//                     device's counters (CUDA), the timeline (logging.trace_dir), the environment switches' and the
+//                     timeline's backend wrappers
 //   setup_model       the arena, the model and its initial weights, the optimizer, the loss scaler; the arena frozen
 //   setup_checkpoint  checkpoint.save's lock, the resume from checkpoint.load, the first iteration
 //   open_run_files    the MFU peak, config.resolved.yaml, metrics.jsonl and the TensorBoard event file (rank 0)
@@ -38,6 +39,7 @@
 #include "engine/data/dataset.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/optim/loss_scaler.h"
+#include "engine/train/gpu_metrics.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
@@ -73,6 +75,8 @@ struct TrainRun {
     std::vector<StagePlan> stages;                          // (pp) the memory plan
     size_t planned = 0;                                     // this rank's stage's planned bytes
     std::unique_ptr<Backend> backend;
+    // A CUDA run's GPU counters (NVML) for each log interval, opened for the backend's device.
+    std::optional<GpuMetrics> gpu_metrics;
     ProfilingBackend* profiler = nullptr;  // MS_PROFILE_OPS: the wrapper inside backend; not owned
     std::unique_ptr<Arena> arena;
     std::unique_ptr<PipelineModel> model;

@@ -286,6 +286,9 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
         {"memory_peak_bytes", s.memory_peak}};
     j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);
     if (scaler.enabled()) j["loss-scale"] = scaler.scale();
+    if (r.gpu_metrics) {  // on every rank of a CUDA run: the gather is collective
+        if (nlohmann::json gpu = r.gpu_metrics->gather(r.world); !gpu.is_null()) j["gpu"] = std::move(gpu);
+    }
     if (r.writer) r.metrics << j.dump() << '\n' << std::flush;
     if (r.tensorboard) r.tensorboard->add_record(j);
     s.interval_loss = s.interval_time = s.interval_bubble = s.interval_comm = s.interval_comm_total = 0;

@@ -235,6 +235,9 @@ CudaBackend::CudaBackend(const BackendOptions& options) : debug_(options.cuda) {
     device_name_ = fmt::format("{} (device {} of {}, sm_{}{}, {:.1f} GiB)", prop.name, device_, count, prop.major,
                                prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
     device_memory_ = {prop.totalGlobalMem, count};
+    char bus_id[32] = {};  // "dddd:bb:dd.f" and its terminator
+    MS_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device_));
+    pci_bus_id_ = bus_id;
     MS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gemm_ = {new cuda::CublasGemm(debug_), [](cuda::CublasGemm* g) { delete g; }};
 #else

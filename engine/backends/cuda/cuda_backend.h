@@ -76,6 +76,7 @@ class CudaBackend final : public Backend {
     std::string device_name() const override { return device_name_; }
     // The selected device's total memory and the visible device count; {} in the emulation (host memory).
     DeviceMemory device_memory() const override { return device_memory_; }
+    std::string pci_bus_id() const override { return pci_bus_id_; }
     std::unique_ptr<ArenaMemory> make_arena_memory(size_t bytes) override;
 
     void embedding_forward(const EmbeddingForwardArgs& a) override;
@@ -109,6 +110,7 @@ class CudaBackend final : public Backend {
     int device_ = 0;                     // the CUDA device this backend runs on
     std::string device_name_;            // e.g. "NVIDIA H200 (device 0 of 1, sm_90, 139.8 GiB)"
     DeviceMemory device_memory_;         // its total memory and the visible device count ({} in the emulation)
+    std::string pci_bus_id_;             // e.g. "0000:3b:00.0" ("" in the emulation)
     CUstream_st* stream_ = nullptr;      // owned (the emulation's is null: launches are synchronous)
     DeviceScratch layernorm_scratch_;    // (layernorm_backward_scratch_floats(N, C)) fp32
     DeviceScratch sum_squares_scratch_;  // (1 + sum_squares_scratch_doubles(n)) fp64: [0] is the result
