@@ -201,24 +201,38 @@ struct MatmulBackwardArgs {
                            // dinp = gelu'(gelu_inp) * (dout @ weight), and accumulate must be kOverwrite
 };
 
-// Causal multi-head self-attention. qkv rows are [Q | K | V], each block head-major (head h owns columns
-// h*HS .. (h+1)*HS of its block). out = softmax(Q K^T / sqrt(HS) + causal mask) V, per head, written back
-// head-major as (N, NH_local*HS). lse (log-sum-exp of each softmax row) is saved for the backward, which
-// recomputes the probabilities: no (B, NH, T, T) tensor is ever kept.
+// Causal self-attention, multi-head or grouped-query (Megatron's num_query_groups). qkv rows are
+// [Q: NH*HS | K: NKV*HS | V: NKV*HS], each block head-major (head h owns columns h*HS .. (h+1)*HS of its block);
+// query head h reads key/value head h / (NH / NKV). NKV = 0 means NKV = NH (multi-head attention). out =
+// softmax(Q K^T / sqrt(HS) + causal mask) V, per query head, written back head-major as (N, NH_local*HS). lse
+// (log-sum-exp of each softmax row) is saved for the backward, which recomputes the probabilities: no (B, NH, T, T)
+// tensor is ever kept. dqkv has qkv's layout; dK and dV of a key/value head are the sums over its group's query heads,
+// added in a fixed order.
 struct AttentionForwardArgs {
-    Tensor qkv;  // (B, T, 3*NH_local*HS)
-    Tensor out;  // (B, T, NH_local*HS)
-    Tensor lse;  // (B, NH_local, T) fp32
-    int64_t NH;  // heads held here (NH_local)
+    Tensor qkv;       // (B, T, (NH_local + 2*NKV_local)*HS)
+    Tensor out;       // (B, T, NH_local*HS)
+    Tensor lse;       // (B, NH_local, T) fp32
+    int64_t NH;       // query heads held here (NH_local)
+    int64_t NKV = 0;  // key/value heads held here (NKV_local), dividing NH; 0: NH
 };
 struct AttentionBackwardArgs {
-    Tensor dout;  // (B, T, NH_local*HS)
-    Tensor qkv;   // (B, T, 3*NH_local*HS)
-    Tensor out;   // (B, T, NH_local*HS) forward output
-    Tensor lse;   // (B, NH_local, T)
-    Tensor dqkv;  // (B, T, 3*NH_local*HS) overwritten
-    int64_t NH;
+    Tensor dout;      // (B, T, NH_local*HS)
+    Tensor qkv;       // (B, T, (NH_local + 2*NKV_local)*HS)
+    Tensor out;       // (B, T, NH_local*HS) forward output
+    Tensor lse;       // (B, NH_local, T)
+    Tensor dqkv;      // (B, T, (NH_local + 2*NKV_local)*HS) overwritten
+    int64_t NH;       // query heads held here (NH_local)
+    int64_t NKV = 0;  // key/value heads held here (NKV_local), dividing NH; 0: NH
 };
+// The key/value heads of an attention op: NKV, or NH when NKV is 0. Refuses an NKV that does not divide NH.
+inline int64_t attention_kv_heads(int64_t NH, int64_t NKV) {
+    const int64_t kv = NKV == 0 ? NH : NKV;
+    MS_CHECK(NH > 0 && kv > 0 && NH % kv == 0,
+             "attention: NKV({}) key/value heads do not divide NH({}) query heads; grouped-query attention gives each "
+             "key/value head NH / NKV query heads, so NKV must be a divisor of NH (0 means NH)",
+             NKV, NH);
+    return kv;
+}
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluForwardArgs {

@@ -514,21 +514,22 @@ void CudaBackend::matmul_backward(const MatmulBackwardArgs& a) {
 namespace {
 
 struct AttentionDims {
-    int B, T, NH, HS;
+    int B, T, NH, NKV, HS;
 };
 
-AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t NH) {
-    MS_CHECK(qkv.ndim == 3, "attention: qkv must be (B, T, 3*C), got {} dims", qkv.ndim);
-    MS_CHECK(NH > 0 && qkv.dim(2) % (3 * NH) == 0, "attention: qkv width {} is not a multiple of 3 * NH({})",
-             qkv.dim(2), NH);
-    const int64_t B = qkv.dim(0), T = qkv.dim(1), HS = qkv.dim(2) / (3 * NH);
+AttentionDims check_attention(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t NH, int64_t NKV) {
+    const int64_t kv = attention_kv_heads(NH, NKV);
+    MS_CHECK(qkv.ndim == 3, "attention: qkv must be (B, T, (NH + 2*NKV)*HS), got {} dims", qkv.ndim);
+    MS_CHECK(qkv.dim(2) % (NH + 2 * kv) == 0, "attention: qkv width {} is not a multiple of NH({}) + 2 * NKV({})",
+             qkv.dim(2), NH, kv);
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), HS = qkv.dim(2) / (NH + 2 * kv);
     MS_CHECK(HS <= cuda::kAttentionMaxHS, "attention: head size {} exceeds the CUDA kernels' maximum of {}", HS,
              cuda::kAttentionMaxHS);
     check_numel(out, B * T * NH * HS, "attention", "out/dout (B * T * C)");
     check_numel(lse, B * NH * T, "attention", "lse (B * NH * T)");
     check_fp32(lse, "attention", "lse", "statistic");
     return {to_int(B, "attention", "B"), to_int(T, "attention", "T"), to_int(NH, "attention", "NH"),
-            static_cast<int>(HS)};
+            static_cast<int>(kv), static_cast<int>(HS)};
 }
 
 // The launchers' kernels for the config's debug.cuda_attention and debug.cuda_attention_bwd.
@@ -541,20 +542,20 @@ cuda::AttentionKernels attention_kernels(const CudaDebugOptions& o) {
 }  // namespace
 
 void CudaBackend::attention_forward(const AttentionForwardArgs& a) {
-    const AttentionDims d = check_attention(a.qkv, a.out, a.lse, a.NH);
+    const AttentionDims d = check_attention(a.qkv, a.out, a.lse, a.NH, a.NKV);
     const DType D = activation_dtype(a.qkv, "attention", "qkv");
     check_d(a.out, D, "attention", "out");
     dispatch(D, [&]<class T>(T) {
-        cuda::attention_forward(a.out.as<T>(), a.lse.f32(), a.qkv.as<T>(), d.B, d.T, d.NH, d.HS, stream_,
+        cuda::attention_forward(a.out.as<T>(), a.lse.f32(), a.qkv.as<T>(), d.B, d.T, d.NH, d.NKV, d.HS, stream_,
                                 attention_kernels(debug_));
     });
     MS_CUDA_LAUNCH_CHECK();
 }
 
 void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
-    const AttentionDims d = check_attention(a.qkv, a.dout, a.lse, a.NH);
+    const AttentionDims d = check_attention(a.qkv, a.dout, a.lse, a.NH, a.NKV);
     check_numel(a.out, a.dout.numel(), "attention", "out (B * T * C)");
-    check_numel(a.dqkv, a.qkv.numel(), "attention", "dqkv (B * T * 3C)");
+    check_numel(a.dqkv, a.qkv.numel(), "attention", "dqkv (B * T * (NH + 2*NKV)*HS)");
     const DType D = activation_dtype(a.qkv, "attention", "qkv");
     check_d(a.dout, D, "attention", "dout");
     check_d(a.out, D, "attention", "out");
@@ -564,7 +565,7 @@ void CudaBackend::attention_backward(const AttentionBackwardArgs& a) {
         const size_t bytes = cuda::attention_backward_scratch_bytes<T>(d.B, d.T, d.NH, d.HS, kernels);
         void* scratch = bytes > 0 ? attention_scratch_.reserve(bytes) : nullptr;
         cuda::attention_backward(a.dqkv.as<T>(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(), a.lse.f32(), scratch,
-                                 d.B, d.T, d.NH, d.HS, stream_, kernels);
+                                 d.B, d.T, d.NH, d.NKV, d.HS, stream_, kernels);
     });
     MS_CUDA_LAUNCH_CHECK();
 }

@@ -1,14 +1,20 @@
-// attention.cpp: causal multi-head self-attention with a saved log-sum-exp, forward and backward.
+// attention.cpp: causal self-attention (multi-head, or grouped-query with NKV < NH key/value heads) with a saved
+// log-sum-exp, forward and backward.
 //
-// Layouts: qkv/dqkv (B, T, 3*C) with C = NH*HS, rows [Q | K | V], each block head-major (head h owns columns
-// h*HS .. (h+1)*HS of its block); out/dout (B, T, C) head-major; lse (B, NH, T).
-// Per (b, h), with Q, K, V, O, dO the (T, HS) slices, t the query row, u the key row, scale = 1/sqrt(HS):
+// Layouts: qkv/dqkv (B, T, W) with W = (NH + 2*NKV)*HS, rows [Q: NH*HS | K: NKV*HS | V: NKV*HS], each block
+// head-major (head h owns columns h*HS .. (h+1)*HS of its block); out/dout (B, T, C) with C = NH*HS head-major;
+// lse (B, NH, T). Query head h reads key/value head h / G, G = NH / NKV (the group size; NKV = NH: multi-head).
+// Per (b, h), with Q, dO, O the (T, HS) slices of query head h, K, V those of its key/value head, t the query row,
+// u the key row, scale = 1/sqrt(HS):
 //   forward:  S = Q K^T * scale, masked to u <= t;  lse_t = log sum_u exp(S_tu);  P = exp(S - lse);  O = P V
 //   backward: P recomputed from lse;  dV = P^T dO;  dP = dO V^T;  D_t = sum_u P_tu dP_tu (= dO_t . O_t);
 //             dS = P * (dP - D_t);  dQ = dS K * scale;  dK = dS^T Q * scale.   dqkv is overwritten.
-// Nothing of size (B, NH, T, T) exists. The fast path runs the (b, h) pairs in parallel, walks query rows t in
-// order and keeps one row of scores/probabilities in a thread-local buffer that grows once; each (b, h) writes
-// only its own columns, so there are no races and the result does not depend on the thread count.
+//   dK and dV of a key/value head are the sums of those terms over its G query heads, added in head order into one
+//   accumulator per element (so G = 1 is multi-head attention, bit for bit).
+// Nothing of size (B, NH, T, T) exists. The fast forward runs the (b, h) pairs in parallel, the fast backward the
+// (b, key/value head) pairs (each walks its group's query heads in order); both walk query rows t in order and keep
+// one row of scores/probabilities in a thread-local buffer that grows once; each task writes only its own columns,
+// so there are no races and the result does not depend on the thread count.
 // Precision: qkv, out, dout and dqkv are D; lse is fp32. For bf16 / fp16 the fast path converts qkv (and dout, out)
 // into fp32 scratch once (each K and V row is read T times), accumulates each (b, h)'s output rows and dq/dk/dv in
 // per-thread fp32 scratch, and rounds every element once on store.
@@ -26,14 +32,19 @@ namespace ms::cpu {
 namespace {
 
 struct AttentionShape {
-    int64_t B, T, NH, HS, C;
+    int64_t B, T, NH, NKV, HS;
+    int64_t C;  // NH*HS: the width of out and of the Q block
+    int64_t W;  // (NH + 2*NKV)*HS: the width of qkv
+    int64_t G;  // NH / NKV query heads per key/value head
 };
 
-AttentionShape check_shapes(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t NH) {
-    MS_CHECK(qkv.ndim == 3, "attention: qkv must be (B, T, 3*C), got {} dims", qkv.ndim);
-    MS_CHECK(NH > 0 && qkv.dim(2) % (3 * NH) == 0, "attention: qkv width {} is not a multiple of 3 * NH({})",
-             qkv.dim(2), NH);
-    const AttentionShape s{qkv.dim(0), qkv.dim(1), NH, qkv.dim(2) / (3 * NH), qkv.dim(2) / 3};
+AttentionShape check_shapes(const Tensor& qkv, const Tensor& out, const Tensor& lse, int64_t NH, int64_t NKV) {
+    const int64_t kv = attention_kv_heads(NH, NKV);
+    MS_CHECK(qkv.ndim == 3, "attention: qkv must be (B, T, (NH + 2*NKV)*HS), got {} dims", qkv.ndim);
+    MS_CHECK(qkv.dim(2) % (NH + 2 * kv) == 0, "attention: qkv width {} is not a multiple of NH({}) + 2 * NKV({})",
+             qkv.dim(2), NH, kv);
+    const int64_t HS = qkv.dim(2) / (NH + 2 * kv);
+    const AttentionShape s{qkv.dim(0), qkv.dim(1), NH, kv, HS, NH * HS, qkv.dim(2), NH / kv};
     MS_CHECK(out.numel() == s.B * s.T * s.C, "attention: out/dout has {} elements, expected B({}) * T({}) * C({})",
              out.numel(), s.B, s.T, s.C);
     MS_CHECK(lse.numel() == s.B * s.NH * s.T, "attention: lse has {} elements, expected B({}) * NH({}) * T({})",
@@ -41,19 +52,26 @@ AttentionShape check_shapes(const Tensor& qkv, const Tensor& out, const Tensor& 
     return s;
 }
 
-// Head h of batch b: row t of Q starts at q + t * stride (column h*HS of the qkv row), K at C further, V at 2*C.
+// Query head h of batch b: row t of Q starts at q + t * stride (column h*HS of the qkv row), of K and V (those of
+// key/value head h / G) at k + t * stride and v + t * stride.
 template <class D>
 struct HeadView {
     const D* q;
     const D* k;
     const D* v;
-    int64_t stride;  // 3*C elements between consecutive rows
+    int64_t stride;  // W elements between consecutive rows
 };
+
+// Columns of query head h's Q, and of key/value head kv's K and V, in a qkv (or dqkv) row.
+inline int64_t q_column(const AttentionShape& s, int64_t h) { return h * s.HS; }
+inline int64_t k_column(const AttentionShape& s, int64_t kv) { return s.C + kv * s.HS; }
+inline int64_t v_column(const AttentionShape& s, int64_t kv) { return s.C + (s.NKV + kv) * s.HS; }
 
 template <class D>
 HeadView<D> head_view(const D* qkv, const AttentionShape& s, int64_t b, int64_t h) {
-    const D* base = qkv + b * s.T * 3 * s.C + h * s.HS;
-    return {base, base + s.C, base + 2 * s.C, 3 * s.C};
+    const D* row = qkv + b * s.T * s.W;
+    const int64_t kv = h / s.G;
+    return {row + q_column(s, h), row + k_column(s, kv), row + v_column(s, kv), s.W};
 }
 
 template <class D>
@@ -100,45 +118,56 @@ void backward_reference(const AttentionBackwardArgs& a, const AttentionShape& s)
     const float* lse = a.lse.f32();
     D* dqkv = a.dqkv.as<D>();
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
-    const size_t TT = static_cast<size_t>(s.T * s.T);
-    std::vector<double> P(TT), dS(TT);  // (T, T) for one (b, h) at a time
+    const size_t TT = static_cast<size_t>(s.T * s.T), THS = static_cast<size_t>(s.T * s.HS);
+    std::vector<double> P(TT), dS(TT);     // (T, T) for one (b, h) at a time
+    std::vector<double> gk(THS), gv(THS);  // (T, HS): dK / scale and dV of one key/value head, over its group
+    const auto dot = [&](const D* x, const D* y) {
+        double acc = 0.0;
+        for (int64_t d = 0; d < s.HS; ++d) acc += static_cast<double>(to_float(x[d])) * to_float(y[d]);
+        return acc;
+    };
     for (int64_t b = 0; b < s.B; ++b) {
-        for (int64_t h = 0; h < s.NH; ++h) {
-            const HeadView<D> hv = head_view(qkv, s, b, h);
-            const D* dO = dout + b * s.T * s.C + h * s.HS;
-            D* dq = dqkv + b * s.T * 3 * s.C + h * s.HS;
-            D* dk = dq + s.C;
-            D* dv = dq + 2 * s.C;
-            const auto dot = [&](const D* x, const D* y) {
-                double acc = 0.0;
-                for (int64_t d = 0; d < s.HS; ++d) acc += static_cast<double>(to_float(x[d])) * to_float(y[d]);
-                return acc;
-            };
-            for (int64_t t = 0; t < s.T; ++t) {
-                const double row_lse = lse[(b * s.NH + h) * s.T + t];
-                double D_t = 0.0;
-                for (int64_t u = 0; u < s.T; ++u) {
-                    if (u > t) {
-                        P[t * s.T + u] = dS[t * s.T + u] = 0.0;
-                        continue;
+        for (int64_t kv = 0; kv < s.NKV; ++kv) {
+            std::fill(gk.begin(), gk.end(), 0.0);
+            std::fill(gv.begin(), gv.end(), 0.0);
+            for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
+                const HeadView<D> hv = head_view(qkv, s, b, h);
+                const D* dO = dout + b * s.T * s.C + h * s.HS;
+                D* dq = dqkv + b * s.T * s.W + q_column(s, h);
+                for (int64_t t = 0; t < s.T; ++t) {
+                    const double row_lse = lse[(b * s.NH + h) * s.T + t];
+                    double D_t = 0.0;
+                    for (int64_t u = 0; u < s.T; ++u) {
+                        if (u > t) {
+                            P[t * s.T + u] = dS[t * s.T + u] = 0.0;
+                            continue;
+                        }
+                        P[t * s.T + u] = std::exp(dot(hv.q + t * hv.stride, hv.k + u * hv.stride) * scale - row_lse);
+                        dS[t * s.T + u] = dot(dO + t * s.C, hv.v + u * hv.stride);  // dP for now
+                        D_t += P[t * s.T + u] * dS[t * s.T + u];
                     }
-                    P[t * s.T + u] = std::exp(dot(hv.q + t * hv.stride, hv.k + u * hv.stride) * scale - row_lse);
-                    dS[t * s.T + u] = dot(dO + t * s.C, hv.v + u * hv.stride);  // dP for now
-                    D_t += P[t * s.T + u] * dS[t * s.T + u];
+                    for (int64_t u = 0; u <= t; ++u) dS[t * s.T + u] = P[t * s.T + u] * (dS[t * s.T + u] - D_t);
                 }
-                for (int64_t u = 0; u <= t; ++u) dS[t * s.T + u] = P[t * s.T + u] * (dS[t * s.T + u] - D_t);
+                for (int64_t t = 0; t < s.T; ++t) {
+                    for (int64_t d = 0; d < s.HS; ++d) {
+                        double gq = 0.0;
+                        double& gk_td = gk[t * s.HS + d];
+                        double& gv_td = gv[t * s.HS + d];
+                        for (int64_t u = 0; u < s.T; ++u) {
+                            gq += dS[t * s.T + u] * to_float(hv.k[u * hv.stride + d]);
+                            gk_td += dS[u * s.T + t] * to_float(hv.q[u * hv.stride + d]);
+                            gv_td += P[u * s.T + t] * to_float(dO[u * s.C + d]);
+                        }
+                        dq[t * s.W + d] = from_float<D>(static_cast<float>(gq * scale));
+                    }
+                }
             }
+            D* dk = dqkv + b * s.T * s.W + k_column(s, kv);
+            D* dv = dqkv + b * s.T * s.W + v_column(s, kv);
             for (int64_t t = 0; t < s.T; ++t) {
                 for (int64_t d = 0; d < s.HS; ++d) {
-                    double gq = 0.0, gk = 0.0, gv = 0.0;
-                    for (int64_t u = 0; u < s.T; ++u) {
-                        gq += dS[t * s.T + u] * to_float(hv.k[u * hv.stride + d]);
-                        gk += dS[u * s.T + t] * to_float(hv.q[u * hv.stride + d]);
-                        gv += P[u * s.T + t] * to_float(dO[u * s.C + d]);
-                    }
-                    dq[t * 3 * s.C + d] = from_float<D>(static_cast<float>(gq * scale));
-                    dk[t * 3 * s.C + d] = from_float<D>(static_cast<float>(gk * scale));
-                    dv[t * 3 * s.C + d] = from_float<D>(static_cast<float>(gv));
+                    dk[t * s.W + d] = from_float<D>(static_cast<float>(gk[t * s.HS + d] * scale));
+                    dv[t * s.W + d] = from_float<D>(static_cast<float>(gv[t * s.HS + d]));
                 }
             }
         }
@@ -222,6 +251,41 @@ void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
     }
 }
 
+// The backward of query head h of batch b (row t's dQ into dq + t * dq_stride, its dK, dV terms added into
+// dk + u * kv_stride, dv + u * kv_stride), all fp32.
+inline void backward_fast_head(const float* qkv, const float* dout, const float* out, const float* lse,
+                               const AttentionShape& s, int64_t b, int64_t h, float* dq, int64_t dq_stride, float* dk,
+                               float* dv, int64_t kv_stride) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    const HeadView<float> hv = head_view(qkv, s, b, h);
+    const float* dO = dout + b * s.T * s.C + h * s.HS;
+    const float* O = out + b * s.T * s.C + h * s.HS;
+    const float* lse_row = lse + (b * s.NH + h) * s.T;
+    for (int64_t t = 0; t < s.T; ++t) std::fill_n(dq + t * dq_stride, s.HS, 0.0f);
+    float* p = row_scratch(s.T);
+    float* ds = p + s.T;
+    for (int64_t t = 0; t < s.T; ++t) {
+        const float* q = hv.q + t * hv.stride;
+        const float* dO_t = dO + t * s.C;
+        const float D_t = dot_f32(dO_t, O + t * s.C, s.HS);
+        for (int64_t u = 0; u <= t; ++u) {
+            p[u] = dot_f32(q, hv.k + u * hv.stride, s.HS) * scale - lse_row[t];
+            ds[u] = dot_f32(dO_t, hv.v + u * hv.stride, s.HS);  // dP for now
+        }
+#pragma omp simd
+        for (int64_t u = 0; u <= t; ++u) {
+            p[u] = exp_approx(p[u]);
+            ds[u] = p[u] * (ds[u] - D_t) * scale;  // the scale of dQ and dK folded in once
+        }
+        float* dq_t = dq + t * dq_stride;
+        for (int64_t u = 0; u <= t; ++u) {
+            axpy_f32(p[u], dO_t, dv + u * kv_stride, s.HS);
+            axpy_f32(ds[u], q, dk + u * kv_stride, s.HS);
+            axpy_f32(ds[u], hv.k + u * hv.stride, dq_t, s.HS);
+        }
+    }
+}
+
 template <class D>
 void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
     const float* qkv = as_f32<D>(a.qkv, Scratch::kA);
@@ -229,61 +293,41 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
     const float* out = as_f32<D>(a.out, Scratch::kC);
     const float* lse = a.lse.f32();
     D* dqkv = a.dqkv.as<D>();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    // fp32: dq/dk/dv accumulate in dqkv itself (row stride 3*C). Otherwise in this thread's fp32 scratch (T, 3*HS),
-    // row stride 3*HS, rounded into dqkv once the (b, h) is done.
-    const int64_t acc_stride = kIsF32<D> ? 3 * s.C : 3 * s.HS;
+    // fp32: dq/dk/dv accumulate in dqkv itself (row stride W). Otherwise in this thread's fp32 scratch (T, 3*HS), row
+    // stride 3*HS, [dq | dk | dv]: dq rounded into dqkv once its query head is done, dk and dv once the group is.
+    const int64_t acc_stride = kIsF32<D> ? s.W : 3 * s.HS;
 #pragma omp parallel for schedule(static)
-    for (int64_t bh = 0; bh < s.B * s.NH; ++bh) {
-        const int64_t b = bh / s.NH, h = bh % s.NH;
-        const HeadView<float> hv = head_view(qkv, s, b, h);
-        const float* dO = dout + b * s.T * s.C + h * s.HS;
-        const float* O = out + b * s.T * s.C + h * s.HS;
-        D* dq_d = dqkv + b * s.T * 3 * s.C + h * s.HS;
-        float* dq;
+    for (int64_t bkv = 0; bkv < s.B * s.NKV; ++bkv) {
+        const int64_t b = bkv / s.NKV, kv = bkv % s.NKV;
+        D* row_d = dqkv + b * s.T * s.W;
+        float* acc;
         if constexpr (kIsF32<D>) {
-            dq = dq_d;
+            acc = row_d;
         } else {
-            dq = scratch_f32(Scratch::kD, static_cast<size_t>(s.T * 3 * s.HS));
+            acc = scratch_f32(Scratch::kD, static_cast<size_t>(s.T * 3 * s.HS));
         }
-        float* dk = dq + (kIsF32<D> ? s.C : s.HS);
-        float* dv = dq + 2 * (kIsF32<D> ? s.C : s.HS);
+        float* dk = acc + (kIsF32<D> ? k_column(s, kv) : s.HS);
+        float* dv = acc + (kIsF32<D> ? v_column(s, kv) : 2 * s.HS);
         for (int64_t t = 0; t < s.T; ++t) {
-            std::fill_n(dq + t * acc_stride, s.HS, 0.0f);
             std::fill_n(dk + t * acc_stride, s.HS, 0.0f);
             std::fill_n(dv + t * acc_stride, s.HS, 0.0f);
         }
-        float* p = row_scratch(s.T);
-        float* ds = p + s.T;
-        for (int64_t t = 0; t < s.T; ++t) {
-            const float* q = hv.q + t * hv.stride;
-            const float* dO_t = dO + t * s.C;
-            const float row_lse = lse[bh * s.T + t];
-            const float D_t = dot_f32(dO_t, O + t * s.C, s.HS);
-            for (int64_t u = 0; u <= t; ++u) {
-                p[u] = dot_f32(q, hv.k + u * hv.stride, s.HS) * scale - row_lse;
-                ds[u] = dot_f32(dO_t, hv.v + u * hv.stride, s.HS);  // dP for now
-            }
-#pragma omp simd
-            for (int64_t u = 0; u <= t; ++u) {
-                p[u] = exp_approx(p[u]);
-                ds[u] = p[u] * (ds[u] - D_t) * scale;  // the scale of dQ and dK folded in once
-            }
-            float* dq_t = dq + t * acc_stride;
-            for (int64_t u = 0; u <= t; ++u) {
-                axpy_f32(p[u], dO_t, dv + u * acc_stride, s.HS);
-                axpy_f32(ds[u], q, dk + u * acc_stride, s.HS);
-                axpy_f32(ds[u], hv.k + u * hv.stride, dq_t, s.HS);
-            }
-        }
-        if constexpr (!kIsF32<D>) {
+        // round an accumulator block (column `from` of acc's rows) into dqkv's column `to`
+        const auto store = [&](int64_t from, int64_t to) {
             for (int64_t t = 0; t < s.T; ++t) {
-                for (int64_t j = 0; j < 3; ++j) {
-                    for (int64_t d = 0; d < s.HS; ++d) {
-                        dq_d[t * 3 * s.C + j * s.C + d] = from_float<D>(dq[t * acc_stride + j * s.HS + d]);
-                    }
+                for (int64_t d = 0; d < s.HS; ++d) {
+                    row_d[t * s.W + to + d] = from_float<D>(acc[t * acc_stride + from + d]);
                 }
             }
+        };
+        for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
+            float* dq = acc + (kIsF32<D> ? q_column(s, h) : 0);
+            backward_fast_head(qkv, dout, out, lse, s, b, h, dq, acc_stride, dk, dv, acc_stride);
+            if constexpr (!kIsF32<D>) store(0, q_column(s, h));
+        }
+        if constexpr (!kIsF32<D>) {
+            store(s.HS, k_column(s, kv));
+            store(2 * s.HS, v_column(s, kv));
         }
     }
 }
@@ -291,7 +335,7 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
 }  // namespace
 
 void attention_forward(const AttentionForwardArgs& a, OpMode mode) {
-    const AttentionShape s = check_shapes(a.qkv, a.out, a.lse, a.NH);
+    const AttentionShape s = check_shapes(a.qkv, a.out, a.lse, a.NH, a.NKV);
     const DType D = activation_dtype(a.qkv, "attention_forward", "qkv");
     expect_d(a.out, D, "attention_forward", "out", "qkv");
     expect_f32(a.lse, "attention_forward", "lse", "statistics");
@@ -306,7 +350,7 @@ void attention_forward(const AttentionForwardArgs& a, OpMode mode) {
 }
 
 void attention_backward(const AttentionBackwardArgs& a, OpMode mode) {
-    const AttentionShape s = check_shapes(a.qkv, a.dout, a.lse, a.NH);
+    const AttentionShape s = check_shapes(a.qkv, a.dout, a.lse, a.NH, a.NKV);
     MS_CHECK(a.dqkv.numel() == a.qkv.numel() && a.out.numel() == a.dout.numel(),
              "attention: dqkv/out have {}/{} elements, expected {}/{}", a.dqkv.numel(), a.out.numel(), a.qkv.numel(),
              a.dout.numel());

@@ -1,8 +1,9 @@
 /*
-Causal multi-head self-attention, forward and backward, as tiled flash attention: online softmax, no (T, T)
-matrix in memory, lse saved, the backward recomputes the probabilities from lse. Twin: cpu/ops/attention.cpp.
-Layout: qkv/dqkv (B, T, 3*C) with C = NH*HS, rows [Q | K | V], each block head-major (head h owns columns
-h*HS .. (h+1)*HS of its block); out/dout (B, T, C) head-major; lse (B, NH, T) fp32. HS <= kAttentionMaxHS.
+Causal self-attention, multi-head or grouped-query, forward and backward, as tiled flash attention: online softmax,
+no (T, T) matrix in memory, lse saved, the backward recomputes the probabilities from lse. Twin: cpu/ops/attention.cpp.
+Layout: qkv/dqkv (B, T, W) with W = (NH + 2*NKV)*HS, rows [Q: NH*HS | K: NKV*HS | V: NKV*HS], each block head-major
+(head h owns columns h*HS .. (h+1)*HS of its block); out/dout (B, T, C) with C = NH*HS head-major; lse (B, NH, T)
+fp32. HS <= kAttentionMaxHS. Query head h reads key/value head h / G, G = NH / NKV (NKV = NH: multi-head attention).
 qkv, dqkv, out, dout are T, the activation dtype (float, bf16, fp16): rows are converted to fp32 as they are staged
 into shared memory (which holds fp32 tiles for every T), all math is fp32, and each output element is rounded once.
 Per (b, h), with scale = 1/sqrt(HS), query row t, key row u <= t:
@@ -13,7 +14,9 @@ Per (b, h), with scale = 1/sqrt(HS), query row t, key row u <= t:
 Tiles: kTile queries x kTile keys per block of (kTile, kTile) threads, (q, k, v) tiles of kTile rows in shared
 memory. The forward and the dQ kernel own a query tile and walk the key tiles up to the diagonal; the dK/dV kernel
 owns a key tile and walks the query tiles from the diagonal on. dQ and dK/dV are separate kernels that both
-recompute P, so nothing is accumulated across blocks: no atomics, and every run gives the same bits.
+recompute P, so nothing is accumulated across blocks: no atomics, and every run gives the same bits. Grouped-query:
+the dK/dV kernel's block owns a key tile of a key/value head and walks the query tiles of its G query heads in head
+order, adding into the same accumulators (G = 1 is the multi-head kernel, step for step).
 Rows past T (the last tile's tail) read row T-1 (keeping every softmax row non-empty, so no 0/0) and write nothing.
 Dispatch: bf16 / fp16 with HS in {16, 32, 48, 64} (and 16-byte aligned tensors) run the tensor-core kernels of
 attention_tc.cu, which compute the same equations with bf16 / fp16 mma operands (P and dS rounded to the storage
@@ -78,23 +81,24 @@ __device__ __forceinline__ float row_dot(const S* dout_row, const S* out_row, in
 // grid (query tiles, NH, B), block (kTile, kTile): threadIdx.y is the query row of the tile, threadIdx.x the key.
 template <class S>
 __global__ void attention_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T,
-                                         int NH, int HS, float scale) {
+                                         int NH, int NKV, int HS, float scale) {
     __shared__ float s_q[kTile][kMaxHS];
     __shared__ float s_k[kTile][kMaxHS];
     __shared__ float s_v[kTile][kMaxHS];
     __shared__ float s_p[kTile][kTile];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int h = blockIdx.y, b = blockIdx.z;
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, NKV, HS);
+    const int64_t stride = qh.stride;
     const int q0 = blockIdx.x * kTile;
     const int query = q0 + ty < T ? q0 + ty : T - 1;
-    load_row(s_q[ty], q_base, query, stride, HS);
+    load_row(s_q[ty], qh.q, query, stride, HS);
 
     float m = -INFINITY, l = 0.0f, acc[kDPerThread] = {};
     for (int k0 = 0; k0 <= q0; k0 += kTile) {
-        load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
-        load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_k[ty], qh.k, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_v[ty], qh.v, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
         __syncthreads();  // the q, k, v tiles are in
         const int key = k0 + tx;
         const bool visible = key <= query;  // key 0 of tile 0 is visible to every row, so m is finite from here on
@@ -128,7 +132,8 @@ __global__ void attention_forward_kernel(S* __restrict__ out, float* __restrict_
 template <class S>
 __global__ void attention_backward_dq_kernel(S* __restrict__ dqkv, const S* __restrict__ dout,
                                              const S* __restrict__ qkv, const S* __restrict__ out,
-                                             const float* __restrict__ lse, int T, int NH, int HS, float scale) {
+                                             const float* __restrict__ lse, int T, int NH, int NKV, int HS,
+                                             float scale) {
     __shared__ float s_q[kTile][kMaxHS];
     __shared__ float s_do[kTile][kMaxHS];
     __shared__ float s_k[kTile][kMaxHS];
@@ -136,21 +141,22 @@ __global__ void attention_backward_dq_kernel(S* __restrict__ dqkv, const S* __re
     __shared__ float s_ds[kTile][kTile];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int h = blockIdx.y, b = blockIdx.z;
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, NKV, HS);
+    const int64_t stride = qh.stride;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const int q0 = blockIdx.x * kTile;
     const int query = q0 + ty < T ? q0 + ty : T - 1;
-    load_row(s_q[ty], q_base, query, stride, HS);
+    load_row(s_q[ty], qh.q, query, stride, HS);
     load_row(s_do[ty], do_base, query, C, HS);
     const float D = row_dot(do_base + query * C, o_base + query * C, HS);
     const float row_lse = lse[(static_cast<int64_t>(b) * NH + h) * T + query];
 
     float acc[kDPerThread] = {};
     for (int k0 = 0; k0 <= q0; k0 += kTile) {
-        load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
-        load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_k[ty], qh.k, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+        load_row(s_v[ty], qh.v, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
         __syncthreads();
         const int key = k0 + tx;
         float ds = 0.0f;
@@ -175,12 +181,14 @@ __global__ void attention_backward_dq_kernel(S* __restrict__ dqkv, const S* __re
     }
 }
 
-// dK and dV for one key tile: grid (key tiles, NH, B), block (kTile, kTile). While P and dS are formed
-// threadIdx.y is the query row and threadIdx.x the key; while they are accumulated threadIdx.y is the key.
+// dK and dV for one key tile of a key/value head: grid (key tiles, NKV, B), block (kTile, kTile). The block walks the
+// query tiles of its G query heads in head order. While P and dS are formed threadIdx.y is the query row and
+// threadIdx.x the key; while they are accumulated threadIdx.y is the key.
 template <class S>
 __global__ void attention_backward_dkv_kernel(S* __restrict__ dqkv, const S* __restrict__ dout,
                                               const S* __restrict__ qkv, const S* __restrict__ out,
-                                              const float* __restrict__ lse, int T, int NH, int HS, float scale) {
+                                              const float* __restrict__ lse, int T, int NH, int NKV, int HS,
+                                              float scale) {
     __shared__ float s_k[kTile][kMaxHS];
     __shared__ float s_v[kTile][kMaxHS];
     __shared__ float s_q[kTile][kMaxHS];
@@ -188,54 +196,61 @@ __global__ void attention_backward_dkv_kernel(S* __restrict__ dqkv, const S* __r
     __shared__ float s_p[kTile][kTile];
     __shared__ float s_ds[kTile][kTile];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int h = blockIdx.y, b = blockIdx.z;
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
-    const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
-    const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    const int kv = blockIdx.y, b = blockIdx.z, G = NH / NKV;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
     const int k0 = blockIdx.x * kTile;
-    load_row(s_k[ty], q_base + C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
-    load_row(s_v[ty], q_base + 2 * C, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+    const QkvHead<S> kvh = qkv_head(qkv, b, kv * G, T, NH, NKV, HS);
+    const int64_t stride = kvh.stride;
+    load_row(s_k[ty], kvh.k, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
+    load_row(s_v[ty], kvh.v, k0 + ty < T ? k0 + ty : T - 1, stride, HS);
 
     float acc_k[kDPerThread] = {}, acc_v[kDPerThread] = {};
-    for (int q0 = k0; q0 < T; q0 += kTile) {
-        const int query = q0 + ty < T ? q0 + ty : T - 1;
-        load_row(s_q[ty], q_base, query, stride, HS);
-        load_row(s_do[ty], do_base, query, C, HS);
-        const float D = row_dot(do_base + query * C, o_base + query * C, HS);
-        __syncthreads();
-        const int key = k0 + tx;
-        float p = 0.0f, ds = 0.0f;
-        if (q0 + ty < T && key <= q0 + ty) {
-            p = expf(dot_hs(s_q[ty], s_k[tx], HS) * scale - lse_row[query]);
-            ds = p * (dot_hs(s_do[ty], s_v[tx], HS) - D);
-        }
-        s_p[ty][tx] = p;
-        s_ds[ty][tx] = ds;
-        __syncthreads();
-        for (int i = 0; i < kDPerThread; ++i) {
-            const int d = tx + i * kTile;
-            if (d >= HS) break;
-            for (int t = 0; t < kTile; ++t) {
-                acc_v[i] += s_p[t][ty] * s_do[t][d];
-                acc_k[i] += s_ds[t][ty] * s_q[t][d];
+    for (int h = kv * G; h < (kv + 1) * G; ++h) {
+        const S* q_base = qkv_head(qkv, b, h, T, NH, NKV, HS).q;
+        const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+        const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
+        const float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+        for (int q0 = k0; q0 < T; q0 += kTile) {
+            const int query = q0 + ty < T ? q0 + ty : T - 1;
+            load_row(s_q[ty], q_base, query, stride, HS);
+            load_row(s_do[ty], do_base, query, C, HS);
+            const float D = row_dot(do_base + query * C, o_base + query * C, HS);
+            __syncthreads();
+            const int key = k0 + tx;
+            float p = 0.0f, ds = 0.0f;
+            if (q0 + ty < T && key <= q0 + ty) {
+                p = expf(dot_hs(s_q[ty], s_k[tx], HS) * scale - lse_row[query]);
+                ds = p * (dot_hs(s_do[ty], s_v[tx], HS) - D);
             }
+            s_p[ty][tx] = p;
+            s_ds[ty][tx] = ds;
+            __syncthreads();
+            for (int i = 0; i < kDPerThread; ++i) {
+                const int d = tx + i * kTile;
+                if (d >= HS) break;
+                for (int t = 0; t < kTile; ++t) {
+                    acc_v[i] += s_p[t][ty] * s_do[t][d];
+                    acc_k[i] += s_ds[t][ty] * s_q[t][d];
+                }
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
     if (k0 + ty >= T) return;
-    S* dk = dqkv + (static_cast<int64_t>(b) * T + k0 + ty) * stride + C + static_cast<int64_t>(h) * HS;
+    S* dk = dqkv + (static_cast<int64_t>(b) * T + k0 + ty) * stride + C + static_cast<int64_t>(kv) * HS;
+    S* dv = dk + static_cast<int64_t>(NKV) * HS;
     for (int i = 0; i < kDPerThread; ++i) {
         const int d = tx + i * kTile;
         if (d >= HS) break;
         dk[d] = from_float<S>(acc_k[i] * scale);
-        dk[C + d] = from_float<S>(acc_v[i]);
+        dv[d] = from_float<S>(acc_v[i]);
     }
 }
 
-void check_shape(int B, int T, int NH, int HS) {
+void check_shape(int B, int T, int NH, int NKV, int HS) {
     MS_ASSERT(B >= 0 && T >= 0 && NH > 0, "attention: B = %d, T = %d, NH = %d (NH must be positive)", B, T, NH);
+    MS_ASSERT(NKV > 0 && NH % NKV == 0, "attention: NKV = %d key/value heads do not divide NH = %d query heads", NKV,
+              NH);
     MS_ASSERT(HS > 0 && HS <= kMaxHS, "attention: head size HS = %d is outside [1, %d], the kernels' tile width", HS,
               kMaxHS);
     MS_ASSERT(B <= 65535 && NH <= 65535, "attention: B = %d or NH = %d is over the grid's y/z limit of 65535", B, NH);
@@ -256,17 +271,17 @@ AttentionTcBackward tc_backward_kind(AttentionKernels kernels) {
 // kernel launchers
 
 template <class S>
-void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream,
+void attention_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, int HS, cudaStream_t stream,
                        AttentionKernels kernels) {
-    check_shape(B, T, NH, HS);
+    check_shape(B, T, NH, NKV, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
         if (tensor_cores_allowed(kernels) && attention_tc_eligible(HS, {out, qkv})) {
-            return attention_tc_forward(out, lse, qkv, B, T, NH, HS, stream);
+            return attention_tc_forward(out, lse, qkv, B, T, NH, NKV, HS, stream);
         }
     }
     const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
-    ms_launch(attention_forward_kernel<S>, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, HS,
+    ms_launch(attention_forward_kernel<S>, grid, dim3(kTile, kTile), 0, stream, out, lse, qkv, T, NH, NKV, HS,
               1.0f / sqrtf(static_cast<float>(HS)));
     MS_CUDA_LAUNCH_CHECK();
 }
@@ -285,39 +300,31 @@ size_t attention_backward_scratch_bytes(int B, int T, int NH, int HS, AttentionK
 }
 
 template <class S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                        int HS, cudaStream_t stream, AttentionKernels kernels) {
-    attention_backward(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, HS, stream, kernels);
-}
-
-template <class S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
-                        int T, int NH, int HS, cudaStream_t stream, AttentionKernels kernels) {
-    check_shape(B, T, NH, HS);
+                        int T, int NH, int NKV, int HS, cudaStream_t stream, AttentionKernels kernels) {
+    check_shape(B, T, NH, NKV, HS);
     if (B == 0 || T == 0) return;
     if constexpr (!std::is_same_v<S, float>) {
         if (tensor_cores_allowed(kernels) && attention_tc_eligible(HS, {dqkv, dout, qkv, out})) {
             const AttentionTcBackward kind =
                 scratch != nullptr ? tc_backward_kind(kernels) : AttentionTcBackward::kSplit;
-            return attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, HS, kind, stream);
+            return attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, NKV, HS, kind, stream);
         }
     }
-    const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(NH), static_cast<unsigned>(B));
+    const unsigned tiles = static_cast<unsigned>(ceil_div(T, kTile));
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-    ms_launch(attention_backward_dq_kernel<S>, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH,
-              HS, scale);
+    ms_launch(attention_backward_dq_kernel<S>, dim3(tiles, static_cast<unsigned>(NH), static_cast<unsigned>(B)),
+              dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
     MS_CUDA_LAUNCH_CHECK();
-    ms_launch(attention_backward_dkv_kernel<S>, grid, dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH,
-              HS, scale);
+    ms_launch(attention_backward_dkv_kernel<S>, dim3(tiles, static_cast<unsigned>(NKV), static_cast<unsigned>(B)),
+              dim3(kTile, kTile), 0, stream, dqkv, dout, qkv, out, lse, T, NH, NKV, HS, scale);
     MS_CUDA_LAUNCH_CHECK();
 }
 
-#define MS_INSTANTIATE(S)                                                                                          \
-    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t, AttentionKernels);  \
-    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, int, int, int, int,        \
-                                        cudaStream_t, AttentionKernels);                                           \
-    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
-                                        cudaStream_t, AttentionKernels);                                           \
+#define MS_INSTANTIATE(S)                                                                                              \
+    template void attention_forward<S>(S*, float*, const S*, int, int, int, int, int, cudaStream_t, AttentionKernels); \
+    template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int,     \
+                                        int, cudaStream_t, AttentionKernels);                                          \
     template size_t attention_backward_scratch_bytes<S>(int, int, int, int, AttentionKernels);
 MS_FOR_EACH_DTYPE(MS_INSTANTIATE)
 #undef MS_INSTANTIATE

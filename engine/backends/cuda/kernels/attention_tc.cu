@@ -1,10 +1,16 @@
 /*
-Causal multi-head self-attention on tensor cores for bf16 / fp16 activations, forward and backward, FlashAttention-2
-style on the PTX mma.sync m16n8k16 instruction (wrappers and fragment layouts: cuda/mma.cuh). The spec is
-attention.cu (its layouts, equations and accumulation contract hold here unchanged); attention.cu's launchers
+Causal self-attention (multi-head or grouped-query) on tensor cores for bf16 / fp16 activations, forward and backward,
+FlashAttention-2 style on the PTX mma.sync m16n8k16 instruction (wrappers and fragment layouts: cuda/mma.cuh). The spec
+is attention.cu (its layouts, equations and accumulation contract hold here unchanged); attention.cu's launchers
 dispatch here when attention_tc_eligible() (attention_tc.cuh) holds.
-Layout: qkv/dqkv (B, T, 3*C), out/dout (B, T, C), head-major; lse (B, NH, T) fp32; HS in {16, 32, 48, 64}; any
-B, NH and T >= 1 (tiles past T are zero-filled and masked).
+Layout: qkv/dqkv (B, T, (NH + 2*NKV)*HS) with rows [Q | K | V] of NH, NKV, NKV heads, out/dout (B, T, NH*HS),
+head-major; lse (B, NH, T) fp32; HS in {16, 32, 48, 64}; any B, NH, NKV dividing NH, and T >= 1 (tiles past T are
+zero-filled and masked). Query head h reads key/value head h / G, G = NH / NKV. The forward and dQ kernels run per
+query head and read their key/value head's K and V; the dK/dV and fused kernels run per key tile of a key/value head
+and walk the query tiles of its G query heads in head order (the double buffer prefetching across a head boundary
+as within a head), adding into the same dK, dV accumulators: G = 1 is multi-head attention, step for step. The
+fused kernel's dQ adds, semaphores and dq_acc are per query head, so its ordering argument below holds per query
+head unchanged (key tile j + 1 of a key/value head serves every query head of the group before key tile j does).
 
 Precision: every matrix product runs on the tensor cores with S (bf16 / fp16) operands and fp32 accumulators:
   S = Q K^T, dP = dO V^T     operands Q, K, V, dO as stored;
@@ -72,11 +78,14 @@ Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row a
 16-byte aligned): forward 55296 (Q, 2 x K, V), dQ 73728 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
 fused 65040 (dK/dV's, dS^T 9216, the ticket; 28176 / 40464 / 52752 at HS 16 / 32 / 48), dynamic (opted in past
 48 KiB with cudaFuncSetAttribute). Scratch (fused): B NH T HS fp32 + (1 + B NH ceil(T / 64)) int32.
-Registers (ptxas, sm_90, HS = 64): forward 220, dQ 223, dK/dV 167, fused 168, no spills (with kMt = 1 everywhere:
-125, 123, 167). The fused kernel is capped for 3 blocks per SM on sm_90 (MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared
-memory fit in 227 KB, and 3 x 128 x 168 registers in 64 K, as for dK/dV; uncapped it took 205-207): 168 / 168 / 151
-/ 115 at HS 64 / 48 / 32 / 16; on sm_80 (2 blocks per SM by shared memory, so uncapped) 209 / 181 / 149 / 113; no
-spills in bf16 or fp16. kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare on a GPU.
+Registers (ptxas, sm_90, HS = 64, the multi-head instantiations, HeadGroups::kOne): forward 222, dQ 216, dK/dV 167,
+fused 168, no spills (with kMt = 1 everywhere: 125, 123, 167). The fused kernel is capped for 3 blocks per SM on sm_90
+(MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared memory fit in 227 KB, and 3 x 128 x 168 registers in 64 K, as for dK/dV;
+uncapped it took 205-207): 168 / 163-167 / 145 / 111 at HS 64 / 48 / 32 / 16; on sm_80 (2 blocks per SM by shared
+memory, so uncapped) 202 / 171 / 142 / 110; no spills in bf16 or fp16 (but for 4 bytes in dK/dV at HS 32 and 48 on
+sm_80). The grouped-query instantiations (kGrouped) take a few more (dQ 219, dK/dV 168 at HS 64) and the bf16 fused
+kernel at HS 64 spills 24 bytes under the sm_90 cap. kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare
+on a GPU.
 Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp: split and fused against the
 reference, fused dK / dV equal to split's bit for bit, fused dQ within one unit in the last place of split's; its
 cp.async copies land only at the wait_group that covers them, so a missing wait shows); not run on a GPU
@@ -271,14 +280,25 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// Query heads per key/value head, as a kernel is instantiated for: one (multi-head attention, NKV = NH: the group walk
+// compiles away and the kernels keep the registers they had without grouped-query attention, the fused one within its
+// cap, MS_FUSED_MIN_BLOCKS) or NH / NKV.
+enum class HeadGroups : int { kOne, kGrouped };
+
+// NKV as a kernel instantiated for kGroups sees it: NH for kOne.
+template <HeadGroups kGroups>
+__device__ __forceinline__ int kv_heads(int NH, int NKV) {
+    return kGroups == HeadGroups::kOne ? NH : NKV;
+}
+
 // ----------------------------------------------------------------------------
 // CUDA kernels
 
 // grid (query tiles of owned_rows(kMtForward), NH, B), block kThreads.
-template <class S, int HS>
+template <class S, int HS, HeadGroups kGroups>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T, int NH,
-                                float scale) {
+                                int NKV, float scale) {
     using L = Smem<HS>;
     constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtForward, kBr = owned_rows(kMt), kJ = kBc / 16;
     MS_TC_SHARED(smem);
@@ -288,15 +308,16 @@ __global__ void __launch_bounds__(kThreads)
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
     const int w0 = q0 + 16 * kMt * warp;  // the warp's first query row; it owns rows w0 + 16 mt + g (+ 8)
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, kv_heads<kGroups>(NH, NKV), HS);
+    const int64_t stride = qh.stride;
     const float scale_log2 = scale * kLog2e;
 
     const int k_end = q0 + kBr < T ? q0 + kBr : T;  // keys past the block's last row are masked for all of its rows
-    load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
+    load_tile<S, HS, kBr>(s_q, qh.q, q0, T, stride);
     cp_async_commit();
-    load_tile<S, HS, kBc>(s_kv, q_base + C, 0, T, stride);
-    load_tile<S, HS, kBc>(s_kv + kBc * kLd, q_base + 2 * C, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv, qh.k, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv + kBc * kLd, qh.v, 0, T, stride);
     cp_async_commit();
     cp_async_wait<1>();  // Q (K, V tile 0 may still be in flight)
     __syncthreads();
@@ -316,8 +337,8 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();  // this K, V tile has landed, and every warp is done with the previous one (buffer buf ^ 1)
         if (k0 + kBc < k_end) {  // prefetch the next tile into buffer buf ^ 1
             S* next = s_kv + (buf ^ 1) * 2 * kBc * kLd;
-            load_tile<S, HS, kBc>(next, q_base + C, k0 + kBc, T, stride);
-            load_tile<S, HS, kBc>(next + kBc * kLd, q_base + 2 * C, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next, qh.k, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, qh.v, k0 + kBc, T, stride);
             cp_async_commit();
         }
         // every key after every row of the warp (k0 and w0 are multiples of 16 kMt, so k0 <= w0 otherwise: key k0
@@ -408,10 +429,10 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dQ of one query tile: grid (query tiles of owned_rows(kMtDq), NH, B), block kThreads.
-template <class S, int HS>
+template <class S, int HS, HeadGroups kGroups>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dq_kernel(S* __restrict__ dqkv, const S* __restrict__ dout, const S* __restrict__ qkv,
-                                    const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
+                                    const S* __restrict__ out, const float* __restrict__ lse, int T, int NH, int NKV,
                                     float scale) {
     using L = Smem<HS>;
     constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtDq, kBr = owned_rows(kMt), kJ = kBc / 16;
@@ -423,18 +444,19 @@ __global__ void __launch_bounds__(kThreads)
     const int h = blockIdx.y, b = blockIdx.z;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * kBr;
     const int w0 = q0 + 16 * kMt * warp;
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C;
-    const S* q_base = qkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, kv_heads<kGroups>(NH, NKV), HS);
+    const int64_t stride = qh.stride;
     const S* do_base = dout + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const S* o_base = out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS;
     const float scale_log2 = scale * kLog2e;
 
     const int k_end = q0 + kBr < T ? q0 + kBr : T;
-    load_tile<S, HS, kBr>(s_q, q_base, q0, T, stride);
+    load_tile<S, HS, kBr>(s_q, qh.q, q0, T, stride);
     load_tile<S, HS, kBr>(s_do, do_base, q0, T, C);
     cp_async_commit();
-    load_tile<S, HS, kBc>(s_kv, q_base + C, 0, T, stride);
-    load_tile<S, HS, kBc>(s_kv + kBc * kLd, q_base + 2 * C, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv, qh.k, 0, T, stride);
+    load_tile<S, HS, kBc>(s_kv + kBc * kLd, qh.v, 0, T, stride);
     cp_async_commit();
     cp_async_wait<1>();  // Q, dO (K, V tile 0 may still be in flight)
     __syncthreads();
@@ -459,8 +481,8 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();  // this K, V tile has landed, and every warp is done with the previous one (buffer buf ^ 1)
         if (k0 + kBc < k_end) {
             S* next = s_kv + (buf ^ 1) * 2 * kBc * kLd;
-            load_tile<S, HS, kBc>(next, q_base + C, k0 + kBc, T, stride);
-            load_tile<S, HS, kBc>(next + kBc * kLd, q_base + 2 * C, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next, qh.k, k0 + kBc, T, stride);
+            load_tile<S, HS, kBc>(next + kBc * kLd, qh.v, k0 + kBc, T, stride);
             cp_async_commit();
         }
         if (k0 > w0) continue;
@@ -498,13 +520,15 @@ __global__ void __launch_bounds__(kThreads)
     const float factor[2] = {scale, scale};
     MS_UNROLL
     for (int mt = 0; mt < kMt; ++mt) {
+        // from b and h rather than qh.q held across the walk: one 64-bit register fewer
         store_rows<S, HS>(dqkv + static_cast<int64_t>(b) * T * stride + static_cast<int64_t>(h) * HS, stride,
                           w0 + 16 * mt, T, dq[mt], factor, lane);
     }
 }
 
-// Where head h of sequence b starts in the backward's tensors: Q at q (K at + C, V at + 2 C; row stride 3 C, as in
-// dqkv), dO at dout and O at out (row stride C), its lse row (T).
+// Where query head h of sequence b starts in the backward's tensors: Q at q (row stride (NH + 2 NKV) HS, as in dqkv),
+// dO at dout and O at out (row stride C = NH HS), its lse row (T). Its key/value head's K and V: qkv_head, held only
+// while they are loaded and stored (registers are tight in the fused kernel).
 template <class S>
 struct HeadRows {
     int64_t C, stride;
@@ -516,14 +540,24 @@ struct HeadRows {
 
 template <class S>
 __device__ __forceinline__ HeadRows<S> head_rows(const S* qkv, const S* dout, const S* out, const float* lse, int b,
-                                                 int h, int T, int NH, int HS) {
-    const int64_t C = static_cast<int64_t>(NH) * HS, stride = 3 * C, head = static_cast<int64_t>(h) * HS;
+                                                 int h, int T, int NH, int NKV, int HS) {
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, NKV, HS);
+    const int64_t C = static_cast<int64_t>(NH) * HS, head = static_cast<int64_t>(h) * HS;
     return {C,
-            stride,
-            qkv + static_cast<int64_t>(b) * T * stride + head,
+            qh.stride,
+            qh.q,
             dout + static_cast<int64_t>(b) * T * C + head,
             out + static_cast<int64_t>(b) * T * C + head,
             lse + (static_cast<int64_t>(b) * NH + h) * T};
+}
+
+// The next query head of the same key/value head: its Q, dO and O columns HS further, its lse row T further.
+template <class S, int HS>
+__device__ __forceinline__ void next_query_head(HeadRows<S>& hr, int T) {
+    hr.q += HS;
+    hr.dout += HS;
+    hr.out += HS;
+    hr.lse += T;
 }
 
 // The per-key-tile backward's shared steps, for the dK/dV kernel and the fused kernel alike (so both compute dK and dV
@@ -605,15 +639,17 @@ __device__ __forceinline__ void store_l2(float* p, float x, float y) {
 #endif
 }
 
-// The dK/dV and fused kernels' start: K and V of the key tile at k0 into shared memory and from there into the
-// warp's A fragments (ka, va), and the first walked Q, dO tile (rows q0 ..) into buffer 0 of s_qdo, left in flight.
+// The dK/dV and fused kernels' start: K and V of the key tile at k0 (of kvh's key/value head) into shared memory and
+// from there into the warp's A fragments (ka, va), and the first walked Q, dO tile (rows q0 .. of hr's query head)
+// into buffer 0 of s_qdo, left in flight.
 template <class S, int HS>
 __device__ __forceinline__ void dkv_load_key_tile(uint32_t (&ka)[kMtDkv][HS / 16][4],
                                                   uint32_t (&va)[kMtDkv][HS / 16][4], S* s_k, S* s_v, S* s_qdo,
-                                                  const HeadRows<S>& hr, int k0, int q0, int T, int warp, int lane) {
+                                                  const QkvHead<S>& kvh, const HeadRows<S>& hr, int k0, int q0, int T,
+                                                  int warp, int lane) {
     constexpr int kLd = Smem<HS>::kLd, kBr = owned_rows(kMtDkv);
-    load_tile<S, HS, kBr>(s_k, hr.q + hr.C, k0, T, hr.stride);
-    load_tile<S, HS, kBr>(s_v, hr.q + 2 * hr.C, k0, T, hr.stride);
+    load_tile<S, HS, kBr>(s_k, kvh.k, k0, T, hr.stride);
+    load_tile<S, HS, kBr>(s_v, kvh.v, k0, T, hr.stride);
     cp_async_commit();
     load_tile<S, HS, kBc>(s_qdo, hr.q, q0, T, hr.stride);
     load_tile<S, HS, kBc>(s_qdo + kBc * kLd, hr.dout, q0, T, hr.C);
@@ -626,38 +662,44 @@ __device__ __forceinline__ void dkv_load_key_tile(uint32_t (&ka)[kMtDkv][HS / 16
 
 // The top of the walked Q, dO tile at q0 (in buffer buf of s_qdo): waits until its copies have landed and every warp
 // is done with the previous tile (and what the walk staged for it), then issues the next tile's copies into the other
-// buffer. Returns the tile's Q; its dO follows at + kBc kLd.
+// buffer: the head's next tile, or past its last one the next query head's first (at q_begin) unless this is the
+// group's last head. Returns the tile's Q; its dO follows at + kBc kLd.
 template <class S, int HS>
-__device__ __forceinline__ const S* dkv_walk_tile(S* s_qdo, const HeadRows<S>& hr, int q0, int buf, int T) {
+__device__ __forceinline__ const S* dkv_walk_tile(S* s_qdo, const HeadRows<S>& hr, int q0, int q_begin, bool last_head,
+                                                  int buf, int T) {
     constexpr int kLd = Smem<HS>::kLd;
     cp_async_wait<0>();
     __syncthreads();
+    S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
     if (q0 + kBc < T) {
-        S* next = s_qdo + (buf ^ 1) * 2 * kBc * kLd;
         load_tile<S, HS, kBc>(next, hr.q, q0 + kBc, T, hr.stride);
         load_tile<S, HS, kBc>(next + kBc * kLd, hr.dout, q0 + kBc, T, hr.C);
+        cp_async_commit();
+    } else if (!last_head) {  // next_query_head's Q and dO
+        load_tile<S, HS, kBc>(next, hr.q + HS, q_begin, T, hr.stride);
+        load_tile<S, HS, kBc>(next + kBc * kLd, hr.dout + HS, q_begin, T, hr.C);
         cp_async_commit();
     }
     return s_qdo + buf * 2 * kBc * kLd;
 }
 
-// The dK/dV and fused kernels' end: the warp's dK (times scale) and dV rows w0 .. w0 + 15 into dqkv, rounded once.
+// The dK/dV and fused kernels' end: the warp's dK (times scale) and dV rows w0 .. w0 + 15 into dqkv, rounded once, at
+// the columns of kvh's K and V in qkv (dqkv has qkv's layout).
 template <class S, int HS>
-__device__ __forceinline__ void dkv_store(S* dqkv, const HeadRows<S>& hr, int b, int h, int T, int w0,
+__device__ __forceinline__ void dkv_store(S* dqkv, const S* qkv, const QkvHead<S>& kvh, int T, int w0,
                                           const float (&dk)[kMtDkv][HS / 8][4], const float (&dv)[kMtDkv][HS / 8][4],
                                           float scale, int lane) {
-    S* dk_base = dqkv + static_cast<int64_t>(b) * T * hr.stride + hr.C + static_cast<int64_t>(h) * HS;
     const float dk_factor[2] = {scale, scale}, dv_factor[2] = {1.0f, 1.0f};
-    store_rows<S, HS>(dk_base, hr.stride, w0, T, dk[0], dk_factor, lane);
-    store_rows<S, HS>(dk_base + hr.C, hr.stride, w0, T, dv[0], dv_factor, lane);
+    store_rows<S, HS>(dqkv + (kvh.k - qkv), kvh.stride, w0, T, dk[0], dk_factor, lane);
+    store_rows<S, HS>(dqkv + (kvh.v - qkv), kvh.stride, w0, T, dv[0], dv_factor, lane);
 }
 
-// dK and dV of one key tile: grid (key tiles of owned_rows(kMtDkv), NH, B), block kThreads; warp w owns keys
-// k0 + 16w .. + 15.
-template <class S, int HS>
+// dK and dV of one key tile of a key/value head: grid (key tiles of owned_rows(kMtDkv), NKV, B), block kThreads; warp w
+// owns keys k0 + 16w .. + 15. The walk covers the group's query heads one after the other.
+template <class S, int HS, HeadGroups kGroups>
 __global__ void __launch_bounds__(kThreads)
     attention_tc_backward_dkv_kernel(S* __restrict__ dqkv, const S* __restrict__ dout, const S* __restrict__ qkv,
-                                     const S* __restrict__ out, const float* __restrict__ lse, int T, int NH,
+                                     const S* __restrict__ out, const float* __restrict__ lse, int T, int NH, int NKV,
                                      float scale) {
     using L = Smem<HS>;
     constexpr int kLd = L::kLd, kF = HS / 16, kMt = kMtDkv, kBr = owned_rows(kMt), kJ = kBc / 16;
@@ -669,35 +711,41 @@ __global__ void __launch_bounds__(kThreads)
     S* s_qdo = reinterpret_cast<S*>(smem + 2 * L::tile(kBr));  // 2 x [Q (kBc, kLd), dO (kBc, kLd)]
     float* s_lse2 = reinterpret_cast<float*>(smem + 2 * L::tile(kBr) + 4 * L::kWalk);  // (kBc): lse * log2(e)
     float* s_d = s_lse2 + kBc;                                                         // (kBc): D
-    const int h = blockIdx.y, b = blockIdx.z;
+    NKV = kv_heads<kGroups>(NH, NKV);
+    const int kv = blockIdx.y, b = blockIdx.z, G = kGroups == HeadGroups::kOne ? 1 : NH / NKV;
     const int k0 = blockIdx.x * kBr;  // the longest key tiles (most query tiles) have the lowest index
     const int w0 = k0 + 16 * warp;    // the warp's first key; it owns keys w0 + g and w0 + g + 8
-    const HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, h, T, NH, HS);
+    HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, kv * G, T, NH, NKV, HS);  // the group's first query head
     const float scale_log2 = scale * kLog2e;
 
     const int q_begin = k0 / kBc * kBc;
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, hr, k0, q_begin, T, warp, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, qkv_head(qkv, b, kv * G, T, NH, NKV, HS), hr, k0, q_begin, T,
+                             warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
-    for (int q0 = q_begin, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
-        // this Q, dO tile has landed; every warp is done with the previous one, lse and D
-        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, hr, q0, buf, T);
-        const S* s_do = s_q + kBc * kLd;
-        stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
-        __syncthreads();
-        if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
+    int buf = 0;
+    for (int head = 0; head < G; ++head, next_query_head<S, HS>(hr, T)) {
+        for (int q0 = q_begin; q0 < T; q0 += kBc, buf ^= 1) {
+            // this Q, dO tile has landed; every warp is done with the previous one, lse and D
+            const S* s_q =
+                dkv_walk_tile<S, HS>(s_qdo, hr, q0, q_begin, kGroups == HeadGroups::kOne || head == G - 1, buf, T);
+            const S* s_do = s_q + kBc * kLd;
+            stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
+            __syncthreads();
+            if (q0 + kBc - 1 < w0) continue;  // every query before every key of the warp
 
-        MS_UNROLL
-        for (int jj = 0; jj < kJ; ++jj) {  // one 16-query block at a time, as in the dQ kernel
-            if (q0 + 16 * jj + 15 < w0) continue;
-            uint32_t dsa[kMt][4];
-            dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
+            MS_UNROLL
+            for (int jj = 0; jj < kJ; ++jj) {  // one 16-query block at a time, as in the dQ kernel
+                if (q0 + 16 * jj + 15 < w0) continue;
+                uint32_t dsa[kMt][4];
+                dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
+            }
         }
     }
-    dkv_store<S, HS>(dqkv, hr, b, h, T, w0, dk, dv, scale, lane);
+    dkv_store<S, HS>(dqkv, qkv, qkv_head(qkv, b, kv * G, T, NH, NKV, HS), T, w0, dk, dv, scale, lane);
 }
 
 // Blocks per SM the fused backward's registers are capped for: 3 on sm_90 (<= 170 registers; its 65 KB of shared memory
@@ -715,15 +763,17 @@ enum class WorkOrder : int {
     kReversed,           // key tile 0 first: waits on blocks that have not started (the emulation's death test)
 };
 
-// The fused backward of one key tile: dK and dV as the dK/dV kernel, and the tile's share of dQ, dS K_j for every
-// query tile i it visits, added to the fp32 dq_acc (B, NH, T, HS) after key tiles i, i - 1, .., j + 1 (semaphore i of
-// the head counts them); key tile 0 adds last and writes dQ, rounded once, into dqkv. 1-D grid of (key tiles) x NH x
-// B blocks of kThreads; sync[0] is the work ticket, sync[1 + (b NH + h) tiles + i] the semaphores (zero at launch).
-template <class S, int HS>
+// The fused backward of one key tile of a key/value head: dK and dV as the dK/dV kernel, and the tile's share of dQ,
+// dS K_j for every query tile i of every query head h of the group it visits, added to the fp32 dq_acc (B, NH, T, HS)
+// after key tiles i, i - 1, .., j + 1 (semaphore i of query head h counts them); key tile 0 adds last and writes dQ,
+// rounded once, into dqkv. 1-D grid of (key tiles) x NKV x B blocks of kThreads; sync[0] is the work ticket,
+// sync[1 + (b NH + h) tiles + i] the semaphores (zero at launch).
+template <class S, int HS, HeadGroups kGroups>
 __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
     attention_tc_backward_kernel(S* __restrict__ dqkv, float* __restrict__ dq_acc, int* __restrict__ sync,
                                  const S* __restrict__ dout, const S* __restrict__ qkv, const S* __restrict__ out,
-                                 const float* __restrict__ lse, int B, int T, int NH, float scale, WorkOrder order) {
+                                 const float* __restrict__ lse, int B, int T, int NH, int NKV, float scale,
+                                 WorkOrder order) {
     using L = Smem<HS>;
     constexpr int kLd = L::kLd, kLdDs = L::kLdDs, kF = HS / 16, kMt = kMtDkv, kBr = owned_rows(kMt), kJ = kBc / 16;
     static_assert(kMt == 1 && kBr == kBc,
@@ -738,96 +788,106 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
     S* s_ds = reinterpret_cast<S*>(s_d + kBc);  // (kBr keys, kLdDs): dS^T of the walked tile, rounded to S
     int* s_item = reinterpret_cast<int*>(s_ds + kBr * kLdDs);
 
-    // the work item: (b, h, key tile j), key tiles of each head from the last (shortest walk) to 0
+    // the work item: (b, key/value head kv, key tile j), key tiles of each key/value head from the last (shortest walk)
+    // to 0
     if (threadIdx.x == 0) *s_item = atomicAdd(sync, 1);
     __syncthreads();
-    const int tiles = (T + kBr - 1) / kBr, heads = B * NH, item = *s_item;
+    NKV = kv_heads<kGroups>(NH, NKV);
+    const int tiles = (T + kBr - 1) / kBr, heads = B * NKV, item = *s_item;
+    const int G = kGroups == HeadGroups::kOne ? 1 : NH / NKV;
     const int j = order == WorkOrder::kDependenciesFirst ? tiles - 1 - item / heads : item / heads;
-    const int bh = item % heads, b = bh / NH, h = bh % NH;
-    int* sems = sync + 1 + static_cast<int64_t>(bh) * tiles;  // (tiles): contributions added to query tile i
+    const int b = item % heads / NKV, h0 = item % heads % NKV * G;  // h0: the group's first query head
     const int k0 = j * kBr, w0 = k0 + 16 * warp;
-    const HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, h, T, NH, HS);
+    HeadRows<S> hr = head_rows(qkv, dout, out, lse, b, h0, T, NH, NKV, HS);
     const float scale_log2 = scale * kLog2e;
 
     uint32_t ka[kMt][kF][4], va[kMt][kF][4];
-    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, hr, k0, k0, T, warp, lane);
+    dkv_load_key_tile<S, HS>(ka, va, s_k, s_v, s_qdo, qkv_head(qkv, b, h0, T, NH, NKV, HS), hr, k0, k0, T, warp, lane);
 
     float dk[kMt][HS / 8][4], dv[kMt][HS / 8][4];
     zero(dk);
     zero(dv);
-    for (int q0 = k0, buf = 0; q0 < T; q0 += kBc, buf ^= 1) {
-        // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
-        const S* s_q = dkv_walk_tile<S, HS>(s_qdo, hr, q0, buf, T);
-        const S* s_do = s_q + kBc * kLd;
-        stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
-        __syncthreads();
+    int buf = 0;
+    for (int head = 0; head < G; ++head, next_query_head<S, HS>(hr, T)) {  // one walk for kOne
+        const int h = h0 + head;
+        for (int q0 = k0; q0 < T; q0 += kBc, buf ^= 1) {
+            // this Q, dO tile has landed; every warp is done with the previous one, lse, D and dS^T
+            const S* s_q =
+                dkv_walk_tile<S, HS>(s_qdo, hr, q0, k0, kGroups == HeadGroups::kOne || head == G - 1, buf, T);
+            const S* s_do = s_q + kBc * kLd;
+            stage_lse_d<S, HS>(s_lse2, s_d, s_do, hr, q0, T);
+            __syncthreads();
 
-        MS_UNROLL
-        for (int jj = 0; jj < kJ; ++jj) {  // dK, dV as the dK/dV kernel; dS^T (0 where masked) into s_ds
-            uint32_t dsa[kMt][4] = {};
-            if (q0 + 16 * jj + 15 >= w0) {
-                dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
-            }
-            S* ds = s_ds + (16 * warp + g) * kLdDs + 16 * jj + 2 * t;  // the A fragment's layout (mma.cuh)
-            store_u32(ds, dsa[0][0]);
-            store_u32(ds + 8 * kLdDs, dsa[0][1]);
-            store_u32(ds + 8, dsa[0][2]);
-            store_u32(ds + 8 * kLdDs + 8, dsa[0][3]);
-        }
-        // query tile i's dQ has key tiles i .. j + 1 added (none for the diagonal tile, i = j); one wait per block,
-        // before the barrier that publishes dS^T, in steady state already satisfied (key tile j + 1 added its share
-        // one walked tile earlier)
-        const int i = q0 / kBc;
-        if (threadIdx.x == 0) wait_until_equal(sems + i, i - j);
-        __syncthreads();
-
-        // dQ of the warp's 16 queries qw .. qw + 15 from this key tile: dS K_j over the block's 64 keys, A = dS
-        // from the dS^T rows of every warp (ldmatrix.trans of s_ds), B = K read transposed as in the dQ kernel
-        const int qw = q0 + 16 * warp;
-        float dq[1][HS / 8][4];
-        zero(dq);
-        if (qw < T) {
             MS_UNROLL
-            for (int kk = 0; kk < kJ; ++kk) {
-                if (k0 + 16 * kk > qw + 15) continue;  // every key after every query of the warp: dS = 0
-                uint32_t dsa[1][4];
-                ldmatrix_x4_trans(
-                    dsa[0], s_ds + (16 * kk + 8 * (lane / 16) + lane % 8) * kLdDs + 16 * warp + 8 * ((lane / 8) % 2));
-                mma_ab<S, HS, 1>(dq, dsa, s_k + 16 * kk * kLd, lane);  // dQ_i += dS K_j
-            }
-        }
-        // the ordered add: the first contributor (i = j) writes, the others read, add, write; the last (j = 0) writes
-        // dQ * scale rounded to S into dqkv instead
-        const bool first = i == j, last = j == 0;
-        MS_UNROLL
-        for (int r = 0; r < 2; ++r) {
-            const int row = qw + g + 8 * r;
-            if (row >= T) continue;
-            // from the kernel's parameters rather than per-head base pointers held across the walk: two 64-bit
-            // registers fewer under the sm_90 cap (MS_FUSED_MIN_BLOCKS)
-            float* acc = dq_acc + (static_cast<int64_t>(bh) * T + row) * HS + 2 * t;  // dq_acc (B, NH, T, HS)
-            S* d = dqkv + (static_cast<int64_t>(b) * T + row) * hr.stride + h * HS + 2 * t;
-            MS_UNROLL
-            for (int jn = 0; jn < HS / 8; ++jn) {
-                float x = dq[0][jn][2 * r], y = dq[0][jn][2 * r + 1];
-                if (!first) {
-                    float sum_x, sum_y;
-                    load_l2(acc + 8 * jn, sum_x, sum_y);
-                    x = sum_x + x;
-                    y = sum_y + y;
+            for (int jj = 0; jj < kJ; ++jj) {  // dK, dV as the dK/dV kernel; dS^T (0 where masked) into s_ds
+                uint32_t dsa[kMt][4] = {};
+                if (q0 + 16 * jj + 15 >= w0) {
+                    dkv_step<S, HS>(dk, dv, dsa, ka, va, s_q, s_do, s_lse2, s_d, jj, w0, q0, T, scale_log2, lane);
                 }
-                if (last) {
-                    store_u32(d + 8 * jn, pack2<S>(x * scale, y * scale));
-                } else {
-                    store_l2(acc + 8 * jn, x, y);
+                S* ds = s_ds + (16 * warp + g) * kLdDs + 16 * jj + 2 * t;  // the A fragment's layout (mma.cuh)
+                store_u32(ds, dsa[0][0]);
+                store_u32(ds + 8 * kLdDs, dsa[0][1]);
+                store_u32(ds + 8, dsa[0][2]);
+                store_u32(ds + 8 * kLdDs + 8, dsa[0][3]);
+            }
+            // query tile i's dQ has key tiles i .. j + 1 added (none for the diagonal tile, i = j); one wait per block,
+            // before the barrier that publishes dS^T, in steady state already satisfied (key tile j + 1 added its share
+            // one walked tile earlier)
+            const int i = q0 / kBc;
+            int* sems =
+                sync + 1 + (static_cast<int64_t>(b) * NH + h) * tiles;  // (tiles): contributions to query tile i
+            if (threadIdx.x == 0) wait_until_equal(sems + i, i - j);
+            __syncthreads();
+
+            // dQ of the warp's 16 queries qw .. qw + 15 from this key tile: dS K_j over the block's 64 keys, A = dS
+            // from the dS^T rows of every warp (ldmatrix.trans of s_ds), B = K read transposed as in the dQ kernel
+            const int qw = q0 + 16 * warp;
+            float dq[1][HS / 8][4];
+            zero(dq);
+            if (qw < T) {
+                MS_UNROLL
+                for (int kk = 0; kk < kJ; ++kk) {
+                    if (k0 + 16 * kk > qw + 15) continue;  // every key after every query of the warp: dS = 0
+                    uint32_t dsa[1][4];
+                    ldmatrix_x4_trans(dsa[0], s_ds + (16 * kk + 8 * (lane / 16) + lane % 8) * kLdDs + 16 * warp +
+                                                  8 * ((lane / 8) % 2));
+                    mma_ab<S, HS, 1>(dq, dsa, s_k + 16 * kk * kLd, lane);  // dQ_i += dS K_j
                 }
             }
+            // the ordered add: the first contributor (i = j) writes, the others read, add, write; the last (j = 0)
+            // writes dQ * scale rounded to S into dqkv instead
+            const bool first = i == j, last = j == 0;
+            MS_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                const int row = qw + g + 8 * r;
+                if (row >= T) continue;
+                // from the kernel's parameters rather than per-head base pointers held across the walk: two 64-bit
+                // registers fewer under the sm_90 cap (MS_FUSED_MIN_BLOCKS)
+                float* acc = dq_acc + ((static_cast<int64_t>(b) * NH + h) * T + row) * HS + 2 * t;  // (B, NH, T, HS)
+                S* d = dqkv + (static_cast<int64_t>(b) * T + row) * hr.stride + h * HS + 2 * t;
+                MS_UNROLL
+                for (int jn = 0; jn < HS / 8; ++jn) {
+                    float x = dq[0][jn][2 * r], y = dq[0][jn][2 * r + 1];
+                    if (!first) {
+                        float sum_x, sum_y;
+                        load_l2(acc + 8 * jn, sum_x, sum_y);
+                        x = sum_x + x;
+                        y = sum_y + y;
+                    }
+                    if (last) {
+                        store_u32(d + 8 * jn, pack2<S>(x * scale, y * scale));
+                    } else {
+                        store_l2(acc + 8 * jn, x, y);
+                    }
+                }
+            }
+            __threadfence();
+            __syncthreads();  // the block's adds are visible device-wide before the semaphore says so
+            if (threadIdx.x == 0 && !last) release_store(sems + i, i - j + 1);
         }
-        __threadfence();
-        __syncthreads();  // the block's adds are visible device-wide before the semaphore says so
-        if (threadIdx.x == 0 && !last) release_store(sems + i, i - j + 1);
     }
-    dkv_store<S, HS>(dqkv, hr, b, h, T, w0, dk, dv, scale, lane);
+    // the key/value head from the kernel's parameters, not held across the walk (registers, as for dq_acc above)
+    dkv_store<S, HS>(dqkv, qkv, qkv_head(qkv, b, h0, T, NH, NKV, HS), T, w0, dk, dv, scale, lane);
 }
 
 // ----------------------------------------------------------------------------
@@ -846,25 +906,32 @@ dim3 tile_grid(int B, int T, int NH, int rows) {
 }
 
 template <class S, int HS>
-void forward_hs(S* out, float* lse, const S* qkv, int B, int T, int NH, cudaStream_t stream) {
+void forward_hs(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
     const size_t bytes = Smem<HS>::kForward;
-    opt_in_shared(attention_tc_forward_kernel<S, HS>, bytes);
-    ms_launch(attention_tc_forward_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtForward)), dim3(kThreads), bytes,
-              stream, out, lse, qkv, T, NH, 1.0f / sqrtf(static_cast<float>(HS)));
+    const auto kernel = NKV == NH ? attention_tc_forward_kernel<S, HS, HeadGroups::kOne>
+                                  : attention_tc_forward_kernel<S, HS, HeadGroups::kGrouped>;
+    opt_in_shared(kernel, bytes);
+    ms_launch(kernel, tile_grid(B, T, NH, owned_rows(kMtForward)), dim3(kThreads), bytes, stream, out, lse, qkv, T, NH,
+              NKV, 1.0f / sqrtf(static_cast<float>(HS)));
     MS_CUDA_LAUNCH_CHECK();
 }
 
 template <class S, int HS>
 void backward_split_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                       cudaStream_t stream) {
+                       int NKV, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf(static_cast<float>(HS));
-    opt_in_shared(attention_tc_backward_dq_kernel<S, HS>, Smem<HS>::kBackwardDq);
-    ms_launch(attention_tc_backward_dq_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtDq)), dim3(kThreads),
-              Smem<HS>::kBackwardDq, stream, dqkv, dout, qkv, out, lse, T, NH, scale);
+    const bool one = NKV == NH;
+    const auto dq_kernel = one ? attention_tc_backward_dq_kernel<S, HS, HeadGroups::kOne>
+                               : attention_tc_backward_dq_kernel<S, HS, HeadGroups::kGrouped>;
+    opt_in_shared(dq_kernel, Smem<HS>::kBackwardDq);
+    ms_launch(dq_kernel, tile_grid(B, T, NH, owned_rows(kMtDq)), dim3(kThreads), Smem<HS>::kBackwardDq, stream, dqkv,
+              dout, qkv, out, lse, T, NH, NKV, scale);
     MS_CUDA_LAUNCH_CHECK();
-    opt_in_shared(attention_tc_backward_dkv_kernel<S, HS>, Smem<HS>::kBackwardDkv);
-    ms_launch(attention_tc_backward_dkv_kernel<S, HS>, tile_grid(B, T, NH, owned_rows(kMtDkv)), dim3(kThreads),
-              Smem<HS>::kBackwardDkv, stream, dqkv, dout, qkv, out, lse, T, NH, scale);
+    const auto dkv_kernel = one ? attention_tc_backward_dkv_kernel<S, HS, HeadGroups::kOne>
+                                : attention_tc_backward_dkv_kernel<S, HS, HeadGroups::kGrouped>;
+    opt_in_shared(dkv_kernel, Smem<HS>::kBackwardDkv);
+    ms_launch(dkv_kernel, tile_grid(B, T, NKV, owned_rows(kMtDkv)), dim3(kThreads), Smem<HS>::kBackwardDkv, stream,
+              dqkv, dout, qkv, out, lse, T, NH, NKV, scale);
     MS_CUDA_LAUNCH_CHECK();
 }
 
@@ -872,19 +939,26 @@ void backward_split_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const
 // which this launch zeroes on the stream first.
 template <class S, int HS>
 void backward_fused_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
-                       int T, int NH, WorkOrder order, cudaStream_t stream) {
+                       int T, int NH, int NKV, WorkOrder order, cudaStream_t stream) {
     const int tiles = static_cast<int>(ceil_div(T, owned_rows(kMtDkv)));
-    const int64_t blocks = int64_t{tiles} * B * NH;
+    const int64_t blocks = int64_t{tiles} * B * NKV;
     MS_ASSERT(blocks <= 0x7fffffff, "attention (tensor cores, fused backward): %lld blocks are over the grid's limit",
               static_cast<long long>(blocks));
     float* dq_acc = static_cast<float*>(scratch);
     int* sync = reinterpret_cast<int*>(dq_acc + int64_t{B} * NH * T * HS);
     MS_CUDA_CHECK(cudaMemsetAsync(sync, 0, (1 + size_t(B) * NH * tiles) * sizeof(int), stream));
-    opt_in_shared(attention_tc_backward_kernel<S, HS>, Smem<HS>::kBackwardFused);
-    ms_launch(attention_tc_backward_kernel<S, HS>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
-              Smem<HS>::kBackwardFused, stream, dqkv, dq_acc, sync, dout, qkv, out, lse, B, T, NH,
-              1.0f / sqrtf(static_cast<float>(HS)), order);
+    const auto kernel = NKV == NH ? attention_tc_backward_kernel<S, HS, HeadGroups::kOne>
+                                  : attention_tc_backward_kernel<S, HS, HeadGroups::kGrouped>;
+    opt_in_shared(kernel, Smem<HS>::kBackwardFused);
+    ms_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), Smem<HS>::kBackwardFused, stream, dqkv,
+              dq_acc, sync, dout, qkv, out, lse, B, T, NH, NKV, 1.0f / sqrtf(static_cast<float>(HS)), order);
     MS_CUDA_LAUNCH_CHECK();
+}
+
+// NKV dividing NH (the grids' key/value head axis and the group walks rely on it).
+void check_kv_heads(int NH, int NKV) {
+    MS_ASSERT(NKV > 0 && NH % NKV == 0, "attention (tensor cores): NKV = %d key/value heads do not divide NH = %d", NKV,
+              NH);
 }
 
 }  // namespace
@@ -898,14 +972,17 @@ size_t attention_tc_backward_scratch_bytes(int B, int T, int NH, int HS) {
 }
 
 template <class S>
-void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, int HS,
+                          cudaStream_t stream) {
+    check_kv_heads(NH, NKV);
     launch_attention_tc("tensor cores", B, T, NH, HS, {out, qkv},
-                        [&](auto hs) { forward_hs<S, decltype(hs)::value>(out, lse, qkv, B, T, NH, stream); });
+                        [&](auto hs) { forward_hs<S, decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, stream); });
 }
 
 template <class S>
 void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
-                           int T, int NH, int HS, AttentionTcBackward kind, cudaStream_t stream) {
+                           int T, int NH, int NKV, int HS, AttentionTcBackward kind, cudaStream_t stream) {
+    check_kv_heads(NH, NKV);
     if (kind != AttentionTcBackward::kSplit) {
         MS_ASSERT(scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % 16 == 0,
                   "attention (tensor cores): the fused backward needs attention_tc_backward_scratch_bytes of 16-byte "
@@ -915,19 +992,19 @@ void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, c
     launch_attention_tc("tensor cores", B, T, NH, HS, {dqkv, dout, qkv, out}, [&](auto hs) {
         constexpr int kHS = decltype(hs)::value;
         if (kind == AttentionTcBackward::kSplit) {
-            backward_split_hs<S, kHS>(dqkv, dout, qkv, out, lse, B, T, NH, stream);
+            backward_split_hs<S, kHS>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
         } else {
             backward_fused_hs<S, kHS>(
-                dqkv, dout, qkv, out, lse, scratch, B, T, NH,
+                dqkv, dout, qkv, out, lse, scratch, B, T, NH, NKV,
                 kind == AttentionTcBackward::kFused ? WorkOrder::kDependenciesFirst : WorkOrder::kReversed, stream);
         }
     });
 }
 
 #define MS_INSTANTIATE(S)                                                                                             \
-    template void attention_tc_forward<S>(S*, float*, const S*, int, int, int, int, cudaStream_t);                    \
+    template void attention_tc_forward<S>(S*, float*, const S*, int, int, int, int, int, cudaStream_t);               \
     template void attention_tc_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
-                                           AttentionTcBackward, cudaStream_t);
+                                           int, AttentionTcBackward, cudaStream_t);
 MS_INSTANTIATE(::ms::bf16)
 MS_INSTANTIATE(::ms::fp16)
 #undef MS_INSTANTIATE

@@ -24,6 +24,24 @@ inline bool attention_tc_eligible(int HS, std::initializer_list<const void*> ten
     return true;
 }
 
+// Where query head h of sequence b reads in qkv (B, T, (NH + 2*NKV)*HS), rows [Q | K | V] of NH, NKV, NKV heads: its Q
+// at q, its key/value head's (h / (NH / NKV)) K at k and V at v, row 0 of the sequence. dqkv has the same layout, so
+// dqkv + (q - qkv) is where its dQ goes. For the scalar and tensor-core kernels alike.
+template <class S>
+struct QkvHead {
+    const S* q;
+    const S* k;
+    const S* v;
+    int64_t stride;  // (NH + 2*NKV)*HS elements between consecutive rows
+};
+template <class S>
+__host__ __device__ inline QkvHead<S> qkv_head(const S* qkv, int b, int h, int T, int NH, int NKV, int HS) {
+    const int64_t stride = static_cast<int64_t>(NH + 2 * NKV) * HS, kv = h / (NH / NKV);
+    const S* row = qkv + static_cast<int64_t>(b) * T * stride;
+    const S* k = row + (static_cast<int64_t>(NH) + kv) * HS;
+    return {row + static_cast<int64_t>(h) * HS, k, k + static_cast<int64_t>(NKV) * HS, stride};
+}
+
 // For the launchers of tensor-core attention kernels (these and bench/gpu/attention_wmma.cu): checks the shape and
 // eligibility (`who` names the kernels in the message), then calls launch(std::integral_constant<int, HS>{}) with
 // HS as a constant the kernels are instantiated for, or nothing when B or T is 0.
@@ -61,9 +79,20 @@ size_t attention_tc_backward_scratch_bytes(int B, int T, int NH, int HS);
 // As attention_forward / attention_backward (attention.cuh), S = bf16 or fp16, HS and pointers as eligible above;
 // scratch (16-byte aligned) holds attention_tc_backward_scratch_bytes for the fused backward, or is null for kSplit.
 template <class S>
-void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream);
+void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, int HS, cudaStream_t stream);
 template <class S>
 void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
-                           int T, int NH, int HS, AttentionTcBackward kind, cudaStream_t stream);
+                           int T, int NH, int NKV, int HS, AttentionTcBackward kind, cudaStream_t stream);
+
+// Multi-head attention (NKV = NH).
+template <class S>
+void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
+    attention_tc_forward(out, lse, qkv, B, T, NH, NH, HS, stream);
+}
+template <class S>
+void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
+                           int T, int NH, int HS, AttentionTcBackward kind, cudaStream_t stream) {
+    attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, NH, HS, kind, stream);
+}
 
 }  // namespace ms::cuda
