@@ -503,7 +503,7 @@ TEST(LlamaOpsDeathTest, BadShapesAndDtypesAreRefusedWithSentences) {
                                             .dinp = dview(dx, {2, 3}),
                                             .dweight = dview(dw_other, {3}),
                                             .accumulate = Accumulate::kOverwrite}),
-                 "rmsnorm_backward: dweight is fp16, but a parameter gradient is fp32 or the activation dtype bf16");
+                 "rmsnorm_backward: dweight is fp16, but a parameter gradient is fp32 or the op.s activation dtype bf16");
 }
 
 }  // namespace

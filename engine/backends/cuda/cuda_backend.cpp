@@ -803,23 +803,13 @@ void CudaBackend::rmsnorm_backward(const RmsNormBackwardArgs& a) {
     check_d(a.dinp, D, "rmsnorm", "dinp");
     check_d(a.weight, D, "rmsnorm", "weight");
     check_fp32(a.rstd, "rmsnorm", "rstd", "statistic");
-    MS_CHECK(a.dweight.dtype == DType::kF32 || a.dweight.dtype == D,
-             "rmsnorm: dweight is {}, but a parameter gradient is fp32 or the activation dtype {} (backend.h "
-             "precision contract)",
-             dtype_name(a.dweight.dtype), dtype_name(D));
+    const DType G = grad_dtype(a.dweight, D, "rmsnorm", "dweight");
     const int n = to_int(N, "rmsnorm", "N"), c = to_int(C, "rmsnorm", "C");
     float* scratch =
         static_cast<float*>(rmsnorm_scratch_.reserve(cuda::rmsnorm_backward_scratch_floats(n, c) * sizeof(float)));
-    dispatch(D, [&]<class T>(T) {
-        const auto run = [&]<class G>(G* dweight) {
-            cuda::rmsnorm_backward<T, G>(a.dinp.as<T>(), dweight, scratch, a.dout.as<T>(), a.inp.as<T>(),
-                                         a.weight.as<T>(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
-        };
-        if (a.dweight.dtype == DType::kF32) {
-            run(a.dweight.f32());
-        } else {
-            run(a.dweight.as<T>());
-        }
+    dispatch_grad(D, G, [&]<class T, class Grad>(T, Grad) {
+        cuda::rmsnorm_backward<T, Grad>(a.dinp.as<T>(), a.dweight.as<Grad>(), scratch, a.dout.as<T>(), a.inp.as<T>(),
+                                        a.weight.as<T>(), a.rstd.f32(), n, c, dinp_write(a.accumulate), stream_);
     });
     MS_CUDA_LAUNCH_CHECK();
 }

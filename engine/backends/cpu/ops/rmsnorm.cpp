@@ -59,18 +59,6 @@ void forward_fast(const RmsNormForwardArgs& a, int64_t N, int64_t C) {
     }
 }
 
-// dweight[c] gets the fp32 contribution dw: += for fp32, one rounding of the sum for a 16-bit gradient. dw + 0.0f is
-// the contribution as an fp32 gradient starting from +0 holds it (-0 becomes +0), so a 16-bit dweight is exactly
-// from_float<G>(old + what an fp32 dweight from zero gets).
-template <class G>
-void add_gradient(G* dweight, int64_t c, float dw) {
-    if constexpr (kIsF32<G>) {
-        dweight[c] += dw;
-    } else {
-        dweight[c] = from_float<G>(to_float(dweight[c]) + (dw + 0.0f));
-    }
-}
-
 template <class D, class G>
 void backward_reference(const RmsNormBackwardArgs& a, int64_t N, int64_t C) {
     const D* dout = a.dout.as<D>();
@@ -99,7 +87,7 @@ void backward_reference(const RmsNormBackwardArgs& a, int64_t N, int64_t C) {
         for (int64_t n = 0; n < N; ++n) {
             dw += static_cast<double>(to_float(dout[n * C + c])) * to_float(inp[n * C + c]) * rstd[n];
         }
-        add_gradient(dweight, c, static_cast<float>(dw));
+        dweight[c] = add_rounded(dweight[c], static_cast<float>(dw));
     }
 }
 
@@ -151,18 +139,9 @@ void backward_fast(const RmsNormBackwardArgs& a, int64_t N, int64_t C) {
 #pragma omp simd
                 for (int64_t c = c0; c < c1; ++c) dw[c - c0] += to_float(d[c]) * to_float(x[c]) * rs;
             }
-            for (int64_t c = c0; c < c1; ++c) add_gradient(dweight, c, dw[c - c0]);
+            for (int64_t c = c0; c < c1; ++c) dweight[c] = add_rounded(dweight[c], dw[c - c0]);
         }
     }
-}
-
-// The parameter gradient's storage type: fp32, or D itself (backend.h precision contract).
-DType gradient_dtype(const Tensor& dweight, DType D) {
-    MS_CHECK(dweight.dtype == DType::kF32 || dweight.dtype == D,
-             "rmsnorm_backward: dweight is {}, but a parameter gradient is fp32 or the activation dtype {} "
-             "(precision contract, backend.h)",
-             dtype_name(dweight.dtype), dtype_name(D));
-    return dweight.dtype;
 }
 
 }  // namespace
@@ -202,21 +181,17 @@ void rmsnorm_backward(const RmsNormBackwardArgs& a, OpMode mode) {
     expect_d(a.weight, D, "rmsnorm_backward", "weight", "inp");
     expect_d(a.dinp, D, "rmsnorm_backward", "dinp", "inp");
     expect_f32(a.rstd, "rmsnorm_backward", "rstd", "statistics");
-    const DType G = gradient_dtype(a.dweight, D);
+    expect_grad(a.dweight, D, "rmsnorm_backward", "dweight", "inp");
     dispatch_float(D, [&](auto tag) {
         using T = decltype(tag);
-        const auto run = [&]<class GT>() {
+        dispatch_grad<T>(a.dweight.dtype, [&](auto grad_tag) {
+            using GT = decltype(grad_tag);
             if (mode == OpMode::kReference) {
                 backward_reference<T, GT>(a, N, C);
             } else {
                 backward_fast<T, GT>(a, N, C);
             }
-        };
-        if (G == DType::kF32) {
-            run.template operator()<float>();
-        } else {
-            run.template operator()<T>();
-        }
+        });
     });
 }
 
