@@ -61,7 +61,7 @@ StepResult run(const ms::GptShape& s, int B, int steps, const ms::GptGraphOption
         const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (step > 0) r.seconds += t / steps;
     }
-    r.grads.assign(model.grads(), model.grads() + model.flat_size());
+    r.grads.assign(model.grads_f32(), model.grads_f32() + model.flat_size());
     return r;
 }
 

@@ -278,14 +278,7 @@ json manifest_fields(const CheckpointContext& c) {
                                    ? "none: fp32 training, the parameters in model/ are the master weights"
                                    : "in model/: the fp32 master weights; the " + c.cfg.mixed_precision.dtype +
                                          " weights the run computes with are these rounded to nearest even"},
-            {"model",
-             {{"num_layers", s.L},
-              {"hidden_size", s.C},
-              {"num_attention_heads", s.NH},
-              {"ffn_hidden_size", s.F},
-              {"max_position_embeddings", s.T},
-              {"vocab_size", s.V},
-              {"padded_vocab_size", s.Vp}}}};
+            {"model", model_manifest(s)}};
 }
 
 // The lr schedule's inputs as this config resolves them (learning_rate() in adamw.h).
@@ -435,6 +428,26 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& whe
 std::string data_fingerprint(uint64_t source_fingerprint, const DataConfig& data, int seq_length, uint64_t seed) {
     const std::string id = fmt::format("{:016x}|{}|{}|{}", source_fingerprint, data.split, seq_length, seed);
     return xxh64_hex(xxh64(id.data(), id.size()));
+}
+
+json model_manifest(const GptShape& s) {
+    json m = {{"arch", s.arch == ModelArch::kLlama ? "llama" : "gpt"},
+              {"num_layers", s.L},
+              {"hidden_size", s.C},
+              {"num_attention_heads", s.NH},
+              {"ffn_hidden_size", s.F},
+              {"max_position_embeddings", s.T},
+              {"vocab_size", s.V},
+              {"padded_vocab_size", s.Vp}};
+    if (s.arch == ModelArch::kLlama) {
+        m["num_query_groups"] = s.kv_heads();
+        m["rotary_base"] = s.rope_theta;
+        m["rope_scaling"] = {{"factor", s.rope_scaling.factor},
+                             {"low_freq_factor", s.rope_scaling.low_freq_factor},
+                             {"high_freq_factor", s.rope_scaling.high_freq_factor},
+                             {"original_max_position_embeddings", s.rope_scaling.original_max_position_embeddings}};
+    }
+    return m;
 }
 
 int64_t checkpoint_tensor_bytes(const GptShape& shape) {
@@ -658,8 +671,7 @@ void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, co
                                     json(p.global_shape).dump(), tail));
         const std::vector<int64_t>& saved = r.global_shape(p.name);
         bool same = saved == p.global_shape;
-        if (p.name == "wte.weight" &&
-            saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
+        if (p.vocab_rows && saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
             same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
         if (!same)
             fail_config(fmt::format(

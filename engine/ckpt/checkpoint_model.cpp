@@ -74,11 +74,34 @@ GptShape checkpoint_shape(const CheckpointReader& r) {
     s.F = manifest_dim(r, "ffn_hidden_size");
     s.T = manifest_dim(r, "max_position_embeddings");
     s.V = r.vocab_size();
-    const std::vector<int64_t>& wte = r.global_shape("wte.weight");
-    if (wte.size() != 2) fail(fmt::format("'{}': wte.weight has {} dims, not 2", r.dir(), wte.size()));
+    const json& model = r.manifest()["model"];
+    const std::string arch = model.value("arch", "gpt");  // checkpoints before Llama name no arch: GPT-2
+    if (arch != "gpt" && arch != "llama")
+        fail(fmt::format("'{}/{}' holds a model of arch '{}', which this build does not know (gpt, llama)", r.dir(),
+                         kManifestFile, arch));
+    if (arch == "llama") {
+        s.arch = ModelArch::kLlama;
+        s.NKV = manifest_dim(r, "num_query_groups");
+        try {
+            s.rope_theta = model.at("rotary_base").get<double>();
+            const json& scaling = model.at("rope_scaling");
+            s.rope_scaling = {
+                .factor = scaling.at("factor").get<double>(),
+                .low_freq_factor = scaling.at("low_freq_factor").get<double>(),
+                .high_freq_factor = scaling.at("high_freq_factor").get<double>(),
+                .original_max_position_embeddings = scaling.at("original_max_position_embeddings").get<double>()};
+        } catch (const json::exception& e) {
+            fail(fmt::format("'{}/{}': the Llama model's rotary_base / rope_scaling are missing or not numbers ({})",
+                             r.dir(), kManifestFile, e.what()));
+        }
+    }
+    const char* embedding = s.arch == ModelArch::kLlama ? "model.embed_tokens.weight" : "wte.weight";
+    const std::vector<int64_t>& wte = r.global_shape(embedding);
+    if (wte.size() != 2) fail(fmt::format("'{}': {} has {} dims, not 2", r.dir(), embedding, wte.size()));
     s.Vp = static_cast<int>(wte[0]);
     s.eps = checkpoint_epsilon(r);
-    if (s.L < 1 || s.C < 1 || s.NH < 1 || s.C % s.NH != 0 || s.F < 1 || s.T < 1 || s.V < 1 || s.Vp < s.V)
+    if (s.L < 1 || s.C < 1 || s.NH < 1 || s.C % s.NH != 0 || s.F < 1 || s.T < 1 || s.V < 1 || s.Vp < s.V || s.NKV < 0 ||
+        (s.NKV > 0 && s.NH % s.NKV != 0))
         fail(fmt::format("'{}/{}' describes an impossible model {}", r.dir(), kManifestFile,
                          r.manifest()["model"].dump()));
     check_checkpoint_shape(r, s, fmt::format("the model its manifest describes ({})", r.manifest()["model"].dump()),
@@ -96,8 +119,19 @@ void check_checkpoint_hyperparameters(const CheckpointReader& r, const GptShape&
             "model the config describes",
             key, in_config, config_name, in_checkpoint, r.dir(), key, in_checkpoint, key, in_checkpoint));
     };
+    const auto arch = [](const GptShape& s) { return std::string(s.arch == ModelArch::kLlama ? "llama" : "gpt"); };
+    if (configured.arch != saved.arch) refuse("model.arch", arch(configured), arch(saved));
     if (configured.NH != saved.NH)
         refuse("model.num_attention_heads", std::to_string(configured.NH), std::to_string(saved.NH));
+    if (saved.arch == ModelArch::kLlama) {
+        if (configured.kv_heads() != saved.kv_heads())
+            refuse("model.num_query_groups", std::to_string(configured.kv_heads()), std::to_string(saved.kv_heads()));
+        if (configured.rope_theta != saved.rope_theta)
+            refuse("model.rotary_base", fmt::format("{}", configured.rope_theta), fmt::format("{}", saved.rope_theta));
+        if (configured.rope_scaling.factor != saved.rope_scaling.factor)
+            refuse("model.rope_scaling_factor", fmt::format("{}", configured.rope_scaling.factor),
+                   fmt::format("{}", saved.rope_scaling.factor));
+    }
     if (configured.eps != saved.eps)
         refuse("model.layernorm_epsilon", fmt::format("{}", configured.eps), fmt::format("{}", saved.eps));
 }
@@ -171,14 +205,7 @@ std::string write_model_checkpoint(const std::string& save_dir, const Config& cf
                      {"config_hash", xxh64_hex(name_hash(yaml))},
                      {"dtype", "fp32"},
                      {"master_weights", "none: fp32 training, the parameters in model/ are the master weights"},
-                     {"model",
-                      {{"num_layers", shape.L},
-                       {"hidden_size", shape.C},
-                       {"num_attention_heads", shape.NH},
-                       {"ffn_hidden_size", shape.F},
-                       {"max_position_embeddings", shape.T},
-                       {"vocab_size", shape.V},
-                       {"padded_vocab_size", shape.Vp}}}};
+                     {"model", model_manifest(shape)}};
     manifest.update(extra_manifest);
     return writer.commit(manifest);
 }

@@ -30,7 +30,10 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-    std::string arch = "gpt";  // GPT-2: LayerNorm, learned positions, GELU-tanh, biases, tied head
+    // gpt: GPT-2 (LayerNorm, learned positions, GELU-tanh, biases, tied head); llama: RMSNorm (layernorm_epsilon),
+    // rotary positions, grouped-query attention, SwiGLU (gate and up each ffn_hidden_size wide), no biases, untied
+    // output layer
+    std::string arch = "gpt";
     int num_layers = 12;
     int hidden_size = 768;
     int num_attention_heads = 12;
@@ -39,7 +42,16 @@ struct ModelConfig {
     int max_position_embeddings = 0;  // 0 -> seq_length
     int vocab_size = 0;               // 0 -> from the data source (synthetic / byte tokenizer / GPT-2 BPE)
     int make_vocab_size_divisible_by = 128;
-    bool untie_embeddings_and_output_weights = false;  // only `false` is supported
+    // true for llama (its output layer is its own weight), false for gpt (tied to the token embedding)
+    bool untie_embeddings_and_output_weights = false;
+    // llama: key/value heads of grouped-query attention (Megatron's num_query_groups); 0 = num_attention_heads
+    int num_query_groups = 0;
+    double rotary_base = 10000.0;  // llama: RoPE's theta (Llama 3: 500000)
+    // llama: Llama 3.1's RoPE frequency scaling (transformers' rope_type "llama3"); factor 0 = off
+    double rope_scaling_factor = 0.0;
+    double rope_low_freq_factor = 1.0;
+    double rope_high_freq_factor = 4.0;
+    double rope_original_max_position_embeddings = 8192.0;
     float layernorm_epsilon = 1e-5f;
     float init_method_std = 0.02f;
     float hidden_dropout = 0.0f;     // only 0 is supported on this backend

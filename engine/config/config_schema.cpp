@@ -117,7 +117,7 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "0 takes the nodes from the hosts the ranks run on; N > 0 simulates nodes of N "
                                       "consecutive ranks"}},
 
-        {"model.arch", &c.model.arch, one_of({"gpt"})},
+        {"model.arch", &c.model.arch, one_of({"gpt", "llama"})},
         {"model.num_layers", &c.model.num_layers, at_least(1)},
         {"model.hidden_size", &c.model.hidden_size, at_least(1)},
         {"model.num_attention_heads", &c.model.num_attention_heads, at_least(1)},
@@ -130,6 +130,14 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "0 or null takes it from the data source"}, true},
         {"model.make_vocab_size_divisible_by", &c.model.make_vocab_size_divisible_by, at_least(1)},
         {"model.untie_embeddings_and_output_weights", &c.model.untie_embeddings_and_output_weights, {}},
+        {"model.num_query_groups", &c.model.num_query_groups,
+         Constraint{.min = 0, .hint = "0 or null means num_attention_heads (multi-head attention)"}, true},
+        {"model.rotary_base", &c.model.rotary_base, Constraint{.min = 1, .min_open = true}},
+        {"model.rope_scaling_factor", &c.model.rope_scaling_factor,
+         Constraint{.min = 0, .hint = "0 (or 1) turns Llama 3's RoPE scaling off; Llama 3.1 uses 8"}},
+        {"model.rope_low_freq_factor", &c.model.rope_low_freq_factor, positive()},
+        {"model.rope_high_freq_factor", &c.model.rope_high_freq_factor, positive()},
+        {"model.rope_original_max_position_embeddings", &c.model.rope_original_max_position_embeddings, positive()},
         {"model.layernorm_epsilon", &c.model.layernorm_epsilon, positive()},
         {"model.init_method_std", &c.model.init_method_std, positive()},
         {"model.hidden_dropout", &c.model.hidden_dropout, unit_interval_open()},

@@ -38,6 +38,13 @@ T count_parameters(T padded_vocab, T max_positions, T L, T C, T F) {
     return padded_vocab * C + max_positions * C + L * per_layer + 2 * C;
 }
 
+// Llama: the token embedding and the untied output layer, per layer two RMSNorms (2C), q, k, v (C*C + 2*KVC*C with
+// KVC = the key/value heads' width), o_proj (C*C), gate, up and down (3*F*C), and the final RMSNorm (C).
+template <typename T>
+T count_llama_parameters(T padded_vocab, T L, T C, T F, T KVC) {
+    return 2 * padded_vocab * C + L * (2 * C + 2 * C * C + 2 * KVC * C + 3 * F * C) + C;
+}
+
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 // eval.sample_tokens: at most this many context windows (see validate_config).
 constexpr int64_t kSampleWindows = 16;
@@ -107,10 +114,36 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "min_loss_scale (Megatron's default is 1) or raise initial_loss_scale",
             cfg.mixed_precision.min_loss_scale, cfg.mixed_precision.initial_loss_scale);
     }
-    if (m.untie_embeddings_and_output_weights) {
+    const bool llama = m.arch == "llama";
+    if (!llama && m.untie_embeddings_and_output_weights) {
         fail(
-            "model.untie_embeddings_and_output_weights = true is not supported (GPT-2 ties the output layer to "
-            "the token embedding); hint: set it to false");
+            "model.untie_embeddings_and_output_weights = true is not supported with model.arch 'gpt' (GPT-2 ties the "
+            "output layer to the token embedding); hint: set it to false, or use model.arch: llama");
+    }
+    if (llama && !m.untie_embeddings_and_output_weights) {
+        fail(
+            "model.arch 'llama' has an output layer of its own (lm_head.weight), but "
+            "model.untie_embeddings_and_output_weights is false; hint: set it to true (as Megatron's Llama "
+            "configs pass --untie-embeddings-and-output-weights)");
+    }
+    if (!llama && (m.num_query_groups != 0 || m.rope_scaling_factor != 0.0 || m.rotary_base != 10000.0)) {
+        fail(
+            "model.num_query_groups({}), rotary_base({}) and rope_scaling_factor({}) are Llama's (grouped-query "
+            "attention, rotary positions), but model.arch is '{}'; hint: remove them, or set model.arch: llama",
+            m.num_query_groups, m.rotary_base, m.rope_scaling_factor, m.arch);
+    }
+    if (llama && t.recompute_granularity != "none") {
+        fail(
+            "training.recompute_granularity = '{}' is not supported with model.arch 'llama' (activation "
+            "recomputation is built for GPT's graph only); hint: set recompute_granularity: none",
+            t.recompute_granularity);
+    }
+    if (llama && m.rope_scaling_factor != 0.0 && m.rope_scaling_factor != 1.0 &&
+        !(m.rope_high_freq_factor > m.rope_low_freq_factor)) {
+        fail(
+            "model.rope_high_freq_factor({}) must exceed model.rope_low_freq_factor({}) when "
+            "rope_scaling_factor({}) turns Llama 3's RoPE scaling on; hint: Llama 3.1 uses 4 and 1",
+            m.rope_high_freq_factor, m.rope_low_freq_factor, m.rope_scaling_factor);
     }
     if (m.hidden_dropout != 0.0f || m.attention_dropout != 0.0f) {
         fail(
@@ -138,6 +171,19 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "model.hidden_size({}) is not divisible by model.num_attention_heads({}); hint: the head size is "
             "hidden_size / num_attention_heads, e.g. 768 / 12 = 64",
             m.hidden_size, m.num_attention_heads);
+    }
+    const int kv_heads = m.num_query_groups > 0 ? m.num_query_groups : m.num_attention_heads;
+    if (llama && m.num_attention_heads % kv_heads != 0) {
+        fail(
+            "model.num_query_groups({}) does not divide model.num_attention_heads({}); hint: grouped-query attention "
+            "gives each key/value head num_attention_heads / num_query_groups query heads, so pick a divisor of {}",
+            m.num_query_groups, m.num_attention_heads, m.num_attention_heads);
+    }
+    if (llama && (m.hidden_size / m.num_attention_heads) % 2 != 0) {
+        fail(
+            "model.hidden_size({}) / num_attention_heads({}) = {} is an odd head size, which rotary position "
+            "embeddings cannot rotate (they pair column i with i + head_size / 2); hint: an even head size",
+            m.hidden_size, m.num_attention_heads, m.hidden_size / m.num_attention_heads);
     }
     int max_positions = m.max_position_embeddings > 0 ? m.max_position_embeddings : m.seq_length;
     if (m.seq_length > max_positions) {
@@ -178,6 +224,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "model.ffn_hidden_size = 4 * hidden_size({}) = {} is more than a 32-bit size holds; hint: set "
             "model.ffn_hidden_size, or use a smaller hidden_size",
             m.hidden_size, 4 * int64_t{m.hidden_size});
+    }
+    if (llama && kv_heads % tp != 0) {
+        fail(
+            "model.num_query_groups({}) is not divisible by parallel.tensor_model_parallel_size({}); hint: each "
+            "tensor-parallel rank holds num_query_groups / tp whole key/value heads (and their query heads)",
+            kv_heads, tp);
     }
     const int ffn_hidden = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size;
     if (ffn_hidden % tp != 0) {
@@ -343,8 +395,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "smaller make_vocab_size_divisible_by",
             m.vocab_size, m.make_vocab_size_divisible_by, tp, multiple, padded_vocab);
     }
-    const double approx_parameters =
-        count_parameters<double>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    const auto parameters = [&]<typename T>(T) {
+        if (llama)
+            return count_llama_parameters<T>(padded_vocab, m.num_layers, m.hidden_size, ffn_hidden,
+                                             T(m.hidden_size) / m.num_attention_heads * kv_heads);
+        return count_parameters<T>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    };
+    const double approx_parameters = parameters(0.0);
     if (approx_parameters > 0x1p62) {
         fail(
             "model.num_layers({}), hidden_size({}), ffn_hidden_size({}) and the padded vocabulary {} make {:.3g} "
@@ -358,7 +415,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     d.ffn_hidden = ffn_hidden;
     d.num_microbatches = num_microbatches;
     d.tokens_per_step = static_cast<int64_t>(global_batch) * m.seq_length;
-    d.num_parameters = count_parameters<int64_t>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+    d.num_parameters = parameters(int64_t{0});
     return d;
 }
 

@@ -33,6 +33,20 @@ const char* op_name(OpCode op) {
             return "load_tokens";
         case OpCode::kLoadTargets:
             return "load_targets";
+        case OpCode::kLoadConstant:
+            return "load_constant";
+        case OpCode::kRmsNorm:
+            return "rmsnorm";
+        case OpCode::kRope:
+            return "rope";
+        case OpCode::kSwiGlu:
+            return "swiglu";
+        case OpCode::kRmsNormBackward:
+            return "rmsnorm_backward";
+        case OpCode::kRopeBackward:
+            return "rope_backward";
+        case OpCode::kSwiGluBackward:
+            return "swiglu_backward";
         case OpCode::kResidualLayerNorm:
             return "residual+layernorm";
         case OpCode::kMatmulGelu:
@@ -193,6 +207,18 @@ void Differentiator::apply(const Node& f) {
             return;
         case OpCode::kAttention:
             emit(f, OpCode::kAttentionBackward, {grad(f.out[0]), in(0), f.out[0], f.out[1]}, {new_grad(in(0))});
+            return;
+        case OpCode::kRmsNorm: {
+            const auto [dx, acc] = grad_to_write(in(0));
+            emit(f, OpCode::kRmsNormBackward, {grad(f.out[0]), in(0), in(1), f.out[1]}, {dx, param_grad(in(1))}, acc);
+            if (f.tp_rows) tp_partial(in(1));
+            return;
+        }
+        case OpCode::kRope:  // in place: the gradient of the rotated qkv is rotated back where it is
+            emit(f, OpCode::kRopeBackward, {grad(f.out[0]), in(1)}, {grad(f.out[0])});
+            return;
+        case OpCode::kSwiGlu:
+            emit(f, OpCode::kSwiGluBackward, {grad(f.out[0]), in(0)}, {new_grad(in(0))});
             return;
         case OpCode::kResidual: {  // y = a + (b + bias)
             const TensorId dy = grad(f.out[0]);

@@ -75,6 +75,10 @@ enum class OpCode : uint8_t {
     kLoadTokens,    //                                            out: tokens (host: the caller's ids, checked
                     //                                              against vocab_valid, the real vocabulary)
     kLoadTargets,   //                                            out: targets (host)
+    kLoadConstant,  //                                            out: the node's `constant` values (host, fp32)
+    kRmsNorm,       // in: x, weight                              out: y, rstd           attr: eps
+    kRope,          // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
+    kSwiGlu,        // in: x (N, 2F) rows [gate | up]             out: y (N, F)
     // fused forward (fusion.cpp)
     kResidualLayerNorm,  // in: a, b, bias, weight, ln_bias       out: sum, y, mean, rstd
     kMatmulGelu,         // in: x, weight, bias                   out: pre, y = gelu(pre)
@@ -87,6 +91,9 @@ enum class OpCode : uint8_t {
     kMatmulBackward,        // in: dy, x, weight, [gelu_pre]      out: dx (accumulate; optional), dweight, dbias
     kGeluBackward,          // in: x, dy                          out: dx
     kAttentionBackward,     // in: dy, qkv, y, lse                out: dqkv
+    kRmsNormBackward,       // in: dy, x, weight, rstd            out: dx (accumulate), dweight
+    kRopeBackward,          // in: dqkv, table                    out: dqkv (in place: the inverse rotation)
+    kSwiGluBackward,        // in: dy, x                          out: dx
     kBiasGradient,          // in: dy                             out: dbias (+= column sums of dy)
     kLossGradient,          //                                    out: dloss = loss_scale / N (host, run-time scale)
     kCrossEntropyBackward,  // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
@@ -110,11 +117,13 @@ struct Node {
     // attributes (those the op uses)
     float eps = 0.0f;
     int64_t B = 0, T = 0, NH = 0;                                // attention: batch, sequence, heads held; embedding: T
+    int64_t NKV = 0;                                             // attention, rope: key/value heads held (0: NH)
     int64_t vocab_start = 0, vocab_valid = 0;                    // embedding, cross-entropy
     int64_t chunk_rows = 0;                                      // kLmHeadLoss: rows per chunk
     ReduceOp reduce = ReduceOp::kSum;                            // all-reduce
     CrossEntropyPhase ce_phase = CrossEntropyPhase::kMaxSumExp;  // cross-entropy forward
-    std::string label = {};  // what the builder called it ("h.3.mlp.c_fc"), for plan --graph and errors
+    std::string label = {};            // what the builder called it ("h.3.mlp.c_fc"), for plan --graph and errors
+    std::vector<float> constant = {};  // kLoadConstant: the values (a rope table), computed once by the builder
     // Embedding: this tensor-parallel rank adds the position rows (tp rank 0), so the sum over tp adds them once;
     // every rank takes the whole position gradient, as the table is replicated.
     bool pos_on_this_rank = true;

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <span>
+#include <vector>
 
 #include "engine/core/check.h"
 
@@ -79,6 +81,46 @@ Program::Step Compiler::step(const Node& n) {
                         }
                     }};
         }
+        case OpCode::kLoadConstant: {
+            float* dst = static_cast<float*>(address(out(0)));
+            MS_CHECK(static_cast<int64_t>(n.constant.size()) == g_.info(out(0)).numel() &&
+                         g_.info(out(0)).dtype == DType::kF32,
+                     "graph program: '{}' holds {} values for {} fp32 elements", n.label, n.constant.size(),
+                     g_.info(out(0)).numel());
+            const std::vector<float> values = n.constant;
+            return {label, [=](const RunArgs&) {
+                        be->synchronize();  // an earlier call's ops may still read the buffer
+                        std::copy(values.begin(), values.end(), dst);
+                    }};
+        }
+        case OpCode::kRmsNorm: {
+            RmsNormForwardArgs a{rows(in(0)), rows(in(1)), rows(out(0)), rows(out(1)), n.eps};
+            return {label, [=](const RunArgs&) { be->rmsnorm_forward(a); }};
+        }
+        case OpCode::kRmsNormBackward: {
+            RmsNormBackwardArgs a{rows(in(0)),  rows(in(1)),  rows(in(2)), rows(in(3)),
+                                  rows(out(0)), rows(out(1)), n.accumulate};
+            return {label, [=](const RunArgs&) { be->rmsnorm_backward(a); }};
+        }
+        case OpCode::kRope:
+        case OpCode::kRopeBackward: {
+            RopeArgs a{.qkv = rows(in(0)),
+                       .table = rows(in(1)),
+                       .positions = {},
+                       .T = n.T,
+                       .NH = n.NH,
+                       .NKV = n.NKV,
+                       .direction = n.op == OpCode::kRope ? RopeDirection::kForward : RopeDirection::kInverse};
+            return {label, [=](const RunArgs&) { be->rope(a); }};
+        }
+        case OpCode::kSwiGlu: {
+            SwiGluForwardArgs a{rows(in(0)), rows(out(0))};
+            return {label, [=](const RunArgs&) { be->swiglu_forward(a); }};
+        }
+        case OpCode::kSwiGluBackward: {
+            SwiGluBackwardArgs a{rows(in(0)), rows(in(1)), rows(out(0))};
+            return {label, [=](const RunArgs&) { be->swiglu_backward(a); }};
+        }
         case OpCode::kEmbedding: {
             const int64_t T = n.T;
             EmbeddingForwardArgs a{view(in(0), {g_.info(in(0)).numel()}),
@@ -120,7 +162,7 @@ Program::Step Compiler::step(const Node& n) {
         case OpCode::kAttention: {
             const int64_t B = n.B, T = n.T;
             AttentionForwardArgs a{view(in(0), {B, T, dim(in(0), 1)}), view(out(0), {B, T, dim(out(0), 1)}),
-                                   view(out(1), {B, n.NH, T}), n.NH};
+                                   view(out(1), {B, n.NH, T}), n.NH, n.NKV};
             return {label, [=](const RunArgs&) { be->attention_forward(a); }};
         }
         case OpCode::kResidual: {
@@ -214,10 +256,14 @@ Program::Step Compiler::step(const Node& n) {
             return {label, [=](const RunArgs&) { be->gelu_backward(a); }};
         }
         case OpCode::kAttentionBackward: {
-            const int64_t B = n.B, T = n.T, cols = dim(in(0), 1);
-            AttentionBackwardArgs a{view(in(0), {B, T, cols}),      view(in(1), {B, T, 3 * cols}),
-                                    view(in(2), {B, T, cols}),      view(in(3), {B, n.NH, T}),
-                                    view(out(0), {B, T, 3 * cols}), n.NH};
+            const int64_t B = n.B, T = n.T, cols = dim(in(0), 1), qkv = dim(in(1), 1);
+            AttentionBackwardArgs a{view(in(0), {B, T, cols}),
+                                    view(in(1), {B, T, qkv}),
+                                    view(in(2), {B, T, cols}),
+                                    view(in(3), {B, n.NH, T}),
+                                    view(out(0), {B, T, qkv}),
+                                    n.NH,
+                                    n.NKV};
             return {label, [=](const RunArgs&) { be->attention_backward(a); }};
         }
         case OpCode::kLayerNormBackward: {

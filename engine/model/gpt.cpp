@@ -26,6 +26,77 @@ int part_layers(const GptShape& s, const GptPart& part) {
     return part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
 }
 
+// Appends parameters to a table, each at the next 16-aligned offset (or right after one packed_with_next).
+class TableWriter {
+  public:
+    explicit TableWriter(int tp) : tp_(tp) {}
+    // divisor 0: constant `value`; else N(0, (init_std / divisor)^2)
+    ParamInfo& add(std::string name, std::vector<int64_t> global, ShardKind shard, float divisor, float value) {
+        ParamInfo p;
+        p.name = std::move(name);
+        p.global_shape = global;
+        p.shard = shard;
+        p.shape = std::move(global);
+        if (shard == ShardKind::kRows || shard == ShardKind::kQkvRows) p.shape[0] /= tp_;
+        if (shard == ShardKind::kCols) p.shape[1] /= tp_;
+        p.numel = 1;
+        for (int64_t d : p.shape) p.numel *= d;
+        p.offset = offset_;
+        p.weight_decay = p.shape.size() >= 2;
+        p.init = divisor > 0.0f ? InitKind::kNormal : InitKind::kConstant;
+        p.init_divisor = divisor > 0.0f ? divisor : 1.0f;
+        p.init_value = value;
+        offset_ = align_up(offset_ + p.numel, kParamAlign);
+        t_.push_back(std::move(p));
+        return t_.back();
+    }
+    // The next add() follows the last parameter without a gap.
+    void pack() {
+        ParamInfo& p = t_.back();
+        p.packed_with_next = true;
+        offset_ = p.offset + p.numel;
+    }
+    std::vector<ParamInfo> take() { return std::move(t_); }
+
+  private:
+    int tp_;
+    int64_t offset_ = 0;
+    std::vector<ParamInfo> t_;
+};
+
+// Llama (Hugging Face's LlamaForCausalLM names; Megatron's tensor-parallel split): the fused projections are
+// separate parameters packed back to back, so each is a plain row split and a tp rank's flat buffer holds
+// [Q_r | K_r | V_r] and [gate_r | up_r] as the graph reads them.
+std::vector<ParamInfo> llama_param_table(const GptShape& s, int tp, const GptPart& part, int num_layers) {
+    const int64_t HS = s.C / s.NH, KV = s.kv_heads();
+    MS_CHECK(KV % tp == 0, "tensor-parallel size {} must divide the key/value heads {}", tp, KV);
+    TableWriter w(tp);
+    const float proj = std::sqrt(2.0f * static_cast<float>(s.L));  // the residual projections' init divisor
+    const int64_t C = s.C, F = s.F;
+    using K = ShardKind;
+    if (part.embedding) w.add("model.embed_tokens.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
+    for (int l = part.first_layer; l < part.first_layer + num_layers; ++l) {
+        const std::string h = "model.layers." + std::to_string(l) + ".";
+        w.add(h + "input_layernorm.weight", {C}, K::kReplicated, 0, 1);
+        w.add(h + "self_attn.q_proj.weight", {s.NH * HS, C}, K::kRows, 1, 0);
+        w.pack();
+        w.add(h + "self_attn.k_proj.weight", {KV * HS, C}, K::kRows, 1, 0);
+        w.pack();
+        w.add(h + "self_attn.v_proj.weight", {KV * HS, C}, K::kRows, 1, 0);
+        w.add(h + "self_attn.o_proj.weight", {C, s.NH * HS}, K::kCols, proj, 0);
+        w.add(h + "post_attention_layernorm.weight", {C}, K::kReplicated, 0, 1);
+        w.add(h + "mlp.gate_proj.weight", {F, C}, K::kRows, 1, 0);
+        w.pack();
+        w.add(h + "mlp.up_proj.weight", {F, C}, K::kRows, 1, 0);
+        w.add(h + "mlp.down_proj.weight", {C, F}, K::kCols, proj, 0);
+    }
+    if (part.head) {
+        w.add("model.norm.weight", {C}, K::kReplicated, 0, 1);
+        w.add("lm_head.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
+    }
+    return w.take();
+}
+
 }  // namespace
 
 std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart& part) {
@@ -34,33 +105,18 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart&
     const int num_layers = part_layers(s, part);
     MS_CHECK(part.first_layer >= 0 && num_layers >= 0 && part.first_layer + num_layers <= s.L,
              "model part: layers [{}, {}) outside [0, {})", part.first_layer, part.first_layer + num_layers, s.L);
-    std::vector<ParamInfo> t;
-    int64_t offset = 0;
+    if (s.arch == ModelArch::kLlama) return llama_param_table(s, tp, part, num_layers);
+    TableWriter w(tp);
     const float proj = std::sqrt(2.0f * static_cast<float>(s.L));  // the residual projections' init divisor
-    // divisor 0: constant `value`; else N(0, (init_std / divisor)^2)
     auto add = [&](std::string name, std::vector<int64_t> global, ShardKind shard, float divisor, float value) {
-        ParamInfo p;
-        p.name = std::move(name);
-        p.global_shape = global;
-        p.shard = shard;
-        p.shape = std::move(global);
-        if (shard == ShardKind::kRows || shard == ShardKind::kQkvRows) p.shape[0] /= tp;
-        if (shard == ShardKind::kCols) p.shape[1] /= tp;
-        p.numel = 1;
-        for (int64_t d : p.shape) p.numel *= d;
-        p.offset = offset;
-        p.weight_decay = p.shape.size() >= 2;
-        p.init = divisor > 0.0f ? InitKind::kNormal : InitKind::kConstant;
-        p.init_divisor = divisor > 0.0f ? divisor : 1.0f;
-        p.init_value = value;
-        offset = align_up(offset + p.numel, kParamAlign);
-        t.push_back(std::move(p));
+        w.add(std::move(name), std::move(global), shard, divisor, value);
     };
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
     if (part.embedding || part.head) {
-        add("wte.weight", {s.Vp, C}, K::kRows, 1, 0);
-        t.back().pp_duplicate = !part.embedding;
+        ParamInfo& wte = w.add("wte.weight", {s.Vp, C}, K::kRows, 1, 0);
+        wte.pp_duplicate = !part.embedding;
+        wte.vocab_rows = true;
     }
     if (part.embedding) add("wpe.weight", {s.T, C}, K::kReplicated, 1, 0);
     for (int l = part.first_layer; l < part.first_layer + num_layers; ++l) {
@@ -82,7 +138,7 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart&
         add("ln_f.weight", {C}, K::kReplicated, 0, 1);
         add("ln_f.bias", {C}, K::kReplicated, 0, 0);
     }
-    return t;
+    return w.take();
 }
 
 int64_t ParamInfo::global_index(int64_t i, int tp_rank, int tp_size) const {
@@ -112,6 +168,14 @@ int64_t gpt_num_params(const GptShape& s) {
 }
 
 double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
+    if (s.arch == ModelArch::kLlama) {
+        // Megatron's num_floating_point_operations with group-query attention and SwiGLU (gate and up: 3 GEMMs of
+        // C x F), per token, forward + backward = 3x forward; the untied output layer is one C x Vp GEMM.
+        const double L = s.L, C = s.C, T = seq_length, F = s.F, Vp = s.Vp;
+        const double kv = static_cast<double>(s.kv_heads()) / s.NH;
+        const double per_layer = 2.0 * (C * C * (1 + 2 * kv) + C * C + 3 * C * F) + 2.0 * 2.0 * T * C;
+        return 3.0 * (L * per_layer + 2.0 * C * Vp);
+    }
     // Megatron's num_floating_point_operations for a dense GPT (forward + backward = 3x forward), per token:
     // 72 L C^2 (1 + T/(6C) + Vp/(12 L C)) with ffn = 4C; written out for a general ffn size.
     const double L = s.L, C = s.C, T = seq_length, F = s.F, Vp = s.Vp;
@@ -193,8 +257,8 @@ void Gpt::init_weights(uint64_t seed, float init_std) {
             continue;
         }
         const uint64_t stream = name_hash(p.name);
-        // Rows of wte past the real vocabulary are never looked up and their logits are masked: keep them 0.
-        const int64_t live = p.name == "wte.weight" ? static_cast<int64_t>(shape_.V) * shape_.C : INT64_MAX;
+        // Rows past the real vocabulary are never looked up and their logits are masked: keep them 0.
+        const int64_t live = p.vocab_rows ? static_cast<int64_t>(shape_.V) * shape_.C : INT64_MAX;
         const int tp_rank = tp_.rank(), tp_size = tp_.size();
         const float std_p = p.std_for(init_std);
 #pragma omp parallel for schedule(static)

@@ -40,6 +40,7 @@
 
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
+#include "engine/backends/rope_table.h"
 #include "engine/graph/program.h"
 #include "engine/graph/recompute_options.h"
 #include "memory/memory_block.h"
@@ -61,16 +62,28 @@ struct GptGraphOptions {
     DType grads = DType::kF32;
 };
 
+// The model family (model.arch): GPT-2 as described above, or Llama (Megatron's / Hugging Face's): token embedding
+// without positions, pre-RMSNorm blocks, rotary position embeddings on Q and K, causal grouped-query attention
+// (num_query_groups key/value heads), a SwiGLU MLP, no biases, a final RMSNorm and an untied output layer
+// (llama_graph.cpp). Both run through the same table, chunk runner, pipeline and plan.
+enum class ModelArch : uint8_t { kGpt, kLlama };
+
 struct GptShape {
-    int L = 12;      // layers
-    int C = 768;     // hidden
-    int NH = 12;     // heads
-    int T = 1024;    // max sequence length (= number of position embeddings)
-    int S = 0;       // sequence length the activations are sized for, at most T (0: T); see seq()
-    int V = 50257;   // real vocabulary
-    int Vp = 50304;  // padded vocabulary (multiple of make_vocab_size_divisible_by)
-    int F = 3072;    // ffn hidden
-    float eps = 1e-5f;
+    ModelArch arch = ModelArch::kGpt;
+    int L = 12;         // layers
+    int C = 768;        // hidden
+    int NH = 12;        // heads
+    int T = 1024;       // max sequence length (= number of position embeddings)
+    int S = 0;          // sequence length the activations are sized for, at most T (0: T); see seq()
+    int V = 50257;      // real vocabulary
+    int Vp = 50304;     // padded vocabulary (multiple of make_vocab_size_divisible_by)
+    int F = 3072;       // ffn hidden
+    float eps = 1e-5f;  // LayerNorm's epsilon, RMSNorm's for Llama (model.layernorm_epsilon)
+    // Llama only:
+    int NKV = 0;                    // key/value heads (model.num_query_groups); 0: NH
+    double rope_theta = 10000.0;    // model.rotary_base
+    RopeScaling rope_scaling = {};  // model.rope_scaling_factor and the Llama 3 keys beside it
+    int kv_heads() const { return NKV > 0 ? NKV : NH; }
     // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not
     // pay for the difference in activation memory.
@@ -80,7 +93,7 @@ struct GptShape {
 // How a parameter is cut across tensor-parallel ranks.
 enum class ShardKind : uint8_t {
     kReplicated,  // every TP rank holds the whole tensor
-    kRows,        // dim 0 split in tp equal blocks (vocab-parallel wte, column-parallel c_fc)
+    kRows,        // dim 0 split in tp equal blocks (vocab-parallel wte, column-parallel c_fc, Llama's q/k/v, gate, up)
     kCols,        // dim 1 split (row-parallel c_proj weights)
     kQkvRows,     // dim 0 = [Q | K | V] blocks, each split per head (column-parallel c_attn)
 };
@@ -90,8 +103,8 @@ enum class ShardKind : uint8_t {
 struct GptPart {
     int first_layer = 0;
     int num_layers = -1;    // -1: every layer from first_layer on
-    bool embedding = true;  // token + position embeddings (the first chunk)
-    bool head = true;       // final LayerNorm, the output head tied to wte, and the loss (the last chunk)
+    bool embedding = true;  // token (+ position) embeddings (the first chunk)
+    bool head = true;       // final norm, the output head (tied to wte for GPT) and the loss (the last chunk)
 };
 
 // How a parameter's elements start. The table holds the rule, not the numbers: the model's init std (the config's
@@ -115,6 +128,12 @@ struct ParamInfo {
     InitKind init = InitKind::kConstant;
     float init_divisor = 1.0f;  // kNormal: sqrt(2 L) for the residual output projections (attn.c_proj, mlp.c_proj)
     float init_value = 0.0f;    // kConstant
+    // Rows past the real vocabulary V are padding (wte, Llama's embedding and output layer): initialised to 0.
+    bool vocab_rows = false;
+    // The next parameter follows this one with no alignment gap, in the flat buffers of every tp rank, so the graph
+    // can read both as one tensor (Llama's q_proj, k_proj, v_proj as one [Q | K | V] weight; gate_proj, up_proj as
+    // one [gate | up] weight).
+    bool packed_with_next = false;
 
     // The std of this parameter's elements when the model's init std is `init_std` (0 for kConstant).
     float std_for(float init_std) const { return init == InitKind::kNormal ? init_std / init_divisor : 0.0f; }
@@ -128,9 +147,10 @@ struct ParamInfo {
     bool pp_duplicate = false;
 };
 
-// The parameter table of `part` of a GPT-2 of this shape as held by one of tp_size tensor-parallel ranks (pure
-// function; used by the model, the optimizer, checkpoints and tests). Requires NH, F and Vp divisible by tp_size.
-// Offsets start at 0 and are 16-element aligned.
+// The parameter table of `part` of a model of this shape (GPT-2 or Llama, shape.arch) as held by one of tp_size
+// tensor-parallel ranks (pure function; used by the model, the optimizer, checkpoints and tests). Requires NH, F and
+// Vp (and Llama's key/value heads) divisible by tp_size. Offsets start at 0 and are 16-element aligned, except after a
+// parameter packed_with_next.
 std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp_size = 1, const GptPart& part = {});
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
@@ -171,6 +191,11 @@ class Gpt {
     // The flat gradients (flat_size() elements of grad_dtype()).
     void* grads() { return grads_ptr_; }
     DType grad_dtype() const { return grad_dtype_; }
+    // grads() of a model with fp32 gradients (fatal otherwise): for code that only runs such models.
+    float* grads_f32() {
+        MS_CHECK(grad_dtype_ == DType::kF32, "Gpt::grads_f32: the gradients are {}", dtype_name(grad_dtype_));
+        return static_cast<float*>(grads_ptr_);
+    }
     DType dtype() const { return dtype_; }
     // The weights the ops read: params() itself in fp32, else the 16-bit copy (flat, params()'s layout).
     void* weights() { return weights_ptr_; }

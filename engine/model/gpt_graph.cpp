@@ -1,4 +1,4 @@
-// gpt_graph.cpp: GPT-2's graph builder and the chunk runner over compiled programs (gpt_graph.h).
+// gpt_graph.cpp: GPT-2's graph builder (on chunk_builder.h) and the chunk runner over compiled programs (gpt_graph.h).
 #include "engine/model/gpt_graph.h"
 
 #include <fmt/format.h>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/core/check.h"
+#include "engine/model/chunk_builder.h"
 
 namespace ms {
 namespace {
@@ -18,91 +19,24 @@ using graph::Role;
 using graph::TensorId;
 using graph::TensorInfo;
 
-class GptBuilder {
+// GPT-2's embedding (token + position rows) and block (gpt.h).
+class GptBuilder : public ChunkBuilder {
   public:
-    GptBuilder(const GptGraphSpec& s, const std::vector<ParamInfo>& table) : s_(s) {
-        g_.act = s.act;
-        N_ = static_cast<int64_t>(s.B) * s.T;
-        sp_ = s.sequence_parallel && s.tp_size > 1;
-        Nl_ = sp_ ? N_ / s.tp_size : N_;
-        for (size_t i = 0; i < table.size(); ++i) {
-            const ParamInfo& p = table[i];
-            const TensorId w = g_.add_tensor({.name = p.name,
-                                              .shape = p.shape,
-                                              .dtype = s.act,
-                                              .role = Role::kParameter,
-                                              .param_offset = p.offset,
-                                              .param = static_cast<int>(i)});
-            const TensorId d = g_.add_tensor({.name = "grad." + p.name,
-                                              .shape = p.shape,
-                                              .dtype = s.options.grads,
-                                              .role = Role::kGradient,
-                                              .param_offset = p.offset,
-                                              .param = static_cast<int>(i)});
-            g_.grad_of[static_cast<size_t>(w)] = d;
-        }
-    }
-
-    GptGraph build();
+    using ChunkBuilder::ChunkBuilder;
 
   private:
-    TensorId param(const std::string& name) const {
-        const TensorId t = g_.find(name);
-        MS_CHECK(t != kNoTensor && g_.info(t).role == Role::kParameter, "gpt graph: no parameter '{}'", name);
-        return t;
-    }
-    TensorId act(const std::string& name, int64_t rows, int64_t cols, Role role = Role::kActivation) {
-        return g_.add_tensor({.name = name, .shape = {rows, cols}, .dtype = s_.act, .role = role, .layer = layer_});
-    }
-    TensorId stat(const std::string& name, int64_t n, DType t = DType::kF32) {
-        return g_.add_tensor({.name = name, .shape = {n}, .dtype = t, .layer = layer_});
-    }
-    Node& op(OpCode code, std::string label, std::vector<TensorId> in, std::vector<TensorId> out, int layer) {
-        Node n;
-        n.op = code;
-        n.in = std::move(in);
-        n.out = std::move(out);
-        n.layer = layer;
-        n.label = std::move(label);
-        g_.nodes.push_back(std::move(n));
-        return g_.nodes.back();
-    }
-    // LayerNorm of the residual stream x (this rank's rows), then the input of a column-parallel layer: all rows
-    // (all-gathered under sequence parallelism; Megatron's "copy" otherwise).
-    TensorId layernorm_to_columns(TensorId x, const std::string& prefix, const std::string& ln, int layer) {
-        const std::string name = prefix + ln;
-        const TensorId y = act(sp_ ? name + ".local" : name, Nl_, s_.shape.C);
-        const TensorId mean = stat(name + "_mean", Nl_), rstd = stat(name + "_rstd", Nl_);
-        op(OpCode::kLayerNorm, name, {x, param(name + ".weight"), param(name + ".bias")}, {y, mean, rstd}, layer).eps =
-            s_.shape.eps;
-        g_.nodes.back().tp_rows = sp_;
-        if (sp_) {
-            const TensorId full = act(name, N_, s_.shape.C);
-            op(OpCode::kAllGather, name, {y}, {full}, layer);
-            return full;
-        }
-        if (s_.tp_size > 1) op(OpCode::kTpCopy, name, {y}, {y}, layer);
-        return y;
-    }
-    // A row-parallel layer's partial sums -> this rank's rows of the sum.
-    TensorId reduce_rows(TensorId partial, const std::string& name, int layer) {
-        if (sp_) {
-            const TensorId local = act(name, Nl_, s_.shape.C);
-            op(OpCode::kReduceScatter, name, {partial}, {local}, layer);
-            return local;
-        }
-        if (s_.tp_size > 1) op(OpCode::kAllReduce, name, {partial}, {partial}, layer);
-        return partial;
-    }
-    TensorId layer(TensorId res, int l, bool last);
-    void head(TensorId res);
-
-    const GptGraphSpec& s_;
-    graph::Graph g_;
-    int64_t N_ = 0, Nl_ = 0;
-    bool sp_ = false;
-    int layer_ = -1;  // the layer whose tensors are being made (-1: the chunk's own)
+    void embedding(TensorId tokens, TensorId out) override;
+    TensorId layer(TensorId res, int l, bool last) override;
+    std::string final_norm() const override { return "ln_f"; }
+    std::string output_weight() const override { return "wte.weight"; }
 };
+
+void GptBuilder::embedding(TensorId tokens, TensorId out) {
+    Node& e = op(OpCode::kEmbedding, "embedding", {tokens, param("wte.weight"), param("wpe.weight")}, {out}, -1);
+    e.vocab_start = s_.tp_rank * (s_.shape.Vp / s_.tp_size);
+    e.T = s_.T;
+    e.pos_on_this_rank = s_.tp_rank == 0;
+}
 
 // Layer l's ops; its tensors are "h.<l>.<what>" and belong to layer l. The last layer's output is the chunk's
 // (role kOutput without the head); the gradient of the stream, which the backward of the chunk's head or the next
@@ -113,7 +47,7 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
     const int64_t tp = s_.tp_size, C = s.C, NH_local = s.NH / tp, C_local = NH_local * (s.C / s.NH), F = s.F / tp;
     const std::string h = fmt::format("h.{}.", l);
     // attention: res2 = res + c_proj(attention(c_attn(ln_1(res)))) + bias
-    TensorId x = layernorm_to_columns(res, h, "ln_1", l);
+    TensorId x = norm_to_columns(res, h + "ln_1", h + "ln_1", l);
     const TensorId qkv = act(h + "qkv", N_, 3 * C_local);
     op(OpCode::kMatmul, h + "attn.c_attn", {x, param(h + "attn.c_attn.weight"), param(h + "attn.c_attn.bias")}, {qkv},
        l);
@@ -129,7 +63,7 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
     const TensorId res2 = act(h + "res2", Nl_, C);
     op(OpCode::kResidual, h + "attn.residual", {res, attn_out, param(h + "attn.c_proj.bias")}, {res2}, l).tp_rows = sp_;
     // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
-    x = layernorm_to_columns(res2, h, "ln_2", l);
+    x = norm_to_columns(res2, h + "ln_2", h + "ln_2", l);
     const TensorId fch = act(h + "fch", N_, F);
     op(OpCode::kMatmul, h + "mlp.c_fc", {x, param(h + "mlp.c_fc.weight"), param(h + "mlp.c_fc.bias")}, {fch}, l);
     const TensorId fch_gelu = act(h + "fch_gelu", N_, F);
@@ -144,93 +78,11 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
     return res3;
 }
 
-void GptBuilder::head(TensorId res) {
-    const GptShape& s = s_.shape;
-    const int64_t Vl = s.Vp / s_.tp_size, vocab_start = s_.tp_rank * Vl;
-    const TensorId x = layernorm_to_columns(res, "", "ln_f", -1);
-    const TensorId logits = act("logits", N_, Vl, Role::kOutput);
-    op(OpCode::kMatmul, "lm_head", {x, param("wte.weight"), kNoTensor}, {logits}, -1);
-    if (!s_.with_loss) return;
-    const TensorId targets = stat("targets", N_, DType::kI32);
-    op(OpCode::kLoadTargets, "targets", {}, {targets}, -1).vocab_valid = s.V;
-    const TensorId row_max = stat("row_max", N_);
-    const TensorId sums = g_.add_tensor({.name = "ce_sums", .shape = {2, N_}, .dtype = DType::kF32});
-    const int64_t valid = std::clamp<int64_t>(s.V - vocab_start, 0, Vl);
-    auto cross_entropy = [&](CrossEntropyPhase phase, std::vector<TensorId> in, std::vector<TensorId> out) {
-        Node& n = op(OpCode::kCrossEntropy, "cross_entropy", std::move(in), std::move(out), -1);
-        n.ce_phase = phase;
-        n.vocab_start = vocab_start;
-        n.vocab_valid = valid;
-    };
-    if (s_.tp_size == 1) {
-        cross_entropy(CrossEntropyPhase::kMaxSumExp, {logits, targets}, {row_max, sums});
-    } else {  // vocab-parallel: the global row max, then the global sums (one all-reduce for both rows of sums)
-        cross_entropy(CrossEntropyPhase::kMax, {logits, targets}, {row_max});
-        op(OpCode::kAllReduce, "cross_entropy.max", {row_max}, {row_max}, -1).reduce = ReduceOp::kMax;
-        cross_entropy(CrossEntropyPhase::kSumExp, {logits, targets, row_max}, {kNoTensor, sums});
-        op(OpCode::kAllReduce, "cross_entropy.sums", {sums}, {sums}, -1);
-    }
-    const TensorId losses = g_.add_tensor(
-        {.name = "losses", .shape = {N_}, .dtype = DType::kF32, .role = Role::kOutput, .read_after_backward = true});
-    Node& loss = op(OpCode::kLoss, "loss", {logits, targets, row_max, sums}, {losses}, -1);
-    loss.vocab_start = vocab_start;
-    loss.vocab_valid = valid;
-}
-
-GptGraph GptBuilder::build() {
-    const GptShape& s = s_.shape;
-    const GptPart& part = s_.part;
-    const int64_t C = s.C;
-    TensorId res;
-    if (part.embedding) {
-        const int64_t Vl = s.Vp / s_.tp_size;
-        const TensorId tokens = stat("tokens", N_, DType::kI32);
-        op(OpCode::kLoadTokens, "tokens", {}, {tokens}, -1).vocab_valid = s.V;
-        const TensorId partial = act(sp_ ? "embedding" : "encoded", N_, C);
-        Node& e =
-            op(OpCode::kEmbedding, "embedding", {tokens, param("wte.weight"), param("wpe.weight")}, {partial}, -1);
-        e.vocab_start = s_.tp_rank * Vl;
-        e.T = s_.T;
-        e.pos_on_this_rank = s_.tp_rank == 0;
-        res = reduce_rows(partial, "encoded", -1);
-    } else {
-        res = act("input", Nl_, C, Role::kInput);
-    }
-    const TensorId input = res;
-    graph::PassReport recompute{.pass = "recompute", .steps = {}};
-    const int num_layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
-    const int end = part.first_layer + num_layers;
-    for (int l = part.first_layer; l < end; ++l) res = layer(res, l, l == end - 1);
-    if (part.head) {
-        head(res);
-    } else {
-        g_.tensors[static_cast<size_t>(res)].role = Role::kOutput;
-        const TensorId dout = act("dout", Nl_, C, Role::kGradInput);
-        g_.grad_of[static_cast<size_t>(res)] = dout;
-    }
-    if (!part.head || s_.with_loss) {
-        graph::derive_backward(g_);
-        recompute = graph::recompute(g_, s_.options.recompute, part.first_layer);
-        if (!part.embedding)
-            g_.tensors[static_cast<size_t>(g_.grad_of[static_cast<size_t>(input)])].role = Role::kGradInput;
-    }
-    GptGraph out{.g = std::move(g_), .recompute = std::move(recompute), .fusion = {}};
-    if (!s_.fuse) return out;
-    graph::FuseOptions fo;
-    const int64_t Vl = s.Vp / s_.tp_size;
-    if (s_.options.lm_head_loss_fusion && s_.tp_size == 1 && part.head && s_.with_loss) {
-        fo.lm_head_chunk_rows = lm_head_loss_chunk_rows(s_.options.backend, s_.act, N_, Vl);
-        fo.lm_head_scratch_elems =
-            lm_head_loss_scratch_elems(s_.options.backend, s_.act, N_, Vl, fo.lm_head_chunk_rows);
-    }
-    out.fusion = graph::fuse(out.g, fo);
-    return out;
-}
-
 }  // namespace
 
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table) {
     MS_CHECK(spec.B >= 1 && spec.T >= 1, "gpt graph: batch {} x sequence {}", spec.B, spec.T);
+    if (spec.shape.arch == ModelArch::kLlama) return build_llama_graph(spec, table);
     return GptBuilder(spec, table).build();
 }
 

@@ -30,6 +30,15 @@ GptShape gpt_shape(const Config& cfg, const DerivedConfig& d) {
     s.Vp = d.padded_vocab;
     s.F = d.ffn_hidden;
     s.eps = cfg.model.layernorm_epsilon;
+    if (cfg.model.arch == "llama") {
+        s.arch = ModelArch::kLlama;
+        s.NKV = cfg.model.num_query_groups;
+        s.rope_theta = cfg.model.rotary_base;
+        s.rope_scaling = {.factor = cfg.model.rope_scaling_factor,
+                          .low_freq_factor = cfg.model.rope_low_freq_factor,
+                          .high_freq_factor = cfg.model.rope_high_freq_factor,
+                          .original_max_position_embeddings = cfg.model.rope_original_max_position_embeddings};
+    }
     return s;
 }
 

@@ -49,7 +49,8 @@ Result train_two_steps(const ProcessGroups& g, const Case& c, Backend& backend, 
     model.init_weights(1234);
     Result r;
     for (int step = 0; step < 2; ++step) r.losses.push_back(model.train_step(sampler, step * 64, shape.T));
-    r.grads.assign(model.grads(), model.grads() + model.flat_size());
+    const float* grads = static_cast<const float*>(model.grads());  // fp32 gradients: the default
+    r.grads.assign(grads, grads + model.flat_size());
     return r;
 }
 

@@ -85,8 +85,8 @@ inline StepResult train_step(Gpt& model, AdamW& opt, Backend& backend, const int
     model.zero_grads();
     const float loss = model.forward(tokens, targets, B, T);
     model.backward();
-    const double norm = std::sqrt(backend.sum_squares(Tensor::f32(model.grads(), {flat_size(model)})));
-    opt.step(model.params(), model.grads(), lr, clip_coefficient(norm, clip_grad));
+    const double norm = std::sqrt(backend.sum_squares(Tensor::f32(model.grads_f32(), {flat_size(model)})));
+    opt.step(model.params(), model.grads_f32(), lr, clip_coefficient(norm, clip_grad));
     return {loss, norm};
 }
 

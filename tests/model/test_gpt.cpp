@@ -222,7 +222,7 @@ TEST(Gpt, PaddedVocabRowsStayZero) {
         model.forward(tokens.data(), targets.data(), B, s.T);
         model.backward();
         for (int64_t i = pad_begin; i < pad_end; ++i)
-            ASSERT_EQ(model.grads()[wte.offset + i], 0.0f) << backend->name() << " wte grad element " << i;
+            ASSERT_EQ(model.grads_f32()[wte.offset + i], 0.0f) << backend->name() << " wte grad element " << i;
     }
 }
 
@@ -250,7 +250,7 @@ TEST(Gpt, FastAndReferenceBackendsAgree) {
         mf.backward();
         mr.backward();
         for (const ParamInfo& p : mf.params_info()) {
-            const double e = rel_max_error(mf.grads() + p.offset, mr.grads() + p.offset, p.numel);
+            const double e = rel_max_error(mf.grads_f32() + p.offset, mr.grads_f32() + p.offset, p.numel);
             if (e > worst_grad) worst_grad = e, worst_name = p.name;
             // Measured over seeds 1-20: worst 8.8e-7 (any tensor); 5e-6 is ~6x that.
             EXPECT_LE(e, 5e-6) << p.name << " seed " << seed;
@@ -280,7 +280,7 @@ TEST(Gpt, GradientsAccumulateOverMicroBatches) {
         model.zero_grads();
         const float full_loss = model.forward(tokens.data(), targets.data(), 2, T);
         model.backward();
-        const std::vector<float> full(model.grads(), model.grads() + n);
+        const std::vector<float> full(model.grads_f32(), model.grads_f32() + n);
 
         model.zero_grads();
         float acc_loss = 0;
@@ -290,7 +290,7 @@ TEST(Gpt, GradientsAccumulateOverMicroBatches) {
         }
         double worst = 0;
         for (const ParamInfo& p : model.params_info()) {
-            const double e = rel_max_error(model.grads() + p.offset, full.data() + p.offset, p.numel);
+            const double e = rel_max_error(model.grads_f32() + p.offset, full.data() + p.offset, p.numel);
             worst = std::max(worst, e);
             // Measured over seeds 1-20: worst 4.8e-7 (fast), 1.2e-7 (reference); 3e-6 is ~6x the larger. The two
             // differ only in summation order; a gradient overwritten instead of accumulated is off by ~100%.

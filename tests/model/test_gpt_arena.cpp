@@ -40,7 +40,7 @@ Trainee make_trainee(const GptShape& s, Backend& backend, Communicator& dp, Comm
     oc.lr = 1e-3f;
     st.optimizer =
         std::make_unique<DistributedOptimizer>(st.model->params_info(), st.model->flat_size(), st.model->params(),
-                                               st.model->grads(), oc, 0, backend, dp, mp, 0, arena);
+                                               st.model->grads_f32(), oc, 0, backend, dp, mp, 0, arena);
     return st;
 }
 

@@ -51,17 +51,17 @@ TEST(GptCudaEmu, MatchesTheCpuReferenceBackend) {
     double worst_grad = 0;
     std::string worst_name;
     for (const ParamInfo& p : mr.params_info()) {
-        const double e = rel_max_error(mc.grads() + p.offset, mr.grads() + p.offset, p.numel);
+        const double e = rel_max_error(mc.grads_f32() + p.offset, mr.grads_f32() + p.offset, p.numel);
         if (e > worst_grad) worst_grad = e, worst_name = p.name;
         // Measured over seeds 21-30 (by printing this worst): 5.9e-7 (a LayerNorm weight or bias, whose
         // gradient is a float sum over all N rows); 5e-6 is ~8x that, while a gradient from a swapped or dropped
         // launcher argument is off by O(1).
         EXPECT_LE(e, 5e-6) << p.name;
     }
-    const double norm_r = std::sqrt(ref->sum_squares(Tensor::f32(mr.grads(), {n})));
-    const double norm_c = std::sqrt(cuda->sum_squares(Tensor::f32(mc.grads(), {n})));
-    opt_r.step(mr.params(), mr.grads(), kLr, clip_coefficient(norm_r, kClip));
-    opt_c.step(mc.params(), mc.grads(), kLr, clip_coefficient(norm_c, kClip));
+    const double norm_r = std::sqrt(ref->sum_squares(Tensor::f32(mr.grads_f32(), {n})));
+    const double norm_c = std::sqrt(cuda->sum_squares(Tensor::f32(mc.grads_f32(), {n})));
+    opt_r.step(mr.params(), mr.grads_f32(), kLr, clip_coefficient(norm_r, kClip));
+    opt_c.step(mc.params(), mc.grads_f32(), kLr, clip_coefficient(norm_c, kClip));
     std::printf(
         "cuda-emulated vs cpu-reference, step 1: loss %.3g, logits rel %.3g, worst gradient rel %.3g (%s), "
         "grad norm rel %.3g\n",

@@ -84,7 +84,7 @@ TEST(GptGraph, ProgramsSayBeforeWhichStepEachParameterIsFirstRead) {
         const float want_loss = model.forward(tokens.data(), targets.data(), 2, s.T);
         model.backward(0);
         const int64_t n = model.flat_size();
-        const std::vector<float> want_grads(model.grads(), model.grads() + n);
+        const std::vector<float> want_grads(model.grads_f32(), model.grads_f32() + n);
         const std::vector<float> saved(model.params(), model.params() + n);
 
         std::vector<graph::GradRange> named;
@@ -111,7 +111,7 @@ TEST(GptGraph, ProgramsSayBeforeWhichStepEachParameterIsFirstRead) {
         each_once("forward");
         poison();
         model.backward(0);
-        EXPECT_EQ(std::memcmp(model.grads(), want_grads.data(), static_cast<size_t>(n) * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(model.grads_f32(), want_grads.data(), static_cast<size_t>(n) * sizeof(float)), 0);
         EXPECT_LE(named.size(), model.params_info().size());  // what the backward reads again
         named.clear();
         model.set_params_needed(nullptr);
@@ -152,8 +152,8 @@ FusedAgainstUnfused compare_fused_head(DType dtype, const GptShape& s, int B) {
     r.loss_diff = std::abs(loss[1] - loss[0]) / std::abs(loss[0]);
     double worst = 0, largest = 0;
     for (int64_t i = 0; i < model[0]->flat_size(); ++i) {
-        worst = std::max(worst, static_cast<double>(std::abs(model[1]->grads()[i] - model[0]->grads()[i])));
-        largest = std::max(largest, static_cast<double>(std::abs(model[0]->grads()[i])));
+        worst = std::max(worst, static_cast<double>(std::abs(model[1]->grads_f32()[i] - model[0]->grads_f32()[i])));
+        largest = std::max(largest, static_cast<double>(std::abs(model[0]->grads_f32()[i])));
     }
     r.grad_diff = worst / largest;
     return r;
@@ -197,7 +197,7 @@ TEST(GptGraph, FusedLmHeadEvaluationLeavesTheGradients) {
     model.zero_grads();
     const auto tokens = random_tokens(2 * s.T, s.V, 8, 0), targets = random_tokens(2 * s.T, s.V, 8, 1);
     const float eval = model.forward(tokens.data(), targets.data(), 2, s.T, 0, 0.0f);
-    for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.grads()[i], 0.0f) << i;
+    for (int64_t i = 0; i < model.flat_size(); ++i) ASSERT_EQ(model.grads_f32()[i], 0.0f) << i;
     EXPECT_DEATH(model.backward(), "without a forward");
     const float train = model.forward(tokens.data(), targets.data(), 2, s.T, 0, 1.0f);
     EXPECT_EQ(eval, train);
@@ -248,7 +248,7 @@ TEST(GptGraph, RecomputationIsBitIdenticalAndKeepsLess) {
             }
             model.backward(1);
             model.backward(0);
-            grads_of[c].assign(model.grads(), model.grads() + model.flat_size());
+            grads_of[c].assign(model.grads_f32(), model.grads_f32() + model.flat_size());
             slot_of[c] = plan_gpt_memory(s, GptPart{}, 1, 2, false, dtype, o.graph).slot_bytes();
         }
         for (int c = 1; c < 4; ++c) {
@@ -325,7 +325,7 @@ TEST(GptGraph, BackwardReportsEveryGradientOnceWhenItIsFinal) {
             const graph::GradsFinalFn record = [&](std::span<const graph::GradRange> ranges) {
                 for (const graph::GradRange& r : ranges) {
                     order.push_back(r);
-                    at_report.emplace_back(model.grads() + r.begin, model.grads() + r.end);
+                    at_report.emplace_back(model.grads_f32() + r.begin, model.grads_f32() + r.end);
                 }
             };
             model.backward(0, &record);
@@ -336,7 +336,7 @@ TEST(GptGraph, BackwardReportsEveryGradientOnceWhenItIsFinal) {
                 EXPECT_EQ(std::count(order.begin(), order.end(), want), 1) << p.name;
             }
             for (size_t i = 0; i < order.size(); ++i) {
-                EXPECT_EQ(std::memcmp(at_report[i].data(), model.grads() + order[i].begin,
+                EXPECT_EQ(std::memcmp(at_report[i].data(), model.grads_f32() + order[i].begin,
                                       at_report[i].size() * sizeof(float)),
                           0)
                     << "gradient at " << order[i].begin << " changed after it was reported final";

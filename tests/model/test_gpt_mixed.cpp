@@ -35,8 +35,8 @@ test::StepResult step(Gpt& model, AdamW& opt, Backend& be, const std::vector<int
     model.zero_grads();
     const float loss = model.forward(tokens.data(), targets.data(), B, T);
     model.backward();
-    const double norm = std::sqrt(be.sum_squares(Tensor::f32(model.grads(), {test::flat_size(model)})));
-    opt.step(model.params(), model.grads(), 1e-3f, clip_coefficient(norm, 1.0f));
+    const double norm = std::sqrt(be.sum_squares(Tensor::f32(model.grads_f32(), {test::flat_size(model)})));
+    opt.step(model.params(), model.grads_f32(), 1e-3f, clip_coefficient(norm, 1.0f));
     model.refresh_weights();
     return {loss, norm};
 }
@@ -140,7 +140,7 @@ TEST(GptMixed, Bf16AndFp16FollowFp32) {
         losses_ref.push_back(step(ref, opt_ref, *be, tokens, targets, B, s.T).loss);
         if (i == 0) {
             for (const ParamInfo& p : ref.params_info())
-                grads_ref.emplace_back(ref.grads() + p.offset, ref.grads() + p.offset + p.numel);
+                grads_ref.emplace_back(ref.grads_f32() + p.offset, ref.grads_f32() + p.offset + p.numel);
         }
     }
     // Measured (seed 7): bf16 worst gradient 7.7e-3 of its tensor's scale, losses within 1.3e-3 over 12 steps;
@@ -164,7 +164,7 @@ TEST(GptMixed, Bf16AndFp16FollowFp32) {
             if (i != 0) continue;
             size_t k = 0;
             for (const ParamInfo& p : m.params_info()) {
-                const double e = rel_max_error(m.grads() + p.offset, grads_ref[k++].data(), p.numel);
+                const double e = rel_max_error(m.grads_f32() + p.offset, grads_ref[k++].data(), p.numel);
                 if (e > worst_grad) worst_grad = e, worst_name = p.name;
                 EXPECT_LE(e, c.grad_tol) << p.name;
             }
@@ -203,7 +203,8 @@ TEST(GptMixed, CudaEmulatedMatchesTheCpuInBf16AndFp16) {
         cuda->synchronize();
         double worst_grad = 0;
         for (const ParamInfo& p : mr.params_info())
-            worst_grad = std::max(worst_grad, rel_max_error(mc.grads() + p.offset, mr.grads() + p.offset, p.numel));
+            worst_grad =
+                std::max(worst_grad, rel_max_error(mc.grads_f32() + p.offset, mr.grads_f32() + p.offset, p.numel));
         std::printf("%s cuda-emulated vs cpu-reference: loss %.2e, logits %.2e, worst gradient %.2e\n",
                     std::string(dtype_name(dt)).c_str(), std::abs(loss_c - loss_r), logits_err, worst_grad);
         // Measured (seed 21; HS = 16, so attention runs on the tensor-core kernels, which round P and dS to the

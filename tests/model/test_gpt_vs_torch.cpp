@@ -264,7 +264,7 @@ TEST_P(GptVsTorch, LogitsLossEveryGradientAndTenAdamWSteps) {
     double worst = 0;
     std::string worst_name;
     for (const ParamInfo& p : model.params_info()) {
-        const float* g = model.grads() + p.offset;
+        const float* g = model.grads_f32() + p.offset;
         const double e = rel_max_error(g, t.grads.data() + p.offset, p.numel);
         const double e_x = rel_max_error(g, t.grads_x.data() + p.offset, p.numel);
         const double e_tx = rel_max_error(t.grads.data() + p.offset, t.grads_x.data() + p.offset, p.numel);

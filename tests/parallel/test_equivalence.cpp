@@ -39,13 +39,14 @@ std::vector<std::string> validation_lines(const std::string& output) {
     return lines;
 }
 
-RunResult run_layout(int ranks, const std::string& sets) {
+// Runs tests/parallel/<config> on `ranks` ranks with the --set arguments `sets`.
+RunResult run_layout(int ranks, const std::string& sets, const std::string& config = "tiny.yaml") {
     const std::string dir = make_temp_dir();
     const std::string cmd = "MS_DUMP_GRADS=" + dir +
                             "/grads.bin OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive timeout 120 mpiexec -n " +
                             std::to_string(ranks) + " --oversubscribe --allow-run-as-root '" + MS_BINARY_PATH +
-                            "' train --config " MS_SOURCE_DIR "/tests/parallel/tiny.yaml --set run.output_dir=" + dir +
-                            " " + sets + " 2>&1";
+                            "' train --config " MS_SOURCE_DIR "/tests/parallel/" + config +
+                            " --set run.output_dir=" + dir + " " + sets + " 2>&1";
     RunResult r;
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
@@ -96,8 +97,15 @@ const RunResult& baseline() {
     return r;
 }
 
-// Largest |a - b| over the tensor, relative to the largest |b|. wte is compared over the real vocabulary's rows:
-// the padded vocabulary grows with tp (Megatron pads to a multiple of 128 * tp), and padded rows are zero.
+// The elements of a gradient the layouts share: the real vocabulary's rows of the vocabulary tables (GPT's wte,
+// Llama's embedding and output layer; the padded vocabulary grows with tp, as Megatron pads to a multiple of
+// 128 * tp, and padded rows are zero), all of any other tensor. The models here have 64 tokens of width 64.
+size_t compared_elements(const std::string& name, const std::vector<float>& g) {
+    const bool vocab = name == "wte.weight" || name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    return vocab ? size_t{64 * 64} : g.size();
+}
+
+// Largest |a - b| over the tensor, relative to the largest |b|.
 double rel_error(const std::vector<float>& a, const std::vector<float>& b, size_t n) {
     double max_diff = 0, max_ref = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -124,19 +132,16 @@ class Equivalence : public ::testing::TestWithParam<Layout> {};
 constexpr double kGradTolerance = 3e-6;
 constexpr double kLossTolerance = 2e-6;
 
-TEST_P(Equivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
-    const Layout& layout = GetParam();
-    const RunResult& base = baseline();
-    const RunResult r = run_layout(layout.ranks, layout.sets);
+// The layout's step-1 gradients and 10 losses against the single-rank run's, within the tolerances above.
+void expect_matches_one_rank(const Layout& layout, const RunResult& base, const RunResult& r) {
     ASSERT_EQ(base.losses.size(), 10u);
     ASSERT_EQ(r.losses.size(), 10u);
     ASSERT_EQ(r.grads.size(), base.grads.size());
-    const int64_t V = 64, C = 64;
     double worst = 0;
     std::string worst_name;
     for (const auto& [name, g] : base.grads) {
         ASSERT_TRUE(r.grads.count(name)) << name;
-        const size_t n = name == "wte.weight" ? static_cast<size_t>(V * C) : g.size();
+        const size_t n = compared_elements(name, g);
         ASSERT_GE(r.grads.at(name).size(), n) << name;
         const double e = rel_error(r.grads.at(name), g, n);
         EXPECT_LE(e, kGradTolerance) << layout.name << ": gradient of " << name;
@@ -150,6 +155,11 @@ TEST_P(Equivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
     }
     std::printf("%s: worst gradient error %.3g (%s), worst loss error %.3g\n", layout.name, worst, worst_name.c_str(),
                 worst_loss);
+}
+
+TEST_P(Equivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
+    const Layout& layout = GetParam();
+    expect_matches_one_rank(layout, baseline(), run_layout(layout.ranks, layout.sets));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -184,6 +194,33 @@ INSTANTIATE_TEST_SUITE_P(
                " --set parallel.virtual_pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Llama (tiny-llama.yaml: RMSNorm, rotary positions, grouped-query attention with 2 key/value heads for 4 query
+// heads, SwiGLU, untied output layer) on the layouts issue 18 names, against one Llama rank, with GPT's tolerances.
+class LlamaEquivalence : public ::testing::TestWithParam<Layout> {};
+
+const RunResult& llama_baseline() {
+    static const RunResult r = run_layout(1, "", "tiny-llama.yaml");
+    return r;
+}
+
+TEST_P(LlamaEquivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
+    const Layout& layout = GetParam();
+    expect_matches_one_rank(layout, llama_baseline(), run_layout(layout.ranks, layout.sets, "tiny-llama.yaml"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, LlamaEquivalence,
+    ::testing::Values(
+        // one key/value head and two query heads per tensor-parallel rank
+        Layout{"llama_tp2_gqa", 2, "--set parallel.tensor_model_parallel_size=2"},
+        Layout{"llama_tp2_sp", 2, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
+        Layout{"llama_pp2_1f1b", 2, "--set parallel.pipeline_model_parallel_size=2"},
+        Layout{"llama_dp2_zero1", 2, "--set parallel.zero_stage=1"},
+        Layout{"llama_tp2_sp_pp2_dp2_zero1", 8,
+               "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
+               " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // bf16 over tp2 x pp2 x dp2 ZeRO-1 with sequence parallelism (16-bit TP all-reduces, reduce-scatters, all-gathers
 // and pipeline hand-offs; MPI reduces bf16 with its own fp32-then-round op) against one bf16 rank, and one bf16
 // rank against the fp32 baseline. Tolerances from the values this test prints (see the EXPECTs): unlike fp32, the
@@ -193,8 +230,7 @@ INSTANTIATE_TEST_SUITE_P(
 double worst_grad(const RunResult& a, const RunResult& b, std::string& name) {
     double worst = 0;
     for (const auto& [n, g] : b.grads) {
-        const size_t len = n == "wte.weight" ? size_t{64 * 64} : g.size();
-        const double e = rel_error(a.grads.at(n), g, len);
+        const double e = rel_error(a.grads.at(n), g, compared_elements(n, g));
         if (e > worst) worst = e, name = n;
     }
     return worst;

@@ -1,0 +1,204 @@
+// chunk_builder.cpp: the graph-building steps GPT and Llama share (chunk_builder.h).
+#include "engine/model/chunk_builder.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/core/check.h"
+
+namespace ms {
+
+using graph::kNoTensor;
+using graph::Node;
+using graph::OpCode;
+using graph::Role;
+using graph::TensorId;
+
+ChunkBuilder::ChunkBuilder(const GptGraphSpec& s, const std::vector<ParamInfo>& table) : s_(s) {
+    g_.act = s.act;
+    N_ = static_cast<int64_t>(s.B) * s.T;
+    sp_ = s.sequence_parallel && s.tp_size > 1;
+    Nl_ = sp_ ? N_ / s.tp_size : N_;
+    for (size_t i = 0; i < table.size(); ++i) {
+        const ParamInfo& p = table[i];
+        const TensorId w = g_.add_tensor({.name = p.name,
+                                          .shape = p.shape,
+                                          .dtype = s.act,
+                                          .role = Role::kParameter,
+                                          .param_offset = p.offset,
+                                          .param = static_cast<int>(i)});
+        const TensorId d = g_.add_tensor({.name = "grad." + p.name,
+                                          .shape = p.shape,
+                                          .dtype = s.options.grads,
+                                          .role = Role::kGradient,
+                                          .param_offset = p.offset,
+                                          .param = static_cast<int>(i)});
+        g_.grad_of[static_cast<size_t>(w)] = d;
+    }
+}
+
+TensorId ChunkBuilder::param(const std::string& name) const {
+    const TensorId t = g_.find(name);
+    MS_CHECK(t != kNoTensor && g_.info(t).role == Role::kParameter, "model graph: no parameter '{}'", name);
+    return t;
+}
+
+TensorId ChunkBuilder::packed_params(const std::string& name, const std::vector<std::string>& parts) {
+    const graph::TensorInfo first = g_.info(param(parts.front()));
+    int64_t rows = 0, end = first.param_offset;
+    for (const std::string& part : parts) {
+        const graph::TensorInfo& p = g_.info(param(part));
+        MS_CHECK(p.param_offset == end && p.shape.size() == 2 && p.shape[1] == first.shape[1],
+                 "model graph: '{}' does not follow the parameter before it in the flat buffer (packed_with_next)",
+                 part);
+        rows += p.shape[0];
+        end += p.numel();
+    }
+    const std::vector<int64_t> shape = {rows, first.shape[1]};
+    const TensorId w = g_.add_tensor({.name = name,
+                                      .shape = shape,
+                                      .dtype = s_.act,
+                                      .role = Role::kParameter,
+                                      .param_offset = first.param_offset,
+                                      .param = first.param});
+    const TensorId d = g_.add_tensor({.name = "grad." + name,
+                                      .shape = shape,
+                                      .dtype = s_.options.grads,
+                                      .role = Role::kGradient,
+                                      .param_offset = first.param_offset,
+                                      .param = first.param});
+    g_.grad_of[static_cast<size_t>(w)] = d;
+    return w;
+}
+
+TensorId ChunkBuilder::act(const std::string& name, int64_t rows, int64_t cols, Role role) {
+    return g_.add_tensor({.name = name, .shape = {rows, cols}, .dtype = s_.act, .role = role, .layer = layer_});
+}
+
+TensorId ChunkBuilder::stat(const std::string& name, int64_t n, DType t) {
+    return g_.add_tensor({.name = name, .shape = {n}, .dtype = t, .layer = layer_});
+}
+
+Node& ChunkBuilder::op(OpCode code, std::string label, std::vector<TensorId> in, std::vector<TensorId> out, int layer) {
+    Node n;
+    n.op = code;
+    n.in = std::move(in);
+    n.out = std::move(out);
+    n.layer = layer;
+    n.label = std::move(label);
+    g_.nodes.push_back(std::move(n));
+    return g_.nodes.back();
+}
+
+TensorId ChunkBuilder::norm_to_columns(TensorId x, const std::string& name, const std::string& norm, int layer) {
+    const TensorId y = act(sp_ ? name + ".local" : name, Nl_, s_.shape.C);
+    if (s_.shape.arch == ModelArch::kLlama) {
+        const TensorId rstd = stat(name + "_rstd", Nl_);
+        op(OpCode::kRmsNorm, name, {x, param(norm + ".weight")}, {y, rstd}, layer).eps = s_.shape.eps;
+    } else {
+        const TensorId mean = stat(name + "_mean", Nl_), rstd = stat(name + "_rstd", Nl_);
+        op(OpCode::kLayerNorm, name, {x, param(norm + ".weight"), param(norm + ".bias")}, {y, mean, rstd}, layer).eps =
+            s_.shape.eps;
+    }
+    g_.nodes.back().tp_rows = sp_;
+    if (sp_) {
+        const TensorId full = act(name, N_, s_.shape.C);
+        op(OpCode::kAllGather, name, {y}, {full}, layer);
+        return full;
+    }
+    if (s_.tp_size > 1) op(OpCode::kTpCopy, name, {y}, {y}, layer);
+    return y;
+}
+
+TensorId ChunkBuilder::reduce_rows(TensorId partial, const std::string& name, int layer) {
+    if (sp_) {
+        const TensorId local = act(name, Nl_, s_.shape.C);
+        op(OpCode::kReduceScatter, name, {partial}, {local}, layer);
+        return local;
+    }
+    if (s_.tp_size > 1) op(OpCode::kAllReduce, name, {partial}, {partial}, layer);
+    return partial;
+}
+
+void ChunkBuilder::head(TensorId res) {
+    const GptShape& s = s_.shape;
+    const int64_t Vl = s.Vp / s_.tp_size, vocab_start = s_.tp_rank * Vl;
+    const TensorId x = norm_to_columns(res, "ln_f", final_norm(), -1);
+    const TensorId logits = act("logits", N_, Vl, Role::kOutput);
+    op(OpCode::kMatmul, "lm_head", {x, param(output_weight()), kNoTensor}, {logits}, -1);
+    if (!s_.with_loss) return;
+    const TensorId targets = stat("targets", N_, DType::kI32);
+    op(OpCode::kLoadTargets, "targets", {}, {targets}, -1).vocab_valid = s.V;
+    const TensorId row_max = stat("row_max", N_);
+    const TensorId sums = g_.add_tensor({.name = "ce_sums", .shape = {2, N_}, .dtype = DType::kF32});
+    const int64_t valid = std::clamp<int64_t>(s.V - vocab_start, 0, Vl);
+    auto cross_entropy = [&](CrossEntropyPhase phase, std::vector<TensorId> in, std::vector<TensorId> out) {
+        Node& n = op(OpCode::kCrossEntropy, "cross_entropy", std::move(in), std::move(out), -1);
+        n.ce_phase = phase;
+        n.vocab_start = vocab_start;
+        n.vocab_valid = valid;
+    };
+    if (s_.tp_size == 1) {
+        cross_entropy(CrossEntropyPhase::kMaxSumExp, {logits, targets}, {row_max, sums});
+    } else {  // vocab-parallel: the global row max, then the global sums (one all-reduce for both rows of sums)
+        cross_entropy(CrossEntropyPhase::kMax, {logits, targets}, {row_max});
+        op(OpCode::kAllReduce, "cross_entropy.max", {row_max}, {row_max}, -1).reduce = ReduceOp::kMax;
+        cross_entropy(CrossEntropyPhase::kSumExp, {logits, targets, row_max}, {kNoTensor, sums});
+        op(OpCode::kAllReduce, "cross_entropy.sums", {sums}, {sums}, -1);
+    }
+    const TensorId losses = g_.add_tensor(
+        {.name = "losses", .shape = {N_}, .dtype = DType::kF32, .role = Role::kOutput, .read_after_backward = true});
+    Node& loss = op(OpCode::kLoss, "loss", {logits, targets, row_max, sums}, {losses}, -1);
+    loss.vocab_start = vocab_start;
+    loss.vocab_valid = valid;
+}
+
+GptGraph ChunkBuilder::build() {
+    const GptShape& s = s_.shape;
+    const GptPart& part = s_.part;
+    const int64_t C = s.C;
+    TensorId res;
+    if (part.embedding) {
+        const TensorId tokens = stat("tokens", N_, DType::kI32);
+        op(OpCode::kLoadTokens, "tokens", {}, {tokens}, -1).vocab_valid = s.V;
+        const TensorId partial = act(sp_ ? "embedding" : "encoded", N_, C);
+        embedding(tokens, partial);
+        res = reduce_rows(partial, "encoded", -1);
+    } else {
+        res = act("input", Nl_, C, Role::kInput);
+    }
+    const TensorId input = res;
+    graph::PassReport recompute{.pass = "recompute", .steps = {}};
+    const int num_layers = part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
+    const int end = part.first_layer + num_layers;
+    if (num_layers > 0) before_layers();
+    for (int l = part.first_layer; l < end; ++l) res = layer(res, l, l == end - 1);
+    if (part.head) {
+        head(res);
+    } else {
+        g_.tensors[static_cast<size_t>(res)].role = Role::kOutput;
+        const TensorId dout = act("dout", Nl_, C, Role::kGradInput);
+        g_.grad_of[static_cast<size_t>(res)] = dout;
+    }
+    if (!part.head || s_.with_loss) {
+        graph::derive_backward(g_);
+        recompute = graph::recompute(g_, s_.options.recompute, part.first_layer);
+        if (!part.embedding)
+            g_.tensors[static_cast<size_t>(g_.grad_of[static_cast<size_t>(input)])].role = Role::kGradInput;
+    }
+    GptGraph out{.g = std::move(g_), .recompute = std::move(recompute), .fusion = {}};
+    if (!s_.fuse) return out;
+    graph::FuseOptions fo;
+    const int64_t Vl = s.Vp / s_.tp_size;
+    if (s_.options.lm_head_loss_fusion && s_.tp_size == 1 && part.head && s_.with_loss) {
+        fo.lm_head_chunk_rows = lm_head_loss_chunk_rows(s_.options.backend, s_.act, N_, Vl);
+        fo.lm_head_scratch_elems =
+            lm_head_loss_scratch_elems(s_.options.backend, s_.act, N_, Vl, fo.lm_head_chunk_rows);
+    }
+    out.fusion = graph::fuse(out.g, fo);
+    return out;
+}
+
+}  // namespace ms
