@@ -438,7 +438,8 @@ json model_manifest(const GptShape& s) {
               {"ffn_hidden_size", s.F},
               {"max_position_embeddings", s.T},
               {"vocab_size", s.V},
-              {"padded_vocab_size", s.Vp}};
+              {"padded_vocab_size", s.Vp},
+              {"untie_embeddings_and_output_weights", s.untied}};
     if (s.arch == ModelArch::kLlama) {
         m["num_query_groups"] = s.kv_heads();
         m["rotary_base"] = s.rope_theta;

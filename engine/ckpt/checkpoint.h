@@ -153,7 +153,8 @@ std::string save_checkpoint(const CheckpointContext& ctx, const TrainState& stat
 // The bytes of tensor data in one checkpoint of this model: every parameter (gpt_num_params) once as an F32 weight
 // (model/) and twice as F32 AdamW moments (optim/). The safetensors headers and JSON files add a little.
 // The manifest's "model" object for a model of this shape: the dims, the vocabulary, and the family ("arch": "gpt" or
-// "llama"; Llama adds num_query_groups, rotary_base and rope_scaling). checkpoint_shape reads it back.
+// "llama"; Llama adds num_query_groups, rotary_base and rope_scaling), whether the output layer is untied.
+// checkpoint_shape reads it back.
 nlohmann::json model_manifest(const GptShape& shape);
 int64_t checkpoint_tensor_bytes(const GptShape& shape);
 

@@ -95,7 +95,15 @@ GptShape checkpoint_shape(const CheckpointReader& r) {
                              r.dir(), kManifestFile, e.what()));
         }
     }
-    const char* embedding = s.arch == ModelArch::kLlama ? "model.embed_tokens.weight" : "wte.weight";
+    // checkpoints before untied output layers do not say: theirs was tied
+    const json& untied = model.contains("untie_embeddings_and_output_weights")
+                             ? model["untie_embeddings_and_output_weights"]
+                             : json(false);
+    if (!untied.is_boolean())
+        fail(fmt::format("'{}/{}': \"untie_embeddings_and_output_weights\" is {}, not true or false", r.dir(),
+                         kManifestFile, untied.dump()));
+    s.untied = untied.get<bool>();
+    const std::string embedding = embedding_weight_name(s);
     const std::vector<int64_t>& wte = r.global_shape(embedding);
     if (wte.size() != 2) fail(fmt::format("'{}': {} has {} dims, not 2", r.dir(), embedding, wte.size()));
     s.Vp = static_cast<int>(wte[0]);
@@ -121,6 +129,9 @@ void check_checkpoint_hyperparameters(const CheckpointReader& r, const GptShape&
     };
     const auto arch = [](const GptShape& s) { return std::string(s.arch == ModelArch::kLlama ? "llama" : "gpt"); };
     if (configured.arch != saved.arch) refuse("model.arch", arch(configured), arch(saved));
+    if (configured.untied != saved.untied)
+        refuse("model.untie_embeddings_and_output_weights", configured.untied ? "true" : "false",
+               saved.untied ? "true" : "false");
     if (configured.NH != saved.NH)
         refuse("model.num_attention_heads", std::to_string(configured.NH), std::to_string(saved.NH));
     if (saved.arch == ModelArch::kLlama) {

@@ -42,7 +42,8 @@ struct ModelConfig {
     int max_position_embeddings = 0;  // 0 -> seq_length
     int vocab_size = 0;               // 0 -> from the data source (synthetic / byte tokenizer / GPT-2 BPE)
     int make_vocab_size_divisible_by = 128;
-    // true for llama (its output layer is its own weight), false for gpt (tied to the token embedding)
+    // true: the output layer is a weight of its own (lm_head.weight; Llama 3 8B and up, Megatron's
+    // --untie-embeddings-and-output-weights); false: it is the token embedding (GPT-2, Llama 3.2 1B and 3B)
     bool untie_embeddings_and_output_weights = false;
     // llama: key/value heads of grouped-query attention (Megatron's num_query_groups); 0 = num_attention_heads
     int num_query_groups = 0;

@@ -29,20 +29,20 @@ template <typename... Args>
     config_error("", fmt::format(f, std::forward<Args>(args)...));
 }
 
-// Parameters of the GPT-2 architecture with tied embeddings: token + position embeddings, per layer
-// ln1 (2C), qkv (3C*C + 3C), attention projection (C*C + C), ln2 (2C), fc (F*C + F), fc projection (C*F + C),
-// and the final LayerNorm (2C). T = double gives an estimate that cannot overflow, checked before the exact int64.
+// Parameters of the GPT-2 architecture: token + position embeddings, per layer ln1 (2C), qkv (3C*C + 3C),
+// attention projection (C*C + C), ln2 (2C), fc (F*C + F), fc projection (C*F + C), the final LayerNorm (2C), and
+// an untied output layer's Vp*C. T = double gives an estimate that cannot overflow, checked before the exact int64.
 template <typename T>
-T count_parameters(T padded_vocab, T max_positions, T L, T C, T F) {
+T count_parameters(T padded_vocab, T max_positions, T L, T C, T F, bool untied) {
     T per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
-    return padded_vocab * C + max_positions * C + L * per_layer + 2 * C;
+    return (untied ? 2 : 1) * padded_vocab * C + max_positions * C + L * per_layer + 2 * C;
 }
 
-// Llama: the token embedding and the untied output layer, per layer two RMSNorms (2C), q, k, v (C*C + 2*KVC*C with
+// Llama: the token embedding (and an untied output layer), per layer two RMSNorms (2C), q, k, v (C*C + 2*KVC*C with
 // KVC = the key/value heads' width), o_proj (C*C), gate, up and down (3*F*C), and the final RMSNorm (C).
 template <typename T>
-T count_llama_parameters(T padded_vocab, T L, T C, T F, T KVC) {
-    return 2 * padded_vocab * C + L * (2 * C + 2 * C * C + 2 * KVC * C + 3 * F * C) + C;
+T count_llama_parameters(T padded_vocab, T L, T C, T F, T KVC, bool untied) {
+    return (untied ? 2 : 1) * padded_vocab * C + L * (2 * C + 2 * C * C + 2 * KVC * C + 3 * F * C) + C;
 }
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -115,17 +115,6 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             cfg.mixed_precision.min_loss_scale, cfg.mixed_precision.initial_loss_scale);
     }
     const bool llama = m.arch == "llama";
-    if (!llama && m.untie_embeddings_and_output_weights) {
-        fail(
-            "model.untie_embeddings_and_output_weights = true is not supported with model.arch 'gpt' (GPT-2 ties the "
-            "output layer to the token embedding); hint: set it to false, or use model.arch: llama");
-    }
-    if (llama && !m.untie_embeddings_and_output_weights) {
-        fail(
-            "model.arch 'llama' has an output layer of its own (lm_head.weight), but "
-            "model.untie_embeddings_and_output_weights is false; hint: set it to true (as Megatron's Llama "
-            "configs pass --untie-embeddings-and-output-weights)");
-    }
     if (!llama && (m.num_query_groups != 0 || m.rope_scaling_factor != 0.0 || m.rotary_base != 10000.0)) {
         fail(
             "model.num_query_groups({}), rotary_base({}) and rope_scaling_factor({}) are Llama's (grouped-query "
@@ -398,8 +387,10 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     const auto parameters = [&]<typename T>(T) {
         if (llama)
             return count_llama_parameters<T>(padded_vocab, m.num_layers, m.hidden_size, ffn_hidden,
-                                             T(m.hidden_size) / m.num_attention_heads * kv_heads);
-        return count_parameters<T>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden);
+                                             T(m.hidden_size) / m.num_attention_heads * kv_heads,
+                                             m.untie_embeddings_and_output_weights);
+        return count_parameters<T>(padded_vocab, max_positions, m.num_layers, m.hidden_size, ffn_hidden,
+                                   m.untie_embeddings_and_output_weights);
     };
     const double approx_parameters = parameters(0.0);
     if (approx_parameters > 0x1p62) {

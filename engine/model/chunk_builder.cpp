@@ -127,7 +127,7 @@ void ChunkBuilder::head(TensorId res) {
     const int64_t Vl = s.Vp / s_.tp_size, vocab_start = s_.tp_rank * Vl;
     const TensorId x = norm_to_columns(res, "ln_f", final_norm(), -1);
     const TensorId logits = act("logits", N_, Vl, Role::kOutput);
-    op(OpCode::kMatmul, "lm_head", {x, param(output_weight()), kNoTensor}, {logits}, -1);
+    op(OpCode::kMatmul, "lm_head", {x, param(output_weight_name(s)), kNoTensor}, {logits}, -1);
     if (!s_.with_loss) return;
     const TensorId targets = stat("targets", N_, DType::kI32);
     op(OpCode::kLoadTargets, "targets", {}, {targets}, -1).vocab_valid = s.V;

@@ -30,10 +30,8 @@ class ChunkBuilder {
     // Layer l's ops from the residual stream res; returns the stream after it. The last layer's output gradient is
     // named "d.output".
     virtual TensorId layer(TensorId res, int l, bool last) = 0;
-    // The final norm's parameter prefix ("ln_f", "model.norm") and the output layer's weight ("wte.weight" tied,
-    // "lm_head.weight").
+    // The final norm's parameter prefix ("ln_f", "model.norm"); the output layer's weight is output_weight_name.
     virtual std::string final_norm() const = 0;
-    virtual std::string output_weight() const = 0;
 
     TensorId param(const std::string& name) const;
     // The parameters first .. last, packed back to back in the flat buffers (ParamInfo::packed_with_next), as one

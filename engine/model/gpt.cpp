@@ -74,7 +74,11 @@ std::vector<ParamInfo> llama_param_table(const GptShape& s, int tp, const GptPar
     const float proj = std::sqrt(2.0f * static_cast<float>(s.L));  // the residual projections' init divisor
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
-    if (part.embedding) w.add("model.embed_tokens.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
+    if (part.embedding || (part.head && !s.untied)) {
+        ParamInfo& e = w.add("model.embed_tokens.weight", {s.Vp, C}, K::kRows, 1, 0);
+        e.vocab_rows = true;
+        e.pp_duplicate = !part.embedding;
+    }
     for (int l = part.first_layer; l < part.first_layer + num_layers; ++l) {
         const std::string h = "model.layers." + std::to_string(l) + ".";
         w.add(h + "input_layernorm.weight", {C}, K::kReplicated, 0, 1);
@@ -92,7 +96,7 @@ std::vector<ParamInfo> llama_param_table(const GptShape& s, int tp, const GptPar
     }
     if (part.head) {
         w.add("model.norm.weight", {C}, K::kReplicated, 0, 1);
-        w.add("lm_head.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
+        if (s.untied) w.add("lm_head.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
     }
     return w.take();
 }
@@ -113,7 +117,7 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart&
     };
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
-    if (part.embedding || part.head) {
+    if (part.embedding || (part.head && !s.untied)) {
         ParamInfo& wte = w.add("wte.weight", {s.Vp, C}, K::kRows, 1, 0);
         wte.pp_duplicate = !part.embedding;
         wte.vocab_rows = true;
@@ -137,6 +141,7 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart&
     if (part.head) {
         add("ln_f.weight", {C}, K::kReplicated, 0, 1);
         add("ln_f.bias", {C}, K::kReplicated, 0, 0);
+        if (s.untied) w.add("lm_head.weight", {s.Vp, C}, K::kRows, 1, 0).vocab_rows = true;
     }
     return w.take();
 }
@@ -161,6 +166,12 @@ int64_t ParamInfo::global_index(int64_t i, int tp_rank, int tp_size) const {
     return i;
 }
 
+std::string embedding_weight_name(const GptShape& s) {
+    return s.arch == ModelArch::kLlama ? "model.embed_tokens.weight" : "wte.weight";
+}
+
+std::string output_weight_name(const GptShape& s) { return s.untied ? "lm_head.weight" : embedding_weight_name(s); }
+
 int64_t gpt_num_params(const GptShape& s) {
     int64_t n = 0;
     for (const ParamInfo& p : gpt_param_table(s)) n += p.numel;
@@ -170,7 +181,7 @@ int64_t gpt_num_params(const GptShape& s) {
 double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
     if (s.arch == ModelArch::kLlama) {
         // Megatron's num_floating_point_operations with group-query attention and SwiGLU (gate and up: 3 GEMMs of
-        // C x F), per token, forward + backward = 3x forward; the untied output layer is one C x Vp GEMM.
+        // C x F), per token, forward + backward = 3x forward; the output layer is one C x Vp GEMM.
         const double L = s.L, C = s.C, T = seq_length, F = s.F, Vp = s.Vp;
         const double kv = static_cast<double>(s.kv_heads()) / s.NH;
         const double per_layer = 2.0 * (C * C * (1 + 2 * kv) + C * C + 3 * C * F) + 2.0 * 2.0 * T * C;

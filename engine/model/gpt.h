@@ -79,6 +79,9 @@ struct GptShape {
     int Vp = 50304;     // padded vocabulary (multiple of make_vocab_size_divisible_by)
     int F = 3072;       // ffn hidden
     float eps = 1e-5f;  // LayerNorm's epsilon, RMSNorm's for Llama (model.layernorm_epsilon)
+    // model.untie_embeddings_and_output_weights: the output layer is a weight of its own (lm_head.weight) rather than
+    // the token embedding read transposed
+    bool untied = false;
     // Llama only:
     int NKV = 0;                    // key/value heads (model.num_query_groups); 0: NH
     double rope_theta = 10000.0;    // model.rotary_base
@@ -89,6 +92,11 @@ struct GptShape {
     // pay for the difference in activation memory.
     int seq() const { return S > 0 ? S : T; }
 };
+
+// The token embedding's parameter (GPT's "wte.weight", Llama's "model.embed_tokens.weight"), and the output layer's:
+// the same one when tied, "lm_head.weight" when untied.
+std::string embedding_weight_name(const GptShape& s);
+std::string output_weight_name(const GptShape& s);
 
 // How a parameter is cut across tensor-parallel ranks.
 enum class ShardKind : uint8_t {

@@ -28,7 +28,6 @@ class GptBuilder : public ChunkBuilder {
     void embedding(TensorId tokens, TensorId out) override;
     TensorId layer(TensorId res, int l, bool last) override;
     std::string final_norm() const override { return "ln_f"; }
-    std::string output_weight() const override { return "wte.weight"; }
 };
 
 void GptBuilder::embedding(TensorId tokens, TensorId out) {

@@ -32,7 +32,6 @@ class LlamaBuilder : public ChunkBuilder {
     void before_layers() override;
     TensorId layer(TensorId res, int l, bool last) override;
     std::string final_norm() const override { return "model.norm"; }
-    std::string output_weight() const override { return "lm_head.weight"; }
 
     TensorId rope_table_ = kNoTensor;  // (T, HS) fp32
 };

@@ -98,7 +98,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
     }
     if (pp > 1) {
         for (size_t i = 0; i < table_.size(); ++i)
-            if (table_[i].name == "wte.weight") wte_index_ = static_cast<int>(i);
+            if (!shape.untied && table_[i].name == embedding_weight_name(shape)) wte_index_ = static_cast<int>(i);
     }
     bases_ = bases;
     tokens_.resize(static_cast<size_t>(micro_batch) * shape.seq());

@@ -145,7 +145,7 @@ class PipelineModel {
     ParamGather* gather_ = nullptr;
     std::vector<graph::ParamsNeededFn> need_params_;  // per local chunk, to gather_ with its base
     int64_t flat_ = 0;
-    int wte_index_ = -1;  // in table_, when this rank holds a wte copy and pp > 1
+    int wte_index_ = -1;  // in table_, when this rank holds a copy of a tied token embedding and pp > 1
     DType dtype_ = DType::kF32, grad_dtype_ = DType::kF32;
     bool sharded_masters_ = false;
     int64_t padded_ = 0;          // the flat buffers' length: flat_ padded for the data-parallel optimizer

@@ -30,6 +30,7 @@ GptShape gpt_shape(const Config& cfg, const DerivedConfig& d) {
     s.Vp = d.padded_vocab;
     s.F = d.ffn_hidden;
     s.eps = cfg.model.layernorm_epsilon;
+    s.untied = cfg.model.untie_embeddings_and_output_weights;
     if (cfg.model.arch == "llama") {
         s.arch = ModelArch::kLlama;
         s.NKV = cfg.model.num_query_groups;

@@ -382,8 +382,38 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"model.max_position_embeddings=16"}), 1,
                    {"model.seq_length(32) is larger than model.max_position_embeddings(16)"});
     validate_error(small({"model.vocab_size=0"}), 1, {"model.vocab_size is 0"});
-    validate_error(small({"model.untie_embeddings_and_output_weights=true"}), 1,
-                   {"untie_embeddings_and_output_weights = true is not supported"});
+    // an untied output layer adds its padded vocabulary x hidden weights (GPT: 128 x 64)
+    EXPECT_EQ(
+        validate_config(load_config("", small({"model.untie_embeddings_and_output_weights=true"})), 1).num_parameters -
+            validate_config(load_config("", small()), 1).num_parameters,
+        128 * 64);
+    // Llama: an untied output layer, groups dividing heads and tp, an even head size for the rotation
+    const auto llama = [](std::vector<std::string> extra) {
+        std::vector<std::string> s =
+            small({"model.arch=llama", "model.untie_embeddings_and_output_weights=true", "model.num_query_groups=2"});
+        s.insert(s.end(), extra.begin(), extra.end());
+        return s;
+    };
+    EXPECT_EQ(validate_config(load_config("", llama({})), 1).num_parameters,
+              2 * 128 * 64 + 2 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 256 * 64) + 64);
+    EXPECT_EQ(
+        validate_config(load_config("", llama({"model.untie_embeddings_and_output_weights=false"})), 1).num_parameters,
+        128 * 64 + 2 * (2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 256 * 64) + 64);
+    validate_error(llama({"model.num_query_groups=3"}), 1,
+                   {"model.num_query_groups(3) does not divide model.num_attention_heads(4)", "pick a divisor of 4"});
+    validate_error(llama({"parallel.tensor_model_parallel_size=4"}), 4,
+                   {"model.num_query_groups(2) is not divisible by parallel.tensor_model_parallel_size(4)"});
+    validate_error(
+        llama({"model.hidden_size=72", "model.num_attention_heads=8", "model.num_query_groups=0"}), 1,
+        {"model.hidden_size(72) / num_attention_heads(8) = 9 is an odd head size", "hint: an even head size"});
+    validate_error(small({"model.num_query_groups=2"}), 1,
+                   {"model.num_query_groups(2), rotary_base(10000) and rope_scaling_factor(0) are Llama's",
+                    "model.arch is 'gpt'", "set model.arch: llama"});
+    validate_error(llama({"model.rope_scaling_factor=8", "model.rope_low_freq_factor=4"}), 1,
+                   {"model.rope_high_freq_factor(4) must exceed model.rope_low_freq_factor(4)"});
+    validate_error(llama({"training.recompute_granularity=full"}), 1,
+                   {"recompute_granularity = 'full' is not supported with model.arch 'llama'"});
+    set_error({"model.arch=mamba"}, {"model.arch", "llama"});
     validate_error(small({"model.hidden_dropout=0.1"}), 1, {"not supported on this backend yet"});
     validate_error(small({"training.recompute_granularity=full", "training.recompute_num_layers=2"}), 1,
                    {"training.recompute_num_layers = 2 with recompute_method 'uniform'", "recompute_method 'block'"});
