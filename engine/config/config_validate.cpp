@@ -121,12 +121,6 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "attention, rotary positions), but model.arch is '{}'; hint: remove them, or set model.arch: llama",
             m.num_query_groups, m.rotary_base, m.rope_scaling_factor, m.arch);
     }
-    if (llama && t.recompute_granularity != "none") {
-        fail(
-            "training.recompute_granularity = '{}' is not supported with model.arch 'llama' (activation "
-            "recomputation is built for GPT's graph only); hint: set recompute_granularity: none",
-            t.recompute_granularity);
-    }
     if (llama && m.rope_scaling_factor != 0.0 && m.rope_scaling_factor != 1.0 &&
         !(m.rope_high_freq_factor > m.rope_low_freq_factor)) {
         fail(

@@ -11,9 +11,11 @@
 namespace ms::graph {
 namespace {
 
+// Selective recomputation's ops: normalisations, activations and the copies feeding column-parallel layers. Not
+// RoPE: it rotates the qkv a matmul wrote in place, so running it again alone would rotate twice.
 bool cheap(const Node& n) {
-    return n.op == OpCode::kLayerNorm || n.op == OpCode::kGelu || n.op == OpCode::kTpCopy ||
-           (n.op == OpCode::kAllGather);
+    return n.op == OpCode::kLayerNorm || n.op == OpCode::kRmsNorm || n.op == OpCode::kGelu || n.op == OpCode::kSwiGlu ||
+           n.op == OpCode::kTpCopy || n.op == OpCode::kAllGather;
 }
 
 }  // namespace

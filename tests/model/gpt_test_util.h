@@ -41,6 +41,15 @@ inline GptShape tiny_shape() {
     return s;
 }
 
+// tiny_shape() as a Llama: 2 key/value heads for the 4 query heads, an untied output layer.
+inline GptShape tiny_llama_shape() {
+    GptShape s = tiny_shape();
+    s.arch = ModelArch::kLlama;
+    s.NKV = 2;
+    s.untied = true;
+    return s;
+}
+
 // For the CUDA emulation, which is slow: smaller than tiny_shape(), and still no dimension a multiple of a block
 // (HS = 16 < 64, T = 9, V = 61 of Vp = 128).
 inline GptShape emu_shape() {

@@ -1,6 +1,7 @@
 // test_gpt_graph.cpp: GPT-2's op graph (engine/model/gpt_graph.h) itself: the backward derived from the forward,
 // what the fusion pass did, and where the memory plan puts tensors. (What the graph computes is what every model,
 // parallel and end-to-end test checks: Gpt runs it.)
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -218,46 +219,49 @@ graph::RecomputeOptions recompute_of(graph::RecomputeGranularity g, graph::Recom
 }
 
 // Recomputation runs the same deterministic ops on the same inputs: loss and every gradient bit-identical to keeping
-// everything, in fp32 and bf16, over two micro-batches of two slots; and the plan keeps less.
+// everything, in fp32 and bf16, over two micro-batches of two slots; and the plan keeps less. GPT and Llama (whose
+// RoPE rotates the recomputed qkv in place again).
 TEST(GptGraph, RecomputationIsBitIdenticalAndKeepsLess) {
-    GptShape s = tiny_shape();
-    s.L = 3;
     using G = graph::RecomputeGranularity;
     using M = graph::RecomputeMethod;
     const graph::RecomputeOptions cases[] = {
         recompute_of(G::kNone, M::kUniform, 1), recompute_of(G::kSelective, M::kUniform, 1),
         recompute_of(G::kFull, M::kBlock, 2), recompute_of(G::kFull, M::kUniform, 1)};
     auto be = make_cpu_backend(OpMode::kFast);
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-        std::vector<float> loss_of[4];
-        std::vector<std::vector<float>> grads_of(4);
-        size_t slot_of[4];
-        for (int c = 0; c < 4; ++c) {
-            Gpt::Options o;
-            o.max_batch = 2;
-            o.num_slots = 2;
-            o.dtype = dtype;
-            o.graph.recompute = cases[c];
-            Gpt model(s, *be, tp_self(), o);
-            model.init_weights(4);
-            model.zero_grads();
-            for (int mb = 0; mb < 2; ++mb) {
-                const auto tokens = random_tokens(2 * s.T, s.V, 20 + mb, 0);
-                const auto targets = random_tokens(2 * s.T, s.V, 20 + mb, 1);
-                loss_of[c].push_back(model.forward(tokens.data(), targets.data(), 2, s.T, mb, 0.5f));
+    for (GptShape s : {tiny_shape(), tiny_llama_shape()})
+        for (DType dtype : {DType::kF32, DType::kBF16}) {
+            s.L = 3;
+            std::vector<float> loss_of[4];
+            std::vector<std::vector<float>> grads_of(4);
+            size_t slot_of[4];
+            for (int c = 0; c < 4; ++c) {
+                Gpt::Options o;
+                o.max_batch = 2;
+                o.num_slots = 2;
+                o.dtype = dtype;
+                o.graph.recompute = cases[c];
+                Gpt model(s, *be, tp_self(), o);
+                model.init_weights(4);
+                model.zero_grads();
+                for (int mb = 0; mb < 2; ++mb) {
+                    const auto tokens = random_tokens(2 * s.T, s.V, 20 + mb, 0);
+                    const auto targets = random_tokens(2 * s.T, s.V, 20 + mb, 1);
+                    loss_of[c].push_back(model.forward(tokens.data(), targets.data(), 2, s.T, mb, 0.5f));
+                }
+                model.backward(1);
+                model.backward(0);
+                grads_of[c].assign(model.grads_f32(), model.grads_f32() + model.flat_size());
+                slot_of[c] = plan_gpt_memory(s, GptPart{}, 1, 2, false, dtype, o.graph).slot_bytes();
             }
-            model.backward(1);
-            model.backward(0);
-            grads_of[c].assign(model.grads_f32(), model.grads_f32() + model.flat_size());
-            slot_of[c] = plan_gpt_memory(s, GptPart{}, 1, 2, false, dtype, o.graph).slot_bytes();
+            for (int c = 1; c < 4; ++c) {
+                const std::string what =
+                    fmt::format("case {} {} {}", c, s.arch == ModelArch::kLlama ? "llama" : "gpt", dtype_name(dtype));
+                EXPECT_EQ(loss_of[c], loss_of[0]) << what;
+                EXPECT_EQ(std::memcmp(grads_of[c].data(), grads_of[0].data(), grads_of[0].size() * sizeof(float)), 0)
+                    << what;
+                EXPECT_LT(slot_of[c], slot_of[c - 1]) << what;
+            }
         }
-        for (int c = 1; c < 4; ++c) {
-            EXPECT_EQ(loss_of[c], loss_of[0]) << c << " " << dtype_name(dtype);
-            EXPECT_EQ(std::memcmp(grads_of[c].data(), grads_of[0].data(), grads_of[0].size() * sizeof(float)), 0)
-                << c << " " << dtype_name(dtype);
-            EXPECT_LT(slot_of[c], slot_of[c - 1]) << c << " " << dtype_name(dtype);
-        }
-    }
 }
 
 // Every tensor of every program Gpt may compile (a training micro-batch, an evaluation, the logits of generation's

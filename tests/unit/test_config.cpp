@@ -411,8 +411,6 @@ TEST(ConfigTest, ValidationSentences) {
                     "model.arch is 'gpt'", "set model.arch: llama"});
     validate_error(llama({"model.rope_scaling_factor=8", "model.rope_low_freq_factor=4"}), 1,
                    {"model.rope_high_freq_factor(4) must exceed model.rope_low_freq_factor(4)"});
-    validate_error(llama({"training.recompute_granularity=full"}), 1,
-                   {"recompute_granularity = 'full' is not supported with model.arch 'llama'"});
     set_error({"model.arch=mamba"}, {"model.arch", "llama"});
     validate_error(small({"model.hidden_dropout=0.1"}), 1, {"not supported on this backend yet"});
     validate_error(small({"training.recompute_granularity=full", "training.recompute_num_layers=2"}), 1,
