@@ -1,5 +1,6 @@
-// cmd_convert.cpp: `convert` -- a checkpoint to a Hugging Face GPT-2 directory (--to hf-gpt2), optionally sharded
-// and with the tokenizer files, and back (--from hf-gpt2), engine/ckpt/hf_gpt2.h and hf_tokenizer.h.
+// cmd_convert.cpp: `convert` -- a checkpoint to a Hugging Face GPT-2 or Llama directory (--to hf-gpt2, hf-llama),
+// optionally sharded and with the tokenizer files, and back (--from hf-gpt2, hf-llama): engine/ckpt/hf_gpt2.h,
+// hf_llama.h and hf_tokenizer.h.
 #include <cctype>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/checkpoint_model.h"
 #include "engine/ckpt/hf_gpt2.h"
+#include "engine/ckpt/hf_llama.h"
 #include "engine/ckpt/hf_tokenizer.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
@@ -55,17 +57,19 @@ int run_convert(ConvertArgs a) {
     if (!a.tokenizer_type.empty()) a.tokenizer.type = parse_tokenizer_type(a.tokenizer_type);
     if (a.to.empty() == a.from.empty())
         throw UserError(
-            "command line error: convert needs exactly one of --to hf-gpt2 (checkpoint -> Hugging Face) "
-            "and --from hf-gpt2 (Hugging Face -> checkpoint)");
+            "command line error: convert needs exactly one of --to hf-gpt2 or hf-llama (checkpoint -> Hugging Face) "
+            "and --from hf-gpt2 or hf-llama (Hugging Face -> checkpoint)");
     const Progress::Style progress = Progress::style_for_stderr();
     if (!a.to.empty()) {
         if (!a.config_path.empty() || !a.overrides.empty())
-            throw UserError(
-                "command line error: --config and --set apply to --from hf-gpt2 only; --to hf-gpt2 takes "
-                "the model from the checkpoint");
+            throw UserError(fmt::format(
+                "command line error: --config and --set apply to --from {} only; --to {} takes the model from the "
+                "checkpoint",
+                a.to, a.to));
         const std::string dir = resolve_checkpoint(a.load);
         const CheckpointReader reader(dir);
         const GptShape shape = checkpoint_shape(reader);
+        check_hf_export_arch(reader, shape, a.to);  // before anything is written
         HfExportOptions options;
         options.max_shard_bytes = a.max_shard_size.empty() ? 0 : parse_shard_size(a.max_shard_size);
         options.progress = progress;
@@ -75,7 +79,8 @@ int run_convert(ConvertArgs a) {
             tokenizer = export_hf_tokenizer(a.tokenizer, shape.V, shape.T, a.out);
             options.eos_token_id = tokenizer->eos_token_id;
         }
-        const HfExport e = export_hf_gpt2(reader, shape, a.out, options);
+        const HfExport e = a.to == "hf-llama" ? export_hf_llama(reader, shape, a.out, options)
+                                              : export_hf_gpt2(reader, shape, a.out, options);
         log_info(
             "convert: wrote {} into {} ({} parameters; {} layers, hidden {}, {} heads, vocabulary {}) from {} "
             "(iteration {})",
@@ -92,12 +97,16 @@ int run_convert(ConvertArgs a) {
     }
     if (!a.tokenizer.empty() || !a.max_shard_size.empty())
         throw UserError(
-            "command line error: --tokenizer-type, --vocab-file, --merge-file, --tokenizer-model and "
-            "--max-shard-size apply to --to hf-gpt2 only");
+            fmt::format("command line error: --tokenizer-type, --vocab-file, --merge-file, --tokenizer-model and "
+                        "--max-shard-size apply to --to {} only",
+                        a.from));
     std::unique_ptr<Config> cfg;
     if (!a.config_path.empty() || !a.overrides.empty())
         cfg = std::make_unique<Config>(load_config(a.config_path, a.overrides));
-    import_hf_gpt2(a.load, cfg.get(), a.out, progress);
+    if (a.from == "hf-llama")
+        import_hf_llama(a.load, cfg.get(), a.out, progress);
+    else
+        import_hf_gpt2(a.load, cfg.get(), a.out, progress);
     return kExitOk;
 }
 
@@ -106,18 +115,22 @@ int run_convert(ConvertArgs a) {
 Command add_convert_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "convert",
-        "Convert a checkpoint to a Hugging Face GPT-2 directory (--to hf-gpt2: model.safetensors + config.json, "
-        "loadable by transformers' GPT2LMHeadModel.from_pretrained; with the tokenizer files given) or such a "
-        "directory (also sharded: model.safetensors.index.json) to a model-only checkpoint at iteration 0 "
-        "(--from hf-gpt2)");
+        "Convert a checkpoint to a Hugging Face directory (model.safetensors + config.json; with the tokenizer files "
+        "given): --to hf-gpt2 for a GPT-2 (model.arch gpt, loadable by transformers' GPT2LMHeadModel), --to hf-llama "
+        "for a Llama (model.arch llama, LlamaForCausalLM); or such a directory (also sharded: "
+        "model.safetensors.index.json; F32, BF16 or F16) to a model-only checkpoint at iteration 0 (--from hf-gpt2, "
+        "--from hf-llama)");
     auto a = std::make_shared<ConvertArgs>();
-    CLI::Option* to = cmd->add_option("--to", a->to, "Export to this format")->check(CLI::IsMember({"hf-gpt2"}));
+    CLI::Option* to =
+        cmd->add_option("--to", a->to, "Export to this format: hf-gpt2 (a GPT-2 checkpoint) or hf-llama (a Llama one)")
+            ->check(CLI::IsMember({"hf-gpt2", "hf-llama"}));
     CLI::Option* from =
-        cmd->add_option("--from", a->from, "Import from this format")->check(CLI::IsMember({"hf-gpt2"}));
+        cmd->add_option("--from", a->from, "Import from this format: hf-gpt2 (model_type gpt2) or hf-llama (llama)")
+            ->check(CLI::IsMember({"hf-gpt2", "hf-llama"}));
     to->excludes(from);
     cmd->add_option("--load", a->load,
                     "--to: a checkpoint save directory (its latest committed checkpoint) or an iter_XXXXXXX directory; "
-                    "--from: a Hugging Face GPT-2 directory (config.json + model.safetensors, or "
+                    "--from: a Hugging Face GPT-2 or Llama directory (config.json + model.safetensors, or "
                     "model.safetensors.index.json and its shards)")
         ->required();
     cmd->add_option("--out", a->out,

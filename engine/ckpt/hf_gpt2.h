@@ -14,16 +14,15 @@
 //                         h.{l}.attn.c_proj.weight (C, C)   c_proj.bias (C)    of our Linear (out, in); c_attn's
 //                         h.{l}.mlp.c_fc.weight (C, F)      c_fc.bias (F)      columns are [Q | K | V], heads
 //                         h.{l}.mlp.c_proj.weight (F, C)    c_proj.bias (C)    contiguous within each, as our rows
-//                       no lm_head.weight: the head is tied to wte (transformers ties it on load).
-//   or, sharded (what save_pretrained writes above its max_shard_size: 5 GB in transformers 4, 50 GB in 5):
-//   model.safetensors.index.json  {"metadata": {"total_size": BYTES}, "weight_map": {"wte.weight":
-//                                  "model-00001-of-00003.safetensors", ...}}: every tensor in exactly one shard
-//   model-0000i-of-0000n.safetensors  the tensors above, cut as huggingface_hub's split_state_dict_into_shards
-//                                  cuts them (plan_hf_shards)
+//                       no lm_head.weight: the head is tied to wte (transformers ties it on load); an untied
+//                       checkpoint's lm_head.weight (V, C) is exported with "tie_word_embeddings": false
+//                       (import takes tied models only).
+//   or sharded, and the dtypes read and written: hf_dir.h.
 //   tokenizer files (hf_tokenizer.h), when the export is given the tokenizer the data was preprocessed with.
-// Export writes F32. Import reads F32, BF16 or F16 (widened to fp32 exactly); it accepts keys with or without the
-// "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias / h.{l}.attn.masked_bias, and accepts
-// lm_head.weight only when it equals wte.weight bit for bit (a tied head saved twice). Dims come from config.json.
+// Import accepts keys with or without the "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias /
+// h.{l}.attn.masked_bias, and accepts lm_head.weight only when it equals wte.weight bit for bit (a tied head saved
+// twice). Dims come from config.json; a config.json of another model_type (a Llama's) is refused with the --from
+// that imports it.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -32,15 +31,12 @@
 #include <vector>
 
 #include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/hf_dir.h"
 #include "engine/config/config.h"
 #include "engine/data/progress.h"
 #include "engine/model/gpt.h"
 
 namespace ms {
-
-inline constexpr const char* kHfConfigFile = "config.json";
-inline constexpr const char* kHfWeightsFile = "model.safetensors";
-inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 
 // config.json of a model of this shape. bos/eos_token_id are eos_token_id, by default V - 1: GPT-2's <|endoftext|>
 // (50256) at V = 50257, the byte tokenizer's end-of-document (256) at V = 257.
@@ -51,27 +47,9 @@ nlohmann::json hf_gpt2_config(const GptShape& s, std::optional<int32_t> eos_toke
 // untied embeddings, per-layer attention scaling).
 GptShape hf_gpt2_shape(const nlohmann::json& config, const std::string& where);
 
-// The shards of tensors of these sizes (bytes, in the model's order) as huggingface_hub's
-// split_state_dict_into_shards_factory cuts them for save_pretrained: indices into `nbytes`. Tensors fill the open
-// shard until the next would take it past max_shard_bytes, which closes it; a tensor larger than max_shard_bytes
-// gets a shard of its own, placed when it comes, and the open shard stays open.
-std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<int64_t>& nbytes, int64_t max_shard_bytes);
-// "model-00002-of-00005.safetensors" for i = 1, n = 5.
-std::string hf_shard_name(size_t i, size_t n);
-
-struct HfExportOptions {
-    int64_t max_shard_bytes = 0;          // > 0: shards of at most this much tensor data, and the index; 0: one file
-    std::optional<int32_t> eos_token_id;  // config.json's bos/eos_token_id (the tokenizer's); default V - 1
-    Progress::Style progress = Progress::Style::kNone;
-};
-struct HfExport {
-    int64_t params = 0;
-    std::vector<std::string> files;  // written into out_dir, in order
-};
-
 // Writes <out_dir>/model.safetensors (or the shards and model.safetensors.index.json when more than one is needed)
 // and <out_dir>/config.json, each atomically, from the checkpoint `r`, whose model has shape `s`
-// (checkpoint_shape()).
+// (checkpoint_shape()). A Llama checkpoint is refused (UserError naming --to hf-llama).
 HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir,
                         const HfExportOptions& options = {});
 
