@@ -47,6 +47,7 @@
 #include "engine/train/plan.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/terminal_run.h"
+#include "tests/e2e/hf_checks.h"
 #include "tests/e2e/run_cli.h"
 
 namespace ms {
@@ -54,9 +55,15 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::eval_json;
+using test::expect_same_tensors;
+using test::HfTensor;
+using test::quoted;
 using test::read_file;
 using test::run_cli;
+using test::run_python;
 using test::TempDir;
+using test::write_hf_copy;
 
 // A 2-layer GPT-2 with a vocabulary of 267 (the toy BPE's size, >= 256 for byte prompts) on the synthetic language.
 constexpr const char* kConfigYaml = R"(schema_version: 1
@@ -71,72 +78,6 @@ eval: {eval_interval: 6, eval_iters: 2, sample_tokens: 0}
 )";
 
 const std::string kBpeDir = MS_SOURCE_DIR "/tests/e2e/data/tiny_bpe";
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-// Runs a Python script; 77 means "cannot import what it needs" (the test skips).
-int run_python(const std::string& python, const std::string& args) {
-    const std::string cmd = "OMP_NUM_THREADS=2 " + python + " " + args + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-json eval_json(const std::string& args) {
-    const auto r = run_cli("eval --json " + args);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    const size_t brace = r.output.rfind("\n{");
-    if (r.exit_code != 0 || brace == std::string::npos) return json::object();
-    return json::parse(r.output.substr(brace + 1));
-}
-
-// Every tensor of two checkpoints, compared bit for bit through CheckpointReader.
-void expect_same_tensors(const std::string& dir_a, const std::string& dir_b) {
-    const CheckpointReader a(dir_a), b(dir_b);
-    ASSERT_EQ(a.names(), b.names());
-    EXPECT_EQ(a.vocab_size(), b.vocab_size());
-    for (const std::string& name : a.names()) {
-        const CanonicalTensor ta = a.tensor(name), tb = b.tensor(name);
-        EXPECT_EQ(ta.shape, tb.shape) << name;
-        ASSERT_EQ(ta.data.size(), tb.data.size()) << name;
-        EXPECT_EQ(std::memcmp(ta.data.data(), tb.data.data(), ta.data.size() * sizeof(float)), 0) << name << " differs";
-    }
-}
-
-// Writes a copy of an HF directory whose model.safetensors is edited by `edit` (name -> fp32 data and shape).
-struct HfTensor {
-    std::vector<int64_t> shape;
-    std::vector<float> data;
-};
-void write_hf_copy(const std::string& from, const std::string& to,
-                   const std::function<void(std::map<std::string, HfTensor>&)>& edit, DType dtype = DType::kF32) {
-    fs::create_directories(to);
-    fs::copy_file(from + "/config.json", to + "/config.json", fs::copy_options::overwrite_existing);
-    const SafetensorsFile f = SafetensorsFile::open(from + "/model.safetensors");
-    std::map<std::string, HfTensor> tensors;
-    for (const std::string& name : f.names()) {
-        HfTensor t{f.info(name).shape, std::vector<float>(static_cast<size_t>(f.info(name).numel()))};
-        std::memcpy(t.data.data(), f.data(name), t.data.size() * sizeof(float));
-        tensors[name] = std::move(t);
-    }
-    edit(tensors);
-    std::vector<std::vector<uint16_t>> halves;  // bf16 copies, alive for the writer
-    std::vector<TensorEntry> entries;
-    for (const auto& [name, t] : tensors) {
-        if (dtype == DType::kBF16) {
-            std::vector<uint16_t> h(t.data.size());
-            for (size_t i = 0; i < h.size(); ++i) {
-                uint32_t bits;
-                std::memcpy(&bits, &t.data[i], 4);
-                h[i] = static_cast<uint16_t>(bits >> 16);  // truncation: exactly representable values
-            }
-            halves.push_back(std::move(h));
-            entries.push_back({name, DType::kBF16, t.shape, halves.back().data()});
-        } else {
-            entries.push_back({name, DType::kF32, t.shape, t.data.data()});
-        }
-    }
-    write_safetensors(to + "/model.safetensors", entries, {{"format", "pt"}});
-}
 
 Gpt2Bpe toy_bpe() { return Gpt2Bpe::load(kBpeDir + "/vocab.json", kBpeDir + "/merges.txt"); }
 
@@ -379,7 +320,7 @@ TEST_F(HfInterop, ImportAcceptsPrefixedKeysMaskBuffersTiedHeadAndBf16) {
 
     // BF16 weights are widened to fp32 exactly: the imported tensors are the truncated values.
     write_hf_copy(
-        path("hf"), path("hf_bf16"), [](std::map<std::string, HfTensor>&) {}, DType::kBF16);
+        path("hf"), path("hf_bf16"), [](std::map<std::string, HfTensor>&) {}, {}, DType::kBF16);
     const auto b = run_cli("convert --from hf-gpt2 --load " + path("hf_bf16") + " --out " + path("imp_bf16"));
     ASSERT_EQ(b.exit_code, 0) << b.output;
     EXPECT_NE(b.output.find("BF16"), std::string::npos) << b.output;

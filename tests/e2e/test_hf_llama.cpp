@@ -37,6 +37,7 @@
 #include "engine/model/gpt.h"
 #include "engine/train/run_layout.h"
 #include "tests/common/temp_dir.h"
+#include "tests/e2e/hf_checks.h"
 #include "tests/e2e/run_cli.h"
 
 namespace ms {
@@ -44,9 +45,17 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::bf16_truncated;
+using test::eval_json;
+using test::expect_same_tensors;
+using test::HfTensor;
+using test::quoted;
 using test::read_file;
 using test::run_cli;
+using test::run_python;
+using test::same_bits;
 using test::TempDir;
+using test::write_hf_copy;
 
 // A 2-layer Llama with a vocabulary of 267 (>= 256 for byte prompts) on the synthetic language.
 constexpr const char* kConfigYaml = R"(schema_version: 1
@@ -64,89 +73,6 @@ eval: {eval_interval: 6, eval_iters: 2, sample_tokens: 0}
 )";
 
 constexpr int kV = 267, kC = 32;
-
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
-
-// Runs a Python script; 77 means "cannot import what it needs" (the test skips).
-int run_python(const std::string& python, const std::string& args) {
-    const std::string cmd = "OMP_NUM_THREADS=2 " + python + " " + args + " 2>&1";
-    const int status = std::system(cmd.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-json eval_json(const std::string& args) {
-    const auto r = run_cli("eval --json " + args);
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    const size_t brace = r.output.rfind("\n{");
-    if (r.exit_code != 0 || brace == std::string::npos) return json::object();
-    return json::parse(r.output.substr(brace + 1));
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Every tensor of two checkpoints, compared bit for bit through CheckpointReader.
-void expect_same_tensors(const std::string& dir_a, const std::string& dir_b) {
-    const CheckpointReader a(dir_a), b(dir_b);
-    ASSERT_EQ(a.names(), b.names());
-    EXPECT_EQ(a.vocab_size(), b.vocab_size());
-    for (const std::string& name : a.names()) {
-        const CanonicalTensor ta = a.tensor(name), tb = b.tensor(name);
-        EXPECT_EQ(ta.shape, tb.shape) << name;
-        EXPECT_TRUE(same_bits(ta.data, tb.data)) << name << " differs";
-    }
-}
-
-// A copy of an HF directory with its config.json and tensors edited; written F32, or BF16 by truncation (the test
-// compares with the truncated values).
-struct HfTensor {
-    std::vector<int64_t> shape;
-    std::vector<float> data;
-};
-using EditTensors = std::function<void(std::map<std::string, HfTensor>&)>;
-using EditConfig = std::function<void(json&)>;
-void write_hf_copy(const std::string& from, const std::string& to, const EditTensors& edit_tensors,
-                   const EditConfig& edit_config = {}, DType dtype = DType::kF32) {
-    fs::create_directories(to);
-    json config = json::parse(read_file(from + "/config.json"));
-    if (edit_config) edit_config(config);
-    std::ofstream(to + "/config.json") << config.dump(2);
-    const SafetensorsFile f = SafetensorsFile::open(from + "/model.safetensors");
-    std::map<std::string, HfTensor> tensors;
-    for (const std::string& name : f.names()) {
-        HfTensor t{f.info(name).shape, std::vector<float>(static_cast<size_t>(f.info(name).numel()))};
-        std::memcpy(t.data.data(), f.data(name), t.data.size() * sizeof(float));
-        tensors[name] = std::move(t);
-    }
-    if (edit_tensors) edit_tensors(tensors);
-    std::vector<std::vector<uint16_t>> halves;  // bf16 copies, alive for the writer
-    halves.reserve(tensors.size());
-    std::vector<TensorEntry> entries;
-    for (const auto& [name, t] : tensors) {
-        if (dtype == DType::kBF16) {
-            std::vector<uint16_t> h(t.data.size());
-            for (size_t i = 0; i < h.size(); ++i) {
-                uint32_t bits;
-                std::memcpy(&bits, &t.data[i], 4);
-                h[i] = static_cast<uint16_t>(bits >> 16);
-            }
-            halves.push_back(std::move(h));
-            entries.push_back({name, DType::kBF16, t.shape, halves.back().data()});
-        } else {
-            entries.push_back({name, DType::kF32, t.shape, t.data.data()});
-        }
-    }
-    write_safetensors(to + "/model.safetensors", entries, {{"format", "pt"}});
-}
-
-float bf16_truncated(float x) {
-    uint32_t bits;
-    std::memcpy(&bits, &x, 4);
-    bits &= 0xFFFF0000u;
-    std::memcpy(&x, &bits, 4);
-    return x;
-}
 
 class HfLlama : public ::testing::Test {
   protected:
