@@ -3,7 +3,8 @@
 // tests/ops/test_cuda_emu_attention_tc.cpp, which runs the same source on the CPU emulation at small T only.
 //
 // Per dtype (bf16, fp16) and (B, T, NH, HS) in (2, 9, 3, 16), (2, 70, 2, 32), (2, 130, 2, 64), (1, 1024, 2, 64),
-// (4, 512, 12, 64):
+// (4, 512, 12, 64), and grouped-query attention (NKV key/value heads < NH; the kGrouped kernels) in (2, 70, 4, 32)
+// with NKV 2, (2, 130, 8, 64) with NKV 2, (1, 1024, 8, 64) with NKV 1 and (4, 512, 12, 64) with NKV 4:
 // forward out and lse, backward dQ, dK, dV (each on its own scale) with the CPU's out and lse as inputs, as scale-free
 // errors, for the split backward (two kernels) and the fused one (one kernel, dQ added across key tiles in a fixed
 // order through scratch), which may differ by one unit in the last place of dQ, dK or dV (the emulation test checks
@@ -27,6 +28,7 @@
 
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/attention_gqa_check.h"
 #include "tests/ops/attention_tc_check.h"
 #include "tests/ops/op_test_util.h"
 
@@ -89,15 +91,18 @@ constexpr const Tolerances& kFp16Tol = kAttentionTcFp16Tol;
 
 struct Shape {
     int B, T, NH, HS;
+    int NKV = 0;  // key/value heads; 0: NH (multi-head)
 };
 
 template <class S>
 void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
-    const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS;
+    const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS, NKV = s.NKV > 0 ? s.NKV : NH;
+    const int KV = NKV * HS, W = C + 2 * KV;  // a key/value block's width, qkv's row width
     const std::string tag = std::string(dtype_name(dtype_of<S>())) + " B " + std::to_string(B) + " T " +
-                            std::to_string(T) + " NH " + std::to_string(NH) + " HS " + std::to_string(HS) + ": ";
+                            std::to_string(T) + " NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + " HS " +
+                            std::to_string(HS) + ": ";
     SCOPED_TRACE(tag);
-    const size_t n_qkv = size_t{1} * B * T * 3 * C, n_out = size_t{1} * B * T * C, n_lse = size_t{1} * B * NH * T;
+    const size_t n_qkv = size_t{1} * B * T * W, n_out = size_t{1} * B * T * C, n_lse = size_t{1} * B * NH * T;
     // inputs rounded to S first, so the CPU reference sees exactly what the GPU does
     std::vector<S> qkv = to_s<S>(random_floats(n_qkv, 11 + T, -2.0f, 2.0f)),
                    dout = to_s<S>(random_floats(n_out, 12 + T));
@@ -105,16 +110,18 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
     std::vector<float> lse_ref(n_lse);
     auto cpu = make_cpu_backend(OpMode::kReference);
     const DType d = dtype_of<S>();
-    cpu->attention_forward({.qkv = Tensor(qkv.data(), d, {B, T, 3 * C}),
+    cpu->attention_forward({.qkv = Tensor(qkv.data(), d, {B, T, W}),
                             .out = Tensor(out_ref.data(), d, {B, T, C}),
                             .lse = Tensor::f32(lse_ref.data(), {B, NH, T}),
-                            .NH = NH});
+                            .NH = NH,
+                            .NKV = NKV});
     cpu->attention_backward({.dout = Tensor(dout.data(), d, {B, T, C}),
-                             .qkv = Tensor(qkv.data(), d, {B, T, 3 * C}),
+                             .qkv = Tensor(qkv.data(), d, {B, T, W}),
                              .out = Tensor(out_ref.data(), d, {B, T, C}),
                              .lse = Tensor::f32(lse_ref.data(), {B, NH, T}),
-                             .dqkv = Tensor(dqkv_ref.data(), d, {B, T, 3 * C}),
-                             .NH = NH});
+                             .dqkv = Tensor(dqkv_ref.data(), d, {B, T, W}),
+                             .NH = NH,
+                             .NKV = NKV});
     const std::vector<float> out_want = to_f(out_ref), dqkv_want = to_f(dqkv_ref);
 
     DeviceBuf<S> d_qkv(n_qkv), d_dout(n_out), d_out_ref(n_out), d_out(n_out), d_dqkv(n_qkv), d_fused(n_qkv);
@@ -136,11 +143,11 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
         MS_TEST_CUDA(d_fused.fill_nan());
         MS_TEST_CUDA(d_lse.fill_nan());
         MS_TEST_CUDA(d_scratch.fill_nan());
-        cuda::attention_tc_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, HS, nullptr);
+        cuda::attention_tc_forward(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, NKV, HS, nullptr);
         cuda::attention_tc_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(), nullptr,
-                                    B, T, NH, HS, cuda::AttentionTcBackward::kSplit, nullptr);
+                                    B, T, NH, NKV, HS, cuda::AttentionTcBackward::kSplit, nullptr);
         cuda::attention_tc_backward(d_fused.get(), d_dout.get(), d_qkv.get(), d_out_ref.get(), d_lse_ref.get(),
-                                    d_scratch.get(), B, T, NH, HS, cuda::AttentionTcBackward::kFused, nullptr);
+                                    d_scratch.get(), B, T, NH, NKV, HS, cuda::AttentionTcBackward::kFused, nullptr);
         MS_TEST_CUDA(cudaDeviceSynchronize());
         MS_TEST_CUDA(cudaGetLastError());
         const std::vector<S> out = d_out.download(), dqkv = d_dqkv.download(), fused = d_fused.download();
@@ -154,14 +161,16 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
             expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
             expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
             for (int part = 0; part < 3; ++part) {  // dQ, dK, dV, each on its own scale
-                const std::vector<float> want = third(dqkv_want, C, part), split = third(got, C, part);
+                const int from = part == 0 ? 0 : part == 1 ? C : C + KV, width = part == 0 ? C : KV;
+                const std::vector<float> want = columns(dqkv_want, W, from, width),
+                                         split = columns(got, W, from, width),
+                                         fused_part = columns(got_fused, W, from, width);
                 const double part_tol = part == 0 ? tol.dq : part == 1 ? tol.dk : tol.dv;
                 const std::string name = std::string("d") + "QKV"[part];
                 expect_close(tag + "split " + name, error_on_scale(split, want, want), part_tol);
-                expect_close(tag + "fused " + name, error_on_scale(third(got_fused, C, part), want, want), part_tol);
+                expect_close(tag + "fused " + name, error_on_scale(fused_part, want, want), part_tol);
                 // one unit in the last place of S of the element, so of the largest (0 where bit-identical)
-                expect_close(tag + "fused " + name + " vs split",
-                             error_on_scale(third(got_fused, C, part), split, split),
+                expect_close(tag + "fused " + name + " vs split", error_on_scale(fused_part, split, split),
                              std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
             }
             first_out = out;
@@ -179,7 +188,9 @@ void check_attention_on_gpu(const Shape& s, const Tolerances& tol) {
 }
 
 // the last: 384 fused blocks at once, enough to fill a GPU, so blocks wait on one another while they run
-constexpr Shape kShapes[] = {{2, 9, 3, 16}, {2, 70, 2, 32}, {2, 130, 2, 64}, {1, 1024, 2, 64}, {4, 512, 12, 64}};
+constexpr Shape kShapes[] = {{2, 9, 3, 16},      {2, 70, 2, 32},      {2, 130, 2, 64},
+                             {1, 1024, 2, 64},   {4, 512, 12, 64},    {2, 70, 4, 32, 2},
+                             {2, 130, 8, 64, 2}, {1, 1024, 8, 64, 1}, {4, 512, 12, 64, 4}};
 
 TEST(GpuAttentionTc, Bf16MatchesTheCpuReference) {
     if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
