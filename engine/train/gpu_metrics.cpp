@@ -114,7 +114,7 @@ NvmlOpen open_nvml(const std::string& pci_bus_id, const char* library) {
                        bind(lib, "nvmlDeviceGetTemperature", api.temperature, missing);
     if (!bound) {
         dlclose(lib);
-        return {nullptr, fmt::format("{} has no {}", library, missing)};
+        return {nullptr, fmt::format("{} has no function {}: not NVML, or an NVML without it", library, missing)};
     }
     if (const nvmlReturn_t rc = api.init(); rc != kNvmlSuccess) {
         const std::string why = api.error_string(rc);
@@ -189,9 +189,10 @@ nlohmann::json GpuMetrics::gather(Communicator& world) {
     return gpu_metrics_json(all);
 }
 
-std::optional<GpuMetrics> open_gpu_metrics(BackendKind backend, const std::string& pci_bus_id) {
+std::optional<GpuMetrics> open_gpu_metrics(BackendKind backend, const std::string& pci_bus_id,
+                                           const char* nvml_library) {
     if (backend != BackendKind::kCUDA || pci_bus_id.empty()) return std::nullopt;
-    NvmlOpen nvml = open_nvml(pci_bus_id);
+    NvmlOpen nvml = open_nvml(pci_bus_id, nvml_library);
     if (nvml.source) {
         log_info("gpu metrics: NVML samples the GPU at {} (rank 0) every log interval: metrics.jsonl \"gpu\"",
                  pci_bus_id);

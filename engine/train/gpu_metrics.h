@@ -54,7 +54,8 @@ struct NvmlOpen {
     std::string error;
 };
 inline constexpr const char* kNvmlLibrary = "libnvidia-ml.so.1";
-// `pci_bus_id` as CUDA spells it ("0000:3b:00.0"); `library` the file to dlopen (tests name a missing one).
+// `pci_bus_id` as CUDA spells it ("0000:3b:00.0"); `library` the file to dlopen (tests name a missing one, or the
+// fake NVML in tests/unit/fake_nvml.c by its path).
 NvmlOpen open_nvml(const std::string& pci_bus_id, const char* library = kNvmlLibrary);
 
 // A sample as kGpuSampleWords int32 for the gather (an unset field, or no sample, as -1; memory as two words), and
@@ -86,7 +87,8 @@ class GpuMetrics {
 // The trainer's GpuMetrics on a CUDA run, the same on every rank: engaged when `backend` is kCUDA and the backend
 // selected a device (`pci_bus_id`, "" for the CPU emulation of the CUDA kernels); nullopt otherwise, and NVML is not
 // opened. When NVML cannot be opened for the device, logs one warning with the reason and samples nothing on this
-// rank.
-std::optional<GpuMetrics> open_gpu_metrics(BackendKind backend, const std::string& pci_bus_id);
+// rank. `nvml_library` as open_nvml's `library`.
+std::optional<GpuMetrics> open_gpu_metrics(BackendKind backend, const std::string& pci_bus_id,
+                                           const char* nvml_library = kNvmlLibrary);
 
 }  // namespace ms

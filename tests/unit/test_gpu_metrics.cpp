@@ -1,11 +1,14 @@
 // test_gpu_metrics.cpp: the GPU counters of a CUDA run (engine/train/gpu_metrics.h) -- a fake source's samples in a
 // metrics.jsonl record and in the TensorBoard scalars the trainer writes for it, the packing every rank's sample
-// takes through the gather, and NVML's loader where there is no NVML (no driver on the machine, or a library
-// without NVML's functions): a sentence, no source, no crash.
+// takes through the gather, NVML's loader where there is no NVML (no driver on the machine, or a library without
+// NVML's functions): a sentence, no source, no crash; and the loader end to end (dlopen, dlsym, the calls through
+// NVML's C ABI) against a fake NVML library, tests/unit/fake_nvml.c, whose known values must arrive unchanged.
 #include "engine/train/gpu_metrics.h"
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -156,7 +159,109 @@ TEST(GpuMetrics, WithoutNvmlTheLoaderSaysWhyAndGivesNoSource) {
 
     const NvmlOpen not_nvml = open_nvml("0000:3b:00.0", "libc.so.6");  // loads, but is not NVML
     EXPECT_EQ(not_nvml.source, nullptr);
-    EXPECT_EQ(not_nvml.error, "libc.so.6 has no nvmlInit_v2");
+    EXPECT_EQ(not_nvml.error, "libc.so.6 has no function nvmlInit_v2: not NVML, or an NVML without it");
+}
+
+// The fake NVML held open by the test as well, so that its count of nvmlInit_v2 calls not yet shut down outlives
+// the loader's dlclose (dlopen of the same path shares the one loaded copy).
+class FakeNvml {
+  public:
+    explicit FakeNvml(const char* path) : lib_(dlopen(path, RTLD_NOW | RTLD_LOCAL)) {}
+    ~FakeNvml() {
+        if (lib_ != nullptr) dlclose(lib_);
+    }
+    FakeNvml(const FakeNvml&) = delete;
+    FakeNvml& operator=(const FakeNvml&) = delete;
+    bool loaded() const { return lib_ != nullptr; }
+    int live_inits() const { return reinterpret_cast<int (*)()>(dlsym(lib_, "fake_nvml_live_inits"))(); }
+
+  private:
+    void* lib_;
+};
+
+// What fake_nvml.c reports for its device at 0000:3b:00.0, in the record: 1234 MiB, 512345 mW as watts.
+const json kFakeDeviceRecord = {{"mem_used_bytes", 1293942784}, {"sm_clock_mhz", 1980}, {"mem_clock_mhz", 3201},
+                                {"power_w", 512.345},           {"util_pct", 87},       {"mem_bw_util_pct", 41},
+                                {"temperature_c", 55}};
+
+TEST(NvmlLoader, EveryCounterArrivesAsTheLibraryGaveIt) {
+    FakeNvml fake(MS_FAKE_NVML);
+    ASSERT_TRUE(fake.loaded()) << dlerror();
+    {
+        const NvmlOpen nvml = open_nvml("0000:3b:00.0", MS_FAKE_NVML);
+        ASSERT_NE(nvml.source, nullptr) << nvml.error;
+        EXPECT_EQ(nvml.error, "");
+        EXPECT_EQ(fake.live_inits(), 1);
+        const std::optional<GpuSample> s = nvml.source->sample();
+        ASSERT_TRUE(s.has_value());
+        EXPECT_EQ(s->mem_used_bytes, uint64_t{1234} << 20);
+        EXPECT_EQ(s->sm_clock_mhz, 1980u);  // NVML_CLOCK_SM, not the graphics clock (1755 in the fake)
+        EXPECT_EQ(s->mem_clock_mhz, 3201u);
+        EXPECT_EQ(s->power_mw, 512345u);
+        EXPECT_EQ(s->util_pct, 87u);
+        EXPECT_EQ(s->mem_bw_util_pct, 41u);
+        EXPECT_EQ(s->temperature_c, 55u);
+    }
+    EXPECT_EQ(fake.live_inits(), 0);  // the source's end shut NVML down
+
+    // As the trainer opens it: no warning, and the record line carries the values.
+    testing::internal::CaptureStderr();
+    std::optional<GpuMetrics> metrics = open_gpu_metrics(BackendKind::kCUDA, "0000:3B:00.0", MS_FAKE_NVML);
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+    ASSERT_TRUE(metrics.has_value());
+    SelfCommunicator world;
+    const json record = {{"iteration", 10}, {"gpu", metrics->gather(world)}};
+    EXPECT_EQ(json::parse(record.dump())["gpu"], json({{"rank0", kFakeDeviceRecord}}));
+    metrics.reset();
+    EXPECT_EQ(fake.live_inits(), 0);
+}
+
+TEST(NvmlLoader, ACounterTheDeviceDoesNotReportIsLeftOut) {
+    // The fake's 0000:86:00.0 answers NVML_ERROR_NOT_SUPPORTED for utilisation, as a MIG instance does.
+    const NvmlOpen nvml = open_nvml("0000:86:00.0", MS_FAKE_NVML);
+    ASSERT_NE(nvml.source, nullptr) << nvml.error;
+    const std::optional<GpuSample> s = nvml.source->sample();
+    ASSERT_TRUE(s.has_value());
+    EXPECT_FALSE(s->util_pct.has_value());
+    EXPECT_FALSE(s->mem_bw_util_pct.has_value());
+    json want = kFakeDeviceRecord;
+    want.erase("util_pct");
+    want.erase("mem_bw_util_pct");
+    EXPECT_EQ(gpu_sample_json(*s), want);
+}
+
+TEST(NvmlLoader, AnUnknownBusIdIsOneWarningWithTheReasonAndNoCounters) {
+    FakeNvml fake(MS_FAKE_NVML);
+    ASSERT_TRUE(fake.loaded()) << dlerror();
+    testing::internal::CaptureStderr();
+    std::optional<GpuMetrics> metrics = open_gpu_metrics(BackendKind::kCUDA, "0000:af:00.0", MS_FAKE_NVML);
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("warning: gpu metrics: none from this rank's GPU (NVML finds no device at PCI bus id "
+                       "0000:af:00.0: Not Found)"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(fake.live_inits(), 0);  // nvmlInit_v2 succeeded, so the failure shut NVML down again
+    ASSERT_TRUE(metrics.has_value());
+    SelfCommunicator world;
+    EXPECT_TRUE(metrics->gather(world).is_null());
+}
+
+TEST(NvmlLoader, ALibraryWithoutAFunctionIsOneWarningNamingIt) {
+    const std::string path = MS_FAKE_NVML_NO_TEMPERATURE;
+    const NvmlOpen nvml = open_nvml("0000:3b:00.0", path.c_str());
+    EXPECT_EQ(nvml.source, nullptr);
+    EXPECT_EQ(nvml.error, path + " has no function nvmlDeviceGetTemperature: not NVML, or an NVML without it");
+
+    testing::internal::CaptureStderr();
+    std::optional<GpuMetrics> metrics = open_gpu_metrics(BackendKind::kCUDA, "0000:3b:00.0", path.c_str());
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("warning: gpu metrics: none from this rank's GPU (" + nvml.error + ")"), std::string::npos)
+        << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    ASSERT_TRUE(metrics.has_value());
+    SelfCommunicator world;
+    EXPECT_TRUE(metrics->gather(world).is_null());
 }
 
 TEST(GpuMetrics, OnlyACudaRunOnADeviceOpensNvml) {
