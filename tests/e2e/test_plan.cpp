@@ -475,3 +475,63 @@ TEST(PlanE2E, GraphShowsOpsPassesAndBytes) {
     EXPECT_EQ(std::count(text.begin(), text.end(), '{'), 2);  // two digraphs
     EXPECT_NE(text.find("digraph \"chunk 1\""), std::string::npos);
 }
+
+namespace {
+
+// One preset planned at a world size against an 80 GB GPU (78.5 GiB: less the 1.5 GiB plan.h's kDeviceReserveBytes
+// keeps for the CUDA context, cuBLAS and NCCL).
+struct PresetPlan {
+    int64_t parameters = 0;             // the derived line's count (the padded vocabulary, each element once)
+    int64_t largest_total = 0;          // bytes of the largest stage's rank
+    std::vector<int64_t> stage_params;  // one tp rank's shard, per stage
+    std::string output;
+};
+
+PresetPlan plan_preset(const std::string& preset, int world_size) {
+    const auto r = ms::test::run_cli("plan --config " MS_SOURCE_DIR "/configs/" + preset + " --world-size " +
+                                     std::to_string(world_size) + " --memory-gb 78.5");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    PresetPlan p;
+    p.output = r.output;
+    std::smatch m;
+    if (std::regex_search(r.output, m, std::regex("parameters ([0-9]+) \\("))) p.parameters = std::stoll(m[1]);
+    if (std::regex_search(r.output, m, std::regex("largest per-rank total: [^(]*\\(([0-9]+) B")))
+        p.largest_total = std::stoll(m[1]);
+    for (const auto& row : table_rows(r.output, "stage")) p.stage_params.push_back(std::stoll(row[2]));
+    return p;
+}
+
+}  // namespace
+
+// The Llama presets at 8 and 64 ranks: Hugging Face's parameter counts exactly (the vocabulary 128256 needs no
+// padding at make_vocab_size_divisible_by 32 x tp <= 8), the tensor-parallel shards of the plan's parameter table
+// adding up to them, and every rank within an 80 GB GPU. Llama-3-8B: 8,030,261,248 (config.json's shape, untied).
+// Llama-3.2-1B: Hugging Face's tied 1,235,814,400 plus the untied output layer's 128256 x 2048 = 262,668,288.
+TEST(PlanE2E, LlamaPresetsHaveHuggingFacesParameterCountsAndFit80GB) {
+    struct Preset {
+        const char* file;
+        int64_t hf_parameters;
+        int64_t L, C;  // the replicated RMSNorm weights: 2 per layer and the final one, C each
+    };
+    constexpr double kBudget = 78.5 * 1024 * 1024 * 1024;
+    for (const Preset& preset : {Preset{"llama-8b.yaml", 8030261248, 32, 4096},
+                                 Preset{"llama-1b.yaml", 1235814400 + 128256 * 2048, 16, 2048}}) {
+        for (const int world : {8, 64}) {
+            const std::string where = std::string(preset.file) + " at " + std::to_string(world) + " ranks";
+            const PresetPlan p = plan_preset(preset.file, world);
+            EXPECT_EQ(p.parameters, preset.hf_parameters) << where << "\n" << p.output;
+            EXPECT_NE(p.output.find(": fits"), std::string::npos) << where << "\n" << p.output;
+            EXPECT_GT(p.largest_total, 0) << where;
+            EXPECT_LE(static_cast<double>(p.largest_total), kBudget) << where;
+            // one stage (pp 1): tp shards of every matrix plus tp copies of the norms
+            std::smatch m;
+            ASSERT_TRUE(std::regex_search(p.output, m, std::regex("= tp ([0-9]+) x pp ([0-9]+) x dp ([0-9]+)")))
+                << p.output;
+            const int64_t tp = std::stoll(m[1]);
+            EXPECT_EQ(tp * std::stoll(m[2]) * std::stoll(m[3]), world) << where;
+            ASSERT_EQ(p.stage_params.size(), 1u) << where;
+            const int64_t norms = (2 * preset.L + 1) * preset.C;
+            EXPECT_EQ(tp * p.stage_params[0] - (tp - 1) * norms, preset.hf_parameters) << where;
+        }
+    }
+}
