@@ -53,9 +53,12 @@ Config import_config(const Config* cfg_in, GptShape& s, const std::string& confi
              {"model.ffn_hidden_size (0: 4 * hidden_size) / n_inner", double(ffn), double(s.F)},
              {"model.max_position_embeddings (0: seq_length) / n_positions", double(positions), double(s.T)},
              {"model.vocab_size / vocab_size", double(m.vocab_size == 0 ? s.V : m.vocab_size), double(s.V)},
-             {"model.layernorm_epsilon / layer_norm_epsilon", double(m.layernorm_epsilon), double(s.eps)}},
+             {"model.layernorm_epsilon / layer_norm_epsilon", double(m.layernorm_epsilon), double(s.eps)},
+             {"model.untie_embeddings_and_output_weights / !tie_word_embeddings",
+              double(m.untie_embeddings_and_output_weights), double(s.untied)}},
             config_path);
     } else {
+        m.untie_embeddings_and_output_weights = s.untied;
         m.num_layers = s.L;
         m.hidden_size = s.C;
         m.num_attention_heads = s.NH;
@@ -81,7 +84,7 @@ std::vector<float> read_gpt2_params(const HfWeights& weights, const GptShape& s,
     for (const std::string& key : weights.names()) {
         const std::string name = key.starts_with("transformer.") ? key.substr(12) : key;
         if (std::regex_match(name, mask_buffer)) continue;  // causal-mask buffers, not parameters
-        if (name == "lm_head.weight") {
+        if (name == "lm_head.weight" && !s.untied) {        // a tied head saved twice: checked against wte below
             lm_head_key = key;
             continue;
         }
@@ -104,13 +107,13 @@ std::vector<float> read_gpt2_params(const HfWeights& weights, const GptShape& s,
     for (const ParamInfo& p : table) {
         const auto it = key_of.find(p.name);
         std::vector<int64_t> want = p.global_shape;  // in the file's orientation
-        if (p.name == "wte.weight") want[0] = s.V;
+        if (p.vocab_rows) want[0] = s.V;
         if (is_conv1d(p.name)) std::swap(want[0], want[1]);
         std::vector<float> data =
             weights.read_f32(it == key_of.end() ? p.name : it->second, want,
                              fmt::format("the GPT-2 of '{}'", config_path), "'" + config_path + "'");
         if (is_conv1d(p.name)) data = transpose(data.data(), want[0], want[1]);
-        std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte: rows >= V stay 0
+        std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // wte, lm_head: rows >= V stay 0
         done += p.numel * static_cast<int64_t>(sizeof(float));
         bar.update(done, ++tensors_read);
         if (p.name == "wte.weight") wte = std::move(data);
@@ -121,9 +124,10 @@ std::vector<float> read_gpt2_params(const HfWeights& weights, const GptShape& s,
         const std::vector<int64_t> want = {s.V, s.C};
         if (file.info(lm_head_key).shape != want || weights.read_f32(lm_head_key) != wte)
             hf_input_error(
-                fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, which this GPT-2 "
-                            "does not support (its head is wte)\n---> HINT: only GPT-2 models with tied "
-                            "embeddings (all of OpenAI's) can be imported",
+                fmt::format("'{}': '{}' differs from wte.weight: the output head is untied, but config.json "
+                            "ties it (\"tie_word_embeddings\" true or absent)\n---> HINT: if the model was "
+                            "trained with its own output layer, set \"tie_word_embeddings\": false in config.json "
+                            "(it then imports with model.untie_embeddings_and_output_weights: true)",
                             file.path(), lm_head_key));
     }
     return flat;
@@ -187,11 +191,7 @@ GptShape hf_gpt2_shape(const json& c, const std::string& where) {
                         "GELU (\"gelu_new\" or \"gelu_pytorch_tanh\"), so the imported model would compute "
                         "something else",
                         where, act));
-    if (!c.value("tie_word_embeddings", true))
-        hf_input_error(
-            fmt::format("'{}' has \"tie_word_embeddings\": false; untied output heads are not supported "
-                        "(the head is wte)",
-                        where));
+    s.untied = !c.value("tie_word_embeddings", true);  // an output layer of its own: lm_head.weight
     if (c.value("scale_attn_by_inverse_layer_idx", false) || !c.value("scale_attn_weights", true))
         hf_input_error(
             fmt::format("'{}' changes the attention scaling (scale_attn_weights / "

@@ -15,14 +15,14 @@
 //                         h.{l}.mlp.c_fc.weight (C, F)      c_fc.bias (F)      columns are [Q | K | V], heads
 //                         h.{l}.mlp.c_proj.weight (F, C)    c_proj.bias (C)    contiguous within each, as our rows
 //                       no lm_head.weight: the head is tied to wte (transformers ties it on load); an untied
-//                       checkpoint's lm_head.weight (V, C) is exported with "tie_word_embeddings": false
-//                       (import takes tied models only).
+//                       checkpoint's lm_head.weight (V, C) is exported with "tie_word_embeddings": false,
+//                       and such a directory imports as an untied model.
 //   or sharded, and the dtypes read and written: hf_dir.h.
 //   tokenizer files (hf_tokenizer.h), when the export is given the tokenizer the data was preprocessed with.
 // Import accepts keys with or without the "transformer." prefix, ignores the causal-mask buffers h.{l}.attn.bias /
-// h.{l}.attn.masked_bias, and accepts lm_head.weight only when it equals wte.weight bit for bit (a tied head saved
-// twice). Dims come from config.json; a config.json of another model_type (a Llama's) is refused with the --from
-// that imports it.
+// h.{l}.attn.masked_bias, and in a tied model accepts lm_head.weight only when it equals wte.weight bit for bit (a
+// tied head saved twice). Dims come from config.json; a config.json of another model_type (a Llama's) is refused with
+// the --from that imports it.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -44,7 +44,7 @@ nlohmann::json hf_gpt2_config(const GptShape& s, std::optional<int32_t> eos_toke
 
 // The model shape config.json describes (Vp = V: no padding). Throws UserError(kExitConfigError) naming the file and
 // the key when a dim is missing or not a positive integer, or the model is not one GPT-2 (model_type, activation,
-// untied embeddings, per-layer attention scaling).
+// per-layer attention scaling). "tie_word_embeddings": false gives an untied shape.
 GptShape hf_gpt2_shape(const nlohmann::json& config, const std::string& where);
 
 // Writes <out_dir>/model.safetensors (or the shards and model.safetensors.index.json when more than one is needed)

@@ -62,6 +62,7 @@ using test::quoted;
 using test::read_file;
 using test::run_cli;
 using test::run_python;
+using test::same_bits;
 using test::TempDir;
 using test::write_hf_copy;
 
@@ -337,6 +338,46 @@ TEST_F(HfInterop, ImportAcceptsPrefixedKeysMaskBuffersTiedHeadAndBf16) {
     }
 }
 
+// A GPT-2 with an output layer of its own ("tie_word_embeddings": false, lm_head.weight): imported as an untied
+// model (model.untie_embeddings_and_output_weights: true), exported back bit for bit, and evaluated.
+TEST_F(HfInterop, UntiedGpt2ImportsAndExportsBitIdentically) {
+    write_hf_copy(
+        path("hf"), path("hf_untied_own"),
+        [](std::map<std::string, HfTensor>& t) {
+            HfTensor head = t["wte.weight"];
+            for (size_t i = 0; i < head.data.size(); ++i) head.data[i] = 0.5f * head.data[i] + 1e-3f * float(i % 7);
+            t["lm_head.weight"] = head;
+        },
+        [](nlohmann::json& c) { c["tie_word_embeddings"] = false; });
+    auto r = run_cli("convert --from hf-gpt2 --load " + path("hf_untied_own") + " --out " + path("ckpt_untied"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string dir = resolve_checkpoint(path("ckpt_untied"));
+    const CheckpointReader reader(dir);
+    EXPECT_TRUE(checkpoint_shape(reader).untied);
+    EXPECT_TRUE(reader.contains("lm_head.weight"));
+    r = run_cli("convert --to hf-gpt2 --load " + path("ckpt_untied") + " --out " + path("hf_untied_back"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const json back = json::parse(read_file(path("hf_untied_back") + "/config.json"));
+    EXPECT_EQ(back["tie_word_embeddings"], false);
+    // the file's head is the checkpoint's (its real vocabulary's rows), and a second import is the first, bit for bit
+    const SafetensorsFile file = SafetensorsFile::open(path("hf_untied_own") + "/model.safetensors");
+    std::vector<float> head(static_cast<size_t>(file.info("lm_head.weight").numel()));  // F32, as written
+    std::memcpy(head.data(), file.data("lm_head.weight"), head.size() * sizeof(float));
+    std::vector<float> saved = reader.tensor("lm_head.weight").data;
+    saved.resize(head.size());
+    EXPECT_TRUE(same_bits(saved, head));
+    r = run_cli("convert --from hf-gpt2 --load " + path("hf_untied_back") + " --out " + path("ckpt_untied_again"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_tensors(dir, resolve_checkpoint(path("ckpt_untied_again")));
+    // eval reads the untied checkpoint with a config that unties, and refuses one that does not, naming the key
+    const json e = eval_json("--config " + config() + " --set model.untie_embeddings_and_output_weights=true --load " +
+                             path("ckpt_untied"));
+    EXPECT_TRUE(e.contains("eval loss")) << e.dump();
+    r = run_cli("eval --config " + config() + " --load " + path("ckpt_untied"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("lm_head.weight"), std::string::npos) << r.output;
+}
+
 TEST_F(HfInterop, BadInputsEndWithASentenceAndTheRightExitCode) {
     // A missing Hugging Face directory: exit 2, naming the file.
     auto r = run_cli("convert --from hf-gpt2 --load " + path("nope") + " --out " + path("x1"));
@@ -351,7 +392,7 @@ TEST_F(HfInterop, BadInputsEndWithASentenceAndTheRightExitCode) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("'h.0.attn.q_proj.weight', which is not a parameter"), std::string::npos) << r.output;
 
-    // An untied head: exit 2.
+    // An untied head under a config.json that ties it: exit 2.
     write_hf_copy(path("hf"), path("hf_untied"), [](std::map<std::string, HfTensor>& t) {
         HfTensor head = t["wte.weight"];
         head.data[5] += 1.0f;
@@ -359,8 +400,11 @@ TEST_F(HfInterop, BadInputsEndWithASentenceAndTheRightExitCode) {
     });
     r = run_cli("convert --from hf-gpt2 --load " + path("hf_untied") + " --out " + path("x3"));
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_NE(r.output.find("'lm_head.weight' differs from wte.weight: the output head is untied"), std::string::npos)
+    EXPECT_NE(r.output.find("'lm_head.weight' differs from wte.weight: the output head is untied, but config.json "
+                            "ties it"),
+              std::string::npos)
         << r.output;
+    EXPECT_NE(r.output.find("set \"tie_word_embeddings\": false"), std::string::npos) << r.output;
 
     // A missing tensor: exit 2, naming it and its shape.
     write_hf_copy(path("hf"), path("hf_missing"), [](std::map<std::string, HfTensor>& t) { t.erase("h.1.ln_2.bias"); });
