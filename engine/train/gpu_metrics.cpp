@@ -56,6 +56,12 @@ bool bind(void* lib, const char* name, Fn& fn, std::string& missing) {
     if (fn == nullptr && missing.empty()) missing = name;
     return fn != nullptr;
 }
+// A counter's function: null when the library lacks it, and that counter is left out like an unsupported one (NVML
+// 13 deprecates nvmlDeviceGetTemperature; a driver without it should lose the temperature, not every counter).
+template <typename Fn>
+void bind_counter(void* lib, const char* name, Fn& fn) {
+    fn = reinterpret_cast<Fn>(dlsym(lib, name));
+}
 
 class NvmlSource final : public GpuMetricsSource {
   public:
@@ -69,15 +75,20 @@ class NvmlSource final : public GpuMetricsSource {
 
     std::optional<GpuSample> sample() override {
         GpuSample s;
-        if (nvmlMemory_t m{}; api_.memory_info(device_, &m) == kNvmlSuccess) s.mem_used_bytes = m.used;
-        if (unsigned int v = 0; api_.clock_info(device_, kNvmlClockSm, &v) == kNvmlSuccess) s.sm_clock_mhz = v;
-        if (unsigned int v = 0; api_.clock_info(device_, kNvmlClockMem, &v) == kNvmlSuccess) s.mem_clock_mhz = v;
-        if (unsigned int v = 0; api_.power_usage(device_, &v) == kNvmlSuccess) s.power_mw = v;
-        if (nvmlUtilization_t u{}; api_.utilization(device_, &u) == kNvmlSuccess) {
+        const NvmlApi& a = api_;
+        if (nvmlMemory_t m{}; a.memory_info && a.memory_info(device_, &m) == kNvmlSuccess) s.mem_used_bytes = m.used;
+        if (unsigned int v = 0; a.clock_info && a.clock_info(device_, kNvmlClockSm, &v) == kNvmlSuccess) {
+            s.sm_clock_mhz = v;
+        }
+        if (unsigned int v = 0; a.clock_info && a.clock_info(device_, kNvmlClockMem, &v) == kNvmlSuccess) {
+            s.mem_clock_mhz = v;
+        }
+        if (unsigned int v = 0; a.power_usage && a.power_usage(device_, &v) == kNvmlSuccess) s.power_mw = v;
+        if (nvmlUtilization_t u{}; a.utilization && a.utilization(device_, &u) == kNvmlSuccess) {
             s.util_pct = u.gpu;
             s.mem_bw_util_pct = u.memory;
         }
-        if (unsigned int v = 0; api_.temperature(device_, kNvmlTemperatureGpu, &v) == kNvmlSuccess) {
+        if (unsigned int v = 0; a.temperature && a.temperature(device_, kNvmlTemperatureGpu, &v) == kNvmlSuccess) {
             s.temperature_c = v;
         }
         return has_any(s) ? std::optional<GpuSample>(s) : std::nullopt;
@@ -106,12 +117,12 @@ NvmlOpen open_nvml(const std::string& pci_bus_id, const char* library) {
     std::string missing;
     const bool bound = bind(lib, "nvmlInit_v2", api.init, missing) & bind(lib, "nvmlShutdown", api.shutdown, missing) &
                        bind(lib, "nvmlErrorString", api.error_string, missing) &
-                       bind(lib, "nvmlDeviceGetHandleByPciBusId_v2", api.handle_by_pci_bus_id, missing) &
-                       bind(lib, "nvmlDeviceGetMemoryInfo", api.memory_info, missing) &
-                       bind(lib, "nvmlDeviceGetClockInfo", api.clock_info, missing) &
-                       bind(lib, "nvmlDeviceGetPowerUsage", api.power_usage, missing) &
-                       bind(lib, "nvmlDeviceGetUtilizationRates", api.utilization, missing) &
-                       bind(lib, "nvmlDeviceGetTemperature", api.temperature, missing);
+                       bind(lib, "nvmlDeviceGetHandleByPciBusId_v2", api.handle_by_pci_bus_id, missing);
+    bind_counter(lib, "nvmlDeviceGetMemoryInfo", api.memory_info);
+    bind_counter(lib, "nvmlDeviceGetClockInfo", api.clock_info);
+    bind_counter(lib, "nvmlDeviceGetPowerUsage", api.power_usage);
+    bind_counter(lib, "nvmlDeviceGetUtilizationRates", api.utilization);
+    bind_counter(lib, "nvmlDeviceGetTemperature", api.temperature);
     if (!bound) {
         dlclose(lib);
         return {nullptr, fmt::format("{} has no function {}: not NVML, or an NVML without it", library, missing)};
