@@ -1,6 +1,7 @@
 // hf_checks.h: what the Hugging Face interop tests (test_hf_interop.cpp for GPT-2, test_hf_llama.cpp for Llama) share:
 // running the Python references, `eval --json`, comparing checkpoints bit for bit, and writing edited copies of an
-// exported directory (F32, or BF16 by truncation, which the tests compare with the truncated values).
+// exported directory (F32, or BF16 by truncation, which the tests compare with the truncated values), and the suites'
+// fixture: a model trained and exported once per suite.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +21,7 @@
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/safetensors.h"
 #include "engine/core/dtype.h"
+#include "tests/common/temp_dir.h"
 #include "tests/e2e/run_cli.h"
 
 namespace ms::test {
@@ -114,5 +116,38 @@ inline void write_hf_copy(const std::string& from, const std::string& to, const 
     }
     write_safetensors(to + "/model.safetensors", entries, {{"format", "pt"}});
 }
+
+// A suite's shared setup, once: Suite::kConfigYaml written to Suite::kConfigName in a temporary directory named
+// Suite::kTempName, trained with checkpoints to <dir>/ckpt, exported with `convert --to Suite::kFormat` to <dir>/hf.
+// Every test fails with the setup's log when that failed.
+template <class Suite>
+class HfTrainedSuite : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = new TempDir(Suite::kTempName);
+        std::ofstream(config()) << Suite::kConfigYaml;
+        const auto train = run_cli("train --config " + config() + " --set run.output_dir=" + path("run") +
+                                   " --set checkpoint.save=" + path("ckpt"));
+        setup_log_ = new std::string(train.output);
+        if (train.exit_code != 0) return;
+        const auto out =
+            run_cli(std::string("convert --to ") + Suite::kFormat + " --load " + path("ckpt") + " --out " + path("hf"));
+        *setup_log_ += out.output;
+        ready_ = out.exit_code == 0;
+    }
+    static void TearDownTestSuite() {
+        delete dir_;
+        delete setup_log_;
+    }
+    void SetUp() override { ASSERT_TRUE(ready_) << "training or the export failed:\n" << *setup_log_; }
+
+    static std::string path(const std::string& name) { return *dir_ / name; }
+    static std::string config() { return path(Suite::kConfigName); }
+    static std::string trained() { return path("ckpt") + "/iter_0000012"; }
+
+    static inline TempDir* dir_ = nullptr;
+    static inline std::string* setup_log_ = nullptr;
+    static inline bool ready_ = false;
+};
 
 }  // namespace ms::test

@@ -58,6 +58,7 @@ using nlohmann::json;
 using test::eval_json;
 using test::expect_same_tensors;
 using test::HfTensor;
+using test::HfTrainedSuite;
 using test::quoted;
 using test::read_file;
 using test::run_cli;
@@ -67,7 +68,7 @@ using test::TempDir;
 using test::write_hf_copy;
 
 // A 2-layer GPT-2 with a vocabulary of 267 (the toy BPE's size, >= 256 for byte prompts) on the synthetic language.
-constexpr const char* kConfigYaml = R"(schema_version: 1
+constexpr const char* kTrainConfigYaml = R"(schema_version: 1
 run: {name: hf, seed: 1234}
 model: {num_layers: 2, hidden_size: 32, num_attention_heads: 4, seq_length: 16, vocab_size: 267}
 training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 12, clip_grad: 1.0}
@@ -82,32 +83,12 @@ const std::string kBpeDir = MS_SOURCE_DIR "/tests/e2e/data/tiny_bpe";
 
 Gpt2Bpe toy_bpe() { return Gpt2Bpe::load(kBpeDir + "/vocab.json", kBpeDir + "/merges.txt"); }
 
-class HfInterop : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        dir_ = new TempDir("ms_hf");
-        std::ofstream(config()) << kConfigYaml;
-        const auto train = run_cli("train --config " + config() + " --set run.output_dir=" + path("run") +
-                                   " --set checkpoint.save=" + path("ckpt"));
-        setup_log_ = new std::string(train.output);
-        if (train.exit_code != 0) return;
-        const auto out = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("hf"));
-        *setup_log_ += out.output;
-        ready_ = out.exit_code == 0;
-    }
-    static void TearDownTestSuite() {
-        delete dir_;
-        delete setup_log_;
-    }
-    void SetUp() override { ASSERT_TRUE(ready_) << "training or the export failed:\n" << *setup_log_; }
-
-    static std::string path(const std::string& name) { return *dir_ / name; }
-    static std::string config() { return path("tiny.yaml"); }
-    static std::string trained() { return path("ckpt") + "/iter_0000012"; }
-
-    static inline TempDir* dir_ = nullptr;
-    static inline std::string* setup_log_ = nullptr;
-    static inline bool ready_ = false;
+class HfInterop : public HfTrainedSuite<HfInterop> {
+  public:
+    static constexpr const char* kTempName = "ms_hf";
+    static constexpr const char* kConfigName = "tiny.yaml";
+    static constexpr const char* kFormat = "hf-gpt2";
+    static constexpr const char* kConfigYaml = kTrainConfigYaml;
 };
 
 TEST_F(HfInterop, ExportedFilesAreHubGpt2) {

@@ -49,6 +49,7 @@ using test::bf16_truncated;
 using test::eval_json;
 using test::expect_same_tensors;
 using test::HfTensor;
+using test::HfTrainedSuite;
 using test::quoted;
 using test::read_file;
 using test::run_cli;
@@ -58,7 +59,7 @@ using test::TempDir;
 using test::write_hf_copy;
 
 // A 2-layer Llama with a vocabulary of 267 (>= 256 for byte prompts) on the synthetic language.
-constexpr const char* kConfigYaml = R"(schema_version: 1
+constexpr const char* kTrainConfigYaml = R"(schema_version: 1
 run: {name: hf-llama, seed: 1234}
 model: {arch: llama, num_layers: 2, hidden_size: 32, num_attention_heads: 4, num_query_groups: 2, ffn_hidden_size: 48,
         seq_length: 16, vocab_size: 267, untie_embeddings_and_output_weights: true, rotary_base: 10000,
@@ -74,32 +75,12 @@ eval: {eval_interval: 6, eval_iters: 2, sample_tokens: 0}
 
 constexpr int kV = 267, kC = 32;
 
-class HfLlama : public ::testing::Test {
-  protected:
-    static void SetUpTestSuite() {
-        dir_ = new TempDir("ms_hf_llama");
-        std::ofstream(config()) << kConfigYaml;
-        const auto train = run_cli("train --config " + config() + " --set run.output_dir=" + path("run") +
-                                   " --set checkpoint.save=" + path("ckpt"));
-        setup_log_ = new std::string(train.output);
-        if (train.exit_code != 0) return;
-        const auto out = run_cli("convert --to hf-llama --load " + path("ckpt") + " --out " + path("hf"));
-        *setup_log_ += out.output;
-        ready_ = out.exit_code == 0;
-    }
-    static void TearDownTestSuite() {
-        delete dir_;
-        delete setup_log_;
-    }
-    void SetUp() override { ASSERT_TRUE(ready_) << "training or the export failed:\n" << *setup_log_; }
-
-    static std::string path(const std::string& name) { return *dir_ / name; }
-    static std::string config() { return path("tiny-llama.yaml"); }
-    static std::string trained() { return path("ckpt") + "/iter_0000012"; }
-
-    static inline TempDir* dir_ = nullptr;
-    static inline std::string* setup_log_ = nullptr;
-    static inline bool ready_ = false;
+class HfLlama : public HfTrainedSuite<HfLlama> {
+  public:
+    static constexpr const char* kTempName = "ms_hf_llama";
+    static constexpr const char* kConfigName = "tiny-llama.yaml";
+    static constexpr const char* kFormat = "hf-llama";
+    static constexpr const char* kConfigYaml = kTrainConfigYaml;
 };
 
 TEST_F(HfLlama, ExportedFilesAreLlamaForCausalLM) {
