@@ -1,12 +1,14 @@
 // hf_checks.h: what the Hugging Face interop tests (test_hf_interop.cpp for GPT-2, test_hf_llama.cpp for Llama) share:
 // running the Python references, `eval --json`, comparing checkpoints bit for bit, and writing edited copies of an
-// exported directory (F32, or BF16 by truncation, which the tests compare with the truncated values), and the suites'
-// fixture: a model trained and exported once per suite.
+// exported directory (F32, or BF16 by truncation, which the tests compare with the truncated values), the torch
+// references against a checkpoint, and the suites' fixture: a model trained and exported once per suite.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -14,13 +16,21 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "comm/self_communicator.h"
+#include "engine/backends/backend.h"
 #include "engine/ckpt/checkpoint.h"
+#include "engine/ckpt/checkpoint_model.h"
 #include "engine/ckpt/safetensors.h"
+#include "engine/config/config.h"
 #include "engine/core/dtype.h"
+#include "engine/data/dataset.h"
+#include "engine/model/gpt.h"
+#include "engine/train/run_layout.h"
 #include "tests/common/temp_dir.h"
 #include "tests/e2e/run_cli.h"
 
@@ -115,6 +125,80 @@ inline void write_hf_copy(const std::string& from, const std::string& to, const 
         }
     }
     write_safetensors(to + "/model.safetensors", entries, {{"format", "pt"}});
+}
+
+// The torch model of an HF directory (tests/e2e/<script>: hf_gpt2_reference.py, hf_llama_reference.py, which write
+// micro-batch 0's logits and the loss) against the checkpoint `ckpt` of the same model, on the samples `eval --split
+// valid` reads with the config and `overrides`.
+struct TorchComparison {
+    bool skipped = false;
+    double logits = 0, loss = 0;           // worst row's max |dlogit| / max |logit|; |eval loss - torch loss|
+    std::string torch_logits, torch_loss;  // the script's output files
+};
+inline TorchComparison compare_with_torch(const std::string& script, const std::string& config_path,
+                                          const std::string& hf_dir, const std::string& ckpt,
+                                          const std::vector<std::string>& overrides = {}) {
+    TorchComparison out;
+    const std::string python = MS_SYSTEM_PYTHON;
+    out.skipped = python.empty();
+    if (out.skipped) return out;
+    // The samples `eval --split valid` reads: the trainer's sampler, as eval builds it (one rank).
+    Config cfg = load_config(config_path, overrides);
+    const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
+    const DerivedConfig d = validate_config(cfg, 1);
+    const GptShape shape = gpt_shape(cfg, d);
+    const int B = cfg.training.micro_batch_size, T = cfg.model.seq_length;
+    const int M = static_cast<int>(cfg.eval.eval_iters * d.num_microbatches);
+    const Sampler sampler(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
+    std::vector<int32_t> tokens(static_cast<size_t>(M) * B * T), targets(tokens.size());
+    for (int i = 0; i < M; ++i)
+        sampler.fill(static_cast<int64_t>(i) * B, B, tokens.data() + static_cast<size_t>(i) * B * T,
+                     targets.data() + static_cast<size_t>(i) * B * T);
+    const TempDir work("ms_hf_torch");
+    std::ofstream(work / "shape.json") << nlohmann::json{{"B", B}, {"T", T}, {"micro_batches", M}}.dump();
+    std::ofstream(work / "tokens.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
+    std::ofstream(work / "targets.bin", std::ios::binary)
+        .write(reinterpret_cast<const char*>(targets.data()), static_cast<std::streamsize>(targets.size() * 4));
+    const int rc = run_python(python, quoted(std::string(MS_SOURCE_DIR "/tests/e2e/") + script) + " " + quoted(hf_dir) +
+                                          " " + quoted(work.path()));
+    out.skipped = rc == 77;
+    if (out.skipped) return out;
+    EXPECT_EQ(rc, 0) << script << " failed on " << hf_dir;
+    out.torch_logits = read_file(work / "logits.bin");
+    out.torch_loss = read_file(work / "loss.txt");
+    if (rc != 0) return out;
+
+    // Logits of micro-batch 0 from the checkpoint, through the path eval and generate use.
+    const CheckpointReader reader(resolve_checkpoint(ckpt));
+    const std::unique_ptr<Backend> backend = make_backend(BackendOptions{});
+    SelfCommunicator tp;
+    Gpt model(shape, *backend, tp, B);
+    read_whole_model(reader, model);
+    model.forward(tokens.data(), targets.data(), B, T);
+    std::vector<float> torch_logits(static_cast<size_t>(B) * T * shape.V);
+    EXPECT_EQ(out.torch_logits.size(), torch_logits.size() * sizeof(float));
+    std::memcpy(torch_logits.data(), out.torch_logits.data(),
+                std::min(out.torch_logits.size(), torch_logits.size() * 4));
+    for (int row = 0; row < B * T; ++row) {
+        const float* ours = model.logits() + static_cast<size_t>(row) * shape.Vp;  // padded columns beyond V
+        const float* theirs = torch_logits.data() + static_cast<size_t>(row) * shape.V;
+        double err = 0, scale = 0;
+        for (int v = 0; v < shape.V; ++v) {
+            err = std::max(err, std::abs(static_cast<double>(ours[v]) - theirs[v]));
+            scale = std::max(scale, std::abs(static_cast<double>(theirs[v])));
+        }
+        out.logits = std::max(out.logits, err / scale);
+    }
+    std::string sets;
+    for (const std::string& o : overrides) sets += " --set " + o;
+    const nlohmann::json ev = eval_json("--config " + config_path + sets + " --load " + ckpt);
+    EXPECT_TRUE(ev.contains("eval loss"));
+    const double eval_loss = ev.value("eval loss", NAN), torch_loss = std::stod(out.torch_loss);
+    out.loss = std::abs(eval_loss - torch_loss);
+    std::printf("C++ vs torch (%s) from %s: logits %.3g (relative, worst row), eval loss %.9g vs %.9g (%.3g)\n",
+                script.c_str(), hf_dir.c_str(), out.logits, eval_loss, torch_loss, out.loss);
+    return out;
 }
 
 // A suite's shared setup, once: Suite::kConfigYaml written to Suite::kConfigName in a temporary directory named

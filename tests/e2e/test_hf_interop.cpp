@@ -55,6 +55,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::compare_with_torch;
 using test::eval_json;
 using test::expect_same_tensors;
 using test::HfTensor;
@@ -65,6 +66,7 @@ using test::run_cli;
 using test::run_python;
 using test::same_bits;
 using test::TempDir;
+using test::TorchComparison;
 using test::write_hf_copy;
 
 // A 2-layer GPT-2 with a vocabulary of 267 (the toy BPE's size, >= 256 for byte prompts) on the synthetic language.
@@ -193,74 +195,19 @@ constexpr double kTolLogits = 2e-6;  // per row: max |dlogit| / max |logit|
 constexpr double kTolLoss = 2e-6;    // |dloss|
 
 TEST_F(HfInterop, TorchGpt2FromTheExportMatchesTheCheckpointAndEval) {
-    const std::string python = MS_SYSTEM_PYTHON;
-    if (python.empty()) GTEST_SKIP() << "no system python3 (CMake MS_SYSTEM_PYTHON)";
-    // The samples `eval --split valid` reads: the trainer's sampler, as eval builds it (one rank).
-    Config cfg = load_config(config(), {});
-    const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
-    const DerivedConfig d = validate_config(cfg, 1);
-    const GptShape shape = gpt_shape(cfg, d);
-    const int B = cfg.training.micro_batch_size, T = cfg.model.seq_length;
-    const int M = static_cast<int>(cfg.eval.eval_iters * d.num_microbatches);
-    const Sampler sampler(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
-    std::vector<int32_t> tokens(static_cast<size_t>(M) * B * T), targets(tokens.size());
-    for (int i = 0; i < M; ++i)
-        sampler.fill(static_cast<int64_t>(i) * B, B, tokens.data() + static_cast<size_t>(i) * B * T,
-                     targets.data() + static_cast<size_t>(i) * B * T);
-    const TempDir work("ms_hf_torch");
-    std::ofstream(work / "shape.json") << json{{"B", B}, {"T", T}, {"micro_batches", M}}.dump();
-    std::ofstream(work / "tokens.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
-    std::ofstream(work / "targets.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(targets.data()), static_cast<std::streamsize>(targets.size() * 4));
-    const int rc = run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_gpt2_reference.py") + " " +
-                                          quoted(path("hf")) + " " + quoted(work.path()));
-    if (rc == 77) GTEST_SKIP() << python << " cannot import torch and numpy";
-    ASSERT_EQ(rc, 0) << "hf_gpt2_reference.py failed";
-
-    // Logits of micro-batch 0 from the checkpoint, through the path eval and generate use.
-    const CheckpointReader reader(trained());
-    const std::unique_ptr<Backend> backend = make_backend(BackendOptions{});
-    SelfCommunicator tp;
-    Gpt model(shape, *backend, tp, B);
-    read_whole_model(reader, model);
-    model.forward(tokens.data(), targets.data(), B, T);
-    std::vector<float> torch_logits(static_cast<size_t>(B) * T * shape.V);
-    std::ifstream(work / "logits.bin", std::ios::binary)
-        .read(reinterpret_cast<char*>(torch_logits.data()), static_cast<std::streamsize>(torch_logits.size() * 4));
-    double worst = 0;
-    for (int row = 0; row < B * T; ++row) {
-        const float* ours = model.logits() + static_cast<size_t>(row) * shape.Vp;  // padded columns beyond V
-        const float* theirs = torch_logits.data() + static_cast<size_t>(row) * shape.V;
-        double err = 0, scale = 0;
-        for (int v = 0; v < shape.V; ++v) {
-            err = std::max(err, std::abs(static_cast<double>(ours[v]) - theirs[v]));
-            scale = std::max(scale, std::abs(static_cast<double>(theirs[v])));
-        }
-        worst = std::max(worst, err / scale);
-    }
-    const double torch_loss = std::stod(read_file(work / "loss.txt"));
+    const TorchComparison c = compare_with_torch("hf_gpt2_reference.py", config(), path("hf"), path("ckpt"));
+    if (c.skipped) GTEST_SKIP() << "no system python3 with torch and numpy";
+    EXPECT_LT(c.logits, kTolLogits);
+    EXPECT_LT(c.loss, kTolLoss);
 
     // The same from a sharded export, read as transformers reads one (the index, each tensor from its shard).
     const std::string sharded = path("hf_sharded_torch");
-    const auto e_sharded =
+    const auto e =
         run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + sharded + " --max-shard-size 20KB");
-    ASSERT_EQ(e_sharded.exit_code, 0) << e_sharded.output;
-    const TempDir work2("ms_hf_torch_sharded");
-    for (const char* file : {"shape.json", "tokens.bin", "targets.bin"}) fs::copy_file(work / file, work2 / file);
-    ASSERT_EQ(run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_gpt2_reference.py") + " " + quoted(sharded) + " " +
-                                     quoted(work2.path())),
-              0)
-        << "hf_gpt2_reference.py failed on the sharded export";
-    EXPECT_EQ(read_file(work2 / "logits.bin"), read_file(work / "logits.bin"));
-    EXPECT_EQ(read_file(work2 / "loss.txt"), read_file(work / "loss.txt"));
-    const json e = eval_json("--config " + config() + " --load " + path("ckpt"));
-    ASSERT_TRUE(e.contains("eval loss"));
-    const double loss_err = std::abs(e["eval loss"].get<double>() - torch_loss);
-    std::printf("C++ vs torch from the HF export: logits %.3g (relative, worst row), eval loss %.9g vs %.9g (%.3g)\n",
-                worst, e["eval loss"].get<double>(), torch_loss, loss_err);
-    EXPECT_LT(worst, kTolLogits);
-    EXPECT_LT(loss_err, kTolLoss);
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    const TorchComparison s = compare_with_torch("hf_gpt2_reference.py", config(), sharded, path("ckpt"));
+    EXPECT_EQ(s.torch_logits, c.torch_logits);
+    EXPECT_EQ(s.torch_loss, c.torch_loss);
 }
 
 TEST_F(HfInterop, GenerateIsDeterministicPerSeedAndPrintsThePrompt) {

@@ -46,6 +46,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::bf16_truncated;
+using test::compare_with_torch;
 using test::eval_json;
 using test::expect_same_tensors;
 using test::HfTensor;
@@ -56,6 +57,7 @@ using test::run_cli;
 using test::run_python;
 using test::same_bits;
 using test::TempDir;
+using test::TorchComparison;
 using test::write_hf_copy;
 
 // A 2-layer Llama with a vocabulary of 267 (>= 256 for byte prompts) on the synthetic language.
@@ -210,80 +212,8 @@ TEST_F(HfLlama, ShardedExportImportsBitIdentical) {
 constexpr double kTolLogits = 2e-6;  // per row: max |dlogit| / max |logit|
 constexpr double kTolLoss = 2e-6;    // |dloss|
 
-// The torch Llama of an HF directory (hf_llama_reference.py) against the checkpoint `ckpt` of the same model, on the
-// samples `eval --split valid` reads with the test config and `overrides`.
-struct TorchComparison {
-    bool skipped = false;
-    double logits = 0, loss = 0;           // worst row's max |dlogit| / max |logit|; |eval loss - torch loss|
-    std::string torch_logits, torch_loss;  // the script's output files
-};
-TorchComparison compare_with_torch(const std::string& config_path, const std::string& hf_dir, const std::string& ckpt,
-                                   const std::vector<std::string>& overrides = {}) {
-    TorchComparison out;
-    const std::string python = MS_SYSTEM_PYTHON;
-    out.skipped = python.empty();
-    if (out.skipped) return out;
-    // The samples `eval --split valid` reads: the trainer's sampler, as eval builds it (one rank).
-    Config cfg = load_config(config_path, overrides);
-    const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
-    const DerivedConfig d = validate_config(cfg, 1);
-    const GptShape shape = gpt_shape(cfg, d);
-    const int B = cfg.training.micro_batch_size, T = cfg.model.seq_length;
-    const int M = static_cast<int>(cfg.eval.eval_iters * d.num_microbatches);
-    const Sampler sampler(*source, cfg.data.split, Split::kValid, T, cfg.run.seed);
-    std::vector<int32_t> tokens(static_cast<size_t>(M) * B * T), targets(tokens.size());
-    for (int i = 0; i < M; ++i)
-        sampler.fill(static_cast<int64_t>(i) * B, B, tokens.data() + static_cast<size_t>(i) * B * T,
-                     targets.data() + static_cast<size_t>(i) * B * T);
-    const TempDir work("ms_hf_llama_torch");
-    std::ofstream(work / "shape.json") << json{{"B", B}, {"T", T}, {"micro_batches", M}}.dump();
-    std::ofstream(work / "tokens.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 4));
-    std::ofstream(work / "targets.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(targets.data()), static_cast<std::streamsize>(targets.size() * 4));
-    const int rc = run_python(python, quoted(MS_SOURCE_DIR "/tests/e2e/hf_llama_reference.py") + " " + quoted(hf_dir) +
-                                          " " + quoted(work.path()));
-    out.skipped = rc == 77;
-    if (out.skipped) return out;
-    EXPECT_EQ(rc, 0) << "hf_llama_reference.py failed on " << hf_dir;
-    out.torch_logits = read_file(work / "logits.bin");
-    out.torch_loss = read_file(work / "loss.txt");
-    if (rc != 0) return out;
-
-    // Logits of micro-batch 0 from the checkpoint, through the path eval and generate use.
-    const CheckpointReader reader(resolve_checkpoint(ckpt));
-    const std::unique_ptr<Backend> backend = make_backend(BackendOptions{});
-    SelfCommunicator tp;
-    Gpt model(shape, *backend, tp, B);
-    read_whole_model(reader, model);
-    model.forward(tokens.data(), targets.data(), B, T);
-    std::vector<float> torch_logits(static_cast<size_t>(B) * T * shape.V);
-    EXPECT_EQ(out.torch_logits.size(), torch_logits.size() * sizeof(float));
-    std::memcpy(torch_logits.data(), out.torch_logits.data(),
-                std::min(out.torch_logits.size(), torch_logits.size() * 4));
-    for (int row = 0; row < B * T; ++row) {
-        const float* ours = model.logits() + static_cast<size_t>(row) * shape.Vp;  // padded columns beyond V
-        const float* theirs = torch_logits.data() + static_cast<size_t>(row) * shape.V;
-        double err = 0, scale = 0;
-        for (int v = 0; v < shape.V; ++v) {
-            err = std::max(err, std::abs(static_cast<double>(ours[v]) - theirs[v]));
-            scale = std::max(scale, std::abs(static_cast<double>(theirs[v])));
-        }
-        out.logits = std::max(out.logits, err / scale);
-    }
-    std::string sets;
-    for (const std::string& o : overrides) sets += " --set " + o;
-    const json ev = eval_json("--config " + config_path + sets + " --load " + ckpt);
-    EXPECT_TRUE(ev.contains("eval loss"));
-    const double eval_loss = ev.value("eval loss", NAN), torch_loss = std::stod(out.torch_loss);
-    out.loss = std::abs(eval_loss - torch_loss);
-    std::printf("C++ Llama vs torch from %s: logits %.3g (relative, worst row), eval loss %.9g vs %.9g (%.3g)\n",
-                hf_dir.c_str(), out.logits, eval_loss, torch_loss, out.loss);
-    return out;
-}
-
 TEST_F(HfLlama, TorchLlamaFromTheExportMatchesTheCheckpointAndEval) {
-    const TorchComparison c = compare_with_torch(config(), path("hf"), path("ckpt"));
+    const TorchComparison c = compare_with_torch("hf_llama_reference.py", config(), path("hf"), path("ckpt"));
     if (c.skipped) GTEST_SKIP() << "no system python3 with torch and numpy";
     EXPECT_LT(c.logits, kTolLogits);
     EXPECT_LT(c.loss, kTolLoss);
@@ -293,7 +223,7 @@ TEST_F(HfLlama, TorchLlamaFromTheExportMatchesTheCheckpointAndEval) {
     const auto e =
         run_cli("convert --to hf-llama --load " + path("ckpt") + " --out " + sharded + " --max-shard-size 20KB");
     ASSERT_EQ(e.exit_code, 0) << e.output;
-    const TorchComparison s = compare_with_torch(config(), sharded, path("ckpt"));
+    const TorchComparison s = compare_with_torch("hf_llama_reference.py", config(), sharded, path("ckpt"));
     EXPECT_EQ(s.torch_logits, c.torch_logits);
     EXPECT_EQ(s.torch_loss, c.torch_loss);
 
@@ -304,8 +234,9 @@ TEST_F(HfLlama, TorchLlamaFromTheExportMatchesTheCheckpointAndEval) {
     const auto i =
         run_cli("convert --from hf-llama --load " + path("hf_tied_torch") + " --out " + path("imp_tied_torch"));
     ASSERT_EQ(i.exit_code, 0) << i.output;
-    const TorchComparison t = compare_with_torch(config(), path("hf_tied_torch"), path("imp_tied_torch"),
-                                                 {"model.untie_embeddings_and_output_weights=false"});
+    const TorchComparison t =
+        compare_with_torch("hf_llama_reference.py", config(), path("hf_tied_torch"), path("imp_tied_torch"),
+                           {"model.untie_embeddings_and_output_weights=false"});
     EXPECT_LT(t.logits, kTolLogits);
     EXPECT_LT(t.loss, kTolLoss);
 }
