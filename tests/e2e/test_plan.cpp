@@ -514,8 +514,8 @@ TEST(PlanE2E, LlamaPresetsHaveHuggingFacesParameterCountsAndFit80GB) {
         int64_t L, C;  // the replicated RMSNorm weights: 2 per layer and the final one, C each
     };
     constexpr double kBudget = 78.5 * 1024 * 1024 * 1024;
-    for (const Preset& preset : {Preset{"llama-8b.yaml", 8030261248, 32, 4096},
-                                 Preset{"llama-1b.yaml", 1235814400, 16, 2048}}) {
+    for (const Preset& preset :
+         {Preset{"llama-8b.yaml", 8030261248, 32, 4096}, Preset{"llama-1b.yaml", 1235814400, 16, 2048}}) {
         for (const int world : {8, 64}) {
             const std::string where = std::string(preset.file) + " at " + std::to_string(world) + " ranks";
             const PresetPlan p = plan_preset(preset.file, world);

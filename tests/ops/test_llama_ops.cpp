@@ -496,14 +496,15 @@ TEST(LlamaOpsDeathTest, BadShapesAndDtypesAreRefusedWithSentences) {
     std::vector<bf16> x(6), w(3), dx(6), dw_half(3);
     std::vector<fp16> dw_other(3);
     std::vector<float> rstd(2);
-    EXPECT_DEATH(backend->rmsnorm_backward({.dout = dview(x, {2, 3}),
-                                            .inp = dview(x, {2, 3}),
-                                            .weight = dview(w, {3}),
-                                            .rstd = view(rstd, {2}),
-                                            .dinp = dview(dx, {2, 3}),
-                                            .dweight = dview(dw_other, {3}),
-                                            .accumulate = Accumulate::kOverwrite}),
-                 "rmsnorm_backward: dweight is fp16, but a parameter gradient is fp32 or the op.s activation dtype bf16");
+    EXPECT_DEATH(
+        backend->rmsnorm_backward({.dout = dview(x, {2, 3}),
+                                   .inp = dview(x, {2, 3}),
+                                   .weight = dview(w, {3}),
+                                   .rstd = view(rstd, {2}),
+                                   .dinp = dview(dx, {2, 3}),
+                                   .dweight = dview(dw_other, {3}),
+                                   .accumulate = Accumulate::kOverwrite}),
+        "rmsnorm_backward: dweight is fp16, but a parameter gradient is fp32 or the op.s activation dtype bf16");
 }
 
 }  // namespace
