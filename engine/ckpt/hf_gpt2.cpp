@@ -204,7 +204,7 @@ HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std:
                         const HfExportOptions& o) {
     check_hf_export_arch(r, s, "hf-gpt2");
     const auto to_hf = [&](const ParamInfo& p, CanonicalTensor& t) {
-        if (p.name == "wte.weight" || p.name == "lm_head.weight") {
+        if (p.vocab_rows) {
             t.shape[0] = s.V;  // drop the padded rows
             t.data.resize(static_cast<size_t>(s.V) * static_cast<size_t>(s.C));
         } else if (is_conv1d(p.name)) {

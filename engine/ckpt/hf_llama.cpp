@@ -17,8 +17,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kModel = "Llama";
-constexpr const char* kEmbedding = "model.embed_tokens.weight";
-constexpr const char* kOutput = "lm_head.weight";
+constexpr const char* kOutput = "lm_head.weight";  // an untied output layer's (output_weight_name)
 
 int positive_int(const json& config, const char* key, const std::string& where) {
     return hf_positive_int(config, key, where,
@@ -42,9 +41,6 @@ double decimal(float x) { return std::stod(fmt::format("{}", x)); }
 json whole_or_real(double x) {
     return x == std::floor(x) && std::abs(x) < 0x1p53 ? json(static_cast<int64_t>(x)) : json(x);
 }
-
-// A row (vocabulary) parameter: the embedding and the output layer, whose rows >= V are padding.
-bool vocab_rows(const ParamInfo& p) { return p.name == kEmbedding || p.name == kOutput; }
 
 // rope_scaling of config.json (null, absent, or a "llama3" object) as the model's RopeScaling.
 RopeScaling rope_scaling(const json& c, const std::string& where) {
@@ -159,13 +155,13 @@ std::vector<float> read_llama_params(const HfWeights& weights, const GptShape& s
     int64_t done = 0, tensors_read = 0;
     for (const ParamInfo& p : table) {
         std::vector<int64_t> want = p.global_shape;
-        if (vocab_rows(p)) want[0] = s.V;
+        if (p.vocab_rows) want[0] = s.V;
         std::vector<float> data =
             p.name == kOutput && tied ? embedding : weights.read_f32(p.name, want, needed_by, shaped_by);
         std::copy(data.begin(), data.end(), flat.begin() + p.offset);  // vocabulary rows >= V stay 0
         done += p.numel * static_cast<int64_t>(sizeof(float));
         bar.update(done, ++tensors_read);
-        if (p.name == kEmbedding) embedding = std::move(data);
+        if (p.name == embedding_weight_name(s)) embedding = std::move(data);
     }
     bar.finish();
     // A tied head saved twice must be the embedding.
@@ -269,8 +265,8 @@ HfExport export_hf_llama(const CheckpointReader& r, const GptShape& s, const std
                          const HfExportOptions& o) {
     check_hf_export_arch(r, s, "hf-llama");
     const auto to_hf = [&](const ParamInfo& p, CanonicalTensor& t) {
-        if (!vocab_rows(p)) return;  // every other weight is Linear's (out, in) already
-        t.shape[0] = s.V;            // drop the padded rows
+        if (!p.vocab_rows) return;  // every other weight is Linear's (out, in) already
+        t.shape[0] = s.V;           // drop the padded rows
         t.data.resize(static_cast<size_t>(s.V) * static_cast<size_t>(s.C));
     };
     return write_hf_dir(r, gpt_param_table(s), to_hf, hf_llama_config(s, o.eos_token_id), out_dir, o);
