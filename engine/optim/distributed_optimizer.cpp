@@ -113,7 +113,17 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     master_ = MemoryBlock(bytes(blocks_.master), arena, MemCategory::kOptimizer, "master weights");
     m_ = MemoryBlock(bytes(blocks_.exp_avg), arena, MemCategory::kOptimizer, "exp_avg");
     v_ = MemoryBlock(bytes(blocks_.exp_avg_sq), arena, MemCategory::kOptimizer, "exp_avg_sq");
-    if (onebit) onebit_ = std::make_unique<OneBitAllReduce>(table, padded_, cfg.onebit_chunk_size, dp, arena);
+    if (onebit) {
+        onebit_ = std::make_unique<OneBitAllReduce>(table, padded_, cfg.onebit_chunk_size, dp, arena);
+        for (const ParamInfo& p : table)
+            if ((tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate && p.numel > 0)
+                norm_params_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
+        int32_t slots = static_cast<int32_t>(norm_params_.size());
+        mp.all_reduce(std::span<int32_t>(&slots, 1), ReduceOp::kMax, Priority::kHigh).wait();
+        norm_slots_ = static_cast<size_t>(slots);
+        own_squares_.assign(norm_slots_, 0.0);  // the slots past this rank's parameters stay 0
+        mp_squares_.resize(static_cast<size_t>(mp.size()) * norm_slots_);
+    }
     take_loaded_state();
 }
 
@@ -193,15 +203,34 @@ void DistributedOptimizer::gather_updated() {
     }
 }
 
+double DistributedOptimizer::own_grad_squares() {
+    // Each counted parameter's sum of squares (a parameter's bits do not depend on the stage that holds it), gathered
+    // over mp and added in ascending order: the total depends on the set of parameters only, so every pipeline layout
+    // clips the momentum's input by the one-stage run's coefficient. The stages' partial sums added up would round
+    // differently, and one sign bit of the compression turns that last-bit difference into a step of a chunk's scale.
+    for (size_t i = 0; i < norm_params_.size(); ++i) {
+        const Segment& s = norm_params_[i];
+        own_squares_[i] = backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
+    }
+    // as int32 pairs: the typed collectives have no 64-bit type, and a gather only moves the bytes
+    mp_.all_gather(std::span<const int32_t>(reinterpret_cast<const int32_t*>(own_squares_.data()), 2 * norm_slots_),
+                   std::span<int32_t>(reinterpret_cast<int32_t*>(mp_squares_.data()), 2 * mp_squares_.size()),
+                   Priority::kHigh)
+        .wait();
+    // a NaN has no place in the order: the sum is non-finite however it is taken
+    if (std::all_of(mp_squares_.begin(), mp_squares_.end(), [](double x) { return std::isfinite(x); }))
+        std::sort(mp_squares_.begin(), mp_squares_.end());
+    double sq = 0;
+    for (double x : mp_squares_) sq += x;
+    return sq;
+}
+
 OptimizerStepResult DistributedOptimizer::compressed_step(float lr, float clip_grad, float unscale) {
     OptimizerStepResult r;
     // This rank's own gradient norm (summed over tp and pp), and over dp the sum of the ranks' squares: their root
     // mean square is reported, and a non-finite value on any rank skips the step on all.
-    double sq = 0;
-    for (const Segment& s : local_segments_)
-        if (s.count_in_norm) sq += backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
-    float own = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
-    mp_.all_reduce(std::span<float>(&own, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    const float own =
+        static_cast<float>(own_grad_squares() * static_cast<double>(unscale) * static_cast<double>(unscale));
     float all = own;
     dp_.all_reduce(std::span<float>(&all, 1), ReduceOp::kSum, Priority::kHigh).wait();
     r.grad_norm = std::sqrt(static_cast<double>(all) / dp_.size());

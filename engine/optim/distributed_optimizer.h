@@ -159,6 +159,9 @@ class DistributedOptimizer {
     static void coalesce(std::vector<Segment>& segments, Same same);
     // onebit_adam after its warm-up (see the top of this file).
     OptimizerStepResult compressed_step(float lr, float clip_grad, float unscale);
+    // The sum of squares of this rank's own gradients over tp and pp (collective over mp), the same bits for every
+    // pipeline layout of the same model.
+    double own_grad_squares();
     // The 16-bit weights of AdamW's segment s, when the update writes them (zero_stage 0, sharded masters).
     Tensor weights_copy(const Segment& s) const;
     // After the update of this rank's range: zero_stage 1 gathers the parameters or weights.
@@ -177,7 +180,13 @@ class DistributedOptimizer {
     int64_t shard_begin_ = 0, shard_size_ = 0;
     std::vector<Segment> norm_segments_;    // this rank's shard (both stages)
     std::vector<Segment> update_segments_;  // shard (zero 1) or the whole buffer (zero 0)
-    std::vector<Segment> local_segments_;   // the whole buffer, for onebit_adam's own-gradient norm
+    std::vector<Segment> local_segments_;   // the whole buffer, for onebit_adam's momentum update
+    // onebit_adam's own-gradient norm: each counted parameter alone (own_grad_squares), and room for the most any mp
+    // rank holds, per rank, in the gather of their sums of squares
+    std::vector<Segment> norm_params_;
+    size_t norm_slots_ = 0;
+    std::vector<double> own_squares_;  // (norm_slots_)
+    std::vector<double> mp_squares_;   // (mp size * norm_slots_)
     size_t state_len_ = 0;
     int64_t state_base_ = 0;  // flat index of exp_avg[0]
     void* weights_;           // the 16-bit weights, or nullptr
