@@ -137,8 +137,9 @@ TEST(TrainCudaEmulated, OneRankFp16MatchesTheCpuBackendInFp16) {
 
 // Llama (tests/parallel/tiny-llama.yaml cut down as above, 4 query heads of width 8 sharing 2 key/value heads): the
 // RMSNorm, RoPE, grouped-query attention and SwiGLU kernels through the trainer, on tp2 (one key/value head per rank)
-// in fp32 and on one rank in bf16, against the CPU backend, with the GPT bounds above. Measured (printed): fp32 tp2
-// gradient 4.9e-7 (a k_proj weight), loss 6.0e-8 over 4 steps; bf16 one rank gradient 2.7e-7, loss 0.
+// in fp32 and on one rank in bf16 and fp16, against the CPU backend, with the GPT bounds above. Measured (printed):
+// fp32 tp2 gradient 4.9e-7 (a k_proj weight), loss 6.0e-8 over 4 steps; bf16 one rank gradient 2.7e-7, loss 0;
+// fp16 gradient 6.0e-4 (a k_proj weight), loss 2.1e-6.
 const std::string kLlamaSets = " --set model.num_attention_heads=4 --set model.ffn_hidden_size=64";
 
 TEST(TrainCudaEmulated, LlamaTp2MatchesTheCpuBackend) {
@@ -149,13 +150,16 @@ TEST(TrainCudaEmulated, LlamaTp2MatchesTheCpuBackend) {
     ms::test::expect_run_matches(r, base, kSteps, kFp32, "cuda-emulated llama, tp2", "cpu llama");
 }
 
-TEST(TrainCudaEmulated, LlamaBf16MatchesTheCpuBackendInBf16) {
-    const TrainRun base =
-        run_tiny(MS_BINARY_PATH, 1, "--set run.backend=cpu" + kLlamaSets + kBf16Sets, "tiny-llama.yaml");
-    const TrainRun r =
-        run_tiny(MS_CUDA_EMU_BINARY_PATH, 1, "--set run.backend=cuda" + kLlamaSets + kBf16Sets, "tiny-llama.yaml");
-    ms::test::expect_run_matches(r, base, kSteps, kBf16, "cuda-emulated llama bf16, 1 rank", "cpu llama bf16");
-    EXPECT_EQ(r.nan_iterations, 0);
+TEST(TrainCudaEmulated, LlamaBf16AndFp16MatchTheCpuBackendInTheirDtype) {
+    for (const auto& [sets, tol] : {std::pair{kBf16Sets, kBf16}, std::pair{kFp16Sets, kFp16}}) {
+        const TrainRun base =
+            run_tiny(MS_BINARY_PATH, 1, "--set run.backend=cpu" + kLlamaSets + sets, "tiny-llama.yaml");
+        const TrainRun r =
+            run_tiny(MS_CUDA_EMU_BINARY_PATH, 1, "--set run.backend=cuda" + kLlamaSets + sets, "tiny-llama.yaml");
+        ms::test::expect_run_matches(r, base, kSteps, tol, "cuda-emulated llama" + sets, "cpu");
+        EXPECT_EQ(r.nan_iterations, 0) << sets;
+        EXPECT_EQ(r.skipped_iterations, base.skipped_iterations) << sets;
+    }
 }
 
 TEST(TrainCudaEmulated, ABinaryWithoutTheCudaBackendRefusesIt) {
