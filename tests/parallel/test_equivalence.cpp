@@ -215,6 +215,9 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"llama_tp2_gqa", 2, "--set parallel.tensor_model_parallel_size=2"},
         Layout{"llama_tp2_sp", 2, "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"},
         Layout{"llama_pp2_1f1b", 2, "--set parallel.pipeline_model_parallel_size=2"},
+        Layout{"llama_pp2_interleaved_v2", 2,
+               "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=interleaved_1f1b"
+               " --set parallel.virtual_pipeline_model_parallel_size=2"},
         Layout{"llama_dp2_zero1", 2, "--set parallel.zero_stage=1"},
         Layout{"llama_tp2_sp_pp2_dp2_zero1", 8,
                "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
