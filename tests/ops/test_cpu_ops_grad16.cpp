@@ -202,7 +202,8 @@ void check_layernorm(OpMode mode, const std::vector<bool>& d_mask) {
                                     .eps = 1e-5f});
     }
     const Run<D> run = [&](Grads<D>& g) {
-        auto dout_v = dout, inp_v = inp, weight_v = weight, mean_v = mean, rstd_v = rstd;
+        auto dout_v = dout, inp_v = inp, weight_v = weight;  // the 16-bit inputs
+        auto mean_v = mean, rstd_v = rstd;                   // the fp32 statistics
         std::vector<D> dinp(N * C);
         backend->layernorm_backward({.dout = dview(dout_v, {N, C}),
                                      .inp = dview(inp_v, {N, C}),
