@@ -17,7 +17,7 @@ fuzz=OFF
 compiler=()
 if command -v clang++ >/dev/null 2>&1; then
   fuzz=ON
-  compiler=(-DCMAKE_CXX_COMPILER=clang++)
+  compiler=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang)  # one runtime: C targets (tests' fake NVML) too
 else
   echo "test-sanitizers: no clang++, so no fuzz targets (scripts/setup.sh installs clang)" >&2
 fi

@@ -119,7 +119,8 @@ double max_rel_error(const std::vector<A>& a, const std::vector<B>& b) {
 }
 
 inline bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    // empty vectors are equal: memcmp may not be given their null data()
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // sum_i out[i] * r[i] in double: the scalar loss whose gradient w.r.t. out is r.
