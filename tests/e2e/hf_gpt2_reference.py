@@ -23,46 +23,13 @@ import os
 import sys
 
 try:
-    import numpy as np
     import torch
     import torch.nn.functional as F
+
+    from hf_reference_io import read_weights, run_samples
 except ImportError as e:
     print(f"hf_gpt2_reference.py: cannot import numpy and torch ({e})", file=sys.stderr)
     sys.exit(77)
-
-DTYPES = {"F32": "<f4", "F16": "<f2"}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    tensors = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        a = np.frombuffer(data[base + begin : base + end], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
-        tensors[name] = torch.tensor(a.astype(np.float32))
-    return meta, tensors
-
-
-def read_weights(hf_dir):
-    single = os.path.join(hf_dir, "model.safetensors")
-    if os.path.exists(single):
-        return read_safetensors(single)
-    with open(os.path.join(hf_dir, "model.safetensors.index.json")) as f:
-        index = json.load(f)
-    weight_map, meta, tensors, nbytes = index["weight_map"], None, {}, 0
-    for shard in sorted(set(weight_map.values())):
-        meta, part = read_safetensors(os.path.join(hf_dir, shard))
-        assert sorted(part) == sorted(k for k, v in weight_map.items() if v == shard), shard
-        tensors.update(part)
-        nbytes += sum(t.numel() * 4 for t in part.values())  # F32: the exporter's dtype
-    assert index["metadata"]["total_size"] == nbytes, (index["metadata"], nbytes)
-    return meta, tensors
-
 
 def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
@@ -112,21 +79,7 @@ def main():
     assert w["wte.weight"].shape == (V, C) and w["wpe.weight"].shape == (T_max, C)
     assert w["h.0.attn.c_attn.weight"].shape == (C, 3 * C) and w["h.0.mlp.c_fc.weight"].shape == (C, F_)
     assert w["h.0.mlp.c_proj.weight"].shape == (F_, C)
-    with open(os.path.join(work, "shape.json")) as f:
-        shape = json.load(f)
-    B, T, M = shape["B"], shape["T"], shape["micro_batches"]
-    tokens = np.fromfile(os.path.join(work, "tokens.bin"), dtype="<i4").reshape(M, B, T)
-    targets = np.fromfile(os.path.join(work, "targets.bin"), dtype="<i4").reshape(M, B, T)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(M):
-            logits = forward(cfg, w, torch.from_numpy(tokens[i].astype(np.int64)))
-            if i == 0:
-                logits.numpy().astype("<f4").tofile(os.path.join(work, "logits.bin"))
-            loss = F.cross_entropy(logits.reshape(B * T, V), torch.from_numpy(targets[i].astype(np.int64)).reshape(-1))
-            total += float(loss.item())
-    with open(os.path.join(work, "loss.txt"), "w") as f:
-        f.write(f"{total / M:.17g}\n")
+    run_samples(work, V, lambda tokens: forward(cfg, w, tokens))
     return 0
 
 

@@ -26,45 +26,13 @@ import os
 import sys
 
 try:
-    import numpy as np
     import torch
     import torch.nn.functional as F
+
+    from hf_reference_io import read_weights, run_samples
 except ImportError as e:
     print(f"hf_llama_reference.py: cannot import numpy and torch ({e})", file=sys.stderr)
     sys.exit(77)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    meta = header.pop("__metadata__", {})
-    base = 8 + n
-    tensors = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        raw = data[base + begin : base + end]
-        if info["dtype"] == "BF16":  # the high half of a float32
-            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            a = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2"}[info["dtype"]]).astype(np.float32)
-        tensors[name] = torch.tensor(a.reshape(info["shape"]))
-    return meta, tensors
-
-
-def read_weights(hf_dir):
-    single = os.path.join(hf_dir, "model.safetensors")
-    if os.path.exists(single):
-        return read_safetensors(single)
-    with open(os.path.join(hf_dir, "model.safetensors.index.json")) as f:
-        weight_map = json.load(f)["weight_map"]
-    meta, tensors = None, {}
-    for shard in sorted(set(weight_map.values())):
-        meta, part = read_safetensors(os.path.join(hf_dir, shard))
-        assert sorted(part) == sorted(k for k, v in weight_map.items() if v == shard), shard
-        tensors.update(part)
-    return meta, tensors
 
 
 def inv_freq(cfg, head_dim):
@@ -146,21 +114,7 @@ def main():
     assert w["model.layers.0.self_attn.k_proj.weight"].shape == (NKV * HS, C)
     assert w["model.layers.0.mlp.gate_proj.weight"].shape == (F_, C)
     assert w["model.layers.0.mlp.down_proj.weight"].shape == (C, F_)
-    with open(os.path.join(work, "shape.json")) as f:
-        shape = json.load(f)
-    B, T, M = shape["B"], shape["T"], shape["micro_batches"]
-    tokens = np.fromfile(os.path.join(work, "tokens.bin"), dtype="<i4").reshape(M, B, T)
-    targets = np.fromfile(os.path.join(work, "targets.bin"), dtype="<i4").reshape(M, B, T)
-    total = 0.0
-    with torch.no_grad():
-        for i in range(M):
-            logits = forward(cfg, w, torch.from_numpy(tokens[i].astype(np.int64)))
-            if i == 0:
-                logits.numpy().astype("<f4").tofile(os.path.join(work, "logits.bin"))
-            loss = F.cross_entropy(logits.reshape(B * T, V), torch.from_numpy(targets[i].astype(np.int64)).reshape(-1))
-            total += float(loss.item())
-    with open(os.path.join(work, "loss.txt"), "w") as f:
-        f.write(f"{total / M:.17g}\n")
+    run_samples(work, V, lambda tokens: forward(cfg, w, tokens))
     return 0
 
 
