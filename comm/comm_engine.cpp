@@ -537,8 +537,7 @@ std::unique_ptr<Communicator> CommEngine::wrap(const std::shared_ptr<CommEngine>
 
 std::shared_ptr<CommEngine> schedule_groups(ProcessGroups& groups, const CommEngineOptions& options) {
     auto engine = std::make_shared<CommEngine>(options);
-    for (std::unique_ptr<Communicator>* g : {&groups.tp, &groups.pp, &groups.dp, &groups.mp, &groups.embd})
-        *g = CommEngine::wrap(engine, std::move(*g));
+    for (std::unique_ptr<Communicator>* g : groups.groups()) *g = CommEngine::wrap(engine, std::move(*g));
     return engine;
 }
 

@@ -52,7 +52,7 @@ class CommMatrix {
     // The groups the matrix tells apart, by Communicator::name() up to its first '.' (the hierarchical dp's
     // sub-groups "dp.intra", "dp.inter", "dp.gather" count as dp: comm/hierarchical_communicator.h); any other name
     // counts as "other".
-    static constexpr std::array<std::string_view, 7> kGroups = {"world", "tp", "pp", "dp", "mp", "embd", "other"};
+    static constexpr std::array<std::string_view, 8> kGroups = {"world", "tp", "pp", "dp", "mp", "embd", "cp", "other"};
     static int group_index(std::string_view name);
 
     CommMatrix(int world_rank, NodeLayout nodes);

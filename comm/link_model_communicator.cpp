@@ -297,6 +297,7 @@ void model_links(ProcessGroups& groups, CommMatrix& matrix, const LinkModel* mod
     wrap(groups.dp, t.group_of(rank, Axis::kDP));
     wrap(groups.mp, t.group_of(rank, Axis::kTP | Axis::kPP));
     wrap(groups.embd, t.embedding_group(rank));
+    wrap(groups.cp, t.context_group(rank));
 }
 
 }  // namespace ms

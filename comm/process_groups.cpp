@@ -65,6 +65,8 @@ ProcessGroups make_process_groups(Communicator& world, const Topology& topology,
     g.tp_rank = c.tp;
     g.pp_rank = c.pp;
     g.dp_rank = c.dp;
+    g.cp_size = topology.cp;
+    g.cp_rank = topology.cp_rank(rank);
     // The device groups split from an NCCL communicator over world (destroyed once they are made: its children are
     // communicators of their own), or from world itself.
     std::unique_ptr<Communicator> nccl_world;
@@ -86,6 +88,7 @@ ProcessGroups make_process_groups(Communicator& world, const Topology& topology,
     g.tp = axis_group(device_world, Axis::kTP, "tp");
     g.dp = axis_group(device_world, Axis::kDP, "dp");
     g.pp = axis_group(device_world, Axis::kPP, "pp");
+    g.cp = split_group(device_world, rank, topology.context_group(rank), topology.context_group_index(rank), "cp");
     g.mp = axis_group(device_world, Axis::kTP | Axis::kPP, "mp");
     // One embedding group per pipeline group: its colour is the pipeline group's index.
     g.embd =

@@ -7,6 +7,7 @@
 //   dp   groups(Axis::kDP)               size dp
 //   pp   groups(Axis::kPP)               size pp
 //   mp   groups(Axis::kTP | Axis::kPP)   size tp * pp (model parallel), mp rank = tp_rank + tp * pp_rank
+//   cp   context_groups()                size cp: one sample's context-parallel ranks (ring attention), within dp
 //   embd embedding_group(rank): {first, last} pp stage of each (tp, dp), for the tied word embedding's gradient;
 //        the rank alone when pp == 1; middle stages hold no word embedding and get nullptr (Megatron's group).
 // Every rank takes part in every split (splits are collective). Size-1 groups are real communicators whose
@@ -23,6 +24,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/nccl/comm_choice.h"
@@ -35,10 +37,19 @@ struct ProcessGroups {
     Topology topology;                                   // the layout the groups were split by
     Communicator* world = nullptr;                       // not owned, unless it is own_world
     std::unique_ptr<Communicator> tp, pp, dp, mp, embd;  // embd: nullptr on middle pipeline stages
+    std::unique_ptr<Communicator> cp;                    // the context group (part of dp: topology.h)
     std::unique_ptr<Communicator> own_world;  // a decorated world that world points to (link_model_communicator.h)
     int tp_size = 1, pp_size = 1, dp_size = 1;
     int tp_rank = 0, pp_rank = 0, dp_rank = 0;
+    int cp_size = 1, cp_rank = 0;  // dp_rank % cp_size; the replica reading this rank's samples is dp_rank / cp_size
+
+    // The data-parallel replicas (dp_size / cp_size) and this rank's: the sampler's micro-batch index arithmetic.
+    int replicas() const { return dp_size / cp_size; }
+    int replica() const { return dp_rank / cp_size; }
     CommKind comm = CommKind::kMpi;  // of tp, pp, dp, mp, embd: kMpi or kNccl (world is MPI either way)
+
+    // Every group but world (each may be null: embd on a middle stage), for decorating them all alike.
+    std::vector<std::unique_ptr<Communicator>*> groups() { return {&tp, &pp, &dp, &mp, &embd, &cp}; }
 
     bool is_first_stage() const { return pp_rank == 0; }
     bool is_last_stage() const { return pp_rank == pp_size - 1; }

@@ -105,7 +105,7 @@ Handle SynchronizingCommunicator::all_to_all_impl(const void* in, void* out, siz
 }
 
 void synchronize_before_collectives(ProcessGroups& groups, const std::function<void()>& synchronize) {
-    for (std::unique_ptr<Communicator>* g : {&groups.tp, &groups.pp, &groups.dp, &groups.mp, &groups.embd}) {
+    for (std::unique_ptr<Communicator>* g : groups.groups()) {
         if (*g) *g = std::make_unique<SynchronizingCommunicator>(std::move(*g), synchronize);
     }
 }

@@ -66,6 +66,9 @@ enum class OpKind : uint16_t {
     kRope,  // forward and inverse rotation (RopeDirection)
     kSwiGluForward,
     kSwiGluBackward,
+    kAttentionBlockForward,  // context parallelism's ring attention: one key/value block, merged by log-sum-exp
+    kAttentionBlockBackward,
+    kCopyColumns,
     kCount
 };
 
@@ -234,6 +237,51 @@ inline int64_t attention_kv_heads(int64_t NH, int64_t NKV) {
     return kv;
 }
 
+// Context parallelism's ring attention (engine/graph/ring_attention.cpp) computes attention one key/value block at a
+// time: the local rows' queries against a block of keys and values (the rank's own or one passed around the ring),
+// each block's softmax merged into a running fp32 output by its log-sum-exp. Layouts as attention_forward's; kv holds
+// key/value head j's K at columns kv_column + j*HS and its V at kv_column + (NKV + j)*HS (kv_column = NH*HS when kv
+// is the qkv tensor itself, 0 for a packed [K | V] block).
+// Query rows [q_begin, q_begin + q_rows) of each sequence attend to key rows [0, kv_rows) of the same sequence of
+// kv: every row to every key, or with `causal` row q_begin + t to key rows u <= t (then q_begin must be 0 and
+// kv_rows = q_rows: the rank's own block). With o_b and lse_b the block's normalised output and log-sum-exp:
+//   merge false:  acc = o_b, lse = lse_b   (those rows only)
+//   merge true:   lse' = log(exp(lse) + exp(lse_b));  acc = acc * exp(lse - lse') + o_b * exp(lse_b - lse')
+struct AttentionBlockForwardArgs {
+    Tensor qkv;  // (B, T, (NH + 2*NKV)*HS)
+    Tensor kv;   // (B, Tk, Wkv) with kv_rows <= Tk
+    Tensor acc;  // (B, T, NH*HS) fp32
+    Tensor lse;  // (B, NH, T) fp32
+    int64_t kv_column = 0;
+    int64_t q_begin = 0, q_rows = 0, kv_rows = 0;
+    bool causal = false, merge = false;
+    int64_t NH = 0, NKV = 0;  // heads held here (NKV 0: NH)
+};
+// The gradient of one block, from the final output and log-sum-exp (P = exp(S - lse) is then the block's part of the
+// whole softmax, and D_t = dO_t . O_t its row term): for the same rows and keys as the forward,
+//   dS = P * (dP - D_t);  dq += dS K * scale;  dk += dS^T Q * scale;  dv += P^T dO
+// accumulated in fp32 (dq's query rows, dkv's key rows [0, kv_rows); dkv packed [dK | dV]).
+struct AttentionBlockBackwardArgs {
+    Tensor dout;  // (B, T, NH*HS)
+    Tensor qkv;   // (B, T, (NH + 2*NKV)*HS)
+    Tensor out;   // (B, T, NH*HS) the forward output
+    Tensor lse;   // (B, NH, T) fp32 the final log-sum-exp
+    Tensor kv;    // (B, Tk, Wkv)
+    Tensor dq;    // (B, T, NH*HS) fp32, +=
+    Tensor dkv;   // (B, Tk, 2*NKV*HS) fp32, +=
+    int64_t kv_column = 0;
+    int64_t q_begin = 0, q_rows = 0, kv_rows = 0;
+    bool causal = false;
+    int64_t NH = 0, NKV = 0;
+};
+// dst[r, dst_column + c] = src[r, src_column + c] for r < rows, c < cols, converted to dst's dtype (as cast does):
+// packing the key/value columns of qkv for the ring, and the ring's fp32 gradients back into dqkv.
+struct CopyColumnsArgs {
+    Tensor src;  // (rows, Ws)
+    Tensor dst;  // (rows, Wd)
+    int64_t src_column = 0, dst_column = 0, cols = 0;
+};
+
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluForwardArgs {
     Tensor inp;  // (n)
@@ -399,6 +447,9 @@ class Backend {
     virtual void rope(const RopeArgs& a) = 0;
     virtual void swiglu_forward(const SwiGluForwardArgs& a) = 0;
     virtual void swiglu_backward(const SwiGluBackwardArgs& a) = 0;
+    virtual void attention_block_forward(const AttentionBlockForwardArgs& a) = 0;
+    virtual void attention_block_backward(const AttentionBlockBackwardArgs& a) = 0;
+    virtual void copy_columns(const CopyColumnsArgs& a) = 0;
     // x[:] = 0
     virtual void zero(const Tensor& x) = 0;
 };

@@ -50,6 +50,9 @@ void DeferredBackend::run_queue() {
         [&](const RopeArgs& a) { b.rope(a); },
         [&](const SwiGluForwardArgs& a) { b.swiglu_forward(a); },
         [&](const SwiGluBackwardArgs& a) { b.swiglu_backward(a); },
+        [&](const AttentionBlockForwardArgs& a) { b.attention_block_forward(a); },
+        [&](const AttentionBlockBackwardArgs& a) { b.attention_block_backward(a); },
+        [&](const CopyColumnsArgs& a) { b.copy_columns(a); },
         [&](const Zero& z) { b.zero(z.x); },
     };
     for (const Op& op : queue_) std::visit(run, op);

@@ -66,6 +66,9 @@ class DeferredBackend final : public Backend {
     void rope(const RopeArgs& a) override { queue_.emplace_back(a); }
     void swiglu_forward(const SwiGluForwardArgs& a) override { queue_.emplace_back(a); }
     void swiglu_backward(const SwiGluBackwardArgs& a) override { queue_.emplace_back(a); }
+    void attention_block_forward(const AttentionBlockForwardArgs& a) override { queue_.emplace_back(a); }
+    void attention_block_backward(const AttentionBlockBackwardArgs& a) override { queue_.emplace_back(a); }
+    void copy_columns(const CopyColumnsArgs& a) override { queue_.emplace_back(a); }
     void zero(const Tensor& x) override { queue_.emplace_back(Zero{x}); }
 
   private:
@@ -76,7 +79,8 @@ class DeferredBackend final : public Backend {
                             MatmulForwardArgs, MatmulBackwardArgs, AttentionForwardArgs, AttentionBackwardArgs,
                             GeluForwardArgs, GeluBackwardArgs, ResidualForwardArgs, CrossEntropyForwardArgs,
                             CrossEntropyBackwardArgs, LmHeadLossArgs, AdamWArgs, CastArgs, RmsNormForwardArgs,
-                            RmsNormBackwardArgs, RopeArgs, SwiGluForwardArgs, SwiGluBackwardArgs, Zero>;
+                            RmsNormBackwardArgs, RopeArgs, SwiGluForwardArgs, SwiGluBackwardArgs,
+                            AttentionBlockForwardArgs, AttentionBlockBackwardArgs, CopyColumnsArgs, Zero>;
     // Runs the queue on inner_, in call order, and empties it (keeping its capacity).
     void run_queue();
 

@@ -64,6 +64,12 @@ const char* op_name(OpKind op) {
             return "swiglu forward";
         case OpKind::kSwiGluBackward:
             return "swiglu backward";
+        case OpKind::kAttentionBlockForward:
+            return "attention block forward";
+        case OpKind::kAttentionBlockBackward:
+            return "attention block backward";
+        case OpKind::kCopyColumns:
+            return "copy columns";
         case OpKind::kCount:
             break;
     }
@@ -256,6 +262,15 @@ void ProfilingBackend::swiglu_forward(const SwiGluForwardArgs& a) {
 }
 void ProfilingBackend::swiglu_backward(const SwiGluBackwardArgs& a) {
     timed({OpKind::kSwiGluBackward, {a.dout.numel()}}, [&] { inner_->swiglu_backward(a); });
+}
+void ProfilingBackend::attention_block_forward(const AttentionBlockForwardArgs& a) {
+    timed({OpKind::kAttentionBlockForward, {a.q_rows, a.kv_rows}}, [&] { inner_->attention_block_forward(a); });
+}
+void ProfilingBackend::attention_block_backward(const AttentionBlockBackwardArgs& a) {
+    timed({OpKind::kAttentionBlockBackward, {a.q_rows, a.kv_rows}}, [&] { inner_->attention_block_backward(a); });
+}
+void ProfilingBackend::copy_columns(const CopyColumnsArgs& a) {
+    timed({OpKind::kCopyColumns, {a.src.numel() == 0 ? 0 : a.src.dim(0), a.cols}}, [&] { inner_->copy_columns(a); });
 }
 void ProfilingBackend::zero(const Tensor& x) {
     timed({OpKind::kCount, {x.numel()}}, [&] { inner_->zero(x); });

@@ -65,7 +65,10 @@ struct ModelConfig {
 struct ParallelConfig {
     int tensor_model_parallel_size = 1;
     int pipeline_model_parallel_size = 1;
-    int data_parallel_size = 0;  // 0 = auto (world / (tp * pp)); if given it must match
+    int data_parallel_size = 0;  // 0 = auto (world / (tp * pp * cp)); if given it must match
+    // Megatron's context parallelism: each sequence split over this many ranks (engine/parallel/context_split.h),
+    // attention as a ring passing key/value blocks (engine/graph/ring_attention.h)
+    int context_parallel_size = 1;
     int zero_stage = 0;
     // Megatron's DDP options: the data-parallel gradient reduction in buckets of bucket_size elements (0: Megatron's
     // max(40M, 1M x dp)), each started as soon as the last micro-batch's backward has finished its gradients.
@@ -234,10 +237,12 @@ struct Config {
 // Values computed from a Config and the world size; printed at start.
 struct DerivedConfig {
     int world_size = 1;
-    int dp = 1;
-    int padded_vocab = 0;  // ceil(V / (make_vocab_size_divisible_by * tp)) * that
+    int dp = 1;  // every rank holding the same model shard: the data-parallel replicas x cp (topology.h)
+    int cp = 1;  // parallel.context_parallel_size
+    int replicas() const { return dp / cp; }  // the data-parallel ranks that read different samples
+    int padded_vocab = 0;                     // ceil(V / (make_vocab_size_divisible_by * tp)) * that
     int ffn_hidden = 0;
-    int num_microbatches = 1;  // global_batch / (micro_batch * dp)
+    int num_microbatches = 1;  // global_batch / (micro_batch * replicas)
     int64_t tokens_per_step = 0;
     int64_t num_parameters = 0;  // with the padded vocabulary
 };

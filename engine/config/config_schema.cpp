@@ -147,7 +147,8 @@ std::vector<Field> config_fields(Config& c) {
         {"parallel.tensor_model_parallel_size", &c.parallel.tensor_model_parallel_size, at_least(1)},
         {"parallel.pipeline_model_parallel_size", &c.parallel.pipeline_model_parallel_size, at_least(1)},
         {"parallel.data_parallel_size", &c.parallel.data_parallel_size,
-         Constraint{.min = 0, .hint = "0, null or auto derives it as world_size / (tp * pp)"}, true},
+         Constraint{.min = 0, .hint = "0, null or auto derives it as world_size / (tp * pp * cp)"}, true},
+        {"parallel.context_parallel_size", &c.parallel.context_parallel_size, at_least(1)},
         {"parallel.zero_stage", &c.parallel.zero_stage,
          Constraint{.min = 0, .max = 1, .phrase = "is not supported (0 or 1)",
                     .hint = "ZeRO-1 (= use_distributed_optimizer: true) shards the optimizer state; "

@@ -180,13 +180,31 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     // The split of the world into tp x dp x pp: make_topology is its one check (engine/parallel/topology.h).
     // Products of two keys are int64: each key may be as large as INT_MAX.
     const int tp = p.tensor_model_parallel_size, pp = p.pipeline_model_parallel_size;
-    const int dp = make_topology(world_size, tp, pp).dp;
-    if (p.data_parallel_size != 0 && p.data_parallel_size != dp) {
+    const int cp = p.context_parallel_size;
+    const Topology topology = make_topology(world_size, tp, pp, cp);
+    const int dp = topology.dp, replicas = topology.replicas();
+    if (p.data_parallel_size != 0 && p.data_parallel_size != replicas) {
         fail(
             "parallel.data_parallel_size({}) does not match world size {} / (tensor_model_parallel_size({}) * "
-            "pipeline_model_parallel_size({})) = {}; hint: remove data_parallel_size (it is derived) or set it "
-            "to {}",
-            p.data_parallel_size, world_size, tp, pp, dp, dp);
+            "pipeline_model_parallel_size({}) * context_parallel_size({})) = {}; hint: remove data_parallel_size "
+            "(it is derived) or set it to {}",
+            p.data_parallel_size, world_size, tp, pp, cp, replicas, replicas);
+    }
+    if (cp > 1) {
+        if (!llama) {
+            fail(
+                "parallel.context_parallel_size({}) splits each sequence over ranks, which is built for model.arch: "
+                "llama (rotary positions, computed for each rank's tokens); model.arch '{}' learns a position table "
+                "that is not split; hint: set context_parallel_size: 1, or model.arch: llama",
+                cp, m.arch);
+        }
+        if (m.seq_length % (2 * int64_t{cp}) != 0) {
+            fail(
+                "parallel.context_parallel_size({}) cuts each sequence into 2 * cp = {} chunks (rank r holds chunks r "
+                "and {} - r, which balances causal attention), and model.seq_length({}) is not divisible by {}; hint: "
+                "a seq_length that is a multiple of {}, or another context_parallel_size",
+                cp, 2 * cp, 2 * cp - 1, m.seq_length, 2 * cp, 2 * cp);
+        }
     }
     if (cfg.run.ranks_per_node > 0 && world_size % cfg.run.ranks_per_node != 0) {
         fail(
@@ -247,12 +265,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- batch ----
-    const int64_t micro_times_dp = int64_t{t.micro_batch_size} * dp;
+    const int64_t micro_times_dp = int64_t{t.micro_batch_size} * replicas;
     if (t.global_batch_size == 0 && micro_times_dp > kIntMax) {
         fail(
             "training.global_batch_size = micro_batch_size({}) * data-parallel size({}) = {} is more than a 32-bit "
             "batch size holds; hint: use a smaller micro_batch_size",
-            t.micro_batch_size, dp, micro_times_dp);
+            t.micro_batch_size, replicas, micro_times_dp);
     }
     const int global_batch = t.global_batch_size > 0 ? t.global_batch_size : static_cast<int>(micro_times_dp);
     if (global_batch % micro_times_dp != 0) {
@@ -261,7 +279,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
         fail(
             "training.global_batch_size({}) is not divisible by training.micro_batch_size({}) * data-parallel "
             "size({}) = {}; hint: use a multiple of {}, e.g. {}",
-            global_batch, t.micro_batch_size, dp, micro_times_dp, micro_times_dp,
+            global_batch, t.micro_batch_size, replicas, micro_times_dp, micro_times_dp,
             lower > 0 ? fmt::format("{} or {}", lower, upper) : fmt::format("{}", upper));
     }
     const int num_microbatches = static_cast<int>(global_batch / micro_times_dp);
@@ -361,12 +379,13 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
             "overlap_grad_reduce: true, or overlap_param_gather: false",
             p.zero_stage, p.overlap_grad_reduce);
     }
-    if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * m.seq_length) % tp != 0) {
+    if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * (m.seq_length / cp)) % tp != 0) {
         fail(
-            "parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}) = {} rows of a micro-batch "
+            "parallel.sequence_parallel splits the micro_batch_size({}) * seq_length({}){} = {} rows of a micro-batch "
             "over tensor_model_parallel_size({}), which does not divide them; hint: pick a micro batch size or "
             "sequence length that makes the product a multiple of {}",
-            t.micro_batch_size, m.seq_length, static_cast<int64_t>(t.micro_batch_size) * m.seq_length, tp, tp);
+            t.micro_batch_size, m.seq_length, cp > 1 ? fmt::format(" / context_parallel_size({})", cp) : "",
+            static_cast<int64_t>(t.micro_batch_size) * (m.seq_length / cp), tp, tp);
     }
 
     const int64_t multiple = int64_t{m.make_vocab_size_divisible_by} * tp;
@@ -396,6 +415,7 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     DerivedConfig d;
     d.world_size = world_size;
     d.dp = dp;
+    d.cp = cp;
     d.padded_vocab = static_cast<int>(padded_vocab);
     d.ffn_hidden = ffn_hidden;
     d.num_microbatches = num_microbatches;

@@ -41,6 +41,10 @@ const char* op_name(OpCode op) {
             return "rope";
         case OpCode::kSwiGlu:
             return "swiglu";
+        case OpCode::kRingAttention:
+            return "ring_attention";
+        case OpCode::kRingAttentionBackward:
+            return "ring_attention_backward";
         case OpCode::kRmsNormBackward:
             return "rmsnorm_backward";
         case OpCode::kRopeBackward:
@@ -120,6 +124,12 @@ std::string describe(const Graph& g) {
         s += "\n";
     }
     return s;
+}
+
+RingAttentionShape ring_attention_shape(const Graph& g, const Node& n) {
+    const TensorInfo& qkv = g.info(n.op == OpCode::kRingAttention ? n.in.at(0) : n.in.at(1));
+    const int64_t nkv = n.NKV == 0 ? n.NH : n.NKV;
+    return {.B = n.B, .T = n.T, .NH = n.NH, .NKV = nkv, .HS = qkv.shape.at(1) / (n.NH + 2 * nkv), .act = qkv.dtype};
 }
 
 namespace {
@@ -208,6 +218,15 @@ void Differentiator::apply(const Node& f) {
         case OpCode::kAttention:
             emit(f, OpCode::kAttentionBackward, {grad(f.out[0]), in(0), f.out[0], f.out[1]}, {new_grad(in(0))});
             return;
+        case OpCode::kRingAttention: {
+            const TensorId dqkv = new_grad(in(0));
+            const TensorId scratch = g_.add_tensor({.name = "d." + g_.info(f.out[2]).name,
+                                                    .shape = {ring_backward_scratch_elems(ring_attention_shape(g_, f))},
+                                                    .dtype = DType::kF32,
+                                                    .layer = f.layer});
+            emit(f, OpCode::kRingAttentionBackward, {grad(f.out[0]), in(0), f.out[0], f.out[1]}, {dqkv, scratch});
+            return;
+        }
         case OpCode::kRmsNorm: {
             const auto [dx, acc] = grad_to_write(in(0));
             emit(f, OpCode::kRmsNormBackward, {grad(f.out[0]), in(0), in(1), f.out[1]}, {dx, param_grad(in(1))}, acc);

@@ -24,6 +24,7 @@
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
+#include "engine/graph/ring_attention.h"
 
 namespace ms::graph {
 
@@ -63,22 +64,24 @@ enum class Phase : uint8_t { kForward, kBackward };
 
 enum class OpCode : uint8_t {
     // forward
-    kEmbedding,     // in: tokens, table, pos (optional)          out: x                 attr: vocab_start, T
-    kLayerNorm,     // in: x, weight, bias                        out: y, mean, rstd     attr: eps
-    kMatmul,        // in: x, weight, bias (optional)             out: y
-    kGelu,          // in: x                                      out: y
-    kAttention,     // in: qkv                                    out: y, lse            attr: B, T, NH
-    kResidual,      // in: a, b, bias (optional)                  out: y = a + (b + bias)
-    kCrossEntropy,  // in: logits, targets, [row_max]             out: [row_max], [sums]  attr: ce_phase
-                    //   sums is (2, N): sum_exp then target_logit, so one all-reduce sums both
-    kLoss,          // in: row_max, sums                          out: losses = log(sum_exp) + max - target (host)
-    kLoadTokens,    //                                            out: tokens (host: the caller's ids, checked
-                    //                                              against vocab_valid, the real vocabulary)
-    kLoadTargets,   //                                            out: targets (host)
-    kLoadConstant,  //                                            out: the node's `constant` values (host, fp32)
-    kRmsNorm,       // in: x, weight                              out: y, rstd           attr: eps
-    kRope,          // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
-    kSwiGlu,        // in: x (N, 2F) rows [gate | up]             out: y (N, F)
+    kEmbedding,      // in: tokens, table, pos (optional)          out: x                 attr: vocab_start, T
+    kLayerNorm,      // in: x, weight, bias                        out: y, mean, rstd     attr: eps
+    kMatmul,         // in: x, weight, bias (optional)             out: y
+    kGelu,           // in: x                                      out: y
+    kAttention,      // in: qkv                                    out: y, lse            attr: B, T, NH
+    kResidual,       // in: a, b, bias (optional)                  out: y = a + (b + bias)
+    kCrossEntropy,   // in: logits, targets, [row_max]             out: [row_max], [sums]  attr: ce_phase
+                     //   sums is (2, N): sum_exp then target_logit, so one all-reduce sums both
+    kLoss,           // in: row_max, sums                          out: losses = log(sum_exp) + max - target (host)
+    kLoadTokens,     //                                            out: tokens (host: the caller's ids, checked
+                     //                                              against vocab_valid, the real vocabulary)
+    kLoadTargets,    //                                            out: targets (host)
+    kLoadConstant,   //                                            out: the node's `constant` values (host, fp32)
+    kRmsNorm,        // in: x, weight                              out: y, rstd           attr: eps
+    kRope,           // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
+    kSwiGlu,         // in: x (N, 2F) rows [gate | up]             out: y (N, F)
+    kRingAttention,  // in: qkv                                   out: y, lse, scratch   attr: B, T, NH, NKV
+                     //   context parallelism's attention over the context group (ring_attention.h); T local rows
     // fused forward (fusion.cpp)
     kResidualLayerNorm,  // in: a, b, bias, weight, ln_bias       out: sum, y, mean, rstd
     kMatmulGelu,         // in: x, weight, bias                   out: pre, y = gelu(pre)
@@ -86,17 +89,18 @@ enum class OpCode : uint8_t {
                   //   the head's matmul, cross-entropy and (with dloss) their backward, chunk by chunk over the rows
                   //   (Backend::lm_head_loss); runs in the forward, so dloss is made there too
     // backward
-    kEmbeddingBackward,     // in: tokens, dx                     out: dtable, dpos (optional)
-    kLayerNormBackward,     // in: dy, x, weight, mean, rstd      out: dx (accumulate), dweight, dbias
-    kMatmulBackward,        // in: dy, x, weight, [gelu_pre]      out: dx (accumulate; optional), dweight, dbias
-    kGeluBackward,          // in: x, dy                          out: dx
-    kAttentionBackward,     // in: dy, qkv, y, lse                out: dqkv
-    kRmsNormBackward,       // in: dy, x, weight, rstd            out: dx (accumulate), dweight
-    kRopeBackward,          // in: dqkv, table                    out: dqkv (in place: the inverse rotation)
-    kSwiGluBackward,        // in: dy, x                          out: dx
-    kBiasGradient,          // in: dy                             out: dbias (+= column sums of dy)
-    kLossGradient,          //                                    out: dloss = loss_scale / N (host, run-time scale)
-    kCrossEntropyBackward,  // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
+    kEmbeddingBackward,      // in: tokens, dx                     out: dtable, dpos (optional)
+    kLayerNormBackward,      // in: dy, x, weight, mean, rstd      out: dx (accumulate), dweight, dbias
+    kMatmulBackward,         // in: dy, x, weight, [gelu_pre]      out: dx (accumulate; optional), dweight, dbias
+    kGeluBackward,           // in: x, dy                          out: dx
+    kAttentionBackward,      // in: dy, qkv, y, lse                out: dqkv
+    kRmsNormBackward,        // in: dy, x, weight, rstd            out: dx (accumulate), dweight
+    kRopeBackward,           // in: dqkv, table                    out: dqkv (in place: the inverse rotation)
+    kSwiGluBackward,         // in: dy, x                          out: dx
+    kRingAttentionBackward,  // in: dy, qkv, y, lse                out: dqkv, scratch
+    kBiasGradient,           // in: dy                             out: dbias (+= column sums of dy)
+    kLossGradient,           //                                    out: dloss = loss_scale / N (host, run-time scale)
+    kCrossEntropyBackward,   // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
     // tensor-parallel collectives (group tp); in-place ones write their input
     // Megatron's conjugate pair: kTpCopy is the identity forward whose backward all-reduces the gradient;
     // kAllReduce sums forward (in place) and is the identity backward.
@@ -154,6 +158,9 @@ struct Graph {
 // each parameter's gradient tensor (kGradient), and for a chunk without the loss the output's gradient (kGradInput,
 // written by the pipeline). A chunk with the loss starts from its kLoss op (dloss = loss_scale / N at run time).
 void derive_backward(Graph& g);
+
+// The shape of a kRingAttention op or its backward: its attributes, and the head size and dtype of its qkv.
+RingAttentionShape ring_attention_shape(const Graph& g, const Node& n);
 
 // One line per op: "[fwd] h.0.c_attn  matmul  in: h.0.ln1 (256x64 fp32), ...  out: ..."; for plan --graph and tests.
 std::string describe(const Graph& g);

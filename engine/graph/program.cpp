@@ -16,8 +16,8 @@ namespace {
 class Compiler {
   public:
     Compiler(const Graph& g, const MemoryPlan& plan, const Bindings& at, Backend& be, Communicator& tp,
-             double* loss_sum)
-        : g_(g), plan_(plan), at_(at), be_(be), tp_(tp), loss_sum_(loss_sum) {}
+             double* loss_sum, Communicator* cp)
+        : g_(g), plan_(plan), at_(at), be_(be), tp_(tp), loss_sum_(loss_sum), cp_(cp) {}
 
     void* address(TensorId t) const {
         const TensorInfo& i = g_.info(t);
@@ -57,6 +57,7 @@ class Compiler {
     Backend& be_;
     Communicator& tp_;
     double* loss_sum_;
+    Communicator* cp_;
 };
 
 Program::Step Compiler::step(const Node& n) {
@@ -164,6 +165,24 @@ Program::Step Compiler::step(const Node& n) {
             AttentionForwardArgs a{view(in(0), {B, T, dim(in(0), 1)}), view(out(0), {B, T, dim(out(0), 1)}),
                                    view(out(1), {B, n.NH, T}), n.NH, n.NKV};
             return {label, [=](const RunArgs&) { be->attention_forward(a); }};
+        }
+        case OpCode::kRingAttention:
+        case OpCode::kRingAttentionBackward: {
+            MS_CHECK(cp_ != nullptr, "graph program: '{}' passes blocks around a context group, and none was given",
+                     n.label);
+            Communicator* cp = cp_;
+            const RingAttentionShape s = ring_attention_shape(g_, n);
+            const int64_t B = n.B, T = n.T, W = (s.NH + 2 * s.NKV) * s.HS, C = s.NH * s.HS;
+            const Tensor lse = n.op == OpCode::kRingAttention ? view(out(1), {B, s.NH, T}) : view(in(3), {B, s.NH, T});
+            float* scratch = static_cast<float*>(address(n.op == OpCode::kRingAttention ? out(2) : out(1)));
+            if (n.op == OpCode::kRingAttention) {
+                const Tensor qkv = view(in(0), {B, T, W}), y = view(out(0), {B, T, C});
+                return {label, [=](const RunArgs&) { ring_attention_forward(*be, *cp, s, qkv, y, lse, scratch); }};
+            }
+            const Tensor dy = view(in(0), {B, T, C}), qkv = view(in(1), {B, T, W}), y = view(in(2), {B, T, C}),
+                         dqkv = view(out(0), {B, T, W});
+            return {label,
+                    [=](const RunArgs&) { ring_attention_backward(*be, *cp, s, dy, qkv, y, lse, dqkv, scratch); }};
         }
         case OpCode::kResidual: {
             const int64_t count = g_.info(out(0)).numel();
@@ -333,8 +352,8 @@ Program::Step Compiler::step(const Node& n) {
 }  // namespace
 
 Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, const Bindings& at, Backend& backend,
-                        Communicator& tp, double* loss_sum) {
-    Compiler c(g, plan, at, backend, tp, loss_sum);
+                        Communicator& tp, double* loss_sum, Communicator* cp) {
+    Compiler c(g, plan, at, backend, tp, loss_sum, cp);
     std::vector<Program::Step> steps;
     std::vector<size_t> step_of_node(g.nodes.size(), 0);
     for (size_t i = 0; i < g.nodes.size(); ++i) {

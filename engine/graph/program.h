@@ -80,8 +80,9 @@ class Program {
 // may have fewer rows) and bound to `at`. `loss_sum`, when the graph has a kLoss op, receives the sum over rows of
 // the losses at each forward run. The backward program knows after which of its steps each parameter gradient is
 // final: after its last writer, or after its first step for one only the forward writes (the fused LM head's).
-// Each program knows before which of its steps each parameter it reads is first read.
+// Each program knows before which of its steps each parameter it reads is first read. `cp`, the context group, is
+// what ring attention ops pass their blocks around (required when the graph has them).
 Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, const Bindings& at, Backend& backend,
-                        Communicator& tp, double* loss_sum);
+                        Communicator& tp, double* loss_sum, Communicator* cp = nullptr);
 
 }  // namespace ms::graph

@@ -206,8 +206,9 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     table_ = gpt_param_table(shape_, tp.size(), part_);
     const int num_layers = part_layers(shape_, part_);
     sp_ = o.sequence_parallel && tp.size() > 1;
-    MS_CHECK(!sp_ || (static_cast<int64_t>(o.max_batch) * shape.seq()) % tp.size() == 0,
-             "sequence parallelism: B*T = {} rows do not split over tp = {}", o.max_batch * shape.seq(), tp.size());
+    const int64_t rows = static_cast<int64_t>(o.max_batch) * (shape.seq() / o.graph.context_parallel);
+    MS_CHECK(!sp_ || rows % tp.size() == 0, "sequence parallelism: B*T = {} rows do not split over tp = {}", rows,
+             tp.size());
     num_params_ = 0;
     for (const ParamInfo& p : table_) num_params_ += p.numel;
     // allocation names: "layers 0-5 slot 1", ...
@@ -246,6 +247,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     po.weights = weights_ptr_;
     po.grads = grads_ptr_;
     po.arena = o.arena;
+    po.cp = o.cp;
     program_ = std::make_unique<GptProgram>(shape_, backend_, tp_, po);
 }
 

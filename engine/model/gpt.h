@@ -60,6 +60,9 @@ struct GptGraphOptions {
     // The parameter gradients' dtype (mixed_precision.grad_reduce_in_fp32: fp32, else the activation dtype): the
     // graph's gradient tensors, the flat gradient buffer and every reduction of it.
     DType grads = DType::kF32;
+    // parallel.context_parallel_size: each sequence split over this many ranks (engine/parallel/context_split.h),
+    // whose attention is a ring (engine/graph/ring_attention.h); the graph holds the local rows. Llama only.
+    int context_parallel = 1;
 };
 
 // The model family (model.arch): GPT-2 as described above, or Llama (Megatron's / Hugging Face's): token embedding
@@ -183,6 +186,7 @@ class Gpt {
         GptGraphOptions graph = {};  // the fused LM head (model.cross_entropy_loss_fusion) and the backend it is for
         void* weights = nullptr;     // external storage of the 16-bit weights (>= flat_size() elements of dtype), with
                                      //   external params when dtype is not fp32; unused for fp32
+        Communicator* cp = nullptr;  // the context group, of graph.context_parallel ranks (required when that is > 1)
     };
     // tp: the tensor-parallel group (a SelfCommunicator or any size-1 group for no tensor parallelism).
     Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);

@@ -82,6 +82,9 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table) {
     MS_CHECK(spec.B >= 1 && spec.T >= 1, "gpt graph: batch {} x sequence {}", spec.B, spec.T);
     if (spec.shape.arch == ModelArch::kLlama) return build_llama_graph(spec, table);
+    MS_CHECK(spec.options.context_parallel == 1,
+             "gpt graph: context parallelism ({} ranks) is built for Llama's rotary positions, not GPT's table",
+             spec.options.context_parallel);
     return GptBuilder(spec, table).build();
 }
 
@@ -107,7 +110,7 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
                             .sequence_parallel = sequence_parallel,
                             .act = act,
                             .B = max_batch,
-                            .T = shape.seq(),
+                            .T = shape.seq() / options.context_parallel,
                             .options = rep_options};
     const std::vector<ParamInfo> table = gpt_param_table(shape, tp_size, first);
     graph::MemoryPlan plan =
@@ -143,7 +146,11 @@ GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp
     loss_sum_.assign(static_cast<size_t>(o.num_slots), 0.0);
     loss_scale_.assign(static_cast<size_t>(o.num_slots), 0.0f);
     // the graph of a full micro-batch: names the hand-off tensors, and the step-end tp gradient sums
-    full_ = &compiled(o.max_batch, shape.seq(), true);
+    MS_CHECK((o.graph.context_parallel > 1) == (o.cp != nullptr && o.cp->size() > 1) &&
+                 (o.cp == nullptr || o.cp->size() == o.graph.context_parallel),
+             "GptProgram: context parallelism of {} with a context group of {}", o.graph.context_parallel,
+             o.cp ? o.cp->size() : 0);
+    full_ = &compiled(o.max_batch, shape.seq() / o.graph.context_parallel, true);
     if (!o.part.head) {
         const graph::Graph& g = full_->graph.g;
         for (size_t t = 0; t < g.tensors.size(); ++t)
@@ -161,6 +168,7 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
                       .part = o_.part,
                       .tp_size = tp_.size(),
                       .tp_rank = tp_.rank(),
+                      .cp_rank = o_.cp ? o_.cp->rank() : 0,
                       .sequence_parallel = o_.sequence_parallel,
                       .act = o_.dtype,
                       .B = B,
@@ -174,9 +182,9 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
                                  slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>()};
         double* loss = &loss_sum_[static_cast<size_t>(i)];
         entry->forward.push_back(
-            compile_program(entry->graph.g, graph::Phase::kForward, *entry->plan, at, backend_, tp_, loss));
+            compile_program(entry->graph.g, graph::Phase::kForward, *entry->plan, at, backend_, tp_, loss, o_.cp));
         entry->backward.push_back(
-            compile_program(entry->graph.g, graph::Phase::kBackward, *entry->plan, at, backend_, tp_, loss));
+            compile_program(entry->graph.g, graph::Phase::kBackward, *entry->plan, at, backend_, tp_, loss, o_.cp));
     }
     return *entry;
 }

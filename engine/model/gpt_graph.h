@@ -27,6 +27,7 @@ struct GptGraphSpec {
     GptShape shape = {};
     GptPart part = {};
     int tp_size = 1, tp_rank = 0;
+    int cp_rank = 0;                 // in the context group of options.context_parallel ranks
     bool sequence_parallel = false;  // with tp_size > 1
     DType act = DType::kF32;
     int B = 1, T = 1;       // the micro-batch
@@ -65,6 +66,7 @@ class GptProgram {
         void* weights = nullptr;  // what the ops read: params itself in fp32, else the 16-bit copy
         void* grads = nullptr;    // flat, graph.grads
         Arena* arena = nullptr;
+        Communicator* cp = nullptr;  // the context group (graph.context_parallel > 1)
     };
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
 

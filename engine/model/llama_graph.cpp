@@ -7,6 +7,8 @@
 // F/tp columns of gate and of up ([Q_r | K_r | V_r] and [gate_r | up_r] rows); o_proj and down_proj row-parallel;
 // the embedding and the untied output layer vocab-parallel. RoPE rotates Q and K in place in the qkv tensor (its
 // table of cos and sin is a constant the host writes once per forward); the backward rotates dqkv back in place.
+// Under context parallelism (GptGraphOptions::context_parallel) the chunk holds this rank's rows of each sequence
+// (context_split.h): the rotary table has their positions, and attention is the ring (ring_attention.h).
 #include <fmt/format.h>
 
 #include <string>
@@ -14,6 +16,7 @@
 #include "engine/backends/rope_table.h"
 #include "engine/core/check.h"
 #include "engine/model/chunk_builder.h"
+#include "engine/parallel/context_split.h"
 
 namespace ms {
 namespace {
@@ -47,8 +50,15 @@ void LlamaBuilder::before_layers() {
     const GptShape& s = s_.shape;
     const int64_t HS = s.C / s.NH;
     rope_table_ = g_.add_tensor({.name = "rope_table", .shape = {s_.T, HS}, .dtype = DType::kF32});
-    op(OpCode::kLoadConstant, "rope_table", {}, {rope_table_}, -1).constant =
-        rope_table(s_.T, HS, s.rope_theta, s.rope_scaling);
+    const ContextSplit split{s_.options.context_parallel, s_.cp_rank};
+    const int64_t S = int64_t{s_.T} * split.cp;  // the whole sequence's rows
+    std::vector<float>& local = op(OpCode::kLoadConstant, "rope_table", {}, {rope_table_}, -1).constant;
+    local = rope_table(S, HS, s.rope_theta, s.rope_scaling);
+    if (split.cp > 1) {  // this rank's positions
+        const std::vector<float> whole = std::move(local);
+        local.assign(static_cast<size_t>(s_.T * HS), 0.0f);
+        split.rows(whole.data(), local.data(), 1, S, HS);
+    }
 }
 
 // Layer l's ops; its tensors are "h.<l>.<what>" (the names the memory plan groups layers by), its parameters
@@ -72,7 +82,14 @@ TensorId LlamaBuilder::layer(TensorId res, int l, bool last) {
     rope.NKV = KV_local;
     const TensorId atty = act(h + "atty", N_, NH_local * HS);
     const TensorId lse = stat(h + "lse", static_cast<int64_t>(s_.B) * NH_local * s_.T);
-    Node& attn = op(OpCode::kAttention, h + "attn", {qkv}, {atty, lse}, l);
+    const bool ring = s_.options.context_parallel > 1;
+    std::vector<TensorId> outs = {atty, lse};
+    if (ring) {
+        const int64_t scratch = graph::ring_forward_scratch_elems(
+            {.B = s_.B, .T = s_.T, .NH = NH_local, .NKV = KV_local, .HS = HS, .act = s_.act});
+        outs.push_back(stat(h + "ring", scratch));
+    }
+    Node& attn = op(ring ? OpCode::kRingAttention : OpCode::kAttention, h + "attn", {qkv}, outs, l);
     attn.B = s_.B;
     attn.T = s_.T;
     attn.NH = NH_local;

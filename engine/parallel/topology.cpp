@@ -87,13 +87,25 @@ std::vector<int> Topology::embedding_group(int rank) const {
     return {first, rank_of(c)};
 }
 
-Topology make_topology(int world, int tp, int pp) {
+std::vector<std::vector<int>> Topology::context_groups() const {
+    std::vector<std::vector<int>> out(static_cast<size_t>(world() / cp));
+    for (int rank = 0; rank < world(); ++rank) out[static_cast<size_t>(context_group_index(rank))].push_back(rank);
+    return out;
+}
+
+int Topology::context_group_index(int rank) const {
+    // the coordinates other than cp_rank, TP fastest: (tp, replica, pp)
+    const Coord c = coord_of(rank);
+    return c.tp + tp * (c.dp / cp + replicas() * c.pp);
+}
+
+Topology make_topology(int world, int tp, int pp, int cp) {
     if (world < 1) throw UserError(fmt::format("config error: the world size must be >= 1, got {}", world));
-    if (tp < 1 || pp < 1) {
-        throw UserError(fmt::format(
-            "config error: parallel.tensor_model_parallel_size({}) and pipeline_model_parallel_size({}) must both "
-            "be >= 1; hint: use 1 to switch an axis off",
-            tp, pp));
+    if (tp < 1 || pp < 1 || cp < 1) {
+        throw UserError(
+            fmt::format("config error: parallel.tensor_model_parallel_size({}), pipeline_model_parallel_size({}) and "
+                        "context_parallel_size({}) must all be >= 1; hint: use 1 to switch an axis off",
+                        tp, pp, cp));
     }
     const int64_t model_parallel = int64_t{tp} * pp;
     if (world % model_parallel != 0) {
@@ -103,7 +115,15 @@ Topology make_topology(int world, int tp, int pp) {
             "divides {} (the data-parallel size is derived as world / (tp * pp))",
             tp, pp, model_parallel, world, model_parallel, world));
     }
-    return Topology{tp, static_cast<int>(world / model_parallel), pp};
+    const int dp = static_cast<int>(world / model_parallel);
+    if (dp % cp != 0) {
+        throw UserError(fmt::format(
+            "config error: parallel.tensor_model_parallel_size({}) * pipeline_model_parallel_size({}) * "
+            "context_parallel_size({}) = {} does not divide the world size {}; hint: launch a multiple of {} ranks, "
+            "or change tp / pp / cp (the data-parallel size is derived as world / (tp * pp * cp))",
+            tp, pp, cp, model_parallel * cp, world, model_parallel * cp));
+    }
+    return Topology{tp, dp, pp, cp};
 }
 
 }  // namespace ms

@@ -14,8 +14,17 @@
 // and embd = embedding_group(rank): the first and last pipeline stage, for the tied word embedding's gradient.
 // comm/process_groups.cpp splits the communicators from these lists (docs/design.md §4): this file is the one
 // place the rank order is decided.
+//
+// Context parallelism (Megatron's context_parallel_size, cp) splits each sample's sequence over cp ranks that hold
+// the same model shard. Those ranks are part of the data-parallel axis: dp counts every rank that holds the same
+// shard (Megatron's "dp x cp" group, over which gradients are reduced and ZeRO-1 shards the optimizer), and its cp
+// fastest coordinates are one sample's context-parallel ranks, so Megatron's order "tp-cp-dp-pp" is
+//     rank = tp_rank + tp * (cp_rank + cp * replica + dp * pp_rank),   dp coordinate = cp_rank + cp * replica
+// with dp / cp data-parallel replicas reading different samples (replicas()). A context group is a run of cp ranks
+// tp apart.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -40,6 +49,7 @@ struct Coord {
 
 struct Topology {
     int tp = 1, dp = 1, pp = 1;  // axis sizes; world = tp * dp * pp
+    int cp = 1;                  // context-parallel ranks among the dp coordinate's (dividing dp)
 
     int world() const { return tp * dp * pp; }
     // rank in [0, world) -> coordinates; rank_of is its inverse.
@@ -61,11 +71,25 @@ struct Topology {
     // stage, which holds no copy of the word embedding and so has no gradient to sum (it takes part in the
     // communicator split without a colour). Its index among the embedding groups is group_index(rank, Axis::kPP).
     std::vector<int> embedding_group(int rank) const;
+
+    // The data-parallel replicas, which read different samples: dp / cp.
+    int replicas() const { return dp / cp; }
+    // A rank's place in its context group (cp_rank, in [0, cp)) and its replica (in [0, replicas())).
+    int cp_rank(int rank) const { return coord_of(rank).dp % cp; }
+    int replica(int rank) const { return coord_of(rank).dp / cp; }
+    // The context groups: the cp ranks of each (tp, replica, pp), sorted, listed in the order of their first ranks;
+    // context_group_index(rank) is the index of rank's group there (the colour for a communicator split).
+    std::vector<std::vector<int>> context_groups() const;
+    int context_group_index(int rank) const;
+    std::vector<int> context_group(int rank) const {
+        return context_groups()[static_cast<size_t>(context_group_index(rank))];
+    }
 };
 
-// Validates the layout of `world` ranks into tp x dp x pp (dp derived) and returns it: the one check of the split
-// (validate_config calls it). Throws ms::UserError with the numbers and a hint when a size is < 1 or tp * pp does not
-// divide world (tp * pp computed in 64 bits: each may be as large as INT_MAX).
-Topology make_topology(int world, int tp, int pp);
+// Validates the layout of `world` ranks into tp x dp x pp (dp derived, cp of its ranks one sample's context group)
+// and returns it: the one check of the split (validate_config calls it). Throws ms::UserError with the numbers and a
+// hint when a size is < 1 or tp * pp * cp does not divide world (computed in 64 bits: each may be as large as
+// INT_MAX).
+Topology make_topology(int world, int tp, int pp, int cp = 1);
 
 }  // namespace ms

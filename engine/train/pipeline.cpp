@@ -94,6 +94,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.dtype = dtype;
         o.graph = graph;
         o.weights = static_cast<std::byte*>(weights()) + static_cast<size_t>(bases[static_cast<size_t>(c)]) * es;
+        o.cp = groups.cp.get();
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
     if (pp > 1) {
@@ -101,8 +102,13 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
             if (!shape.untied && table_[i].name == embedding_weight_name(shape)) wte_index_ = static_cast<int>(i);
     }
     bases_ = bases;
-    tokens_.resize(static_cast<size_t>(micro_batch) * shape.seq());
-    targets_.resize(static_cast<size_t>(micro_batch) * shape.seq());
+    context_ = ContextSplit{groups.cp_size, groups.cp_rank};
+    tokens_.resize(static_cast<size_t>(micro_batch * context_.local(shape.seq())));
+    targets_.resize(tokens_.size());
+    if (context_.cp > 1) {
+        sample_tokens_.resize(static_cast<size_t>(micro_batch) * shape.seq());
+        sample_targets_.resize(sample_tokens_.size());
+    }
     slot_of_.assign(static_cast<size_t>(v), std::vector<int>(static_cast<size_t>(num_microbatches), -1));
     free_slots_.resize(static_cast<size_t>(v));
     for (int c = 0; c < v; ++c) free_slots_[static_cast<size_t>(c)].reserve(static_cast<size_t>(slots_[c]));
@@ -123,11 +129,15 @@ int PipelineModel::tag(int microbatch, int edge, int direction) const {
     return ((microbatch * groups_.pp_size * virtual_stages_) + edge) * 2 + direction;
 }
 
-void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T) {
-    const int64_t first =
-        first_sample + (static_cast<int64_t>(microbatch) * groups_.dp_size + groups_.dp_rank) * micro_batch_;
-    sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
-    (void)T;
+void PipelineModel::fill(const Sampler& sampler, int64_t first_sample, int64_t microbatch, int T) {
+    const int64_t first = first_sample + (microbatch * groups_.replicas() + groups_.replica()) * micro_batch_;
+    if (context_.cp == 1) {
+        sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
+        return;
+    }
+    sampler.fill(first, micro_batch_, sample_tokens_.data(), sample_targets_.data());
+    context_.rows(sample_tokens_.data(), tokens_.data(), micro_batch_, T, 1);
+    context_.rows(sample_targets_.data(), targets_.data(), micro_batch_, T, 1);
 }
 
 void PipelineModel::add_p2p(P2POp::Kind kind, const void* data, size_t n, int peer, int tag) {
@@ -190,7 +200,8 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     }
     backend_.zero(Tensor(grads(), grad_dtype_, {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
-    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
+    const int Tl = static_cast<int>(context_.local(T));  // this rank's rows of each sequence
+    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, Tl));
     Communicator& pp = *groups_.pp;
     auto& slot_of = slot_of_;  // slot of (chunk, micro-batch), -1 when not placed
     auto& free_slots = free_slots_;
@@ -224,7 +235,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 const int s = slot_of[c][mb] >= 0 ? slot_of[c][mb] : acquire(c, mb);
                 const bool needs_data = chunk.part().embedding || chunk.part().head;
                 if (needs_data) fill(sampler, first_sample, mb, T);
-                const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, s, loss_scale);
+                const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, Tl, s, loss_scale);
                 if (chunk.part().head) loss += l;
                 break;
             }
@@ -281,13 +292,13 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
 
 std::optional<float> PipelineModel::evaluate(const Sampler& sampler, int64_t micro_batches, int T,
                                              const std::function<bool()>& stop) {
-    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, T));
+    const int Tl = static_cast<int>(context_.local(T));
+    const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, Tl));
     Communicator& pp = *groups_.pp;
     const std::vector<Action>& actions = forward_[static_cast<size_t>(groups_.pp_rank)];
     float total = 0;
     for (int64_t m = 0; m < micro_batches; ++m) {
-        const int64_t first = (m * groups_.dp_size + groups_.dp_rank) * micro_batch_;
-        sampler.fill(first, micro_batch_, tokens_.data(), targets_.data());
+        fill(sampler, 0, m, T);
         for (size_t i = 0; i < actions.size(); ++i) {  // every chunk in slot 0, its messages tagged micro-batch 0
             const Action& a = actions[i];
             const int k = model_chunk(a.chunk);
@@ -298,7 +309,7 @@ std::optional<float> PipelineModel::evaluate(const Sampler& sampler, int64_t mic
                 add_p2p(P2POp::Kind::kSend, chunk.output(0), act, a.peer_stage, tag(0, k, 0));
             } else {
                 const float l =
-                    chunk.forward(tokens_.data(), targets_.data(), micro_batch_, T, 0, 0.0f);  // no backward
+                    chunk.forward(tokens_.data(), targets_.data(), micro_batch_, Tl, 0, 0.0f);  // no backward
                 if (chunk.part().head) total += l;
             }
             if (ends_p2p_batch(actions, i)) run_batch();

@@ -26,6 +26,7 @@
 #include "engine/model/gpt.h"
 #include "engine/optim/grad_buckets.h"
 #include "engine/optim/param_gather.h"
+#include "engine/parallel/context_split.h"
 #include "engine/parallel/schedule.h"
 #include "memory/memory_block.h"
 #include "memory/staging_memory.h"
@@ -119,7 +120,9 @@ class PipelineModel {
   private:
     int model_chunk(int local_chunk) const { return local_chunk * groups_.pp_size + groups_.pp_rank; }
     int tag(int microbatch, int edge, int direction) const;
-    void fill(const Sampler& sampler, int64_t first_sample, int microbatch, int T);
+    // tokens_ and targets_ of micro-batch `microbatch` of the step from first_sample: this replica's samples of T
+    // tokens, of which this context rank's rows (context_split.h)
+    void fill(const Sampler& sampler, int64_t first_sample, int64_t microbatch, int T);
     // Adds sending or receiving n elements of dtype() at data to the batch being gathered; run_batch() issues it and
     // waits, after checking that no receive overlaps another buffer of the batch.
     void add_p2p(P2POp::Kind kind, const void* data, size_t n, int peer, int tag);
@@ -154,6 +157,8 @@ class PipelineModel {
     bool staging_lent_ = false;   // params() handed staging_ out since the last train_step()
     MemoryBlock weights_;         // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;
+    ContextSplit context_;                                 // this rank's rows of a sequence
+    std::vector<int32_t> sample_tokens_, sample_targets_;  // whole samples, cut into tokens_ / targets_ (cp > 1)
     // train_step()'s bookkeeping, sized once here so that a step allocates nothing
     std::vector<std::vector<int>> slot_of_;     // (v, micro-batches) slot of a chunk's micro-batch, or -1
     std::vector<std::vector<int>> free_slots_;  // (v) free slots of each chunk

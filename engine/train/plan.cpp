@@ -82,7 +82,7 @@ PlanShape plan_shape(const RunLayout& l) {
     PlanShape p;
     p.tp = l.tp();
     p.pp = l.pp();
-    p.dp = l.dp();
+    p.dp = l.topology.dp;  // the optimizer's shards: every rank of the same model shard, context ranks included
     p.virtual_stages = l.virtual_stages;
     p.kind = l.schedule;
     p.num_microbatches = l.num_microbatches;
@@ -241,6 +241,7 @@ std::vector<std::string> placement_report(const Topology& t, const NodeLayout& n
     for (const std::vector<int>& g : t.groups(Axis::kPP))  // one embedding group per pp group (its first and last)
         if (g.size() > 1) embd.push_back({g.front(), g.back()});
     const Kind kinds[] = {{"tp", t.groups(Axis::kTP)},
+                          {"cp", t.context_groups()},
                           {"dp", t.groups(Axis::kDP)},
                           {"pp", t.groups(Axis::kPP)},
                           {"embd", std::move(embd)}};
@@ -279,15 +280,17 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     const NodeLayout nodes = nodes_by_count(o.world_size, std::min(rpn, o.world_size));
     log_derived(layout, cfg);
 
-    log_info("\nranks (order tp-dp-pp: rank = tp + {} * (dp + {} * pp); node = rank / {} ranks per node)", layout.tp(),
-             layout.dp(), rpn);
+    const Topology& t = layout.topology;
+    log_info(
+        "\nranks (order tp-cp-dp-pp: rank = tp + {} * (cp + {} * (dp + {} * pp)); node = rank / {} ranks per node)",
+        t.tp, t.cp, t.replicas(), rpn);
     std::vector<std::vector<std::string>> rows;
     for (int r = 0; r < std::min(o.world_size, kMaxRankRows); ++r) {
-        const Coord c = layout.topology.coord_of(r);
-        rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", c.pp), fmt::format("{}", c.dp),
-                        fmt::format("{}", nodes.node(r))});
+        const Coord c = t.coord_of(r);
+        rows.push_back({fmt::format("{}", r), fmt::format("{}", c.tp), fmt::format("{}", t.cp_rank(r)),
+                        fmt::format("{}", c.pp), fmt::format("{}", t.replica(r)), fmt::format("{}", nodes.node(r))});
     }
-    print_table({"rank", "tp", "pp", "dp", "node"}, rows);
+    print_table({"rank", "tp", "cp", "pp", "dp", "node"}, rows);
     if (o.world_size > kMaxRankRows) log_info("... {} more", o.world_size - kMaxRankRows);
     for (const std::string& line : placement_report(layout.topology, nodes)) {
         if (line.starts_with("warning: "))
@@ -304,8 +307,14 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             ? fmt::format("{0} activations; param bytes: {0} weights; optimizer: fp32 master shard + moments",
                           dtype_name(ps.dtype))
             : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype));
-    log_info("\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, dp {}{})",
-             precision, ps.zero_stage, ps.dp, ps.optimizer.onebit_adam() ? ", onebit_adam" : "");
+    log_info(
+        "\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, sharded over {} "
+        "ranks{}{})",
+        precision, ps.zero_stage, ps.dp,
+        t.cp > 1 ? fmt::format(" (dp {} x cp {}); activations of seq_length / cp = {} tokens", t.replicas(), t.cp,
+                               layout.seq_length() / t.cp)
+                 : std::string(),
+        ps.optimizer.onebit_adam() ? ", onebit_adam" : "");
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
     const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
     log_info(

@@ -51,7 +51,7 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.comm = parse_comm_kind(cfg.run.comm);
     l.dtype = model_dtype(cfg.mixed_precision);
     l.schedule = parse_schedule_kind(par.pipeline_schedule);
-    l.topology = Topology{par.tensor_model_parallel_size, d.dp, par.pipeline_model_parallel_size};
+    l.topology = Topology{par.tensor_model_parallel_size, d.dp, par.pipeline_model_parallel_size, d.cp};
     l.virtual_stages = par.virtual_pipeline_model_parallel_size;
     l.layers_per_chunk = cfg.model.num_layers / (par.pipeline_model_parallel_size * l.virtual_stages);
     l.sequence_parallel = par.sequence_parallel;
@@ -63,12 +63,13 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.hierarchical_dp = parse_hierarchical_dp(par.hierarchical_dp);
     l.micro_batch = cfg.training.micro_batch_size;
     l.num_microbatches = d.num_microbatches;
-    l.global_batch = int64_t{l.micro_batch} * l.num_microbatches * d.dp;
+    l.global_batch = int64_t{l.micro_batch} * l.num_microbatches * d.replicas();
     l.num_parameters = d.num_parameters;
     l.shape = gpt_shape(cfg, d);
     l.graph.backend = l.backend;
     l.graph.lm_head_loss_fusion = cfg.model.cross_entropy_loss_fusion;
     l.graph.grads = grad_dtype(cfg.mixed_precision);
+    l.graph.context_parallel = d.cp;
     const TrainingConfig& t = cfg.training;
     using graph::RecomputeGranularity;
     l.graph.recompute.granularity = t.recompute_granularity == "full"        ? RecomputeGranularity::kFull
@@ -94,10 +95,10 @@ Config resolve_vocab(Config cfg, const TokenSource& source) {
 
 void log_derived(const RunLayout& l, const Config& cfg) {
     log_info(
-        "derived: world size {} = tp {} x pp {} x dp {} | padded vocab {} (vocab {}, multiple of {}) | "
+        "derived: world size {} = tp {} x pp {} x {}dp {} | padded vocab {} (vocab {}, multiple of {}) | "
         "ffn hidden {}",
-        l.world_size(), l.tp(), l.pp(), l.dp(), l.shape.Vp, l.shape.V, cfg.model.make_vocab_size_divisible_by,
-        l.shape.F);
+        l.world_size(), l.tp(), l.pp(), l.cp() > 1 ? fmt::format("cp {} x ", l.cp()) : "", l.dp(), l.shape.Vp,
+        l.shape.V, cfg.model.make_vocab_size_divisible_by, l.shape.F);
     log_info(
         "derived: global batch {} = micro batch {} x {} micro-batches x dp {} | tokens per step {} | "
         "parameters {} ({:.2f} M)",

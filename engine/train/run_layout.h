@@ -36,7 +36,7 @@ struct RunLayout {
     ScheduleKind schedule = ScheduleKind::k1F1B;  // parallel.pipeline_schedule
 
     // ---- ranks ----
-    Topology topology;         // tp, dp (derived: world / (tp * pp)), pp
+    Topology topology;         // tp, dp (derived: world / (tp * pp), cp of them one sample's context group), pp
     int virtual_stages = 1;    // model chunks per rank (parallel.virtual_pipeline_model_parallel_size)
     int layers_per_chunk = 1;  // num_layers / (pp * virtual_stages)
     bool sequence_parallel = false;
@@ -52,8 +52,8 @@ struct RunLayout {
 
     // ---- batch ----
     int micro_batch = 1;       // training.micro_batch_size: samples per micro-batch
-    int num_microbatches = 1;  // per step and data-parallel rank: global_batch / (micro_batch * dp)
-    int64_t global_batch = 1;  // samples per step: training.global_batch_size, or micro_batch * dp when 0
+    int num_microbatches = 1;  // per step and data-parallel replica: global_batch / (micro_batch * dp())
+    int64_t global_batch = 1;  // samples per step: training.global_batch_size, or micro_batch * dp() when 0
 
     // ---- model ----
     // The model every rank builds its part of: V = model.vocab_size, resolved (from the data when 0: resolve_vocab);
@@ -66,7 +66,8 @@ struct RunLayout {
 
     int world_size() const { return topology.world(); }
     int tp() const { return topology.tp; }
-    int dp() const { return topology.dp; }
+    int dp() const { return topology.replicas(); }  // the data-parallel replicas (Megatron's data_parallel_size)
+    int cp() const { return topology.cp; }
     int pp() const { return topology.pp; }
     int seq_length() const { return shape.S; }  // tokens per sample
     int64_t tokens_per_step() const { return global_batch * shape.S; }

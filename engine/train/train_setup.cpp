@@ -245,8 +245,8 @@ void log_model_memory(const TrainRun& r) {
         log_info(
             "memory per rank: {} weights {} | {} gradients {} | fp32 master weights {} (sharded over dp {}) | "
             "optimizer state {} (zero_stage {})",
-            dtype_name(dtype), b(st.weight_bytes), grads, b(st.grad_bytes), b(st.optimizer.master), r.layout.dp(),
-            b(st.optimizer_bytes() - st.optimizer.master), r.layout.zero_stage);
+            dtype_name(dtype), b(st.weight_bytes), grads, b(st.grad_bytes), b(st.optimizer.master),
+            r.layout.topology.dp, b(st.optimizer_bytes() - st.optimizer.master), r.layout.zero_stage);
     } else {
         log_info(
             "memory per rank: {} weights {} | fp32 master weights {} | {} gradients {} | optimizer state {} "

@@ -134,13 +134,14 @@ TrainState train_state(const TrainRun& r, const LoopState& s, int64_t it) {
 double other_wait(const ProcessGroups& g) {
     double w = g.tp->stats().wait_seconds + g.dp->stats().wait_seconds + g.mp->stats().wait_seconds;
     if (g.embd) w += g.embd->stats().wait_seconds;
+    if (g.cp) w += g.cp->stats().wait_seconds;
     return w;
 }
 
 // Seconds from issue to completion of the operations of the groups other_wait() counts (the matrix's totals).
 double other_total(const CommMatrix& m) {
     double s = 0;
-    for (std::string_view g : {"tp", "dp", "mp", "embd"}) s += m.op_seconds(CommMatrix::group_index(g));
+    for (std::string_view g : {"tp", "dp", "mp", "embd", "cp"}) s += m.op_seconds(CommMatrix::group_index(g));
     return s;
 }
 
@@ -358,6 +359,11 @@ std::optional<int> train_loop(TrainRun& r, LoopState& s, const std::function<boo
 std::optional<int> sample_text(TrainRun& r, const LoopState& s, const std::function<bool()>& stop_requested) {
     const Config& cfg = r.cfg;
     if (cfg.eval.sample_tokens <= 0) return std::nullopt;
+    if (r.groups->cp_size > 1) {
+        log_info("sample: skipped (sampling runs whole sequences on one rank; this run splits them over cp = {})",
+                 r.groups->cp_size);
+        return std::nullopt;
+    }
     if (!r.model->whole_model()) {
         log_info("sample: skipped (sampling runs the whole model on one pipeline stage; this run has pp = {})",
                  r.groups->pp_size);

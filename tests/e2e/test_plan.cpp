@@ -1,4 +1,4 @@
-// test_plan.cpp: `mindspeed-train plan` through the built binary -- the rank layout follows tp-dp-pp order, the
+// test_plan.cpp: `mindspeed-train plan` through the built binary -- the rank layout follows tp-cp-dp-pp order, the
 // bubble is the closed form of 1F1B, ZeRO-1 divides the optimizer state by dp, a bad world size exits 2 -- and the
 // planner's arithmetic (plan.h): activation bytes worked out by hand and against what a Gpt allocates.
 #include <gtest/gtest.h>
@@ -76,15 +76,53 @@ TEST(PlanE2E, RankLayoutFollowsTpDpPpOrder) {
     ASSERT_EQ(rows.size(), 8u) << r.output;
     for (int rank = 0; rank < 8; ++rank) {
         const auto& row = rows[static_cast<size_t>(rank)];
-        ASSERT_EQ(row.size(), 5u) << r.output;
-        // rank = tp + 2 * (dp + 2 * pp); columns rank, tp, pp, dp, node (8 ranks per node by default)
+        ASSERT_EQ(row.size(), 6u) << r.output;
+        // rank = tp + 2 * (dp + 2 * pp); columns rank, tp, cp, pp, dp, node (8 ranks per node by default)
         EXPECT_EQ(std::stoi(row[0]), rank);
         EXPECT_EQ(std::stoi(row[1]), rank % 2) << "rank " << rank;
-        EXPECT_EQ(std::stoi(row[2]), rank / 4) << "rank " << rank;
-        EXPECT_EQ(std::stoi(row[3]), rank / 2 % 2) << "rank " << rank;
-        EXPECT_EQ(std::stoi(row[4]), 0) << "rank " << rank;
+        EXPECT_EQ(std::stoi(row[2]), 0) << "rank " << rank;
+        EXPECT_EQ(std::stoi(row[3]), rank / 4) << "rank " << rank;
+        EXPECT_EQ(std::stoi(row[4]), rank / 2 % 2) << "rank " << rank;
+        EXPECT_EQ(std::stoi(row[5]), 0) << "rank " << rank;
     }
-    EXPECT_EQ(rows[5][1] + rows[5][2] + rows[5][3], "110");  // rank 5: tp 1, pp 1, dp 0
+    EXPECT_EQ(rows[5][1] + rows[5][3] + rows[5][4], "110");  // rank 5: tp 1, pp 1, dp 0
+}
+
+// Context parallelism: tiny-llama at tp 2, cp 2 on 8 ranks (dp 2 replicas): cp is the fastest part of the dp
+// coordinate (rank = tp + 2 * (cp + 2 * dp)), its groups are pairs tp apart, ZeRO-1 shards over dp x cp = 4 ranks,
+// and each rank's activations are those of seq_length / cp tokens: one rank's plan at seq 128 without cp.
+TEST(PlanE2E, ContextParallelRanksAreInsideDpAndHoldSeqOverCpTokens) {
+    const std::string llama = std::string("plan --config ") + MS_SOURCE_DIR +
+                              "/tests/parallel/tiny-llama.yaml --set model.seq_length=256 --set parallel.zero_stage=1 "
+                              "--set parallel.tensor_model_parallel_size=2 ";
+    const auto r = run_cli(llama + "--world-size 8 --set parallel.context_parallel_size=2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto rows = table_rows(r.output, "rank");
+    ASSERT_EQ(rows.size(), 8u) << r.output;
+    for (int rank = 0; rank < 8; ++rank) {
+        const auto& row = rows[static_cast<size_t>(rank)];
+        ASSERT_EQ(row.size(), 6u) << r.output;
+        EXPECT_EQ(std::stoi(row[1]), rank % 2) << "rank " << rank;      // tp
+        EXPECT_EQ(std::stoi(row[2]), rank / 2 % 2) << "rank " << rank;  // cp
+        EXPECT_EQ(std::stoi(row[4]), rank / 4) << "rank " << rank;      // dp (the replica)
+    }
+    EXPECT_NE(r.output.find("world size 8 = tp 2 x pp 1 x cp 2 x dp 2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("cp   4 group(s) of 2"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("sharded over 4 ranks (dp 2 x cp 2); activations of seq_length / cp = 128 tokens"),
+              std::string::npos)
+        << r.output;
+    // the same rank without context parallelism at seq 128 (dp 4: the same optimizer shards)
+    const auto half = run_cli(std::string("plan --config ") + MS_SOURCE_DIR +
+                              "/tests/parallel/tiny-llama.yaml --set model.seq_length=128 --set parallel.zero_stage=1 "
+                              "--set parallel.tensor_model_parallel_size=2 --world-size 8");
+    ASSERT_EQ(half.exit_code, 0) << half.output;
+    const auto stage = table_rows(r.output, "stage"), plain = table_rows(half.output, "stage");
+    ASSERT_EQ(stage.size(), 1u);
+    ASSERT_EQ(plain.size(), 1u);
+    ASSERT_EQ(stage[0].size(), plain[0].size());
+    // parameters, param bytes, grads, optimizer equal; activations: the ring's scratch besides the same slot
+    for (size_t c = 2; c + 2 < stage[0].size(); ++c) EXPECT_EQ(stage[0][c], plain[0][c]) << "column " << c;
+    std::printf("cp2 at seq 256: %s | no cp at seq 128: %s\n", stage[0].back().c_str(), plain[0].back().c_str());
 }
 
 // Which groups span nodes: tp 4 on nodes of 2 ranks is warned about (its collectives run in every layer); on nodes
@@ -206,7 +244,7 @@ TEST(PlanE2E, LongLayoutsAreCutAndBudgetsAreChecked) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto rows = table_rows(r.output, "rank");
     ASSERT_EQ(rows.size(), 64u) << r.output;
-    EXPECT_EQ(rows[63][4], "15");  // node = rank / 4
+    EXPECT_EQ(rows[63][5], "15");  // node = rank / 4
     EXPECT_NE(r.output.find("... 64 more"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;  // ~3 MiB > 1 MB
 }

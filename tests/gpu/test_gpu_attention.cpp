@@ -13,7 +13,11 @@
 // Tolerances are the emulation test's (about 3x its measured errors), which a GPU should meet: a tensor core's
 // summation order and ex2.approx differ from the emulation's only in the last bits of fp32 values, far below the
 // rounding of P, dS and the outputs to 16 bits. Written without a GPU to run it on: MS_OP_TEST_VERBOSE=1 prints the
-// errors to re-measure them. Skips without a CUDA device (ctest -L gpu).
+// errors to re-measure them.
+// Ring attention (kernels/attention_block.cu, the GPU twin of tests/ops/test_cuda_emu_attention_block.cpp): the block
+// forward and backward in fp32, bf16 and fp16 (NH 8, NKV 2 and 8, HS 64 and 32, T 300: rows and keys in many 32-row
+// chunks) against the CPU reference, fp32 outputs within the emulation test's tolerances, two runs bit-identical;
+// copy_columns bit-identical to the CPU backend's. Skips without a CUDA device (ctest -L gpu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -26,8 +30,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "engine/backends/cuda/kernels/attention_block.cuh"
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/attention_block_check.h"
 #include "tests/ops/attention_gqa_check.h"
 #include "tests/ops/attention_tc_check.h"
 #include "tests/ops/op_test_util.h"
@@ -200,6 +206,151 @@ TEST(GpuAttentionTc, Bf16MatchesTheCpuReference) {
 TEST(GpuAttentionTc, Fp16MatchesTheCpuReference) {
     if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
     for (const Shape& s : kShapes) check_attention_on_gpu<fp16>(s, kFp16Tol);
+}
+
+// ---- ring attention (kernels/attention_block.cu): the scalar block kernels against the CPU reference ----
+
+// One block's forward (onto a random previous acc and lse) and backward (onto random dq and dkv) on the GPU, through
+// the launchers, against the CPU backend's kReference on the same S inputs; every output is fp32, so the errors are
+// the fp32 summation's and the tolerances the emulation test's (test_cuda_emu_attention_block.cpp). A second run
+// gives the same bits.
+template <class S>
+void check_block_on_gpu(const BlockShape& s) {
+    const DType d = ms::dtype_of<S>();
+    const std::string tag = std::string(dtype_name(d)) + " B " + std::to_string(s.B) + " NH " + std::to_string(s.NH) +
+                            " HS " + std::to_string(s.HS) + " " + s.tag() + ": ";
+    SCOPED_TRACE(tag);
+    const size_t N = size_t{1} * s.B * s.T, n_kv = size_t{1} * s.B * s.Tk * s.Wkv, n_lse = size_t{1} * s.B * s.NH * s.T;
+    const size_t n_dkv = size_t{1} * s.B * s.Tk * s.Wd();
+    BlockInputs in;
+    in.qkv = rounded(d, random_floats(N * s.W(), 21 + s.T, -2.0f, 2.0f));
+    in.kv = rounded(d, random_floats(n_kv, 22 + s.T, -2.0f, 2.0f));
+    in.acc = random_floats(N * s.C(), 23);
+    in.lse = random_floats(n_lse, 24, 0.5f, 2.5f);
+    in.dout = rounded(d, random_floats(N * s.C(), 25));
+    in.dq = random_floats(N * s.C(), 26);
+    in.dkv = random_floats(n_dkv, 27);
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    const BlockForwardResult want = run_block_forward(*cpu, d, s, in);
+    in.out = rounded(d, want.acc);
+    in.final_lse = want.lse;
+    const BlockBackwardResult bwant = run_block_backward(*cpu, d, s, in);
+
+    DeviceBuf<S> d_qkv(N * s.W()), d_kv(n_kv), d_dout(N * s.C()), d_out(N * s.C());
+    DeviceBuf<float> d_acc(N * s.C()), d_lse(n_lse), d_dq(N * s.C()), d_dkv(n_dkv);
+    ASSERT_TRUE(d_qkv.get() && d_kv.get() && d_dout.get() && d_out.get() && d_acc.get() && d_lse.get() && d_dq.get() &&
+                d_dkv.get());
+    MS_TEST_CUDA(d_qkv.upload(to_s<S>(in.qkv)));
+    MS_TEST_CUDA(d_kv.upload(to_s<S>(in.kv)));
+    MS_TEST_CUDA(d_dout.upload(to_s<S>(in.dout)));
+    MS_TEST_CUDA(d_out.upload(to_s<S>(in.out)));
+    const cuda::AttentionBlockShape shape{.B = s.B,
+                                          .T = s.T,
+                                          .Tk = s.Tk,
+                                          .Wkv = s.Wkv,
+                                          .kv_column = s.kv_column,
+                                          .q_begin = s.q_begin,
+                                          .q_rows = s.q_rows,
+                                          .kv_rows = s.kv_rows,
+                                          .NH = s.NH,
+                                          .NKV = s.NKV,
+                                          .HS = s.HS,
+                                          .causal = s.causal};
+    std::vector<float> first_acc, first_lse, first_dq, first_dkv;
+    for (int run = 0; run < 2; ++run) {
+        MS_TEST_CUDA(d_acc.upload(in.acc));
+        MS_TEST_CUDA(d_lse.upload(in.lse));
+        MS_TEST_CUDA(d_dq.upload(in.dq));
+        MS_TEST_CUDA(d_dkv.upload(in.dkv));
+        cuda::attention_block_forward(d_acc.get(), d_lse.get(), d_qkv.get(), d_kv.get(), shape, s.merge, nullptr);
+        MS_TEST_CUDA(d_lse.upload(want.lse));  // the backward's final lse: the reference's
+        cuda::attention_block_backward(d_dq.get(), d_dkv.get(), d_dout.get(), d_qkv.get(), d_out.get(), d_lse.get(),
+                                       d_kv.get(), shape, nullptr);
+        MS_TEST_CUDA(cudaDeviceSynchronize());
+        MS_TEST_CUDA(cudaGetLastError());
+        const std::vector<float> acc = d_acc.download(), dq = d_dq.download(), dkv = d_dkv.download();
+        ASSERT_EQ(acc.size(), N * s.C());
+        ASSERT_EQ(dkv.size(), n_dkv);
+        if (run == 0) {
+            expect_close(tag + "acc", gqa_error(acc, want.acc), 3e-6);
+            expect_close(tag + "dq", gqa_error(dq, bwant.dq), 3e-6);
+            expect_close(tag + "dkv", gqa_error(dkv, bwant.dkv), 3e-6);
+            first_acc = acc;
+            first_dq = dq;
+            first_dkv = dkv;
+        } else {
+            EXPECT_TRUE(bit_identical(acc, first_acc) && bit_identical(dq, first_dq) && bit_identical(dkv, first_dkv))
+                << "two runs differ";
+        }
+    }
+    // lse: the forward alone (the loop's second upload replaced it with the reference's).
+    MS_TEST_CUDA(d_acc.upload(in.acc));
+    MS_TEST_CUDA(d_lse.upload(in.lse));
+    cuda::attention_block_forward(d_acc.get(), d_lse.get(), d_qkv.get(), d_kv.get(), shape, s.merge, nullptr);
+    MS_TEST_CUDA(cudaDeviceSynchronize());
+    expect_close(tag + "lse", gqa_error(d_lse.download(), want.lse), 5e-7);
+}
+
+// Per key/value heads NKV of NH = 8, HS 64 and 32: the rank's own causal block (kv = qkv), a remote block merged
+// onto acc (kv packed, its keys at a column offset), and rows [q_begin, q_begin + q_rows) against kv_rows < Tk keys.
+std::vector<BlockShape> gpu_block_shapes() {
+    std::vector<BlockShape> shapes;
+    for (int HS : {64, 32}) {
+        for (int NKV : {2, 8}) {
+            const int NH = 8, W = (NH + 2 * NKV) * HS, KV = 2 * NKV * HS;
+            shapes.push_back({2, 300, 300, W, NH, NKV, HS, NH * HS, 0, 300, 300, true, false});
+            shapes.push_back({2, 300, 257, KV + 8, NH, NKV, HS, 8, 0, 300, 257, false, true});
+            shapes.push_back({2, 300, 280, KV, NH, NKV, HS, 0, 37, 200, 251, false, false});
+        }
+    }
+    return shapes;
+}
+
+TEST(GpuAttentionBlock, MatchesTheCpuReference) {
+    if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+    for (const BlockShape& s : gpu_block_shapes()) {
+        check_block_on_gpu<float>(s);
+        check_block_on_gpu<bf16>(s);
+        check_block_on_gpu<fp16>(s);
+    }
+}
+
+// copy_columns between every pair of float, bf16 and fp16: the CPU backend's bits.
+template <class S, class D>
+void check_copy_columns_on_gpu() {
+    SCOPED_TRACE(std::string(dtype_name(ms::dtype_of<S>())) + " -> " + std::string(dtype_name(ms::dtype_of<D>())));
+    constexpr int64_t kRows = 1000, kWs = 96, kWd = 80, kSrcColumn = 32, kDstColumn = 8, kCols = 64;
+    const std::vector<S> src = to_s<S>(random_floats(kRows * kWs, 31, -3.0f, 3.0f));
+    const std::vector<D> init = to_s<D>(random_floats(kRows * kWd, 32));
+    std::vector<S> src_cpu = src;
+    std::vector<D> want = init;
+    auto cpu = make_cpu_backend(OpMode::kReference);
+    cpu->copy_columns({.src = Tensor(src_cpu.data(), ms::dtype_of<S>(), {kRows, kWs}),
+                       .dst = Tensor(want.data(), ms::dtype_of<D>(), {kRows, kWd}),
+                       .src_column = kSrcColumn,
+                       .dst_column = kDstColumn,
+                       .cols = kCols});
+    DeviceBuf<S> d_src(src.size());
+    DeviceBuf<D> d_dst(init.size());
+    ASSERT_TRUE(d_src.get() && d_dst.get());
+    MS_TEST_CUDA(d_src.upload(src));
+    MS_TEST_CUDA(d_dst.upload(init));
+    cuda::copy_columns(d_dst.get(), d_src.get(), kRows, kWs, kWd, kSrcColumn, kDstColumn, kCols, nullptr);
+    MS_TEST_CUDA(cudaDeviceSynchronize());
+    MS_TEST_CUDA(cudaGetLastError());
+    const std::vector<D> got = d_dst.download();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(D)), 0);
+}
+
+TEST(GpuAttentionBlock, CopyColumnsIsTheCpuCopy) {
+    if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+    check_copy_columns_on_gpu<float, bf16>();
+    check_copy_columns_on_gpu<float, fp16>();
+    check_copy_columns_on_gpu<float, float>();
+    check_copy_columns_on_gpu<bf16, float>();
+    check_copy_columns_on_gpu<fp16, float>();
+    check_copy_columns_on_gpu<bf16, fp16>();
 }
 
 }  // namespace

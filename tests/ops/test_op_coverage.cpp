@@ -68,6 +68,16 @@ std::vector<Check> required_checks(OpKind op) {
             checks.push_back(Check::kGradient);  // the inverse is the forward's transpose (its backward)
             checks.push_back(Check::kContract);  // the inverse undoes the forward, V untouched, positions
             break;
+        case OpKind::kAttentionBlockForward:
+            checks.push_back(Check::kContract);  // blocks compose to causal attention; overwrite and merge
+            break;
+        case OpKind::kAttentionBlockBackward:
+            checks.push_back(Check::kGradient);  // the blocks' gradients are attention_backward's
+            checks.push_back(Check::kContract);  // dq and dkv +=
+            break;
+        case OpKind::kCopyColumns:
+            checks.push_back(Check::kExact);  // conversions and column offsets
+            break;
         case OpKind::kCount:
             break;
     }

@@ -224,6 +224,39 @@ INSTANTIATE_TEST_SUITE_P(
                " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Context parallelism at seq_length 256 (the same model, the sequence cut into 2 cp chunks of 64 or 8 of 32): ring
+// attention against one rank's causal attention, composed with the other axes. The block-by-block softmax merge
+// changes the summation order as tp's reductions do, so GPT's tolerances hold.
+class LlamaContextEquivalence : public ::testing::TestWithParam<Layout> {};
+
+constexpr const char* kLongSequence = "--set model.seq_length=256";
+
+const RunResult& llama_long_baseline() {
+    static const RunResult r = run_layout(1, kLongSequence, "tiny-llama.yaml");
+    return r;
+}
+
+TEST_P(LlamaContextEquivalence, GradientsAfterStepOneAndTenLossesMatchOneRank) {
+    const Layout& layout = GetParam();
+    expect_matches_one_rank(
+        layout, llama_long_baseline(),
+        run_layout(layout.ranks, std::string(kLongSequence) + " " + layout.sets, "tiny-llama.yaml"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, LlamaContextEquivalence,
+    ::testing::Values(Layout{"llama_cp2", 2, "--set parallel.context_parallel_size=2"},
+                      Layout{"llama_cp4", 4, "--set parallel.context_parallel_size=4"},
+                      Layout{"llama_cp2_tp2_dp2_zero1", 8,
+                             "--set parallel.context_parallel_size=2 --set parallel.tensor_model_parallel_size=2"
+                             " --set parallel.zero_stage=1"},
+                      Layout{"llama_cp2_tp2_sp", 4,
+                             "--set parallel.context_parallel_size=2 --set parallel.tensor_model_parallel_size=2"
+                             " --set parallel.sequence_parallel=true"},
+                      Layout{"llama_cp2_pp2", 4,
+                             "--set parallel.context_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 // bf16 over tp2 x pp2 x dp2 ZeRO-1 with sequence parallelism (16-bit TP all-reduces, reduce-scatters, all-gathers
 // and pipeline hand-offs; MPI reduces bf16 with its own fp32-then-round op) against one bf16 rank, and one bf16
 // rank against the fp32 baseline. Tolerances from the values this test prints (see the EXPECTs): unlike fp32, the
@@ -262,10 +295,12 @@ TEST(EquivalenceMixed, Bf16ThreeDTracksOneBf16RankAndFp32) {
         "loss %.3g\n",
         g3, n3.c_str(), l3, g1, n1.c_str(), l1);
     // Measured: 3D vs one rank gradient 7.2e-3 (h.0.ln_2.weight), loss 8.9e-4 relative over 10 steps; one bf16 rank
-    // vs fp32 gradient 9.4e-3 (h.0.ln_2.weight), loss 3.1e-3. Bounds ~3x. fp32's equivalence bounds are 3e-6 and
-    // 2e-6 (above): these are bf16's 8 bits, and a wrong shard or a missing reduction is still O(1).
+    // vs fp32 gradient 9.4e-3 (h.0.ln_2.weight), loss 3.1e-3. On an AVX-512 host (OpenBLAS's SkylakeX sgemm) the 3D
+    // run's loss parts by 3.2e-3 (1.5e-3 under OPENBLAS_CORETYPE=Haswell there). Bounds ~3x. fp32's equivalence
+    // bounds are 3e-6 and 2e-6 (above): these are bf16's 8 bits, and a wrong shard or a missing reduction is still
+    // O(1).
     EXPECT_LE(g3, 2.5e-2);
-    EXPECT_LE(l3, 3e-3);
+    EXPECT_LE(l3, 1e-2);
     EXPECT_LE(g1, 3e-2);
     EXPECT_LE(l1, 1e-2);
     EXPECT_LT(three_d.losses.back(), three_d.losses.front());

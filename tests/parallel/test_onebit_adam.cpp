@@ -140,15 +140,22 @@ TEST(OneBitAdam, TensorAndPipelineParallelTrackDataParallelAlone) {
     }
 }
 
-// Untied, each stage's gradients are the one-stage run's bits, and so are the chunks, the scales and the clip
-// coefficient: pp2 x dp2 gives pp1 x dp2's losses bit for bit.
-TEST(OneBitAdam, UntiedPipelineIsBitIdenticalToOneStage) {
+// Untied, each stage compresses its parameters in the one-stage run's chunks, with its scales and clip coefficient.
+// Through the AdamW warm-up and the first compressed step pp2 x dp2 gives pp1 x dp2's losses bit for bit. After it,
+// the runs agree bit for bit where OpenBLAS's sgemm gives a stage's matmuls the one-stage bits (SkylakeX on an
+// AVX-512 host, measured), but not under OPENBLAS_CORETYPE=Haswell on the same host, whose last-bit differences the
+// sign bits amplify as in the test above: measured worst relative loss difference over 20 steps 1.4e-2 there; bound
+// 0.1 as above.
+TEST(OneBitAdam, UntiedPipelineTracksOneStage) {
     const std::string sets = "--set model.untie_embeddings_and_output_weights=true --set training.train_iters=20 ";
     const TrainRun one = train(2, sets);
     ASSERT_EQ(one.losses.size(), 20u) << one.output;
     const TrainRun two = train(4, sets + "--set parallel.pipeline_model_parallel_size=2");
     ASSERT_EQ(two.losses.size(), 20u) << two.output;
-    EXPECT_EQ(two.losses, one.losses);
+    for (int i = 0; i <= kFreeze; ++i) EXPECT_EQ(two.losses[i], one.losses[i]) << "iteration " << i + 1;
+    const double worst = worst_relative(two.losses, one.losses);
+    std::printf("onebit_adam untied pp2 x dp2 vs pp1 x dp2: worst relative loss difference %.3g\n", worst);
+    EXPECT_LE(worst, 0.1);
 }
 
 // The residuals are optimizer state: the iteration-5 checkpoint of a dp2 run (after the freeze) resumed at dp 2

@@ -214,10 +214,11 @@ expect_exit "$job" 2 0
 grep -q "config error" "$tmp/job-bad.out" || fail "job $job: no 'config error' in its log"
 echo "bad: job $job exit 2, not requeued ($((SECONDS - t0)) s)"
 
-# start_40 NAME: submits a run of 40 iterations and waits for its iteration 10; prints the job id.
-start_40() {
+# start_long NAME: submits a run of 400 iterations and waits for its iteration 10; prints the job id. A step of the
+# demo model takes a few milliseconds: 400 leave the signal seconds to arrive (with 40, the run could end first).
+start_long() {
   local out=$tmp/job-$1.out job
-  job=$(submit "$1" --set training.train_iters=40 --set lr_schedule.lr_warmup_iters=5)
+  job=$(submit "$1" --set training.train_iters=400 --set lr_schedule.lr_warmup_iters=5)
   for _ in $(seq 600); do
     grep -q "iteration *10/" "$out" 2>/dev/null && break
     sleep 0.2
@@ -226,22 +227,22 @@ start_40() {
   echo "$job"
 }
 
-# requeue_case NAME SCANCEL_OPTIONS: a run of 40 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
+# requeue_case NAME SCANCEL_OPTIONS: a run of 400 iterations is signalled by `scancel SCANCEL_OPTIONS` after iteration
 # 10; its ranks save and exit 3, launch.sh requeues the job (the cluster's cred_expire=5 holds it about 6 s, not
 # Slurm's default 2 minutes), and the requeued run resumes from that checkpoint and trains to the end.
 requeue_case() {
   local name=$1 out=$tmp/job-$1.out job stopped t0=$SECONDS
   shift
-  job=$(start_40 "$name")
+  job=$(start_long "$name")
   scancel "$@" "$job"
   wait_job "$job" 120
   expect_exit "$job" 0 1
   grep -q "exit code 3: requeue to resume" "$out" || fail "job $job: the ranks did not stop with exit code 3"
   grep -q "launch: the ranks exited 3: requeueing job $job" "$out" || fail "job $job: launch.sh did not requeue it"
   stopped=$(sed -n 's/.*checkpoint: resumed from .*iter_0*\([0-9]*\) .*/\1/p' "$out")
-  [[ -n "$stopped" && "$stopped" -ge 10 && "$stopped" -lt 40 ]] ||
-    fail "job $job: the requeued run did not resume from a checkpoint between iterations 10 and 39 ('$stopped')"
-  grep -q "iteration *40/ *40 " "$out" || fail "job $job: the requeued run did not train to iteration 40"
+  [[ -n "$stopped" && "$stopped" -ge 10 && "$stopped" -lt 400 ]] ||
+    fail "job $job: the requeued run did not resume from a checkpoint between iterations 10 and 399 ('$stopped')"
+  grep -q "iteration *400/ *400 " "$out" || fail "job $job: the requeued run did not train to iteration 400"
   echo "$name: job $job stopped by scancel $* after iteration $stopped (exit 3), requeued, resumed to the end," \
     "exit 0 ($((SECONDS - t0)) s)"
 }
@@ -255,7 +256,7 @@ grep -q "^launch: mpirun .* --bind-to none " "$tmp/job-requeue-mpirun.out" || fa
 
 # e. a plain scancel ends the job: the ranks stop as on any SIGTERM, but launch.sh does not requeue a cancelled job
 t0=$SECONDS
-job=$(start_40 cancel)
+job=$(start_long cancel)
 scancel "$job"
 wait_job "$job" 60
 state=$(job_field "$job" JobState)

@@ -409,6 +409,25 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"model.num_query_groups=2"}), 1,
                    {"model.num_query_groups(2), rotary_base(10000) and rope_scaling_factor(0) are Llama's",
                     "model.arch is 'gpt'", "set model.arch: llama"});
+    // context parallelism: 2 cp chunks per rank of seq_length, the ranks part of dp, Llama only
+    {
+        const ms::DerivedConfig d = validate_config(
+            load_config("", llama({"parallel.context_parallel_size=2", "training.global_batch_size=8"})), 8);
+        EXPECT_EQ(d.dp, 8);  // every rank holds the whole model: gradients are averaged over all 8
+        EXPECT_EQ(d.cp, 2);
+        EXPECT_EQ(d.replicas(), 4);
+        EXPECT_EQ(d.num_microbatches, 1);  // 8 samples = micro batch 2 x 4 replicas
+    }
+    validate_error(llama({"parallel.context_parallel_size=3"}), 3,
+                   {"parallel.context_parallel_size(3) cuts each sequence into 2 * cp = 6 chunks",
+                    "model.seq_length(32) is not divisible by 6", "a seq_length that is a multiple of 6"});
+    validate_error(small({"parallel.context_parallel_size=2"}), 2,
+                   {"parallel.context_parallel_size(2) splits each sequence over ranks", "model.arch 'gpt'",
+                    "set context_parallel_size: 1, or model.arch: llama"});
+    validate_error(llama({"parallel.context_parallel_size=2", "parallel.tensor_model_parallel_size=2"}), 6,
+                   {"context_parallel_size(2) = 4 does not divide the world size 6"});
+    validate_error(llama({"parallel.context_parallel_size=2", "parallel.data_parallel_size=2"}), 2,
+                   {"parallel.data_parallel_size(2) does not match world size 2 /", "context_parallel_size(2)) = 1"});
     validate_error(llama({"model.rope_scaling_factor=8", "model.rope_low_freq_factor=4"}), 1,
                    {"model.rope_high_freq_factor(4) must exceed model.rope_low_freq_factor(4)"});
     set_error({"model.arch=mamba"}, {"model.arch", "llama"});

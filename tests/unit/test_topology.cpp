@@ -197,6 +197,31 @@ TEST(TopologyTest, MegatronDocstringExample) {
     EXPECT_EQ(t.group_index(7, Axis::kDP), 3);  // fixed (tp 1, pp 1) -> 1 + 2 * 1
 }
 
+// Megatron's order tp-cp-dp-pp with 16 ranks, tp 2, cp 2, pp 2: dp 4 = 2 replicas x cp 2. The context groups are
+// pairs tp apart inside the data-parallel group, which spans them (gradients are averaged over both).
+TEST(TopologyTest, ContextGroupsAreTheFastestRanksOfTheDataParallelAxis) {
+    const Topology t = ms::make_topology(16, 2, 2, 2);
+    EXPECT_EQ(t.dp, 4);
+    EXPECT_EQ(t.replicas(), 2);
+    EXPECT_EQ(t.context_groups(), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+    EXPECT_EQ(t.groups(Axis::kDP), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+    for (int rank = 0; rank < t.world(); ++rank) {
+        const std::vector<int> g = t.context_group(rank);
+        EXPECT_EQ(g[static_cast<size_t>(t.cp_rank(rank))], rank);
+        EXPECT_EQ(t.replica(rank), t.coord_of(rank).dp / 2);
+    }
+    EXPECT_EQ(t.cp_rank(6), 1);
+    EXPECT_EQ(t.replica(6), 1);
+    try {
+        ms::make_topology(8, 2, 1, 3);
+        FAIL() << "expected a UserError";
+    } catch (const ms::UserError& e) {
+        EXPECT_NE(std::string(e.what()).find("context_parallel_size(3) = 6 does not divide the world size 8"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(TopologyTest, MakeTopologyRejectsSizesThatDoNotDivideTheWorld) {
     try {
         ms::make_topology(6, 2, 2);

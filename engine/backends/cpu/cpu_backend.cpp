@@ -41,6 +41,13 @@ class CpuBackend final : public Backend {
     void rope(const RopeArgs& a) override { cpu::rope(a, mode_); }
     void swiglu_forward(const SwiGluForwardArgs& a) override { cpu::swiglu_forward(a, mode_); }
     void swiglu_backward(const SwiGluBackwardArgs& a) override { cpu::swiglu_backward(a, mode_); }
+    void attention_block_forward(const AttentionBlockForwardArgs& a) override {
+        cpu::attention_block_forward(a, mode_);
+    }
+    void attention_block_backward(const AttentionBlockBackwardArgs& a) override {
+        cpu::attention_block_backward(a, mode_);
+    }
+    void copy_columns(const CopyColumnsArgs& a) override { cpu::copy_columns(a); }
     void zero(const Tensor& x) override { std::memset(x.data, 0, x.bytes()); }
 
   private:

@@ -34,6 +34,9 @@ void rmsnorm_backward(const RmsNormBackwardArgs& a, OpMode mode);
 void rope(const RopeArgs& a, OpMode mode);
 void swiglu_forward(const SwiGluForwardArgs& a, OpMode mode);
 void swiglu_backward(const SwiGluBackwardArgs& a, OpMode mode);
+void attention_block_forward(const AttentionBlockForwardArgs& a, OpMode mode);
+void attention_block_backward(const AttentionBlockBackwardArgs& a, OpMode mode);
+void copy_columns(const CopyColumnsArgs& a);
 
 // The CPU Backend in options.mode (cpu_backend.cpp); make_backend() is the public way in.
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

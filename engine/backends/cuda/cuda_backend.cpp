@@ -15,6 +15,7 @@
 #include "engine/backends/cuda/cublas_gemm.h"
 #include "engine/backends/cuda/kernels/adamw.cuh"
 #include "engine/backends/cuda/kernels/attention.cuh"
+#include "engine/backends/cuda/kernels/attention_block.cuh"
 #include "engine/backends/cuda/kernels/cast.cuh"
 #include "engine/backends/cuda/kernels/cross_entropy.cuh"
 #include "engine/backends/cuda/kernels/embedding.cuh"
@@ -860,6 +861,99 @@ void CudaBackend::swiglu_backward(const SwiGluBackwardArgs& a) {
     dispatch(D, [&]<class T>(T) {
         cuda::swiglu_backward(a.dinp.as<T>(), a.inp.as<T>(), a.dout.as<T>(), a.dout.numel() / F,
                               to_int(F, "swiglu", "F"), stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+// The shape of one ring-attention block (backend.h, AttentionBlockForwardArgs), checked against qkv, kv and the
+// (B, T, C) tensor `out` (acc or dout) and lse.
+cuda::AttentionBlockShape check_attention_block(const char* op, const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                                const Tensor& lse, int64_t kv_column, int64_t q_begin, int64_t q_rows,
+                                                int64_t kv_rows, bool causal, int64_t NH, int64_t NKV) {
+    const int64_t nkv = attention_kv_heads(NH, NKV);
+    MS_CHECK(qkv.ndim == 3 && kv.ndim == 3, "{}: qkv and kv must be 3-D (B, T, width), got {} and {} dims", op,
+             qkv.ndim, kv.ndim);
+    MS_CHECK(qkv.dim(2) % (NH + 2 * nkv) == 0, "{}: qkv width {} is not a multiple of NH({}) + 2 * NKV({})", op,
+             qkv.dim(2), NH, nkv);
+    const int64_t B = qkv.dim(0), T = qkv.dim(1), Tk = kv.dim(1), HS = qkv.dim(2) / (NH + 2 * nkv), Wkv = kv.dim(2);
+    MS_CHECK(HS <= cuda::kAttentionMaxHS, "{}: head size {} exceeds the CUDA kernels' maximum of {}", op, HS,
+             cuda::kAttentionMaxHS);
+    MS_CHECK(kv.dim(0) == B, "{}: kv has batch {}, qkv {}", op, kv.dim(0), B);
+    MS_CHECK(kv_column >= 0 && kv_column + 2 * nkv * HS <= Wkv,
+             "{}: keys and values at column {} need {} columns of kv's {}", op, kv_column, 2 * nkv * HS, Wkv);
+    MS_CHECK(q_begin >= 0 && q_rows >= 0 && q_begin + q_rows <= T && kv_rows >= 1 && kv_rows <= Tk,
+             "{}: query rows [{}, {}) of {} and key rows [0, {}) of {}", op, q_begin, q_begin + q_rows, T, kv_rows, Tk);
+    MS_CHECK(!causal || (q_begin == 0 && kv_rows == q_rows),
+             "{}: a causal block is the rank's own: q_begin {} must be 0 and kv_rows {} equal q_rows {}", op, q_begin,
+             kv_rows, q_rows);
+    check_numel(out, B * T * NH * HS, op, "acc/out/dout (B * T * C)");
+    check_numel(lse, B * NH * T, op, "lse (B * NH * T)");
+    check_fp32(lse, op, "lse", "statistic");
+    return {.B = to_int(B, op, "B"),
+            .T = to_int(T, op, "T"),
+            .Tk = to_int(Tk, op, "Tk"),
+            .Wkv = to_int(Wkv, op, "kv width"),
+            .kv_column = to_int(kv_column, op, "kv_column"),
+            .q_begin = to_int(q_begin, op, "q_begin"),
+            .q_rows = to_int(q_rows, op, "q_rows"),
+            .kv_rows = to_int(kv_rows, op, "kv_rows"),
+            .NH = to_int(NH, op, "NH"),
+            .NKV = static_cast<int>(nkv),
+            .HS = static_cast<int>(HS),
+            .causal = causal};
+}
+
+}  // namespace
+
+void CudaBackend::attention_block_forward(const AttentionBlockForwardArgs& a) {
+    const char* op = "attention_block_forward";
+    const cuda::AttentionBlockShape s = check_attention_block(op, a.qkv, a.kv, a.acc, a.lse, a.kv_column, a.q_begin,
+                                                              a.q_rows, a.kv_rows, a.causal, a.NH, a.NKV);
+    const DType D = activation_dtype(a.qkv, op, "qkv");
+    check_d(a.kv, D, op, "kv");
+    check_fp32(a.acc, op, "acc", "running output");
+    dispatch(D, [&]<class T>(T) {
+        cuda::attention_block_forward(a.acc.f32(), a.lse.f32(), a.qkv.as<T>(), a.kv.as<T>(), s, a.merge, stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::attention_block_backward(const AttentionBlockBackwardArgs& a) {
+    const char* op = "attention_block_backward";
+    const cuda::AttentionBlockShape s = check_attention_block(op, a.qkv, a.kv, a.dout, a.lse, a.kv_column, a.q_begin,
+                                                              a.q_rows, a.kv_rows, a.causal, a.NH, a.NKV);
+    check_numel(a.out, a.dout.numel(), op, "out (B * T * C)");
+    check_numel(a.dq, a.dout.numel(), op, "dq (B * T * C)");
+    check_numel(a.dkv, int64_t{s.B} * s.Tk * 2 * s.NKV * s.HS, op, "dkv (B * Tk * 2*NKV*HS)");
+    const DType D = activation_dtype(a.qkv, op, "qkv");
+    check_d(a.kv, D, op, "kv");
+    check_d(a.dout, D, op, "dout");
+    check_d(a.out, D, op, "out");
+    check_fp32(a.dq, op, "dq", "fp32 accumulator");
+    check_fp32(a.dkv, op, "dkv", "fp32 accumulator");
+    dispatch(D, [&]<class T>(T) {
+        cuda::attention_block_backward(a.dq.f32(), a.dkv.f32(), a.dout.as<T>(), a.qkv.as<T>(), a.out.as<T>(),
+                                       a.lse.f32(), a.kv.as<T>(), s, stream_);
+    });
+    MS_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::copy_columns(const CopyColumnsArgs& a) {
+    const char* op = "copy_columns";
+    MS_CHECK(a.src.ndim == 2 && a.dst.ndim == 2 && a.src.dim(0) == a.dst.dim(0),
+             "copy_columns: src and dst must be (rows, width) with the same rows, got {} and {} dims", a.src.ndim,
+             a.dst.ndim);
+    MS_CHECK(a.cols >= 0 && a.src_column >= 0 && a.dst_column >= 0 && a.src_column + a.cols <= a.src.dim(1) &&
+                 a.dst_column + a.cols <= a.dst.dim(1),
+             "copy_columns: {} columns from {} of {} to {} of {}", a.cols, a.src_column, a.src.dim(1), a.dst_column,
+             a.dst.dim(1));
+    dispatch(activation_dtype(a.src, op, "src"), [&]<class S>(S) {
+        dispatch(activation_dtype(a.dst, op, "dst"), [&]<class D>(D) {
+            cuda::copy_columns(a.dst.as<D>(), a.src.as<S>(), a.src.dim(0), a.src.dim(1), a.dst.dim(1), a.src_column,
+                               a.dst_column, a.cols, stream_);
+        });
     });
     MS_CUDA_LAUNCH_CHECK();
 }

@@ -101,6 +101,9 @@ class CudaBackend final : public Backend {
     void rope(const RopeArgs& a) override;
     void swiglu_forward(const SwiGluForwardArgs& a) override;
     void swiglu_backward(const SwiGluBackwardArgs& a) override;
+    void attention_block_forward(const AttentionBlockForwardArgs& a) override;
+    void attention_block_backward(const AttentionBlockBackwardArgs& a) override;
+    void copy_columns(const CopyColumnsArgs& a) override;
     void zero(const Tensor& x) override;
 
     // True in the host build (kernels on fibers), false when the kernels run on a GPU.

@@ -1,0 +1,154 @@
+// ring_attention.cpp: see ring_attention.h for the ring's schedule.
+#include "engine/graph/ring_attention.h"
+
+#include <array>
+#include <cstddef>
+#include <utility>
+
+#include "engine/core/check.h"
+
+namespace ms::graph {
+namespace {
+
+constexpr int64_t kAlignBytes = 256;
+
+int64_t align_bytes(int64_t bytes) { return (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes; }
+
+// Elements of one packed [K | V] block and of one (B, T, NH*HS) output.
+int64_t kv_elems(const RingAttentionShape& s) { return s.B * s.T * 2 * s.NKV * s.HS; }
+int64_t out_elems(const RingAttentionShape& s) { return s.B * s.T * s.NH * s.HS; }
+int64_t kv_block_bytes(const RingAttentionShape& s) {
+    return align_bytes(kv_elems(s) * static_cast<int64_t>(dtype_size(s.act)));
+}
+int64_t f32_bytes(int64_t n) { return align_bytes(n * static_cast<int64_t>(sizeof(float))); }
+int64_t as_f32_elems(int64_t bytes) { return bytes / static_cast<int64_t>(sizeof(float)); }
+
+// Carves the scratch into buffers, in order.
+class Carver {
+  public:
+    explicit Carver(float* scratch) : at_(reinterpret_cast<std::byte*>(scratch)) {}
+    Tensor take(DType t, std::initializer_list<int64_t> dims, int64_t bytes) {
+        Tensor out(at_, t, dims);
+        at_ += bytes;
+        return out;
+    }
+
+  private:
+    std::byte* at_;
+};
+
+// The block of ring step `step` on this rank: which query rows see how many of its key rows (ring_attention.h).
+struct BlockRows {
+    int64_t q_begin, q_rows, kv_rows;
+    bool causal;
+};
+BlockRows block_rows(int rank, int cp, int step, int64_t T) {
+    const int64_t c = T / 2;
+    const int j = (rank - step + cp) % cp;
+    if (step == 0) return {0, T, T, true};
+    if (j < rank) return {0, T, c, false};
+    return {c, c, T, false};
+}
+
+// The exchange of one ring step: `send` to the next rank, `recv` from the previous one (nothing on one rank).
+Handle exchange(Communicator& cp, const Tensor& send, const Tensor& recv) {
+    const int n = cp.size(), r = cp.rank();
+    const std::array<P2POp, 2> ops = {
+        P2POp{P2POp::Kind::kSend, (r + 1) % n, send.data, static_cast<size_t>(send.numel()), send.dtype, 0},
+        P2POp{P2POp::Kind::kRecv, (r + n - 1) % n, recv.data, static_cast<size_t>(recv.numel()), recv.dtype, 0}};
+    return cp.batch_send_recv(ops, Priority::kHigh);
+}
+
+void check_shape(const RingAttentionShape& s, int cp) {
+    MS_CHECK(s.T % 2 == 0 || cp == 1, "ring attention: {} local rows are not two chunks", s.T);
+    MS_CHECK(s.NKV >= 1 && s.NH % s.NKV == 0, "ring attention: NKV {} does not divide NH {}", s.NKV, s.NH);
+}
+
+}  // namespace
+
+int64_t ring_forward_scratch_elems(const RingAttentionShape& s) {
+    return as_f32_elems(2 * kv_block_bytes(s) + f32_bytes(out_elems(s)));
+}
+
+int64_t ring_backward_scratch_elems(const RingAttentionShape& s) {
+    return as_f32_elems(2 * kv_block_bytes(s) + 2 * f32_bytes(kv_elems(s)) + f32_bytes(out_elems(s)));
+}
+
+void ring_attention_forward(Backend& be, Communicator& cp, const RingAttentionShape& s, const Tensor& qkv,
+                            const Tensor& out, const Tensor& lse, float* scratch) {
+    const int n = cp.size(), rank = cp.rank();
+    check_shape(s, n);
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Wkv = 2 * s.NKV * s.HS, C = s.NH * s.HS;
+    Carver carve(scratch);
+    std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
+                                carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    const Tensor acc = carve.take(DType::kF32, {s.B, s.T, C}, f32_bytes(out_elems(s)));
+    be.copy_columns({Tensor(qkv.data, s.act, {s.B * s.T, W}), Tensor(kv[0].data, s.act, {s.B * s.T, Wkv}), C, 0, Wkv});
+    for (int step = 0; step < n; ++step) {
+        const Tensor& here = kv[static_cast<size_t>(step % 2)];
+        Handle next;
+        if (step + 1 < n) next = exchange(cp, here, kv[static_cast<size_t>((step + 1) % 2)]);
+        const BlockRows b = block_rows(rank, n, step, s.T);
+        be.attention_block_forward({.qkv = qkv,
+                                    .kv = here,
+                                    .acc = acc,
+                                    .lse = lse,
+                                    .kv_column = 0,
+                                    .q_begin = b.q_begin,
+                                    .q_rows = b.q_rows,
+                                    .kv_rows = b.kv_rows,
+                                    .causal = b.causal,
+                                    .merge = step > 0,
+                                    .NH = s.NH,
+                                    .NKV = s.NKV});
+        next.wait();
+    }
+    be.cast({Tensor(acc.data, DType::kF32, {out_elems(s)}), Tensor(out.data, out.dtype, {out_elems(s)})});
+}
+
+void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionShape& s, const Tensor& dout,
+                             const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dqkv,
+                             float* scratch) {
+    const int n = cp.size(), rank = cp.rank();
+    check_shape(s, n);
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Wkv = 2 * s.NKV * s.HS, C = s.NH * s.HS;
+    Carver carve(scratch);
+    std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
+                                carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    std::array<Tensor, 2> dkv = {carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s))),
+                                 carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s)))};
+    const Tensor dq = carve.take(DType::kF32, {s.B, s.T, C}, f32_bytes(out_elems(s)));
+    be.copy_columns({Tensor(qkv.data, s.act, {s.B * s.T, W}), Tensor(kv[0].data, s.act, {s.B * s.T, Wkv}), C, 0, Wkv});
+    be.zero(dkv[0]);
+    be.zero(dq);
+    for (int step = 0; step < n; ++step) {
+        const size_t here = static_cast<size_t>(step % 2), other = 1 - here;
+        Handle next;
+        if (step + 1 < n) next = exchange(cp, kv[here], kv[other]);
+        const BlockRows b = block_rows(rank, n, step, s.T);
+        be.attention_block_backward({.dout = dout,
+                                     .qkv = qkv,
+                                     .out = out,
+                                     .lse = lse,
+                                     .kv = kv[here],
+                                     .dq = dq,
+                                     .dkv = dkv[here],
+                                     .kv_column = 0,
+                                     .q_begin = b.q_begin,
+                                     .q_rows = b.q_rows,
+                                     .kv_rows = b.kv_rows,
+                                     .causal = b.causal,
+                                     .NH = s.NH,
+                                     .NKV = s.NKV});
+        next.wait();
+        // the block's gradients go on with it; the last exchange brings every rank its own
+        if (n > 1) exchange(cp, dkv[here], dkv[other]).wait();
+    }
+    // after n steps (n exchanges of the accumulators) this rank's own block's gradients are in dkv[n % 2]
+    const Tensor& own = dkv[static_cast<size_t>(n > 1 ? n % 2 : 0)];
+    be.copy_columns({Tensor(dq.data, DType::kF32, {s.B * s.T, C}), Tensor(dqkv.data, s.act, {s.B * s.T, W}), 0, 0, C});
+    be.copy_columns(
+        {Tensor(own.data, DType::kF32, {s.B * s.T, Wkv}), Tensor(dqkv.data, s.act, {s.B * s.T, W}), 0, C, Wkv});
+}
+
+}  // namespace ms::graph
