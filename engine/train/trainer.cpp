@@ -102,7 +102,7 @@ struct LoopState {
     double profiled_seconds = 0;  // MS_PROFILE_OPS: the steps after the first, which the op table covers
     int64_t profiled_steps = 0;
     size_t memory_peak = 0;  // the arena's peak of block bytes after the first step
-    int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0;
+    int64_t step_bytes_tp = 0, step_bytes_pp = 0, step_bytes_dp = 0, step_bytes_cp = 0;
     std::string last_saved;  // the run's latest checkpoint, for a stop after the loop
 };
 
@@ -167,7 +167,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     const double pp_wait0 = groups.pp->stats().wait_seconds, other_wait0 = other_wait(groups),
                  other_total0 = other_total(*r.comm_matrix);
     const int64_t tp_bytes0 = groups.tp->stats().total_bytes(), pp_bytes0 = groups.pp->stats().total_bytes(),
-                  dp_bytes0 = groups.dp->stats().total_bytes();
+                  dp_bytes0 = groups.dp->stats().total_bytes(), cp_bytes0 = groups.cp->stats().total_bytes();
     r.reliability->begin_step(it);  // MS_INJECT crash, hang, sigterm
     // MS_CHECK_ALLOCS=1: from this run's third step on, a step allocates nothing. The first two warm up what is
     // sized on first use: the communicators' pools of operation states reach their peak in the second, the first
@@ -231,6 +231,7 @@ StepOutcome run_step(TrainRun& r, LoopState& s, int64_t it) {
     s.step_bytes_tp = groups.tp->stats().total_bytes() - tp_bytes0;
     s.step_bytes_pp = groups.pp->stats().total_bytes() - pp_bytes0;
     s.step_bytes_dp = groups.dp->stats().total_bytes() - dp_bytes0;
+    s.step_bytes_cp = groups.cp->stats().total_bytes() - cp_bytes0;
     return out;
 }
 
@@ -265,8 +266,9 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
         world_size == 1
             ? std::string()
             : fmt::format(" pipeline bubble: {:.1f}% | exposed comm: {:.1f}% | total comm: {:.1f}% | "
-                          "bytes sent per step (rank 0): tp {} pp {} dp {} |",
-                          bubble_pct, comm_pct, comm_total_pct, s.step_bytes_tp, s.step_bytes_pp, s.step_bytes_dp));
+                          "bytes sent per step (rank 0): tp {} pp {} dp {}{} |",
+                          bubble_pct, comm_pct, comm_total_pct, s.step_bytes_tp, s.step_bytes_pp, s.step_bytes_dp,
+                          r.layout.cp() > 1 ? fmt::format(" cp {}", s.step_bytes_cp) : std::string()));
     nlohmann::json j = {
         {"iteration", it},
         {"consumed_samples", s.consumed},
@@ -282,7 +284,8 @@ void log_interval(TrainRun& r, LoopState& s, int64_t it, const StepOutcome& step
         {"pipeline_bubble", bubble_pct / 100.0},
         {"exposed_comm", comm_pct / 100.0},
         {"total_comm", comm_total_pct / 100.0},
-        {"bytes_per_step", {{"tp", s.step_bytes_tp}, {"pp", s.step_bytes_pp}, {"dp", s.step_bytes_dp}}},
+        {"bytes_per_step",
+         {{"tp", s.step_bytes_tp}, {"pp", s.step_bytes_pp}, {"dp", s.step_bytes_dp}, {"cp", s.step_bytes_cp}}},
         {"memory_planned_bytes", r.planned},
         {"memory_peak_bytes", s.memory_peak}};
     j["lm loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json(nullptr);

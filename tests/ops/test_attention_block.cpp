@@ -244,8 +244,8 @@ TEST(RingAttention, OneRankIsCausalAttention) {
         be->attention_backward({view(dout, {kB, T, kC}), view(qkv, {kB, T, kW}), view(out, {kB, T, kC}),
                                 view(lse, {kB, kNH, T}), view(dqkv, {kB, T, kW}), kNH, kNKV});
         const graph::RingAttentionShape s{.B = kB, .T = T, .NH = kNH, .NKV = kNKV, .HS = kHS, .act = DType::kF32};
-        std::vector<float> scratch(static_cast<size_t>(
-            std::max(graph::ring_forward_scratch_elems(s), graph::ring_backward_scratch_elems(s))));
+        std::vector<float> scratch(
+            static_cast<size_t>(std::max(graph::ring_forward_scratch_elems(s), graph::ring_backward_scratch_elems(s))));
         std::vector<float> rout(out.size()), rlse(lse.size()), rdqkv(dqkv.size(), 9.0f);
         graph::ring_attention_forward(*be, self, s, view(qkv, {kB, T, kW}), view(rout, {kB, T, kC}),
                                       view(rlse, {kB, kNH, T}), scratch.data());
