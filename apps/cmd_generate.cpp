@@ -4,6 +4,7 @@
 // Sampling ends at the tokenizer's end of document (the byte tokenizer's 256, GPT-2's "<|endoftext|>") unless
 // --ignore-eod. Stdout holds only the result -- the prompt and its continuation (without the end-of-document token),
 // or with --ids every token id of both -- and the log lines go to stderr, so the output can be piped.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -97,6 +98,9 @@ int run_generate(const GenerateArgs& a) {
     }
     const auto decode = [&](const std::vector<int32_t>& ids) { return bpe ? bpe->decode(ids) : byte_decode(ids); };
 
+    // Activations for the longest window this run feeds the model (the prompt and the new tokens), not its whole
+    // position range: an imported Llama 3.1 has 131072 positions, whose activations alone are gigabytes.
+    shape.S = static_cast<int>(std::min<int64_t>(shape.seq(), static_cast<int64_t>(context.size()) + a.tokens));
     BackendOptions bo;  // the CPU backend: `generate` is a single-process tool
     bo.num_threads = num_threads;
     const std::unique_ptr<Backend> backend = make_backend(bo);

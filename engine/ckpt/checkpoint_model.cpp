@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checksum.h"
@@ -139,9 +140,17 @@ void check_checkpoint_hyperparameters(const CheckpointReader& r, const GptShape&
             refuse("model.num_query_groups", std::to_string(configured.kv_heads()), std::to_string(saved.kv_heads()));
         if (configured.rope_theta != saved.rope_theta)
             refuse("model.rotary_base", fmt::format("{}", configured.rope_theta), fmt::format("{}", saved.rope_theta));
-        if (configured.rope_scaling.factor != saved.rope_scaling.factor)
-            refuse("model.rope_scaling_factor", fmt::format("{}", configured.rope_scaling.factor),
-                   fmt::format("{}", saved.rope_scaling.factor));
+        // the scaling's other settings matter only where it scales (a factor other than 0 and 1)
+        const RopeScaling &c = configured.rope_scaling, &s = saved.rope_scaling;
+        const bool scaled = s.factor != 0.0 && s.factor != 1.0;
+        for (const auto& [key, mine, theirs] :
+             {std::tuple<const char*, double, double>{"model.rope_scaling_factor", c.factor, s.factor},
+              {"model.rope_low_freq_factor", scaled ? c.low_freq_factor : 0.0, scaled ? s.low_freq_factor : 0.0},
+              {"model.rope_high_freq_factor", scaled ? c.high_freq_factor : 0.0, scaled ? s.high_freq_factor : 0.0},
+              {"model.rope_original_max_position_embeddings", scaled ? c.original_max_position_embeddings : 0.0,
+               scaled ? s.original_max_position_embeddings : 0.0}}) {
+            if (mine != theirs) refuse(key, fmt::format("{}", mine), fmt::format("{}", theirs));
+        }
     }
     if (configured.eps != saved.eps)
         refuse("model.layernorm_epsilon", fmt::format("{}", configured.eps), fmt::format("{}", saved.eps));

@@ -80,6 +80,17 @@ int hf_positive_int(const json& config, const char* key, const std::string& wher
     return it->get<int>();
 }
 
+bool hf_bool(const json& config, const char* key, bool fallback, const std::string& where) {
+    const auto it = config.find(key);
+    if (it == config.end() || it->is_null()) return fallback;
+    if (!it->is_boolean())
+        hf_input_error(
+            fmt::format("'{}' has {} for \"{}\", not true or false\n---> HINT: write it as a JSON boolean, "
+                        "without quotes",
+                        where, it->dump(), key));
+    return it->get<bool>();
+}
+
 json read_hf_config(const std::string& hf_dir, const std::string& model) {
     const std::string path = (fs::path(hf_dir) / kHfConfigFile).string();
     require_input_file(path, hf_dir, model);

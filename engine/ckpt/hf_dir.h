@@ -39,6 +39,10 @@ std::string hf_shape_str(const std::vector<int64_t>& shape);
 // config[key] as a positive int; otherwise an input error naming `where`, the key and what it holds, then `hint`.
 int hf_positive_int(const nlohmann::json& config, const char* key, const std::string& where, const std::string& hint);
 
+// config[key] as a boolean, `fallback` when absent or null; otherwise (a string "false", a number) an input error
+// naming `where`, the key and what it holds.
+bool hf_bool(const nlohmann::json& config, const char* key, bool fallback, const std::string& where);
+
 // <hf_dir>/config.json, parsed. `model` ("GPT-2", "Llama") names the directory in the hint when it is missing.
 nlohmann::json read_hf_config(const std::string& hf_dir, const std::string& model);
 

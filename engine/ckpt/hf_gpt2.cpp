@@ -191,7 +191,7 @@ GptShape hf_gpt2_shape(const json& c, const std::string& where) {
                         "GELU (\"gelu_new\" or \"gelu_pytorch_tanh\"), so the imported model would compute "
                         "something else",
                         where, act));
-    s.untied = !c.value("tie_word_embeddings", true);  // an output layer of its own: lm_head.weight
+    s.untied = !hf_bool(c, "tie_word_embeddings", true, where);  // an output layer of its own: lm_head.weight
     if (c.value("scale_attn_by_inverse_layer_idx", false) || !c.value("scale_attn_weights", true))
         hf_input_error(
             fmt::format("'{}' changes the attention scaling (scale_attn_weights / "

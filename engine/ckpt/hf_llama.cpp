@@ -234,7 +234,7 @@ GptShape hf_llama_shape(const json& c, const std::string& where) {
     s.eps = static_cast<float>(positive_number(c, "rms_norm_eps", 1e-6, where));  // LlamaConfig's default
     s.rope_theta = positive_number(c, "rope_theta", 10000.0, where);
     s.rope_scaling = rope_scaling(c, where);
-    s.untied = !c.value("tie_word_embeddings", false);  // LlamaConfig's default: untied
+    s.untied = !hf_bool(c, "tie_word_embeddings", false, where);  // LlamaConfig's default: untied
     if (s.C % s.NH != 0 || (s.C / s.NH) % 2 != 0)
         hf_input_error(fmt::format("'{}': hidden_size ({}) is not num_attention_heads ({}) times an even head size",
                                    where, s.C, s.NH));

@@ -343,6 +343,13 @@ TEST_F(HfLlama, BadInputsEndWithASentenceAndTheRightExitCode) {
     EXPECT_NE(r.output.find("has nothing for \"intermediate_size\", not a positive integer"), std::string::npos)
         << r.output;
 
+    // A boolean written as a string: "false" would be true to a reader that only asks whether it is set.
+    write_hf_copy(path("hf"), path("hf_tie"), {}, [](json& c) { c["tie_word_embeddings"] = "false"; });
+    r = import(path("hf_tie"));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("has \"false\" for \"tie_word_embeddings\", not true or false"), std::string::npos)
+        << r.output;
+
     // A tensor of the wrong shape: k_proj with as many heads as q_proj.
     write_hf_copy(path("hf"), path("hf_shape"), [](std::map<std::string, HfTensor>& t) {
         t["model.layers.0.self_attn.k_proj.weight"] = t["model.layers.0.self_attn.q_proj.weight"];
@@ -408,6 +415,11 @@ TEST_F(HfLlama, BadInputsEndWithASentenceAndTheRightExitCode) {
     EXPECT_NE(r.output.find("model.rope_scaling_factor / rope_scaling.factor is 0 in --config but 8"),
               std::string::npos)
         << r.output;
+    // ... and a checkpoint read with a config whose scaling differs in another of its settings
+    r = run_cli("generate --config " + config() + " --set model.rope_low_freq_factor=2 --load " + path("ckpt") +
+                " --prompt hi --tokens 2");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("model.rope_low_freq_factor is 2 in the config"), std::string::npos) << r.output;
 
     // Exporting a Llama as GPT-2: refused before anything is written.
     r = run_cli("convert --to hf-gpt2 --load " + path("ckpt") + " --out " + path("x_to_gpt2"));
