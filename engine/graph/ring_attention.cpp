@@ -71,7 +71,7 @@ int64_t ring_forward_scratch_elems(const RingAttentionShape& s) {
 }
 
 int64_t ring_backward_scratch_elems(const RingAttentionShape& s) {
-    return as_f32_elems(2 * kv_block_bytes(s) + 2 * f32_bytes(kv_elems(s)) + f32_bytes(out_elems(s)));
+    return as_f32_elems(2 * kv_block_bytes(s) + 3 * f32_bytes(kv_elems(s)) + f32_bytes(out_elems(s)));
 }
 
 void ring_attention_forward(Backend& be, Communicator& cp, const RingAttentionShape& s, const Tensor& qkv,
@@ -115,16 +115,23 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
     Carver carve(scratch);
     std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
                                 carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    // the travelling accumulators (one in flight, one arriving) and this step's own part of a block's gradient
     std::array<Tensor, 2> dkv = {carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s))),
                                  carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s)))};
+    const Tensor part = carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s)));
     const Tensor dq = carve.take(DType::kF32, {s.B, s.T, C}, f32_bytes(out_elems(s)));
+    const auto flat = [&](const Tensor& t) { return Tensor(t.data, DType::kF32, {kv_elems(s)}); };
     be.copy_columns({Tensor(qkv.data, s.act, {s.B * s.T, W}), Tensor(kv[0].data, s.act, {s.B * s.T, Wkv}), C, 0, Wkv});
     be.zero(dkv[0]);
     be.zero(dq);
+    Handle gradients;  // the accumulator exchange of the previous step, in flight during this step's compute
     for (int step = 0; step < n; ++step) {
         const size_t here = static_cast<size_t>(step % 2), other = 1 - here;
         Handle next;
         if (step + 1 < n) next = exchange(cp, kv[here], kv[other]);
+        // Step 0 adds into its own block's accumulator; later steps into `part`, added to the block's accumulator
+        // once it has arrived, so that its exchange runs behind this compute.
+        if (step > 0) be.zero(part);
         const BlockRows b = block_rows(rank, n, step, s.T);
         be.attention_block_backward({.dout = dout,
                                      .qkv = qkv,
@@ -132,7 +139,7 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
                                      .lse = lse,
                                      .kv = kv[here],
                                      .dq = dq,
-                                     .dkv = dkv[here],
+                                     .dkv = step > 0 ? part : dkv[here],
                                      .kv_column = 0,
                                      .q_begin = b.q_begin,
                                      .q_rows = b.q_rows,
@@ -140,10 +147,13 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
                                      .causal = b.causal,
                                      .NH = s.NH,
                                      .NKV = s.NKV});
-        next.wait();
+        gradients.wait();
+        if (step > 0) be.residual_forward({flat(dkv[here]), flat(part), flat(dkv[here]), {}});
         // the block's gradients go on with it; the last exchange brings every rank its own
-        if (n > 1) exchange(cp, dkv[here], dkv[other]).wait();
+        if (n > 1) gradients = exchange(cp, dkv[here], dkv[other]);
+        next.wait();
     }
+    gradients.wait();
     // after n steps (n exchanges of the accumulators) this rank's own block's gradients are in dkv[n % 2]
     const Tensor& own = dkv[static_cast<size_t>(n > 1 ? n % 2 : 0)];
     be.copy_columns({Tensor(dq.data, DType::kF32, {s.B * s.T, C}), Tensor(dqkv.data, s.act, {s.B * s.T, W}), 0, 0, C});

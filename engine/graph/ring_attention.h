@@ -17,11 +17,14 @@
 // computing with it, and waits for it after. The backward walks the ring the same way with the final statistics
 // (Backend::attention_block_backward): dQ accumulates here in fp32, and each block's fp32 [dK | dV] accumulator
 // travels with it, each rank adding its part, so that after cp steps (the last exchange carrying only the
-// accumulators) every rank has the gradients of its own keys and values. The accumulators go after their step's
-// compute, so their exchange is not hidden.
+// accumulators) every rank has the gradients of its own keys and values. A step computes its part of the block's
+// dK/dV into a buffer of its own while the previous step's accumulator exchange is in flight, then adds it into the
+// block's accumulator once that has arrived and sends it on: the accumulators' exchange runs behind the next block's
+// compute too (all but the last).
 //
 // Scratch: the op's memory besides its inputs and outputs, one fp32 tensor of ring_*_scratch_elems() planned
-// like any activation that lives for one op.
+// like any activation that lives for one op: two key/value blocks and the fp32 output (forward); two key/value
+// blocks, two travelling fp32 [dK | dV] accumulators, a step's own part and the fp32 dQ (backward).
 #pragma once
 
 #include <cstdint>
