@@ -282,6 +282,18 @@ struct CopyColumnsArgs {
     int64_t src_column = 0, dst_column = 0, cols = 0;
 };
 
+// The shape checks of copy_columns, every backend's: fatal, naming the sizes, unless src and dst are 2-D with the
+// same rows and both column ranges lie inside them.
+inline void check_copy_columns(const CopyColumnsArgs& a) {
+    MS_CHECK(a.src.ndim == 2 && a.dst.ndim == 2 && a.src.dim(0) == a.dst.dim(0),
+             "copy_columns: src and dst must be (rows, width) with the same rows, got {} and {} dims", a.src.ndim,
+             a.dst.ndim);
+    MS_CHECK(a.cols >= 0 && a.src_column >= 0 && a.dst_column >= 0 && a.src_column + a.cols <= a.src.dim(1) &&
+                 a.dst_column + a.cols <= a.dst.dim(1),
+             "copy_columns: {} columns from {} of {} to {} of {}", a.cols, a.src_column, a.src.dim(1), a.dst_column,
+             a.dst.dim(1));
+}
+
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 struct GeluForwardArgs {
     Tensor inp;  // (n)

@@ -59,6 +59,16 @@ Handle exchange(Communicator& cp, const Tensor& send, const Tensor& recv) {
     return cp.batch_send_recv(ops, Priority::kHigh);
 }
 
+// The two key/value blocks of the ring, carved first from the scratch, and the rank's own keys and values packed
+// from qkv into the first.
+std::array<Tensor, 2> kv_blocks(Backend& be, Carver& carve, const RingAttentionShape& s, const Tensor& qkv) {
+    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Wkv = 2 * s.NKV * s.HS, rows = s.B * s.T;
+    std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
+                                carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    be.copy_columns({Tensor(qkv.data, s.act, {rows, W}), Tensor(kv[0].data, s.act, {rows, Wkv}), s.NH * s.HS, 0, Wkv});
+    return kv;
+}
+
 void check_shape(const RingAttentionShape& s, int cp) {
     MS_CHECK(s.T % 2 == 0 || cp == 1, "ring attention: {} local rows are not two chunks", s.T);
     MS_CHECK(s.NKV >= 1 && s.NH % s.NKV == 0, "ring attention: NKV {} does not divide NH {}", s.NKV, s.NH);
@@ -78,12 +88,10 @@ void ring_attention_forward(Backend& be, Communicator& cp, const RingAttentionSh
                             const Tensor& out, const Tensor& lse, float* scratch) {
     const int n = cp.size(), rank = cp.rank();
     check_shape(s, n);
-    const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Wkv = 2 * s.NKV * s.HS, C = s.NH * s.HS;
+    const int64_t C = s.NH * s.HS;
     Carver carve(scratch);
-    std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
-                                carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    const std::array<Tensor, 2> kv = kv_blocks(be, carve, s, qkv);
     const Tensor acc = carve.take(DType::kF32, {s.B, s.T, C}, f32_bytes(out_elems(s)));
-    be.copy_columns({Tensor(qkv.data, s.act, {s.B * s.T, W}), Tensor(kv[0].data, s.act, {s.B * s.T, Wkv}), C, 0, Wkv});
     for (int step = 0; step < n; ++step) {
         const Tensor& here = kv[static_cast<size_t>(step % 2)];
         Handle next;
@@ -113,15 +121,13 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
     check_shape(s, n);
     const int64_t W = (s.NH + 2 * s.NKV) * s.HS, Wkv = 2 * s.NKV * s.HS, C = s.NH * s.HS;
     Carver carve(scratch);
-    std::array<Tensor, 2> kv = {carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s)),
-                                carve.take(s.act, {s.B, s.T, Wkv}, kv_block_bytes(s))};
+    const std::array<Tensor, 2> kv = kv_blocks(be, carve, s, qkv);
     // the travelling accumulators (one in flight, one arriving) and this step's own part of a block's gradient
     std::array<Tensor, 2> dkv = {carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s))),
                                  carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s)))};
     const Tensor part = carve.take(DType::kF32, {s.B, s.T, Wkv}, f32_bytes(kv_elems(s)));
     const Tensor dq = carve.take(DType::kF32, {s.B, s.T, C}, f32_bytes(out_elems(s)));
     const auto flat = [&](const Tensor& t) { return Tensor(t.data, DType::kF32, {kv_elems(s)}); };
-    be.copy_columns({Tensor(qkv.data, s.act, {s.B * s.T, W}), Tensor(kv[0].data, s.act, {s.B * s.T, Wkv}), C, 0, Wkv});
     be.zero(dkv[0]);
     be.zero(dq);
     Handle gradients;  // the accumulator exchange of the previous step, in flight during this step's compute

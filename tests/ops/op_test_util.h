@@ -4,6 +4,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -102,6 +103,36 @@ class Guarded {
     std::vector<float> buf_;
     size_t n_;
 };
+
+// ---- 16-bit buffers and threads ----
+
+// v rounded to D element by element, and back to fp32.
+template <class D>
+std::vector<D> to_d(const std::vector<float>& v) {
+    std::vector<D> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<D>(v[i]);
+    return out;
+}
+template <class D>
+std::vector<float> to_f32(const std::vector<D>& v) {
+    std::vector<float> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
+    return out;
+}
+// v's elements as a tensor of D with these dims.
+template <class D>
+Tensor dview(std::vector<D>& v, std::initializer_list<int64_t> dims) {
+    return Tensor(v.data(), dtype_of<D>(), dims);
+}
+
+// Runs f with `threads` OpenMP threads, then restores the previous count.
+template <class F>
+void with_threads(int threads, F&& f) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    f();
+    omp_set_num_threads(before);
+}
 
 // ---- comparison ----
 

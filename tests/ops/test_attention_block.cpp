@@ -23,30 +23,6 @@ namespace {
 constexpr int64_t kB = 2, kT = 10, kNH = 4, kNKV = 2, kHS = 8;
 constexpr int64_t kC = kNH * kHS, kW = (kNH + 2 * kNKV) * kHS, kWkv = 2 * kNKV * kHS;
 
-template <class D>
-std::vector<D> to_d(const std::vector<float>& v) {
-    std::vector<D> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<D>(v[i]);
-    return out;
-}
-template <class D>
-std::vector<float> to_f32(const std::vector<D>& v) {
-    std::vector<float> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
-    return out;
-}
-template <class D>
-Tensor dview(std::vector<D>& v, std::initializer_list<int64_t> dims) {
-    return Tensor(v.data(), dtype_of<D>(), dims);
-}
-template <class F>
-void with_threads(int threads, F&& f) {
-    const int before = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    f();
-    omp_set_num_threads(before);
-}
-
 struct RingBlockInputs {
     std::vector<float> qkv = random_floats(kB * kT * kW, 11, -1.5f, 1.5f);
     std::vector<float> kv = random_floats(kB * kT * kWkv, 12, -1.5f, 1.5f);  // another rank's [K | V]

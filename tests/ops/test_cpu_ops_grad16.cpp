@@ -27,16 +27,6 @@ namespace {
 constexpr OpMode kModes[] = {OpMode::kReference, OpMode::kFast};
 
 template <class D>
-std::vector<D> to_d(const std::vector<float>& v) {
-    std::vector<D> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<D>(v[i]);
-    return out;
-}
-template <class D>
-Tensor dview(std::vector<D>& v, std::initializer_list<int64_t> dims) {
-    return Tensor(v.data(), dtype_of<D>(), dims);
-}
-template <class D>
 uint16_t bits(D x) {
     uint16_t b;
     std::memcpy(&b, &x, sizeof b);

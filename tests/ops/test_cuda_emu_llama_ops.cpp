@@ -17,23 +17,6 @@
 namespace ms::test {
 namespace {
 
-template <class D>
-std::vector<D> to_d(const std::vector<float>& v) {
-    std::vector<D> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<D>(v[i]);
-    return out;
-}
-template <class D>
-std::vector<float> to_f32(const std::vector<D>& v) {
-    std::vector<float> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
-    return out;
-}
-template <class D>
-Tensor dview(std::vector<D>& v, std::initializer_list<int64_t> dims) {
-    return Tensor(v.data(), dtype_of<D>(), dims);
-}
-
 std::unique_ptr<Backend> make_cuda() {
     BackendOptions o;
     o.kind = BackendKind::kCUDA;

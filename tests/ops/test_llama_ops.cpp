@@ -21,32 +21,6 @@ namespace {
 
 constexpr OpMode kModes[] = {OpMode::kReference, OpMode::kFast};
 
-template <class D>
-std::vector<D> to_d(const std::vector<float>& v) {
-    std::vector<D> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = from_float<D>(v[i]);
-    return out;
-}
-template <class D>
-std::vector<float> to_f32(const std::vector<D>& v) {
-    std::vector<float> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
-    return out;
-}
-template <class D>
-Tensor dview(std::vector<D>& v, std::initializer_list<int64_t> dims) {
-    return Tensor(v.data(), dtype_of<D>(), dims);
-}
-
-// Runs f with `threads` OpenMP threads, then restores the previous count.
-template <class F>
-void with_threads(int threads, F&& f) {
-    const int before = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    f();
-    omp_set_num_threads(before);
-}
-
 // ---- RMSNorm ----
 
 constexpr int64_t kN = 37, kC = 131;

@@ -942,13 +942,7 @@ void CudaBackend::attention_block_backward(const AttentionBlockBackwardArgs& a) 
 
 void CudaBackend::copy_columns(const CopyColumnsArgs& a) {
     const char* op = "copy_columns";
-    MS_CHECK(a.src.ndim == 2 && a.dst.ndim == 2 && a.src.dim(0) == a.dst.dim(0),
-             "copy_columns: src and dst must be (rows, width) with the same rows, got {} and {} dims", a.src.ndim,
-             a.dst.ndim);
-    MS_CHECK(a.cols >= 0 && a.src_column >= 0 && a.dst_column >= 0 && a.src_column + a.cols <= a.src.dim(1) &&
-                 a.dst_column + a.cols <= a.dst.dim(1),
-             "copy_columns: {} columns from {} of {} to {} of {}", a.cols, a.src_column, a.src.dim(1), a.dst_column,
-             a.dst.dim(1));
+    check_copy_columns(a);
     dispatch(activation_dtype(a.src, op, "src"), [&]<class S>(S) {
         dispatch(activation_dtype(a.dst, op, "dst"), [&]<class D>(D) {
             cuda::copy_columns(a.dst.as<D>(), a.src.as<S>(), a.src.dim(0), a.src.dim(1), a.dst.dim(1), a.src_column,

@@ -181,18 +181,6 @@ float* row_scratch(int64_t T) {
     return scratch.data();
 }
 
-inline float dot_f32(const float* x, const float* y, int64_t n) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < n; ++d) acc += x[d] * y[d];
-    return acc;
-}
-
-inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
-#pragma omp simd
-    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
-
 // The fast paths read fp32: the tensors themselves for D = fp32, else `src` converted once into scratch `slot`.
 template <class D>
 const float* as_f32(const Tensor& t, Scratch slot) {

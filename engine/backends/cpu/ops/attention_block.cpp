@@ -91,18 +91,6 @@ const float* input_f32(const Tensor& t, Scratch slot) {
     }
 }
 
-inline float dot_f32(const float* x, const float* y, int64_t n) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t d = 0; d < n; ++d) acc += x[d] * y[d];
-    return acc;
-}
-
-inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
-#pragma omp simd
-    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
-}
-
 // One query row's block result (o_b over HS values, lse_b) merged into acc_row / *lse_row.
 template <class Real>
 void merge_row(bool merge, const Real* o_b, Real lse_b, float* acc_row, float* lse_row, int64_t HS) {
@@ -297,13 +285,7 @@ void attention_block_backward(const AttentionBlockBackwardArgs& a, OpMode mode) 
 }
 
 void copy_columns(const CopyColumnsArgs& a) {
-    MS_CHECK(a.src.ndim == 2 && a.dst.ndim == 2 && a.src.dim(0) == a.dst.dim(0),
-             "copy_columns: src and dst must be (rows, width) with the same rows, got {} and {} dims", a.src.ndim,
-             a.dst.ndim);
-    MS_CHECK(a.cols >= 0 && a.src_column >= 0 && a.dst_column >= 0 && a.src_column + a.cols <= a.src.dim(1) &&
-                 a.dst_column + a.cols <= a.dst.dim(1),
-             "copy_columns: {} columns from {} of {} to {} of {}", a.cols, a.src_column, a.src.dim(1), a.dst_column,
-             a.dst.dim(1));
+    check_copy_columns(a);
     const int64_t rows = a.src.dim(0), ws = a.src.dim(1), wd = a.dst.dim(1);
     visit_float(a.src.dtype, [&](auto s) {
         visit_float(a.dst.dtype, [&](auto d) {

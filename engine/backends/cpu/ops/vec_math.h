@@ -44,4 +44,17 @@ inline float sqrt_nonneg(float x) {
     return x * y;
 }
 
+// x . y and y += alpha x over n floats, vectorised (the fast attention paths' inner loops).
+inline float dot_f32(const float* x, const float* y, int64_t n) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < n; ++d) acc += x[d] * y[d];
+    return acc;
+}
+
+inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
 }  // namespace ms::cpu
