@@ -50,12 +50,17 @@ BlockRows block_rows(int rank, int cp, int step, int64_t T) {
     return {c, c, T, false};
 }
 
+// What an exchange carries. The backward has a block's keys and values and an accumulator in flight at once between
+// the same two ranks; every rank posts them in the same order, which is how NCCL matches them, and MPI's tags say
+// which is which as well.
+enum class Carries : int { kKeysValues = 0, kGradients = 1 };
+
 // The exchange of one ring step: `send` to the next rank, `recv` from the previous one (nothing on one rank).
-Handle exchange(Communicator& cp, const Tensor& send, const Tensor& recv) {
-    const int n = cp.size(), r = cp.rank();
+Handle exchange(Communicator& cp, const Tensor& send, const Tensor& recv, Carries what) {
+    const int n = cp.size(), r = cp.rank(), tag = static_cast<int>(what);
     const std::array<P2POp, 2> ops = {
-        P2POp{P2POp::Kind::kSend, (r + 1) % n, send.data, static_cast<size_t>(send.numel()), send.dtype, 0},
-        P2POp{P2POp::Kind::kRecv, (r + n - 1) % n, recv.data, static_cast<size_t>(recv.numel()), recv.dtype, 0}};
+        P2POp{P2POp::Kind::kSend, (r + 1) % n, send.data, static_cast<size_t>(send.numel()), send.dtype, tag},
+        P2POp{P2POp::Kind::kRecv, (r + n - 1) % n, recv.data, static_cast<size_t>(recv.numel()), recv.dtype, tag}};
     return cp.batch_send_recv(ops, Priority::kHigh);
 }
 
@@ -95,7 +100,7 @@ void ring_attention_forward(Backend& be, Communicator& cp, const RingAttentionSh
     for (int step = 0; step < n; ++step) {
         const Tensor& here = kv[static_cast<size_t>(step % 2)];
         Handle next;
-        if (step + 1 < n) next = exchange(cp, here, kv[static_cast<size_t>((step + 1) % 2)]);
+        if (step + 1 < n) next = exchange(cp, here, kv[static_cast<size_t>((step + 1) % 2)], Carries::kKeysValues);
         const BlockRows b = block_rows(rank, n, step, s.T);
         be.attention_block_forward({.qkv = qkv,
                                     .kv = here,
@@ -134,7 +139,7 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
     for (int step = 0; step < n; ++step) {
         const size_t here = static_cast<size_t>(step % 2), other = 1 - here;
         Handle next;
-        if (step + 1 < n) next = exchange(cp, kv[here], kv[other]);
+        if (step + 1 < n) next = exchange(cp, kv[here], kv[other], Carries::kKeysValues);
         // Step 0 adds into its own block's accumulator; later steps into `part`, added to the block's accumulator
         // once it has arrived, so that its exchange runs behind this compute.
         if (step > 0) be.zero(part);
@@ -156,7 +161,7 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
         gradients.wait();
         if (step > 0) be.residual_forward({flat(dkv[here]), flat(part), flat(dkv[here]), {}});
         // the block's gradients go on with it; the last exchange brings every rank its own
-        if (n > 1) gradients = exchange(cp, dkv[here], dkv[other]);
+        if (n > 1) gradients = exchange(cp, dkv[here], dkv[other], Carries::kGradients);
         next.wait();
     }
     gradients.wait();
