@@ -90,9 +90,14 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     shard_size_ = padded_ / dp.size();
     shard_begin_ = dp.rank() * shard_size_;
     const int64_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
+    // Whether the global norm counts this rank's copy of p: one tensor-parallel rank's copy of a replicated
+    // parameter, and one pipeline stage's of a tied one.
+    const auto counted_in_norm = [&](const ParamInfo& p) {
+        return (tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate;
+    };
     for (const ParamInfo& p : table) {
         const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
-        const bool counted = (tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate;
+        const bool counted = counted_in_norm(p);
         if (b < e) norm_segments_.push_back({b, e, p.weight_decay, counted});
         if (zero_stage == 0) update_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
         local_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, counted});
@@ -116,7 +121,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     if (onebit) {
         onebit_ = std::make_unique<OneBitAllReduce>(table, padded_, cfg.onebit_chunk_size, dp, arena);
         for (const ParamInfo& p : table)
-            if ((tp_rank == 0 || !p.tp_duplicate()) && !p.pp_duplicate && p.numel > 0)
+            if (counted_in_norm(p) && p.numel > 0)
                 norm_params_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
         int32_t slots = static_cast<int32_t>(norm_params_.size());
         mp.all_reduce(std::span<int32_t>(&slots, 1), ReduceOp::kMax, Priority::kHigh).wait();

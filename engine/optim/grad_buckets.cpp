@@ -51,12 +51,25 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
     issued_.reserve(buckets_.size());  // a step allocates nothing
 }
 
+std::pair<size_t, size_t> GradBuckets::params_in(const graph::GradRange& r) const {
+    const auto it = std::lower_bound(params_.begin(), params_.end(), r,
+                                     [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    size_t last = static_cast<size_t>(it - params_.begin());
+    const size_t first = last;
+    bool whole = it != params_.end() && it->begin == r.begin;
+    while (whole && params_[last].end < r.end) {
+        ++last;
+        whole = last < params_.size() && params_[last].begin == params_[last - 1].end;
+    }
+    MS_CHECK(whole && params_[last].end == r.end,
+             "gradient buckets: [{}, {}) is not a parameter, nor parameters packed back to back", r.begin, r.end);
+    return {first, last + 1};
+}
+
 void GradBuckets::defer(std::span<const graph::GradRange> ranges) {
     for (const graph::GradRange& r : ranges) {
-        const auto it = std::lower_bound(params_.begin(), params_.end(), r,
-                                         [](const auto& a, const auto& b) { return a.begin < b.begin; });
-        MS_CHECK(it != params_.end() && *it == r, "gradient buckets: [{}, {}) is not a parameter", r.begin, r.end);
-        deferred_[static_cast<size_t>(it - params_.begin())] = 1;
+        const auto [first, last] = params_in(r);
+        for (size_t i = first; i < last; ++i) deferred_[i] = 1;
         deferred_ranges_.push_back(r);
     }
 }
@@ -75,16 +88,14 @@ void GradBuckets::final(std::span<const graph::GradRange> ranges, int64_t base) 
 
 void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t base, bool deferred_too) {
     for (const graph::GradRange& c : chunk_ranges) {
-        const graph::GradRange r{c.begin + base, c.end + base};
-        const auto it = std::lower_bound(params_.begin(), params_.end(), r,
-                                         [](const auto& a, const auto& b) { return a.begin < b.begin; });
-        MS_CHECK(it != params_.end() && *it == r, "gradient buckets: [{}, {}) is not a parameter", r.begin, r.end);
-        const size_t i = static_cast<size_t>(it - params_.begin());
-        if (done_[i] || (deferred_[i] && !deferred_too)) continue;
-        done_[i] = 1;
-        Bucket& b = buckets_[static_cast<size_t>(bucket_of_[i])];
-        b.final_elems += r.end - r.begin;
-        if (b.final_elems == b.param_elems) issue(bucket_of_[i]);
+        const auto [first, last] = params_in({c.begin + base, c.end + base});
+        for (size_t i = first; i < last; ++i) {
+            if (done_[i] || (deferred_[i] && !deferred_too)) continue;
+            done_[i] = 1;
+            Bucket& b = buckets_[static_cast<size_t>(bucket_of_[i])];
+            b.final_elems += params_[i].end - params_[i].begin;
+            if (b.final_elems == b.param_elems) issue(bucket_of_[i]);
+        }
     }
     // MPI progresses a non-blocking collective only inside MPI calls: polling the earlier buckets here lets them
     // move while the backward goes on

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -86,6 +87,9 @@ class GradBuckets {
         std::vector<Handle> handles;   // one per reduce in flight (a single all-reduce: one)
     };
     void mark(std::span<const graph::GradRange> ranges, int64_t base, bool deferred_too);
+    // The params_ entries [first, last) a reported range covers: one parameter, or several packed back to back that
+    // the graph writes as one gradient tensor (Llama's q/k/v and gate/up projections). Fatal for anything else.
+    std::pair<size_t, size_t> params_in(const graph::GradRange& r) const;
     void issue(int b);
 
     std::vector<Bucket> buckets_;

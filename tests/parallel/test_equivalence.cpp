@@ -220,6 +220,10 @@ INSTANTIATE_TEST_SUITE_P(
                "--set parallel.pipeline_model_parallel_size=2 --set parallel.pipeline_schedule=interleaved_1f1b"
                " --set parallel.virtual_pipeline_model_parallel_size=2"},
         Layout{"llama_dp2_zero1", 2, "--set parallel.zero_stage=1"},
+        // the gradient buckets take the packed q/k/v and gate/up gradients as the parameters they pack
+        Layout{"llama_dp2_zero1_overlap", 2,
+               "--set parallel.zero_stage=1 --set parallel.overlap_grad_reduce=true"
+               " --set parallel.overlap_param_gather=true"},
         Layout{"llama_tp2_sp_pp2_dp2_zero1", 8,
                "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true"
                " --set parallel.pipeline_model_parallel_size=2 --set parallel.zero_stage=1"}),
