@@ -260,6 +260,10 @@ INSTANTIATE_TEST_SUITE_P(
                              " --set parallel.sequence_parallel=true"},
                       Layout{"llama_cp2_pp2", 4,
                              "--set parallel.context_parallel_size=2 --set parallel.pipeline_model_parallel_size=2"},
+                      // the cp ranks' gradients averaged in overlapped buckets with the replicas'
+                      Layout{"llama_cp2_dp2_zero1_overlap", 4,
+                             "--set parallel.context_parallel_size=2 --set parallel.zero_stage=1"
+                             " --set parallel.overlap_grad_reduce=true --set parallel.overlap_param_gather=true"},
                       // the ring run again in the backward's recomputation
                       Layout{"llama_cp2_recompute_full", 2,
                              "--set parallel.context_parallel_size=2 --set training.recompute_granularity=full"}),
