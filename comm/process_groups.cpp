@@ -75,7 +75,7 @@ ProcessGroups make_process_groups(Communicator& world, const Topology& topology,
         const int device = options.local_rank % nccl.device_count();
         nccl_world = nccl.make_world(world, device);
         log_info(
-            "comm: NCCL {} for the tp, pp, dp, mp and embd groups, on device local rank % {} ({}); world and "
+            "comm: NCCL {} for the tp, pp, dp, mp, embd and cp groups, on device local rank % {} ({}); world and "
             "collectives on host memory on MPI",
             nccl.version, nccl.device_count(), choice.reason);
     } else {

@@ -1,10 +1,10 @@
-// process_groups.h: the tp/pp/dp/mp/embd communicators of one rank, split from world (docs/design.md §4).
+// process_groups.h: the tp/pp/dp/mp/embd/cp communicators of one rank, split from world (docs/design.md §4).
 //
 // The members of every group come from the Topology (engine/parallel/topology.h, the one place the rank order
 // "tp-dp-pp" is decided): each rank splits with colour Topology::group_index and key its position in
 // Topology::group_of, so a communicator holds exactly the listed ranks in the listed (ascending) order:
 //   tp   groups(Axis::kTP)               size tp
-//   dp   groups(Axis::kDP)               size dp
+//   dp   groups(Axis::kDP)               size dp (the replicas x cp: topology.h)
 //   pp   groups(Axis::kPP)               size pp
 //   mp   groups(Axis::kTP | Axis::kPP)   size tp * pp (model parallel), mp rank = tp_rank + tp * pp_rank
 //   cp   context_groups()                size cp: one sample's context-parallel ranks (ring attention), within dp

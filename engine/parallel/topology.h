@@ -2,7 +2,7 @@
 // RankGenerator, made explicit). Pure: no MPI, no NCCL, no threads; comm/ turns groups into communicators with a
 // split whose colour is group_index().
 //
-// Order "tp-dp-pp", TP fastest:
+// Order "tp-dp-pp", TP fastest (with context parallelism "tp-cp-dp-pp": below):
 //     rank = tp_rank + tp * (dp_rank + dp * pp_rank)
 // so a tensor-parallel group is a run of adjacent ranks (same node, NVLink) and PP is the slowest axis.
 //
