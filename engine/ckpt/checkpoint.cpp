@@ -268,7 +268,8 @@ json manifest_fields(const CheckpointContext& c) {
             {"world_size", g.world->size()},
             {"tp", g.tp_size},
             {"pp", g.pp_size},
-            {"dp", g.dp_size},
+            {"dp", g.dp_size},  // every rank of the same model shard: the optimizer's shards (cp ranks included)
+            {"cp", g.cp_size},
             {"virtual_pipeline", c.cfg.parallel.virtual_pipeline_model_parallel_size},
             {"zero_stage", c.optimizer.zero_stage()},
             {"sequence_parallel", c.cfg.parallel.sequence_parallel},
@@ -652,10 +653,11 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
             now.lr_decay_style, now.lr, now.min_lr, now.lr_warmup_iters, now.lr_decay_iters, state->iteration + 1);
     log_info(
         "checkpoint: resumed from {} (iteration {}, consumed samples {}, optimizer step {}; saved at tp {} pp {} "
-        "dp {} zero_stage {}) in {:.2f} s (verify_on_load: {})",
+        "dp {}{} zero_stage {}) in {:.2f} s (verify_on_load: {})",
         dir, state->iteration, state->consumed_samples, state->optimizer_step, manifest.value("tp", 0),
-        manifest.value("pp", 0), manifest.value("dp", 0), manifest.value("zero_stage", 0), now_seconds() - t0,
-        c.cfg.checkpoint.verify_on_load);
+        manifest.value("pp", 0), manifest.value("dp", 0),
+        manifest.value("cp", 1) > 1 ? fmt::format(" (of them cp {})", manifest.value("cp", 1)) : std::string(),
+        manifest.value("zero_stage", 0), now_seconds() - t0, c.cfg.checkpoint.verify_on_load);
     return state;
 }
 

@@ -329,6 +329,19 @@ TEST_F(HfLlama, GenerateIsDeterministicPerSeedAndPrintsThePrompt) {
     ASSERT_EQ(e.exit_code, 0) << e.output;
     const auto last_line = [](const std::string& out) { return out.substr(out.rfind('\n', out.size() - 2) + 1); };
     EXPECT_EQ(last_line(d.output), last_line(e.output));
+    // The same model with 2^20 positions (Llama 3.1 has 131072) samples the same within the 16 the checkpoint has
+    // (12 prompt bytes + 4 tokens), and quickly: generate sizes its activations for the prompt and the new tokens,
+    // not for every position the model has.
+    write_hf_copy(path("hf"), path("hf_long"), {}, [](json& c) { c["max_position_embeddings"] = 1 << 20; });
+    const auto long_import =
+        run_cli("convert --from hf-llama --load " + path("hf_long") + " --out " + path("imp_long"));
+    ASSERT_EQ(long_import.exit_code, 0) << long_import.output;
+    const std::string short_ids = " --tokens 4 --prompt 'Hello, Llama' --seed 7 --ids";
+    const auto f = run_cli("generate --load " + path("imp_long") + short_ids);
+    const auto g = run_cli("generate --load " + path("ckpt") + short_ids);
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    ASSERT_EQ(g.exit_code, 0) << g.output;
+    EXPECT_EQ(last_line(f.output), last_line(g.output));
 }
 
 TEST_F(HfLlama, BadInputsEndWithASentenceAndTheRightExitCode) {

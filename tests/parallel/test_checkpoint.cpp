@@ -420,6 +420,7 @@ TEST(CheckpointResume, ContextParallelCheckpointResumesUnderOtherLayouts) {
                                  llama + sets + " " + ckpt_sets(dir / "out", dir / "ckpt"), "", "tiny-llama.yaml");
         ASSERT_EQ(r.exit_code, 0) << r.output;
         EXPECT_NE(r.output.find("resumed from " + iter_dir(dir / "ckpt", 12)), std::string::npos) << r.output;
+        EXPECT_NE(r.output.find("saved at tp 1 pp 1 dp 4 (of them cp 2) zero_stage 1"), std::string::npos) << r.output;
         const Metrics m = read_metrics(dir.path());
         ASSERT_EQ(m.loss.size(), 2u) << name;
         for (const auto& [it, loss] : m.loss)
