@@ -219,6 +219,7 @@ std::string write_model_checkpoint(const std::string& save_dir, const Config& cf
                      {"tp", 1},
                      {"pp", 1},
                      {"dp", 1},
+                     {"cp", 1},
                      {"virtual_pipeline", 1},
                      {"zero_stage", 0},
                      {"sequence_parallel", false},
