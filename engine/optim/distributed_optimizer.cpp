@@ -1,8 +1,10 @@
 #include "engine/optim/distributed_optimizer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -26,6 +28,57 @@ void frozen_variance_update(float* param, const float* m, const float* v, int64_
         param[i] -= lr * ((m[i] * inv_c1) / (std::sqrt(v[i] * inv_c2) + eps) + wd * param[i]);
         if constexpr (!std::is_same_v<T, float>) copy[i] = from_float<T>(param[i]);
     }
+}
+
+// exact_grad_squares's fixed point: each square in units of 2^-kFixedBits of 2^(2 e), e the exponent of the
+// largest |g|, so a square is below 2^kFixedBits and 2^66 of them fit in 128 bits.
+constexpr int kFixedBits = 62;
+// The 128-bit sum crosses the ranks as kLimbs limbs of kLimbBits bits, one per int32: the limbs of up to
+// 2^(31 - kLimbBits) ranks add up without overflow.
+constexpr int kLimbBits = 16, kLimbs = 128 / kLimbBits;
+constexpr int64_t kMaxExactRanks = int64_t{1} << (31 - kLimbBits);
+using u128 = unsigned __int128;
+
+// The largest |x[i]|, or +inf when some x[i] is not finite.
+template <class T>
+float max_abs(const T* x, int64_t n) {
+    float peak = 0.0f;
+    bool finite = true;
+#pragma omp parallel for schedule(static) reduction(max : peak) reduction(&& : finite)
+    for (int64_t i = 0; i < n; ++i) {
+        const float a = std::fabs(to_float(x[i]));
+        finite = finite && std::isfinite(a);
+        peak = std::max(peak, a);
+    }
+    return finite ? peak : std::numeric_limits<float>::infinity();
+}
+
+// The sum over i of x[i]^2 * unit, each term truncated to an integer (below 2^kFixedBits: unit = 2^(kFixedBits - 2 e)
+// with |x| < 2^e). x^2 is exact in double and the power of two keeps it so: only the truncation rounds, once per
+// element, and the integer sum is exact in any order, so the threads may split it as they like.
+template <class T>
+u128 fixed_point_squares(const T* x, int64_t n, double unit) {
+    u128 total = 0;
+#pragma omp parallel
+    {
+        u128 part = 0;
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < n; ++i) {
+            const double d = to_float(x[i]);
+            part += static_cast<uint64_t>(d * d * unit);
+        }
+#pragma omp critical
+        total += part;
+    }
+    return total;
+}
+
+// f(static_cast<const T*>(data)) for a gradient buffer's dtype T.
+template <class F>
+auto with_grads(const Tensor& g, F f) {
+    if (g.dtype == DType::kBF16) return f(static_cast<const bf16*>(g.data));
+    if (g.dtype == DType::kF16) return f(static_cast<const fp16*>(g.data));
+    return f(g.f32());
 }
 
 }  // namespace
@@ -77,6 +130,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
       cfg_(cfg),
       zero_stage_(zero_stage),
       backend_(backend),
+      exact_norm_(!backend.asynchronous() || cfg.onebit_adam()),
       dp_(dp),
       mp_(mp),
       weights_(weights),
@@ -87,6 +141,10 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
              "gradients in {} with {} weights: they are fp32 or the weights' dtype", dtype_name(grads_dtype),
              dtype_name(weights_dtype_));
     MS_CHECK(grads_dtype == DType::kF32 || !cfg.onebit_adam(), "onebit_adam needs fp32 gradients");
+    MS_CHECK(!exact_norm_ || static_cast<int64_t>(dp.size()) * mp.size() <= kMaxExactRanks,
+             "dp {} x mp {} ranks: the exact gradient norm adds the ranks' 16-bit limbs in int32, which holds at most "
+             "{} ranks' (exact_grad_squares)",
+             dp.size(), mp.size(), kMaxExactRanks);
     shard_size_ = padded_ / dp.size();
     shard_begin_ = dp.rank() * shard_size_;
     const int64_t lo = shard_begin_, hi = shard_begin_ + shard_size_;
@@ -208,6 +266,39 @@ void DistributedOptimizer::gather_updated() {
     }
 }
 
+double DistributedOptimizer::exact_grad_squares() {
+    backend_.synchronize();  // the host loops below read the gradients
+    // f(g) for each counted gradient segment g of this rank's (no container: a step allocates nothing)
+    const auto each_counted = [&](auto f) {
+        for (const Segment& s : norm_segments_)
+            if (s.count_in_norm) f(grads_.slice(s.begin, s.end - s.begin));
+    };
+    // The exponent of the fixed point: the largest |g| of every rank (a maximum is exact in any order).
+    float peak = 0.0f;
+    each_counted([&](const Tensor& g) {
+        peak = std::max(peak, with_grads(g, [&](const auto* x) { return max_abs(x, g.numel()); }));
+    });
+    dp_.all_reduce(std::span<float>(&peak, 1), ReduceOp::kMax, Priority::kHigh).wait();
+    mp_.all_reduce(std::span<float>(&peak, 1), ReduceOp::kMax, Priority::kHigh).wait();
+    if (!std::isfinite(peak)) return peak;  // the same on every rank: all skip the step
+    if (peak == 0.0f) return 0.0;
+    int e = 0;
+    std::frexp(peak, &e);  // |g| <= peak < 2^e
+    const double unit = std::ldexp(1.0, kFixedBits - 2 * e);
+    u128 sum = 0;
+    each_counted([&](const Tensor& g) {
+        sum += with_grads(g, [&](const auto* x) { return fixed_point_squares(x, g.numel(), unit); });
+    });
+    std::array<int32_t, kLimbs> limbs{};
+    for (int i = 0; i < kLimbs; ++i)
+        limbs[i] = static_cast<int32_t>((sum >> (kLimbBits * i)) & ((u128{1} << kLimbBits) - 1));
+    dp_.all_reduce(std::span<int32_t>(limbs), ReduceOp::kSum, Priority::kHigh).wait();
+    mp_.all_reduce(std::span<int32_t>(limbs), ReduceOp::kSum, Priority::kHigh).wait();
+    u128 total = 0;  // below 2^128: every rank's squares are
+    for (int i = 0; i < kLimbs; ++i) total += static_cast<u128>(static_cast<uint32_t>(limbs[i])) << (kLimbBits * i);
+    return std::ldexp(static_cast<double>(total), 2 * e - kFixedBits);
+}
+
 double DistributedOptimizer::own_grad_squares() {
     // Each counted parameter's sum of squares (a parameter's bits do not depend on the stage that holds it), gathered
     // over mp and added in ascending order: the total depends on the set of parameters only, so every pipeline layout
@@ -301,7 +392,10 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     }
 
     double sq = 0;
-    if (local != nullptr && dp_.size() == 1) {
+    const bool several = dp_.size() > 1 || mp_.size() > 1;
+    if (several && exact_norm_) {
+        sq = exact_grad_squares();
+    } else if (local != nullptr && dp_.size() == 1) {
         sq = local->counted;
     } else {
         for (const Segment& s : norm_segments_) {
@@ -309,10 +403,12 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
         }
     }
     // in double first: squares of loss-scaled gradients may exceed fp32's range where their unscaled sum does not
-    float partial = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
-    dp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
-    mp_.all_reduce(std::span<float>(&partial, 1), ReduceOp::kSum, Priority::kHigh).wait();
-    r.grad_norm = std::sqrt(static_cast<double>(partial));
+    float squares = static_cast<float>(sq * static_cast<double>(unscale) * static_cast<double>(unscale));
+    if (several && !exact_norm_) {  // the ranks' partial sums, added in fp32 over dp and then mp
+        dp_.all_reduce(std::span<float>(&squares, 1), ReduceOp::kSum, Priority::kHigh).wait();
+        mp_.all_reduce(std::span<float>(&squares, 1), ReduceOp::kSum, Priority::kHigh).wait();
+    }
+    r.grad_norm = std::sqrt(static_cast<double>(squares));
     if (!std::isfinite(r.grad_norm)) return r;
 
     ++step_;

@@ -8,9 +8,16 @@
 // zero_stage 0: all-reduce (avg) of the whole flat gradient buffer; AdamW on every element, on every DP rank.
 // zero_stage 1: reduce-scatter (avg) into this rank's shard; AdamW with exp_avg / exp_avg_sq (fp32, the master
 //               weights are the fp32 parameters themselves on the CPU) for the shard only; all-gather the params.
-// Both compute the gradient norm the same way, so they give bit-identical results for dp = 2: each DP rank sums
-// the squares of its shard (parameters replicated across TP ranks only on tp rank 0), then the partial sums are
-// all-reduced over dp and over the model-parallel group.
+// Both compute the gradient norm the same way: each DP rank sums the squares of its shard of the reduced gradients
+// (parameters replicated across TP ranks only on tp rank 0), and the partial sums are added over dp and over the
+// model-parallel group. With more than one rank the sum is exact, so it does not depend on where the shards, stages
+// or tp ranks cut the parameters: every element's square is rounded once, to a fixed point 2^-62 of the largest
+// square of the step (whose exponent the ranks agree on first), and the fixed-point integers are added in 128 bits,
+// over the ranks as 16-bit limbs of int32 all-reduces (exact_grad_squares). So zero_stage 0 and 1, any pipeline
+// layout and the overlapped buckets give the same norm for the same gradients, bit for bit; the rounding is 2^-62 of
+// the largest square per element, far below the fp32 the norm is rounded to. One rank keeps the sum in double
+// (sum_squares) that its local_grad_squares() took already. The exact sum reads the gradients on the host, so on an
+// asynchronous (CUDA) backend plain AdamW keeps the device's sums of squares, added in fp32 over dp and mp.
 //
 // Sharded master weights (zero_stage 1 in bf16 / fp16: shards_master_weights(); Megatron's distributed optimizer):
 // the fp32 master weights exist only as this rank's shard, held here beside exp_avg and exp_avg_sq, and the model
@@ -111,9 +118,8 @@ class DistributedOptimizer {
     // Reduce the gradients over dp, compute the global norm, clip to clip_grad (0: off) and step with lr.
     // unscale multiplies the gradients first (1 / the loss scale with fp16): the norm reported and clipped is the
     // unscaled one. A non-finite norm (an fp16 overflow, a NaN) skips the update: stepped = false.
-    // local: this step's local_grad_squares(). With one data-parallel rank the reduction changes nothing, so the
-    // norm takes its counted sum instead of reading every gradient a second time (bit-identical: the same segments
-    // summed in the same order).
+    // local: this step's local_grad_squares(). On one rank (dp and mp) the norm takes its counted sum instead of
+    // reading every gradient a second time (bit-identical: the same segments summed in the same order).
     OptimizerStepResult step(float lr, float clip_grad, float unscale = 1.0f, const GradSquares* local = nullptr);
     // The sums of squares of this rank's gradients before the reduction. With one data-parallel rank the norm's
     // segments cover every gradient and are summed one by one; with more, the whole buffer in one op, or with
@@ -159,6 +165,9 @@ class DistributedOptimizer {
     static void coalesce(std::vector<Segment>& segments, Same same);
     // onebit_adam after its warm-up (see the top of this file).
     OptimizerStepResult compressed_step(float lr, float clip_grad, float unscale);
+    // The sum of squares of the counted gradients of every rank's norm segments (collective over dp and mp), exact
+    // up to the rounding of each square to the fixed point (the top of this file): the same bits for every layout.
+    double exact_grad_squares();
     // The sum of squares of this rank's own gradients over tp and pp (collective over mp), the same bits for every
     // pipeline layout of the same model.
     double own_grad_squares();
@@ -173,6 +182,10 @@ class DistributedOptimizer {
     OptimizerConfig cfg_;
     int zero_stage_;
     Backend& backend_;
+    // The norm over several ranks is exact_grad_squares() where its host passes are cheap: the gradients are host
+    // memory (a synchronous backend), or onebit_adam works on the host anyway. Else (CUDA) the ranks' fp32 partial
+    // sums are added, which depends on the layout in the last bits.
+    bool exact_norm_;
     std::unique_ptr<GradBuckets> buckets_;  // overlap_grad_reduce, else null
     std::unique_ptr<ParamGather> gather_;   // overlap_param_gather, else null
     Communicator& dp_;

@@ -118,13 +118,14 @@ TEST(OneBitAdam, ZeroStage1IsBitIdenticalToZeroStage0AtDp2) {
 // Tensor and pipeline parallelism: each stage compresses its own parameters' chunks, each tp rank its shards. The
 // chunks and scales are those of the one-stage run (canonical, per parameter: tests/comm/test_onebit_comm.cpp checks
 // a stage's bits against the whole model's), and so is the clip coefficient (the norm's per-parameter sums added in
-// one order for every layout), so an untied pipeline gives the one-stage bits (the next test). Tied, the last stage's
-// wte gradient is summed into the first stage's before the step, while the one-stage run accumulates both uses into
-// one buffer: the wte gradient, and from it everything, parts by fp32 rounding. tp's chunks are cut from shards, and
-// its matmuls sum in another order. A sign bit turns an fp32 rounding difference in a near-zero momentum element
-// into a step of the chunk's scale, so the runs part by more than AdamW's layouts do (2e-6): measured over 50 steps,
-// worst relative loss difference 2.6e-2 (pp2 x dp2, tied) and 3.0e-2 (tp2 x dp2), printed; bound 0.1. A wrong chunk,
-// server or shard is O(1).
+// one order for every layout after the freeze, the exact norm in the warm-up), so an untied pipeline gives the
+// one-stage bits (the next test). Tied, the last stage's wte gradient is summed into the first stage's before the step,
+// while the one-stage run accumulates both uses into one buffer: the wte gradient, and from it everything, parts by
+// fp32 rounding. tp's chunks are cut from shards, and its matmuls sum in another order. A sign bit turns an fp32
+// rounding difference in a near-zero momentum element into a step of the chunk's scale, so the runs part by more than
+// AdamW's layouts do (2e-6): measured over 50 steps, worst relative loss difference 3.4e-2 (pp2 x dp2, tied) and 2.6e-2
+// (tp2 x dp2) with an AMD host's OpenBLAS kernels and with OPENBLAS_CORETYPE=Haswell, 4.1e-2 and 4.3e-2 with
+// Sandybridge, printed; bound 0.1. A wrong chunk, server or shard is O(1).
 TEST(OneBitAdam, TensorAndPipelineParallelTrackDataParallelAlone) {
     const std::string steps = "--set training.train_iters=50 ";
     const TrainRun dp2 = train(2, steps);
@@ -140,30 +141,26 @@ TEST(OneBitAdam, TensorAndPipelineParallelTrackDataParallelAlone) {
     }
 }
 
-// Untied, each stage compresses its parameters in the one-stage run's chunks, with its scales and clip coefficient.
-// Through the AdamW warm-up and the first compressed step pp2 x dp2 gives pp1 x dp2's losses bit for bit. After it,
-// the runs agree bit for bit where OpenBLAS's sgemm gives a stage's matmuls the one-stage bits (SkylakeX on an
-// AVX-512 host, measured), but not under OPENBLAS_CORETYPE=Haswell on the same host, whose last-bit differences the
-// sign bits amplify as in the test above: measured worst relative loss difference over 20 steps 1.4e-2 there; bound
-// 0.1 as above.
-TEST(OneBitAdam, UntiedPipelineTracksOneStage) {
+// Untied, each stage compresses its parameters in the one-stage run's chunks, with its scales and clip coefficient,
+// and the warm-up's AdamW clips by the exact norm (distributed_optimizer.h), which does not depend on how the stages
+// cut the table: pp2 x dp2 gives pp1 x dp2's losses bit for bit over all 20 steps, whichever sgemm kernels OpenBLAS
+// runs (the stages' matmuls have the one-stage shapes). With the stages' fp32 partial norms added in fp32, as before,
+// the clip coefficient of a warm-up step could differ in its last bit, which the sign bits amplify after the freeze.
+TEST(OneBitAdam, UntiedPipelineIsBitIdenticalToOneStage) {
     const std::string sets = "--set model.untie_embeddings_and_output_weights=true --set training.train_iters=20 ";
     const TrainRun one = train(2, sets);
     ASSERT_EQ(one.losses.size(), 20u) << one.output;
     const TrainRun two = train(4, sets + "--set parallel.pipeline_model_parallel_size=2");
     ASSERT_EQ(two.losses.size(), 20u) << two.output;
-    for (int i = 0; i <= kFreeze; ++i) EXPECT_EQ(two.losses[i], one.losses[i]) << "iteration " << i + 1;
-    const double worst = worst_relative(two.losses, one.losses);
-    std::printf("onebit_adam untied pp2 x dp2 vs pp1 x dp2: worst relative loss difference %.3g\n", worst);
-    EXPECT_LE(worst, 0.1);
+    EXPECT_EQ(two.losses, one.losses);
 }
 
 // The residuals are optimizer state: the iteration-5 checkpoint of a dp2 run (after the freeze) resumed at dp 2
 // continues bit for bit, under zero_stage 0 as saved and under zero_stage 1 (each rank's shard of the moments, the
 // whole momentum gathered again); every dp rank saved its own worker residuals and the servers theirs. Resumed at
 // dp 4, each rank starts from the mean of the two saved worker residuals (measured: worst relative loss difference
-// over the next 5 steps 3.8e-2, printed, bound 0.1; a dropped or misplaced residual gives a spike of the size the
-// warm-up test sees).
+// over the next 5 steps 2.0e-2, 4.2e-2 with OPENBLAS_CORETYPE=Sandybridge, printed, bound 0.1; a dropped or misplaced
+// residual gives a spike of the size the warm-up test sees).
 TEST(OneBitAdam, ResidualsAreCheckpointedResumeExactlyAndReshard) {
     const ms::test::TempDir dir("onebit_resume");
     const std::string save = dir / "ckpt";
