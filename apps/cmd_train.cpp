@@ -58,7 +58,7 @@ Command add_plan_command(CLI::App& parent) {
     cmd->add_option("--world-size", plan->world_size, "Number of ranks to plan for")
         ->default_val(1)
         ->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--ranks-per-node", plan->ranks_per_node,
+    cmd->add_option("--ranks-per-node,--gpus-per-node", plan->ranks_per_node,
                     "Ranks on one node (the node column, which groups span nodes, the default budget; default: the "
                     "config's run.ranks_per_node, else 8)")
         ->check(CLI::Range(1, 1 << 20));
@@ -71,6 +71,18 @@ Command add_plan_command(CLI::App& parent) {
         "changed, and the bytes moved before and after them");
     cmd->add_option("--dot", plan->dot_path,
                     "Also write the chunks' op graphs as Graphviz to this file (implies --graph)");
+    cmd->add_flag("--simulate", plan->simulate,
+                  "Also simulate one training step (step time, MFU, bubble, exposed communication, memory per rank) "
+                  "on the cost model of --profile or --device");
+    cmd->add_option("--profile", plan->profile_path,
+                    "--simulate's cost model: a profile `mindspeed-train calibrate` measured");
+    cmd->add_option("--device", plan->device,
+                    "--simulate's cost model: the estimate from published peaks for a100-80g, h100 or h200");
+    cmd->add_flag("--search", plan->search,
+                  "Instead of the config's layout, rank every layout of --world-size ranks (tp, pp, vpp, dp, cp, "
+                  "micro-batch, recomputation, ZeRO stage, overlap) by simulated throughput within memory, on the "
+                  "cost model of --profile or --device");
+    cmd->add_option("--top", plan->top, "--search: how many layouts to print")->check(CLI::Range(1, 1000));
     return {cmd, [args, plan]() {
                 const Config cfg = load_config(args->config_path, args->overrides);
                 if (args->print_config) {

@@ -19,5 +19,6 @@ Command add_convert_command(CLI::App& parent);     // cmd_convert.cpp
 Command add_eval_command(CLI::App& parent);        // cmd_eval.cpp
 Command add_generate_command(CLI::App& parent);    // cmd_generate.cpp
 Command add_report_command(CLI::App& parent);      // cmd_report.cpp
+Command add_calibrate_command(CLI::App& parent);   // cmd_calibrate.cpp
 
 }  // namespace ms::app

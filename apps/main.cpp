@@ -1,5 +1,5 @@
 // main.cpp: mindspeed-train's command line -- `--version` and the train / plan / preprocess / convert / eval /
-// generate / report subcommands.
+// generate / report / calibrate subcommands.
 //
 // Exit codes (engine/core/check.h): a bad command line or a UserError (bad config, bad data) exits 2 with one
 // "error: ..." sentence on stderr before anything large is allocated; any other RunError exits with its own code
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     const ms::app::Command commands[] = {ms::app::add_train_command(app),      ms::app::add_plan_command(app),
                                          ms::app::add_preprocess_command(app), ms::app::add_convert_command(app),
                                          ms::app::add_eval_command(app),       ms::app::add_generate_command(app),
-                                         ms::app::add_report_command(app)};
+                                         ms::app::add_report_command(app),     ms::app::add_calibrate_command(app)};
     try {
         app.parse(argc, argv);
         for (const ms::app::Command& c : commands) {

@@ -20,6 +20,23 @@ std::vector<OwnerPart> owner_parts(int64_t begin, int64_t end, int64_t shard) {
     return parts;
 }
 
+std::vector<std::pair<int64_t, int64_t>> bucket_ranges(std::span<const std::pair<int64_t, int64_t>> params,
+                                                       int64_t padded, int64_t bucket_elems) {
+    MS_CHECK(!params.empty() && bucket_elems >= 1, "gradient buckets: {} parameters, buckets of {} elements",
+             params.size(), bucket_elems);
+    // from the end down: a bucket closes once it holds bucket_elems, at the start of a parameter
+    std::vector<std::pair<int64_t, int64_t>> buckets;
+    int64_t end = padded;
+    for (size_t i = params.size(); i-- > 0;) {
+        if (end - params[i].first >= bucket_elems || i == 0) {
+            const int64_t begin = i == 0 ? 0 : params[i].first;
+            buckets.emplace_back(begin, end);
+            end = begin;
+        }
+    }
+    return buckets;
+}
+
 GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, void* grads,
                          Communicator& dp, Backend& backend, GradReduction reduction, DType grads_dtype)
     : reduction_(reduction), grads_(grads, grads_dtype, {padded}), dp_(dp), backend_(backend) {
@@ -30,21 +47,21 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
     std::sort(params_.begin(), params_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     MS_CHECK(!params_.empty() && params_.back().end <= padded, "gradient buckets: parameters end at {} of {}",
              params_.empty() ? 0 : params_.back().end, padded);
-    // from the end down: a bucket closes once it holds bucket_elems, at the start of a parameter
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    spans.reserve(params_.size());
+    for (const graph::GradRange& r : params_) spans.emplace_back(r.begin, r.end);
     bucket_of_.assign(params_.size(), -1);
-    int64_t end = padded, elems = 0;
-    for (size_t i = params_.size(); i-- > 0;) {
-        bucket_of_[i] = static_cast<int>(buckets_.size());
-        elems += params_[i].end - params_[i].begin;
-        if (end - params_[i].begin >= bucket_elems || i == 0) {
-            const int64_t begin = i == 0 ? 0 : params_[i].begin;
-            Bucket b{begin, end, elems, 0, 0.0, {}, {}};
-            if (reduction == GradReduction::kToShardOwners) b.parts = owner_parts(begin, end, padded / dp.size());
-            b.handles.resize(std::max<size_t>(1, b.parts.size()));
-            buckets_.push_back(std::move(b));
-            end = begin;
-            elems = 0;
+    size_t i = params_.size();  // the parameters not yet in a bucket: [0, i)
+    for (const auto& [begin, end] : bucket_ranges(spans, padded, bucket_elems)) {
+        int64_t elems = 0;
+        for (; i > 0 && params_[i - 1].begin >= begin; --i) {
+            bucket_of_[i - 1] = static_cast<int>(buckets_.size());
+            elems += params_[i - 1].end - params_[i - 1].begin;
         }
+        Bucket b{begin, end, elems, 0, 0.0, {}, {}};
+        if (reduction == GradReduction::kToShardOwners) b.parts = owner_parts(begin, end, padded / dp.size());
+        b.handles.resize(std::max<size_t>(1, b.parts.size()));
+        buckets_.push_back(std::move(b));
     }
     deferred_.assign(params_.size(), 0);
     done_.assign(params_.size(), 0);

@@ -36,6 +36,13 @@ namespace ms {
 // Megatron's default bucket size: max(40M, 1M x dp) elements.
 int64_t default_bucket_elems(int dp);
 
+// The buckets of a flat buffer [0, padded) whose parameters occupy `params` ([begin, end) each, sorted by begin), in
+// bucket order: cut from the end down, each closed at the start of a parameter once it holds bucket_elems elements,
+// the last one beginning at 0. Bucket 0 holds the last parameters and the padding after them. The step simulator
+// (engine/sim/simulator.h) cuts the same buckets.
+std::vector<std::pair<int64_t, int64_t>> bucket_ranges(std::span<const std::pair<int64_t, int64_t>> params,
+                                                       int64_t padded, int64_t bucket_elems);
+
 // How a bucket is reduced over dp: all-reduced (zero_stage 0), or each shard's part reduced into its owner (1).
 enum class GradReduction : uint8_t { kAllReduce, kToShardOwners };
 

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <tuple>
 
 #include "comm/nodes.h"
 #include "engine/core/check.h"
@@ -12,6 +14,9 @@
 #include "engine/data/dataset.h"
 #include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
+#include "engine/sim/profile.h"
+#include "engine/sim/search.h"
+#include "engine/sim/simulator.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/plan_graph.h"
 #include "engine/train/trainer.h"
@@ -76,6 +81,50 @@ void print_table(const std::vector<std::string>& header, const std::vector<std::
     for (const std::string& l : table_lines(header, rows)) log_info("{}", l);
 }
 
+// plan --simulate's cost model: the profile file, else the device's estimate; neither is a user error that says how
+// to make one.
+std::unique_ptr<sim::ProfileCostModel> plan_cost_model(const PlanOptions& o, BackendKind backend) {
+    if (!o.profile_path.empty() && !o.device.empty())
+        throw UserError("plan: --profile and --device both given; hint: pass one of them");
+    if (!o.profile_path.empty()) return std::make_unique<sim::ProfileCostModel>(sim::load_profile(o.profile_path));
+    if (!o.device.empty()) return std::make_unique<sim::ProfileCostModel>(sim::estimate_profile(o.device));
+    std::string devices;
+    for (const std::string& d : sim::estimate_profile_names()) devices += (devices.empty() ? "" : "|") + d;
+    throw UserError(fmt::format(
+        "plan --simulate and --search need a cost model and got neither --profile nor --device; hint: {}, or pass "
+        "--device {} for an estimate from published peaks",
+        backend == BackendKind::kCPU
+            ? "run `mindspeed-train calibrate` first (it measures this machine's ops and links into a profile) and "
+              "pass --profile with its file"
+            : "pass --profile with a file `mindspeed-train calibrate` wrote on the GPU you plan for",
+        devices));
+}
+
+// The simulated step's lines (docs/planner.md "Simulator").
+void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim::CostModel& cost) {
+    const sim::SimulatedStep step = sim::simulate_step(layout, cost, nodes);
+    log_info(
+        "\nsimulated step (cost model: {}; one rank per pipeline stage stands for its tp, cp and dp ranks, which run "
+        "the same programs):",
+        cost.describe());
+    for (const std::string& line : sim::step_report(step, layout)) log_info("{}", line);
+}
+
+// plan --search: the budget per rank is --memory-gb, run.memory_limit_gb, the profile's device memory less what a GPU
+// rank keeps outside its arena, or the host's memory / ranks on a node.
+int run_search(const Config& cfg, const PlanOptions& o, int ranks_per_node) {
+    const std::unique_ptr<sim::ProfileCostModel> cost = plan_cost_model(o, parse_backend_kind(cfg.run.backend));
+    sim::SearchOptions so{.world_size = o.world_size, .gpus_per_node = ranks_per_node, .top = o.top};
+    const int64_t device = cost->profile().device_memory_bytes;
+    so.memory_bytes = o.memory_gib > 0              ? o.memory_gib * kGiB
+                      : cfg.run.memory_limit_gb > 0 ? cfg.run.memory_limit_gb * kGiB
+                      : device > 0                  ? static_cast<double>(device) - kDeviceReserveBytes
+                                                    : memory_budget_bytes(cfg, std::min(ranks_per_node, o.world_size));
+    log_info("cost model: {}", cost->describe());
+    for (const std::string& line : sim::search_report(sim::search_layouts(cfg, *cost, so), so)) log_info("{}", line);
+    return kExitOk;
+}
+
 }  // namespace
 
 PlanShape plan_shape(const RunLayout& l) {
@@ -118,6 +167,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
     const int v = p.virtual_stages, K = p.pp * v, Lc = shape.L / K;
     const auto schedule = make_schedule(p.kind, p.pp, p.num_microbatches, v);
     std::vector<StagePlan> stages(static_cast<size_t>(p.pp));
+    std::map<std::tuple<int, bool, bool>, std::pair<int64_t, int64_t>> activations;  // slot, scratch bytes
     for (int s = 0; s < p.pp; ++s) {
         StagePlan& st = stages[static_cast<size_t>(s)];
         st.slots = pipeline_activation_slots(schedule[static_cast<size_t>(s)], v);
@@ -131,10 +181,16 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             const ChunkParams chunk = chunk_params(shape, p.tp, part);
             st.params += chunk.params;
             flat = align_up(flat + chunk.flat, kAlign);
-            const graph::MemoryPlan act =
-                plan_gpt_memory(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype, p.graph);
-            const auto slot = static_cast<int64_t>(act.slot_bytes());
-            const auto scratch = static_cast<int64_t>(act.scratch_bytes());
+            // chunks of the same depth and ends plan the same bytes: a middle chunk is planned once
+            const std::tuple<int, bool, bool> kind{part.num_layers, part.embedding, part.head};
+            auto planned = activations.try_emplace(kind);
+            if (planned.second) {
+                const graph::MemoryPlan act =
+                    plan_gpt_memory(shape, part, p.tp, p.micro_batch, p.sequence_parallel, p.dtype, p.graph);
+                planned.first->second = {static_cast<int64_t>(act.slot_bytes()),
+                                         static_cast<int64_t>(act.scratch_bytes())};
+            }
+            const auto [slot, scratch] = planned.first->second;
             st.slot_bytes.push_back(slot);
             st.scratch_bytes.push_back(scratch);
             st.activation_bytes += slot * st.slots[static_cast<size_t>(c)] + scratch;
@@ -268,7 +324,6 @@ int run_plan(const Config& cfg, int world_size) { return run_plan(cfg, PlanOptio
 int run_plan(const Config& cfg_in, const PlanOptions& o) {
     Config cfg = cfg_in;
     if (cfg.model.vocab_size == 0) cfg = resolve_vocab(cfg, *open_token_source(cfg.data, 0));  // as train does
-    const RunLayout layout = make_run_layout(cfg, o.world_size);
     // --ranks-per-node, else the config's run.ranks_per_node, else 8 (a DGX); nodes of consecutive ranks
     const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : cfg.run.ranks_per_node > 0 ? cfg.run.ranks_per_node : 8;
     if (o.world_size > rpn && o.world_size % rpn != 0) {
@@ -277,6 +332,10 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             "(or one at least the world size: a single node)",
             rpn, o.world_size, o.world_size));
     }
+    if (o.search) return run_search(cfg, o, rpn);
+    const RunLayout layout = make_run_layout(cfg, o.world_size);
+    // the cost model first: a missing or bad profile ends plan before it prints anything
+    const std::unique_ptr<sim::CostModel> cost = o.simulate ? plan_cost_model(o, layout.backend) : nullptr;
     const NodeLayout nodes = nodes_by_count(o.world_size, std::min(rpn, o.world_size));
     log_derived(layout, cfg);
 
@@ -339,6 +398,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             kDeviceReserveBytes / kGiB, 80.0 - kDeviceReserveBytes / kGiB);
     }
     if (o.graph || !o.dot_path.empty()) log_chunk_graphs(layout, o.dot_path);
+    if (o.simulate) log_simulation(layout, nodes, *cost);
     return kExitOk;
 }
 

@@ -41,6 +41,15 @@ struct PlanOptions {
     double memory_gib = 0;      // per-rank budget; 0 -> run.memory_limit_gb, or physical memory / ranks on a node
     bool graph = false;         // --graph: also each model chunk's op graph, its passes and bytes (plan_graph.h)
     std::string dot_path = {};  // --dot FILE: and their Graphviz drawing (implies --graph)
+    // --simulate: one training step simulated (engine/sim/simulator.h) on a cost model: --profile FILE (made by
+    // `mindspeed-train calibrate`) or --device NAME (engine/sim/profile.h's estimates); one of them is required
+    bool simulate = false;
+    std::string profile_path = {};
+    std::string device = {};
+    // --search: instead of the config's layout, every layout of world_size ranks (ranks_per_node GPUs a node) ranked
+    // by simulated throughput on that cost model, within memory_gib (default: the device's memory, engine/sim/search.h)
+    bool search = false;
+    int top = 5;
 };
 
 // What one rank of a pipeline stage holds (every tp and dp rank of a stage holds the same amounts).

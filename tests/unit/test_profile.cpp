@@ -1,0 +1,264 @@
+// test_profile.cpp: device profiles and the cost model over them (engine/sim/profile.h): the file's exact round trip
+// and its errors, the rate interpolation and the cost formula on hand-set numbers, the estimates' peaks against
+// device_peak.cpp's table, the FLOPs of a GPT graph's ops by hand, and `mindspeed-train calibrate --quick`.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "engine/core/check.h"
+#include "engine/model/gpt_graph.h"
+#include "engine/sim/profile.h"
+#include "engine/train/device_peak.h"
+#include "tests/common/temp_dir.h"
+
+namespace ms::test {
+namespace {
+
+using sim::OpFamily;
+
+// The message of the UserError f throws ("" when it throws none).
+template <class F>
+std::string user_error_of(F f) {
+    try {
+        f();
+    } catch (const UserError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// A profile of one fp32 table whose every family has `curve`.
+sim::Profile hand_profile(const sim::FamilyCurve& curve) {
+    sim::Profile p;
+    p.name = "hand";
+    p.device = "a device";
+    p.backend = "cpu";
+    p.threads = 2;
+    p.date = "2026-12-02T00:00:00Z";
+    p.source = "hand-set";
+    p.memory_bytes_per_s = 1e8;
+    p.intra_node = {1e-5, 1e9};
+    p.inter_node = {1e-4, 1.25e8};
+    p.links_source = "hand-set";
+    sim::DTypeTable t;
+    t.matmul_peak_flops = 4e9;
+    t.peak_source = "hand-set";
+    for (sim::FamilyCurve& c : t.families) c = curve;
+    p.tables.push_back(t);
+    return p;
+}
+
+TEST(Profile, FileRoundTripIsExact) {
+    // numbers without a short decimal form, and every estimate
+    sim::FamilyCurve awkward{.overhead_s = 1.0 / 3.0, .points = {{0.1, 1.0 / 7.0}, {2.0 / 3.0, 1e300}, {1e301, 5e-7}}};
+    std::vector<sim::Profile> profiles = {hand_profile(awkward)};
+    profiles[0].tables.push_back(profiles[0].tables[0]);
+    profiles[0].tables[1].dtype = DType::kBF16;
+    for (const std::string& name : sim::estimate_profile_names()) profiles.push_back(sim::estimate_profile(name));
+    TempDir dir("ms_profile");
+    for (const sim::Profile& p : profiles) {
+        sim::save_profile(p, dir / "p.json");
+        const sim::Profile back = sim::load_profile(dir / "p.json");
+        EXPECT_TRUE(back == p) << p.name;
+        EXPECT_EQ(sim::profile_to_json(back), sim::profile_to_json(p));
+    }
+}
+
+TEST(Profile, RateIsPiecewiseLinearInLogWork) {
+    const sim::FamilyCurve c{.points = {{2, 10}, {8, 30}, {64, 60}}};
+    EXPECT_EQ(c.rate_at(1), 10);  // before the first point: its rate
+    EXPECT_EQ(c.rate_at(2), 10);
+    EXPECT_DOUBLE_EQ(c.rate_at(4), 20);  // log 4 is halfway between log 2 and log 8
+    EXPECT_EQ(c.rate_at(8), 30);
+    EXPECT_DOUBLE_EQ(c.rate_at(16), 40);  // a third of the way from log 8 to log 64
+    EXPECT_EQ(c.rate_at(64), 60);
+    EXPECT_EQ(c.rate_at(1e9), 60);  // after the last: its rate
+}
+
+TEST(Profile, CostIsOverheadPlusTheSlowerOfFlopsAndBytes) {
+    sim::Profile p = hand_profile({.overhead_s = 1e-6, .points = {{1, 1e9}}});
+    p.tables.push_back(p.tables[0]);
+    p.tables[1].dtype = DType::kBF16;
+    const sim::ProfileCostModel m(p);
+    // compute-bound: its curve's FLOP/s against the profile's memory bandwidth (1e8 B/s)
+    EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kMatmulForward, 2e6, 1e5}, DType::kF32), 1e-6 + 2e-3);
+    EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kMatmulForward, 2e6, 1e6}, DType::kF32), 1e-6 + 1e-2);
+    // memory-bound: its curve's bytes/s against the table's matmul peak (4e9 FLOP/s)
+    EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kResidual, 0, 3e6}, DType::kF32), 1e-6 + 3e-3);
+    EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kResidual, 4e8, 3e6}, DType::kF32), 1e-6 + 1e-1);
+    EXPECT_EQ(m.seconds({OpFamily::kMemset, 0, 0}, DType::kF32), 0);               // no work, no launch
+    EXPECT_DOUBLE_EQ(m.optimizer_seconds(1000, DType::kF32), 1e-6 + 28e3 / 1e9);   // 7 fp32 reads and writes each
+    EXPECT_DOUBLE_EQ(m.optimizer_seconds(1000, DType::kBF16), 1e-6 + 30e3 / 1e9);  // and the bf16 copy
+    EXPECT_DOUBLE_EQ(m.memory_seconds(5000), 1e-6 + 5e-6);
+    EXPECT_EQ(m.peak_flops(DType::kF32), 4e9);
+    EXPECT_EQ(m.links().intra.alpha_s, 1e-5);
+    EXPECT_EQ(m.links().inter.bytes_per_s, 1.25e8);
+    EXPECT_EQ(m.links().occupancy, nullptr);
+    const std::string msg = user_error_of([&] { m.peak_flops(DType::kF16); });
+    EXPECT_NE(msg.find("profile 'hand' has no fp16 measurements (it holds fp32, bf16)"), std::string::npos) << msg;
+}
+
+TEST(Profile, BadFilesAreNamedWithWhatIsWrong) {
+    TempDir dir("ms_profile");
+    const std::string path = dir / "p.json";
+    auto error_with = [&](const std::string& text) {
+        std::ofstream(path) << text;
+        return user_error_of([&] { sim::load_profile(path); });
+    };
+    auto expect_has = [](const std::string& msg, const std::string& what) {
+        EXPECT_NE(msg.find(what), std::string::npos) << msg;
+        EXPECT_NE(msg.find("HINT: write a profile with `mindspeed-train calibrate --output FILE`"), std::string::npos)
+            << msg;
+    };
+    expect_has(user_error_of([&] { sim::load_profile(dir / "none.json"); }),
+               "profile error: '" + (dir / "none.json") + "' does not exist");
+    expect_has(error_with("{\"format\": "), "profile error: '" + path + "' is not valid JSON");
+    expect_has(error_with("[1, 2]"), "'" + path + "' is not a profile");
+    const std::string good = sim::profile_to_json(sim::estimate_profile("h100"));
+    auto edited = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(good);
+        edit(j);
+        return error_with(j.dump(1));
+    };
+    using J = nlohmann::ordered_json;
+    expect_has(edited([](J& j) { j["version"] = 2; }), "has version 2; this build reads version 1");
+    expect_has(edited([](J& j) { j.erase("date"); }), "has no \"date\"");
+    expect_has(edited([](J& j) { j["tables"][0]["families"]["matmul_bwx"] = 1; }),
+               "has an unknown op family \"matmul_bwx\" in the fp32 table");
+    expect_has(edited([](J& j) { j["tables"][1]["families"].erase("adamw"); }), "has no \"adamw\" in the bf16 table");
+    expect_has(edited([](J& j) { j["tables"][1]["dtype"] = "fp8"; }), "has a table for dtype \"fp8\"");
+    expect_has(edited([](J& j) { j["tables"][1]["dtype"] = "fp32"; }), "has two tables for fp32");
+    expect_has(edited([](J& j) { j["memory_bytes_per_s"] = -1; }),
+               "has -1 for \"memory_bytes_per_s\", which must be > 0");
+    expect_has(edited([](J& j) { j["links"]["inter_node"]["bytes_per_s"] = "fast"; }),
+               "has \"fast\" for \"bytes_per_s\" in \"links\".\"inter_node\", not a number");
+    expect_has(edited([](J& j) { j["tables"][0]["families"]["residual"]["points"][1][0] = 1; }),
+               "has \"points\" in the fp32 table's \"residual\" whose work does not ascend at [1,");
+    expect_has(edited([](J& j) {
+                   j["tables"][0]["families"]["residual"]["points"][0] = {1, 0};
+               }),
+               "has [1,0] in \"points\" in the fp32 table's \"residual\", not a [work, rate] pair of positive numbers");
+    EXPECT_EQ(error_with(good), "");
+}
+
+TEST(Profile, EstimatesUseTheDevicePeakTable) {
+    for (const std::string& name : sim::estimate_profile_names()) {
+        const sim::ProfileCostModel m(sim::estimate_profile(name));
+        const DevicePeak* peak = find_device_peak(m.profile().device);
+        ASSERT_NE(peak, nullptr) << name;
+        EXPECT_EQ(m.peak_flops(DType::kBF16), peak->bf16) << name;
+        EXPECT_EQ(m.peak_flops(DType::kF16), peak->bf16) << name;
+        EXPECT_EQ(m.peak_flops(DType::kF32), peak->fp32) << name;
+        EXPECT_TRUE(m.profile().estimate);
+        EXPECT_NE(m.describe().find("ESTIMATE"), std::string::npos) << m.describe();
+        // a large GEMM runs near the assumed efficiency, a tiny one far below it
+        const double big = 1e13, small = 1e7;
+        const double big_mfu = big / m.seconds({OpFamily::kMatmulForward, big, 0}, DType::kBF16) / peak->bf16;
+        const double small_mfu = small / m.seconds({OpFamily::kMatmulForward, small, 0}, DType::kBF16) / peak->bf16;
+        EXPECT_GT(big_mfu, 0.5) << name;
+        EXPECT_LT(big_mfu, 0.54) << name;
+        EXPECT_LT(small_mfu, 0.01) << name;
+    }
+    EXPECT_EQ(sim::estimate_profile("a100-80g").tables.size(), 3u);
+    EXPECT_EQ(sim::estimate_profile("h200").intra_node.bytes_per_s, 450e9);
+    const std::string msg = user_error_of([] { sim::estimate_profile("b200"); });
+    EXPECT_NE(msg.find("no built-in estimate for 'b200'; the estimates are a100-80g, h100, h200"), std::string::npos)
+        << msg;
+}
+
+// FLOPs by hand for GPT-2's ops, B = 2 sequences of T = 16, C = 48, NH = 4 (HS = 12), F = 4C, Vp = 128.
+TEST(Profile, FlopsOfGptOps) {
+    GptShape s;
+    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    const GptGraph gg = build_gpt_graph({.shape = s, .B = 2, .T = 16}, gpt_param_table(s));
+    const graph::Graph& g = gg.g;
+    const double N = 32, C = 48, F = 192, Vp = 128;
+    auto work_of = [&](graph::OpCode op, const std::string& label) {
+        for (const graph::Node& n : g.nodes)
+            if (n.op == op && n.label == label) return sim::op_work(g, n);
+        ADD_FAILURE() << "no " << graph::op_name(op) << " " << label << " in\n" << graph::describe(g);
+        return sim::OpWork{};
+    };
+    using graph::OpCode;
+    const sim::OpWork qkv = work_of(OpCode::kMatmul, "h.0.attn.c_attn");
+    EXPECT_EQ(qkv.family, OpFamily::kMatmulForward);
+    EXPECT_EQ(qkv.flops, 2 * N * C * 3 * C);
+    EXPECT_EQ(qkv.bytes, 4 * (N * C + 3 * C * C + 3 * C + N * 3 * C));  // fp32 x, weight, bias in; qkv out
+    const sim::OpWork fc = work_of(OpCode::kMatmulGelu, "h.0.mlp.c_fc");
+    EXPECT_EQ(fc.flops, 2 * N * C * F);
+    EXPECT_EQ(work_of(OpCode::kMatmulBackward, "h.0.mlp.c_proj").flops, 4 * N * F * C);  // dx and dW
+    const sim::OpWork attn = work_of(OpCode::kAttention, "h.0.attn");
+    EXPECT_EQ(attn.family, OpFamily::kAttentionForward);
+    EXPECT_EQ(attn.flops, 2 * 2 * 16.0 * 16 * 48);  // 4 B T^2 C, halved by the mask
+    EXPECT_EQ(work_of(OpCode::kAttentionBackward, "h.0.attn").flops, 2 * attn.flops);
+    EXPECT_EQ(work_of(OpCode::kMatmul, "lm_head").flops, 2 * N * C * Vp);
+    EXPECT_EQ(work_of(OpCode::kResidualLayerNorm, "h.0.ln_2").flops, 0);  // memory-bound: its bytes bound it
+}
+
+// The fused LM head (forward and backward in one op), and a Llama's grouped-query and ring attention (4 query heads,
+// 2 key/value heads, HS = 12; context parallelism of 2 holds T / 2 = 8 rows of each of the B = 2 sequences).
+TEST(Profile, FlopsOfFusedHeadAndRingAttention) {
+    GptShape s;
+    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    GptGraphSpec spec{.shape = s, .B = 2, .T = 16};
+    spec.options.lm_head_loss_fusion = true;
+    const GptGraph fused = build_gpt_graph(spec, gpt_param_table(s));
+    auto work_of = [](const graph::Graph& g, graph::OpCode op) {
+        for (const graph::Node& n : g.nodes)
+            if (n.op == op) return sim::op_work(g, n);
+        ADD_FAILURE() << "no " << graph::op_name(op) << " in\n" << graph::describe(g);
+        return sim::OpWork{};
+    };
+    const sim::OpWork head = work_of(fused.g, graph::OpCode::kLmHeadLoss);
+    EXPECT_EQ(head.family, OpFamily::kLmHeadLoss);
+    EXPECT_EQ(head.flops, 6.0 * 32 * 48 * 128);  // logits, dlnf and dwte: 2 N C Vp each
+
+    s.arch = ModelArch::kLlama, s.NKV = 2, s.untied = true;
+    spec = {.shape = s, .B = 2, .T = 16};
+    const GptGraph gqa = build_llama_graph(spec, gpt_param_table(s));
+    EXPECT_EQ(work_of(gqa.g, graph::OpCode::kAttention).flops, 2.0 * 2 * 16 * 16 * 4 * 12);  // the key/value heads
+                                                                                             // do not count
+    spec.options.context_parallel = 2;
+    spec.T = 8;
+    const GptGraph ring = build_llama_graph(spec, gpt_param_table(s));
+    const sim::OpWork step = work_of(ring.g, graph::OpCode::kRingAttention);
+    EXPECT_EQ(step.family, OpFamily::kAttentionForward);
+    EXPECT_EQ(step.flops, 2.0 * 2 * 8 * 8 * 4 * 12);  // one step of the ring: causal attention over the local rows
+    EXPECT_EQ(work_of(ring.g, graph::OpCode::kRingAttentionBackward).flops, 2 * step.flops);
+}
+
+// calibrate --quick measures every family and writes a profile the loader takes; a second dtype is refused by the
+// cost model with the sentence.
+TEST(Profile, CalibrateQuickWritesALoadableProfile) {
+    TempDir dir("ms_calibrate");
+    const std::string out = dir / "cpu.json";
+    const std::string cmd = std::string(MS_BINARY_PATH) + " calibrate --quick --threads 1 --output " + out + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string output;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
+    const int status = pclose(p);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    EXPECT_NE(output.find("matmul_fwd"), std::string::npos) << output;
+    const sim::ProfileCostModel m(sim::load_profile(out));
+    const sim::Profile& prof = m.profile();
+    EXPECT_FALSE(prof.estimate);
+    EXPECT_EQ(prof.backend, "cpu");
+    EXPECT_EQ(prof.threads, 1);
+    ASSERT_EQ(prof.tables.size(), 1u);
+    for (size_t i = 0; i < sim::kNumFamilies; ++i)
+        EXPECT_GE(prof.tables[0].families[i].points.size(), 1u) << sim::family_name(static_cast<OpFamily>(i));
+    EXPECT_GT(m.peak_flops(DType::kF32), 0);
+    EXPECT_NE(m.describe().find("measured"), std::string::npos) << m.describe();
+    // the link model's defaults, said so
+    EXPECT_NE(prof.links_source.find("LinkModelConfig"), std::string::npos) << prof.links_source;
+}
+
+}  // namespace
+}  // namespace ms::test
