@@ -89,17 +89,9 @@ Command add_plan_command(CLI::App& parent) {
                     std::cout << config_to_yaml(cfg) << std::flush;
                     return kExitOk;
                 }
-                // plan is arithmetic for the machines a config names, from any machine (a login node, a laptop): in
-                // a binary without the CUDA backend, a stand-in registered here lets run.backend: cuda configs
-                // validate and plan the CUDA graphs. plan builds no backend; were one asked for, it refuses.
-                if (cuda_backend_name() == nullptr) {
-                    register_cuda_backend("cuda (not in this binary: plan only)",
-                                          [](const BackendOptions&) -> std::unique_ptr<Backend> {
-                                              throw UserError(
-                                                  "plan: this binary has no CUDA backend to build; hint: rebuild "
-                                                  "with -DMS_ENABLE_CUDA=ON to train with run.backend: cuda");
-                                          });
-                }
+                // plan is arithmetic for the machines a config names, from any machine (a login node, a laptop): it
+                // builds no backend, so run.backend: cuda configs plan in a binary without one too.
+                register_planning_cuda_backend();
                 return run_plan(cfg, *plan);
             }};
 }

@@ -503,5 +503,9 @@ using BackendFactory = std::unique_ptr<Backend> (*)(const BackendOptions& option
 void register_cuda_backend(const char* name, BackendFactory make);
 // The registered CUDA backend's name, or nullptr when this binary has none.
 const char* cuda_backend_name();
+// For planning without a GPU (plan, the simulator's tests): where this binary has no CUDA backend, registers a
+// stand-in, so that configs naming run.backend: cuda validate and plan the CUDA graphs; building it throws a
+// UserError that says to rebuild with CUDA. Does nothing when a CUDA backend is registered.
+void register_planning_cuda_backend();
 
 }  // namespace ms

@@ -31,6 +31,16 @@ void register_cuda_backend(const char* name, BackendFactory make) {
 
 const char* cuda_backend_name() { return cuda_registration().name; }
 
+void register_planning_cuda_backend() {
+    if (cuda_backend_name() != nullptr) return;
+    register_cuda_backend(
+        "cuda (not in this binary: planning only)", [](const BackendOptions&) -> std::unique_ptr<Backend> {
+            throw UserError(
+                "this binary has no CUDA backend to build (it can only plan run.backend: cuda); hint: rebuild with "
+                "-DMS_ENABLE_CUDA=ON to train with run.backend: cuda");
+        });
+}
+
 // The strings were checked against their choices when the config was read (config_schema.cpp).
 CudaDebugOptions cuda_debug_options(const DebugConfig& debug) {
     CudaDebugOptions o;

@@ -46,18 +46,8 @@ double megatron_step_flops(const MegatronRow& r) {
     return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
 }
 
-// run.backend: cuda configs validate in a binary without the CUDA backend once a stand-in is registered, as `plan`
-// registers one (apps/cmd_train.cpp); nothing here builds a backend.
-void allow_cuda_configs() {
-    if (ms::cuda_backend_name() != nullptr) return;
-    ms::register_cuda_backend("cuda (not in this binary: simulated only)",
-                              [](const ms::BackendOptions&) -> std::unique_ptr<ms::Backend> {
-                                  throw ms::UserError("test_published: no CUDA backend in this binary");
-                              });
-}
-
 ms::Config gpt_config(int layers, int hidden, int heads, std::vector<std::string> extra) {
-    allow_cuda_configs();
+    ms::register_planning_cuda_backend();  // run.backend: cuda configs validate; nothing here builds one
     std::vector<std::string> s = {"run.backend=cuda",
                                   "model.num_layers=" + std::to_string(layers),
                                   "model.hidden_size=" + std::to_string(hidden),
