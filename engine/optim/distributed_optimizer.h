@@ -16,8 +16,8 @@
 // over the ranks as 16-bit limbs of int32 all-reduces (exact_grad_squares). So zero_stage 0 and 1, any pipeline
 // layout and the overlapped buckets give the same norm for the same gradients, bit for bit; the rounding is 2^-62 of
 // the largest square per element, far below the fp32 the norm is rounded to. One rank keeps the sum in double
-// (sum_squares) that its local_grad_squares() took already. The exact sum reads the gradients on the host, so on an
-// asynchronous (CUDA) backend plain AdamW keeps the device's sums of squares, added in fp32 over dp and mp.
+// (sum_squares) that its local_grad_squares() took already. The exact sum reads the gradients on the host, so on a
+// GPU plain AdamW keeps the device's sums of squares, added in fp32 over dp and mp.
 //
 // Sharded master weights (zero_stage 1 in bf16 / fp16: shards_master_weights(); Megatron's distributed optimizer):
 // the fp32 master weights exist only as this rank's shard, held here beside exp_avg and exp_avg_sq, and the model
@@ -183,8 +183,9 @@ class DistributedOptimizer {
     int zero_stage_;
     Backend& backend_;
     // The norm over several ranks is exact_grad_squares() where its host passes are cheap: the gradients are host
-    // memory (a synchronous backend), or onebit_adam works on the host anyway. Else (CUDA) the ranks' fp32 partial
-    // sums are added, which depends on the layout in the last bits.
+    // memory (the backend has no device memory: the CPU, the deferred checking mode, the CUDA emulation), or
+    // onebit_adam works on the host anyway. On a GPU the ranks' fp32 partial sums are added, which depends on the
+    // layout in the last bits.
     bool exact_norm_;
     std::unique_ptr<GradBuckets> buckets_;  // overlap_grad_reduce, else null
     std::unique_ptr<ParamGather> gather_;   // overlap_param_gather, else null
