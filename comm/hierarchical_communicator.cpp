@@ -42,7 +42,7 @@ HierarchicalDp parse_hierarchical_dp(std::string_view value) {
     return HierarchicalDp::kAuto;
 }
 
-std::string why_not_hierarchical(const Topology& topology, const NodeLayout& nodes) {
+std::string why_not_hierarchical(const Topology& topology, const NodeLayout& nodes, CommKind comm) {
     MS_CHECK(topology.world() == nodes.world_size(), "the topology has {} ranks, the node layout {}", topology.world(),
              nodes.world_size());
     if (topology.dp == 1) return "dp is 1";
@@ -58,6 +58,8 @@ std::string why_not_hierarchical(const Topology& topology, const NodeLayout& nod
             return fmt::format("each node holds one rank of the dp group {}: nothing to reduce inside a node", members);
         }
     }
+    if (comm != CommKind::kMpi)
+        return "the dp groups are NCCL communicators, which build their own rings and trees across nodes";
     return {};
 }
 
@@ -294,10 +296,7 @@ Handle HierarchicalCommunicator::all_to_all_impl(const void* in, void* out, size
 
 std::string use_hierarchical_dp(ProcessGroups& groups, const NodeLayout& nodes, HierarchicalDp mode) {
     if (mode == HierarchicalDp::kOff) return "dp: flat (parallel.hierarchical_dp: off)";
-    std::string why = why_not_hierarchical(groups.topology, nodes);
-    if (why.empty() && groups.comm != CommKind::kMpi) {
-        why = "the dp groups are NCCL communicators, which build their own rings and trees across nodes";
-    }
+    const std::string why = why_not_hierarchical(groups.topology, nodes, groups.comm);
     if (!why.empty()) {
         if (mode == HierarchicalDp::kOn) {
             throw UserError(fmt::format(

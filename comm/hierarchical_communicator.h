@@ -56,9 +56,11 @@ struct DpNodeSplit {
     int local_rank = 0;  // this rank's position among the group's ranks on its node
 };
 
-// Whether every dp group of `topology` spans more than one node with equally many (more than one) ranks on each:
-// empty when it does, else the sentence why not. Pure (the same answer on every rank).
-std::string why_not_hierarchical(const Topology& topology, const NodeLayout& nodes);
+// Whether the dp reduction can run in three phases: every dp group of `topology` spans more than one node with
+// equally many (more than one) ranks on each, and the groups are MPI ones (`comm`, resolved: NCCL builds its own
+// rings and trees across nodes). Empty when it can, else the sentence why not. Pure (the same answer on every rank);
+// the run (use_hierarchical_dp) and the step simulator decide with it.
+std::string why_not_hierarchical(const Topology& topology, const NodeLayout& nodes, CommKind comm);
 // The split of the dp group holding world rank `rank` (meaningful when why_not_hierarchical is empty).
 DpNodeSplit dp_node_split(const Topology& topology, const NodeLayout& nodes, int rank);
 
@@ -104,7 +106,7 @@ class HierarchicalCommunicator final : public Communicator {
 };
 
 // Replaces groups.dp by a HierarchicalCommunicator over it when parallel.hierarchical_dp says so: auto when
-// why_not_hierarchical is empty and the groups are MPI ones (NCCL builds its own rings and trees across nodes); on
+// why_not_hierarchical is empty; on
 // likewise, else ms::UserError with the reason (the same on every rank); off never. Call it after model_links, so that
 // the sub-groups are split from the metered dp. Collective over world. Returns the start-up log line.
 std::string use_hierarchical_dp(ProcessGroups& groups, const NodeLayout& nodes, HierarchicalDp mode);

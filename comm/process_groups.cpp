@@ -15,9 +15,6 @@
 namespace ms {
 namespace {
 
-// comm_choice.h speaks run.backend's config values.
-std::string_view backend_name(BackendKind kind) { return kind == BackendKind::kCUDA ? "cuda" : "cpu"; }
-
 // The communicator of the device groups, agreed by every rank. Collective over world unless run.comm is mpi (or no
 // NCCL could run anyway): each rank says whether it has a device of its own, and one rank without makes it no.
 CommResolution choose_comm(Communicator& world, const CommOptions& o) {
@@ -28,7 +25,7 @@ CommResolution choose_comm(Communicator& world, const CommOptions& o) {
         world.all_reduce(std::span<int32_t>(&shared, 1), ReduceOp::kMax).wait();
         device_per_rank = shared == 0;
     }
-    return resolve_comm(o.comm, backend_name(o.backend), nccl != nullptr, device_per_rank);
+    return resolve_comm(o.comm, backend_kind_name(o.backend), nccl != nullptr, device_per_rank);
 }
 
 // The communicator of `members` (sorted global ranks holding `rank`, or empty: no group), split from `from` with

@@ -404,6 +404,8 @@ struct CastArgs {
 };
 
 enum class BackendKind : uint8_t { kCPU, kCUDA };
+// run.backend's config value for a kind ("cpu" or "cuda"); parse_backend_kind (run_layout.h) is its inverse.
+std::string_view backend_kind_name(BackendKind kind);
 
 // The memory of the devices a backend's ops run on, for the trainer's memory check (engine/train/plan.h): each
 // device's total and how many this process sees. {0, 0} for host memory (the CPU backend, the CUDA emulation).

@@ -31,6 +31,8 @@ void register_cuda_backend(const char* name, BackendFactory make) {
 
 const char* cuda_backend_name() { return cuda_registration().name; }
 
+std::string_view backend_kind_name(BackendKind kind) { return kind == BackendKind::kCUDA ? "cuda" : "cpu"; }
+
 void register_planning_cuda_backend() {
     if (cuda_backend_name() != nullptr) return;
     register_cuda_backend(

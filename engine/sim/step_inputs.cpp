@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "comm/hierarchical_communicator.h"
+#include "comm/nccl/comm_choice.h"
 #include "engine/core/check.h"
 #include "engine/graph/graph.h"
 #include "engine/model/gpt_graph.h"
@@ -108,14 +109,14 @@ ChunkCost chunk_cost(const graph::Graph& g, const CostModel& cost, const RankLin
     return c;
 }
 
-// Whether the dp gradient all-reduce runs in the three phases of hierarchical_communicator.h: as
-// use_hierarchical_dp decides it (auto: where it applies and the groups are MPI ones).
+// Whether the dp gradient all-reduce runs in the three phases of hierarchical_communicator.h, decided as
+// use_hierarchical_dp does, for run.comm as it resolves on the machines planned for (NCCL in the binary, a GPU per
+// rank). A layout `on` cannot honour is refused before it runs; simulated, it is flat.
 bool hierarchical(const RunLayout& layout, const NodeLayout& nodes) {
-    if (layout.hierarchical_dp == HierarchicalDp::kOff || !why_not_hierarchical(layout.topology, nodes).empty())
-        return false;
-    const bool mpi =
-        layout.comm == CommKind::kMpi || (layout.comm == CommKind::kAuto && layout.backend == BackendKind::kCPU);
-    return layout.hierarchical_dp == HierarchicalDp::kOn || mpi;
+    const CommKind comm = resolve_comm(layout.comm, backend_kind_name(layout.backend), /*nccl_in_binary=*/true,
+                                       /*device_per_rank=*/true)
+                              .kind;
+    return layout.hierarchical_dp != HierarchicalDp::kOff && why_not_hierarchical(layout.topology, nodes, comm).empty();
 }
 
 DpCosts dp_costs(const RunLayout& layout, const LinkModel& links, const NodeLayout& nodes) {

@@ -50,21 +50,25 @@ std::vector<int> local_sizes() {
 const std::vector<size_t> kCounts = {1, 3, 7, 64, 1001, 4096};  // some below, some not multiples of the local size
 
 TEST(HierarchicalDp, EligibilityIsDecidedFromTheTopologyAndTheNodes) {
-    EXPECT_EQ(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 4)), "");
-    EXPECT_EQ(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 8)),
+    EXPECT_EQ(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 4), CommKind::kMpi), "");
+    EXPECT_EQ(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 8), CommKind::kMpi),
               "the dp group [0, 1, 2, 3, 4, 5, 6, 7] "
               "lies within one node");
-    EXPECT_NE(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 1)).find("each node holds one rank"),
-              std::string::npos);
+    EXPECT_NE(
+        why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 1), CommKind::kMpi).find("each node holds one rank"),
+        std::string::npos);
     // tp 2 dp 4: the dp group of tp rank 0 is {0, 2, 4, 6}; nodes of 4 hold 2 of them each
-    EXPECT_EQ(why_not_hierarchical(Topology{2, 4, 1}, nodes_by_count(8, 4)), "");
+    EXPECT_EQ(why_not_hierarchical(Topology{2, 4, 1}, nodes_by_count(8, 4), CommKind::kMpi), "");
     // tp 4 dp 2 on nodes of 4: each dp group has one rank per node
-    EXPECT_NE(why_not_hierarchical(Topology{4, 2, 1}, nodes_by_count(8, 4)), "");
+    EXPECT_NE(why_not_hierarchical(Topology{4, 2, 1}, nodes_by_count(8, 4), CommKind::kMpi), "");
     // nodes of 3 ranks over dp 6: {0, 1, 2} and {3, 4, 5}, local size 3 (does not divide most counts)
-    EXPECT_EQ(why_not_hierarchical(Topology{1, 6, 1}, nodes_by_count(6, 3)), "");
-    EXPECT_EQ(why_not_hierarchical(Topology{1, 1, 8}, nodes_by_count(8, 4)), "dp is 1");
+    EXPECT_EQ(why_not_hierarchical(Topology{1, 6, 1}, nodes_by_count(6, 3), CommKind::kMpi), "");
+    EXPECT_EQ(why_not_hierarchical(Topology{1, 1, 8}, nodes_by_count(8, 4), CommKind::kMpi), "dp is 1");
+    // where the layout would do, NCCL's groups keep their own rings and trees
+    EXPECT_NE(why_not_hierarchical(Topology{1, 8, 1}, nodes_by_count(8, 4), CommKind::kNccl).find("NCCL"),
+              std::string::npos);
     const NodeLayout uneven = nodes_by_host({"a", "a", "a", "b"});
-    EXPECT_NE(why_not_hierarchical(Topology{1, 4, 1}, uneven).find("unequally"), std::string::npos);
+    EXPECT_NE(why_not_hierarchical(Topology{1, 4, 1}, uneven, CommKind::kMpi).find("unequally"), std::string::npos);
     const DpNodeSplit s = dp_node_split(Topology{2, 4, 1}, nodes_by_count(8, 4), 6);  // dp group {0, 2, 4, 6}
     EXPECT_EQ(s.nodes, 2);
     EXPECT_EQ(s.local_size, 2);
