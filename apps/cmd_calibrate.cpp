@@ -7,6 +7,9 @@
 // cost model will count for the same op in a model's graph -- and its time the shortest of a few runs after a warm-up.
 // A family's tiny shape gives its overhead; each point's rate is work / (time - overhead), so the profile's formula
 // gives each measured time back.
+//
+// Under mpirun (two ranks or more on one host) every rank first measures the link between ranks 0 and 1
+// (engine/sim/link_probe.h) into the profile's intra-node link; then rank 0 alone times the ops.
 #include <omp.h>
 
 #include <algorithm>
@@ -17,16 +20,19 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "apps/commands.h"
+#include "comm/bootstrap.h"
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/probe.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/core/timer.h"
+#include "engine/sim/link_probe.h"
 #include "engine/sim/profile.h"
 #include "engine/train/device_peak.h"
 #include "engine/train/run_layout.h"
@@ -442,8 +448,21 @@ std::string human_rate(double rate, sim::Bound b) {
 }
 
 // The links: a GPU's estimate when calibrate runs on one we have an estimate for, else the CPU link emulation's
-// defaults (engine/config/config.h LinkModelConfig). Neither is measured.
-void set_links(sim::Profile& p) {
+// defaults (engine/config/config.h LinkModelConfig); then, under mpirun with two ranks or more on this host, the
+// intra-node link as measured (sim::probe_link), the inter-node one left as it was.
+void set_links(sim::Profile& p, const sim::LinkProbe* probe) {
+    if (probe != nullptr) {
+        set_links(p, nullptr);
+        p.intra_node = probe->link;
+        std::string samples;
+        for (const sim::LinkSample& s : probe->samples)
+            samples += fmt::format("{}{:.0f} B {:.2f} us", samples.empty() ? "" : ", ", s.bytes, s.one_way_s * 1e6);
+        p.links_source = fmt::format(
+            "intra_node measured: MPI ping-pong between two ranks of this host, one way {} (alpha: the smallest, "
+            "bytes/s: the slope to the largest); inter_node {}",
+            samples, p.links_source);
+        return;
+    }
     for (const std::string& name : sim::estimate_profile_names()) {
         const sim::Profile e = sim::estimate_profile(name);
         const DevicePeak* mine = find_device_peak(p.device);
@@ -457,7 +476,9 @@ void set_links(sim::Profile& p) {
     const LinkModelConfig lm;
     p.intra_node = {lm.intra_node_latency_us * 1e-6, lm.intra_node_bandwidth_gbps * 1e9};
     p.inter_node = {lm.inter_node_latency_us * 1e-6, lm.inter_node_bandwidth_gbps * 1e9};
-    p.links_source = "not measured: the link model's defaults (engine/config/config.h LinkModelConfig)";
+    p.links_source =
+        "not measured: the link model's defaults (engine/config/config.h LinkModelConfig); `mpirun -np 2 "
+        "mindspeed-train calibrate` measures the intra-node link";
 }
 
 // How long each case runs: at least `runs` runs and `seconds` in all (time_case).
@@ -538,6 +559,20 @@ std::pair<DType, BackendOptions> calibrate_setup(const CalibrateArgs& a) {
 int run_calibrate(const CalibrateArgs& a) {
     const double t_start = now_seconds();
     const auto [D, bo] = calibrate_setup(a);
+    // Under mpirun every rank measures the link first; then rank 0 alone times the ops while the others have left.
+    MpiRuntime mpi;
+    std::optional<sim::LinkProbe> probe;
+    if (mpi.size() > 1) {
+        if (mpi.num_nodes() > 1)
+            throw UserError(fmt::format(
+                "calibrate: the {} ranks run on {} hosts; the link it measures is the one inside a host\n---> HINT: "
+                "run `mpirun -np 2 mindspeed-train calibrate ...` on one host",
+                mpi.size(), mpi.num_nodes()));
+        probe = sim::probe_link(mpi.world(), a.quick);
+        if (mpi.rank() != 0) return kExitOk;
+        std::printf("calibrate: intra-node link (MPI between ranks 0 and 1): alpha %.2f us, %.2f GB/s\n",
+                    probe->link.alpha_s * 1e6, probe->link.bytes_per_s / 1e9);
+    }
     const std::unique_ptr<Backend> be = make_backend(bo);
 
     sim::Profile p;
@@ -546,6 +581,7 @@ int run_calibrate(const CalibrateArgs& a) {
     p.device = be->device_name().empty() ? fmt::format("{} (OpenBLAS {})", cpu_model(), cpu::blas_kernel_name())
                                          : be->device_name();
     p.threads = bo.kind == BackendKind::kCPU ? omp_get_max_threads() : 0;
+    p.cores = bo.kind == BackendKind::kCPU ? static_cast<int>(std::thread::hardware_concurrency()) : 0;
     p.date = utc_now();
     std::string busy;
     const std::string load = machine_load(p.threads, busy);
@@ -553,7 +589,7 @@ int run_calibrate(const CalibrateArgs& a) {
                            a.quick ? " --quick" : "", be->name(), load);
     if (!busy.empty()) std::fprintf(stderr, "%s\n", busy.c_str());
     p.device_memory_bytes = static_cast<int64_t>(be->device_memory().total_bytes);
-    set_links(p);
+    set_links(p, probe ? &*probe : nullptr);
 
     std::printf("%s\n", fmt::format("calibrate: {}, {}, {}{}", p.device, dtype_name(D),
                                     p.threads > 0 ? fmt::format("{} thread{}", p.threads, p.threads > 1 ? "s" : "")
@@ -584,7 +620,7 @@ Command add_calibrate_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "calibrate",
         "Time every op family over a ladder of shapes on the backend at hand and write a profile for `plan "
-        "--simulate` (docs/planner.md)");
+        "--simulate` (docs/planner.md); under `mpirun -np 2` also the link between two ranks of this host");
     auto a = std::make_shared<CalibrateArgs>();
     cmd->add_option("-o,--output", a->output, "The profile file (JSON) to write")->required();
     cmd->add_option("-c,--config", a->config_path,

@@ -81,7 +81,8 @@ Command add_plan_command(CLI::App& parent) {
     cmd->add_flag("--search", plan->search,
                   "Instead of the config's layout, rank every layout of --world-size ranks (tp, pp, vpp, dp, cp, "
                   "micro-batch, recomputation, ZeRO stage, overlap) by simulated throughput within memory, on the "
-                  "cost model of --profile or --device");
+                  "cost model of --profile or --device; with parallel.auto: true in the config, the layout keys it "
+                  "sets are kept, as train keeps them");
     cmd->add_option("--top", plan->top, "--search: how many layouts to print")->check(CLI::Range(1, 1000));
     return {cmd, [args, plan]() {
                 const Config cfg = load_config(args->config_path, args->overrides);

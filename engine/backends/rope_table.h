@@ -11,6 +11,7 @@
 // Scaling is off when factor is 0 or 1. Row p of the table is [cos(p f_i), i < HS/2 | sin(p f_i), i < HS/2].
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +24,7 @@ struct RopeScaling {
     double low_freq_factor = 1.0;
     double high_freq_factor = 4.0;
     double original_max_position_embeddings = 8192.0;
+    auto operator<=>(const RopeScaling&) const = default;
 };
 
 // (HS/2) inverse frequencies f_i, scaled as above. Fatal unless HS is even and positive, theta > 1, and (with scaling

@@ -9,6 +9,7 @@
 // The key table, per-value constraints and emission order live in config_schema.cpp.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -88,6 +89,14 @@ struct ParallelConfig {
     bool sequence_parallel = false;
     std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b
     int virtual_pipeline_model_parallel_size = 1;
+    // parallel.auto (`auto` is a C++ keyword): the layout -- tp, sp, cp, pp, vpp, dp, the micro-batch, recomputation,
+    // ZeRO stage and overlap -- is the layout search's first choice (engine/sim/search.h) for the launch's ranks,
+    // made by resolve_auto_layout (engine/train/run_layout.h) before the run's layout is built; those keys set beside
+    // it (in the file or by --set) are kept as set and the search chooses the rest (docs/planner.md "parallel.auto").
+    bool auto_layout = false;
+    // The search's cost model: a profile file `mindspeed-train calibrate` wrote, or a built-in estimate (a100-80g,
+    // h100, h200); empty: on run.backend: cuda the estimate of the GPU the run finds, on the CPU a config error.
+    std::string auto_profile;
 };
 
 struct TrainingConfig {
@@ -137,6 +146,7 @@ struct OptimizerConfig {
     int64_t freeze_step = 0;
     int64_t onebit_chunk_size = 2048;
     bool onebit_adam() const { return type == "onebit_adam"; }
+    auto operator<=>(const OptimizerConfig&) const = default;
 };
 
 struct LrScheduleConfig {
@@ -232,6 +242,9 @@ struct Config {
     ReliabilityConfig reliability;
     LinkModelConfig link_model;
     DebugConfig debug;
+    // The keys the file and --set gave a value (an alias counts as its target), sorted; load_config fills it. Not a
+    // key: neither config_to_yaml nor the hash sees it. parallel.auto keeps the layout keys among them.
+    std::vector<std::string> explicit_keys;
 };
 
 // Values computed from a Config and the world size; printed at start.

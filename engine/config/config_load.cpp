@@ -188,6 +188,7 @@ class Loader {
 
     Config finish() {
         for (size_t i = 0; i < fields_.size(); ++i) resolve(i);
+        for (const auto& [path, setting] : settings_) cfg_.explicit_keys.push_back(path);
         check_fields(cfg_, &locs_);
         require_model();
         return cfg_;

@@ -171,6 +171,13 @@ std::vector<Field> config_fields(Config& c) {
         {"parallel.pipeline_schedule", &c.parallel.pipeline_schedule, one_of({"gpipe", "1f1b", "interleaved_1f1b"})},
         {"parallel.virtual_pipeline_model_parallel_size", &c.parallel.virtual_pipeline_model_parallel_size,
          at_least(1)},
+        {"parallel.auto", &c.parallel.auto_layout,
+         Constraint{.hint = "true trains with the layout `mindspeed-train plan --search` ranks first for the "
+                            "launch's ranks (docs/planner.md \"parallel.auto\"); the layout keys set beside it are "
+                            "kept"}},
+        {"parallel.auto_profile", &c.parallel.auto_profile,
+         Constraint{.hint = "a profile file `mindspeed-train calibrate --output FILE` wrote, or a built-in estimate "
+                            "(a100-80g, h100, h200); empty: the estimate of the run's GPU (run.backend: cuda)"}},
 
         {"training.micro_batch_size", &c.training.micro_batch_size, at_least(1)},
         {"training.global_batch_size", &c.training.global_batch_size,

@@ -96,6 +96,14 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
                 key, cfg.run.backend, key);
         }
     }
+    // parallel.auto_profile: only the layout search reads it (resolve_auto_layout), so without parallel.auto it would
+    // be silently ignored.
+    if (!p.auto_layout && !p.auto_profile.empty()) {
+        fail(
+            "parallel.auto_profile = '{}' is set but parallel.auto is false: only the layout search reads it; hint: "
+            "set parallel.auto: true to train with the layout it ranks first, or remove auto_profile",
+            p.auto_profile);
+    }
     if (cfg.mixed_precision.loss_scale > 0 && model_dtype(cfg.mixed_precision) != DType::kF16) {
         fail(
             "mixed_precision.loss_scale = {} is set but mixed_precision.dtype = '{}': loss scaling is for fp16 only "

@@ -13,7 +13,8 @@
 // contributions of both into one tensor, the first overwriting and the rest accumulating (Accumulate::kAdd), and the
 // identity gradients of a residual add and of a tensor-parallel "reduce" alias the incoming gradient instead of
 // copying it. So one gradient tensor may be written by several backward ops; its lifetime runs from the first write
-// to the last read. Parameter gradients live in the flat gradient buffer and are always accumulated (+=).
+// to the last read. Parameter gradients live in the flat gradient buffer (the tied output layer's may be kept apart:
+// Role::kHeadGradient) and are always accumulated (+=).
 #pragma once
 
 #include <cstdint>
@@ -32,22 +33,30 @@ using TensorId = int;
 inline constexpr TensorId kNoTensor = -1;
 
 enum class Role : uint8_t {
-    kParameter,   // the 16-bit (or fp32) weights the ops read: flat weights buffer at `param_offset`
-    kGradient,    // a parameter's gradient (fp32, or 16-bit: GptGraphOptions::grads): flat gradient buffer
-    kInput,       // written by the host before the forward (tokens, targets, a pipeline stage's input activation)
-    kOutput,      // read by the host or the pipeline after the forward (losses, logits, a stage's output)
-    kActivation,  // written and read by ops; planned (memory_plan.cpp)
-    kGradInput,   // a stage's output gradient (written by the pipeline before backward) or input gradient (read
-                  // after backward); planned like activations but live across the whole call
+    kParameter,     // the 16-bit (or fp32) weights the ops read: flat weights buffer at `param_offset`
+    kGradient,      // a parameter's gradient (fp32, or 16-bit: GptGraphOptions::grads): flat gradient buffer
+    kHeadGradient,  // the tied output layer's gradient kept apart on a chunk that also holds the embedding
+                    // (GptGraphOptions::tied_grads_apart): a buffer of its own (Bindings::head_grads) at
+                    // `param_offset`, added to the embedding's gradient once per step (Gpt::finish_gradients())
+    kInput,         // written by the host before the forward (tokens, targets, a pipeline stage's input activation)
+    kOutput,        // read by the host or the pipeline after the forward (losses, logits, a stage's output)
+    kActivation,    // written and read by ops; planned (memory_plan.cpp)
+    kGradInput,     // a stage's output gradient (written by the pipeline before backward) or input gradient (read
+                    // after backward); planned like activations but live across the whole call
 };
+
+// Parameters and their gradients live in buffers of their own, outside the memory plan.
+inline bool is_parameter_memory(Role r) {
+    return r == Role::kParameter || r == Role::kGradient || r == Role::kHeadGradient;
+}
 
 struct TensorInfo {
     std::string name = {};       // "h.3.qkv", "d.h.3.ln2", "wte.weight", ...
     std::vector<int64_t> shape;  // elements per dim; rows first
     DType dtype = DType::kF32;
     Role role = Role::kActivation;
-    int64_t param_offset = -1;         // kParameter / kGradient: element offset in the flat buffers
-    int param = -1;                    // kParameter / kGradient: index in the parameter table
+    int64_t param_offset = -1;         // kParameter / kGradient / kHeadGradient: element offset in its buffer
+    int param = -1;                    // kParameter / kGradient / kHeadGradient: index in the parameter table
     bool read_after_backward = false;  // kOutput the host still reads after the backward (the losses)
     int layer = -1;              // the model layer whose ops make it (-1: the chunk's own: embedding, head, hand-offs)
     std::string grad_name = {};  // its gradient's name when not "d.<name>"

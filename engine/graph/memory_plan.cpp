@@ -45,7 +45,7 @@ std::vector<Lifetime> lifetimes(const Graph& g) {
     for (size_t t = 0; t < g.tensors.size(); ++t) {
         Lifetime& l = life[t];
         const TensorInfo& info = g.tensors[t];
-        if (info.role == Role::kParameter || info.role == Role::kGradient || l.last < 0) {
+        if (is_parameter_memory(info.role) || l.last < 0) {
             l.last = -1;  // no memory here
             continue;
         }
@@ -203,7 +203,7 @@ size_t MemoryPlan::layer_slot_offset(int index) const {
 
 MemoryPlan::Place MemoryPlan::place(const Graph& g, TensorId t) const {
     const TensorInfo& info = g.info(t);
-    if (info.role == Role::kParameter || info.role == Role::kGradient) return {};
+    if (is_parameter_memory(info.role)) return {};
     const std::string key = layer_key(info);
     if (info.layer < 0) {
         const auto it = chunk_places.find(key);

@@ -23,6 +23,11 @@ class Compiler {
         const TensorInfo& i = g_.info(t);
         if (i.role == Role::kParameter) return at_.weights + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
         if (i.role == Role::kGradient) return at_.grads + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
+        if (i.role == Role::kHeadGradient) {
+            MS_CHECK(at_.head_grads != nullptr, "graph program: '{}' is kept apart, but no buffer is bound for it",
+                     i.name);
+            return at_.head_grads + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
+        }
         const MemoryPlan::Place p = plan_.place(g_, t);
         MS_CHECK(p.group != MemGroup::kNone, "graph program: tensor '{}' has no memory in the plan", i.name);
         return (p.group == MemGroup::kSlot ? at_.slot : at_.scratch) + p.offset;

@@ -18,10 +18,11 @@ namespace ms::graph {
 
 // Where the tensors of one micro-batch live: the flat parameter buffers and this slot's and the chunk's blocks.
 struct Bindings {
-    std::byte* weights = nullptr;  // the weights the ops read (dtype Graph::act), flat, parameter-table layout
-    std::byte* grads = nullptr;    // the parameter gradients (dtype their tensors say), same layout
-    std::byte* slot = nullptr;     // MemoryPlan::slot_bytes()
-    std::byte* scratch = nullptr;  // MemoryPlan::scratch_bytes()
+    std::byte* weights = nullptr;     // the weights the ops read (dtype Graph::act), flat, parameter-table layout
+    std::byte* grads = nullptr;       // the parameter gradients (dtype their tensors say), same layout
+    std::byte* slot = nullptr;        // MemoryPlan::slot_bytes()
+    std::byte* scratch = nullptr;     // MemoryPlan::scratch_bytes()
+    std::byte* head_grads = nullptr;  // the kHeadGradient tensor's buffer (a graph with one), else unused
 };
 
 // Elements [begin, end) of the flat gradient buffer: one parameter's gradient.

@@ -7,6 +7,7 @@
 // num_layers of the chunk. kSelective: every layer.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 
 namespace ms::graph {
@@ -17,6 +18,7 @@ struct RecomputeOptions {
     RecomputeGranularity granularity = RecomputeGranularity::kNone;
     RecomputeMethod method = RecomputeMethod::kUniform;
     int num_layers = 1;  // kBlock: the chunk's first num_layers layers; kUniform: layers per group (1)
+    auto operator<=>(const RecomputeOptions&) const = default;
     // Whether the chunk's `index`-th layer (0-based within the chunk) is recomputed.
     bool recomputes(int index) const {
         if (granularity == RecomputeGranularity::kNone) return false;

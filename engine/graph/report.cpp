@@ -29,7 +29,8 @@ Bytes op_bytes(const Graph& g, const Node& n) {
         const TensorInfo& info = g.info(t);
         b.written += info.bytes();
         const bool in_place = std::find(n.in.begin(), n.in.end(), t) != n.in.end();  // already counted as read
-        const bool accumulates = info.role == Role::kGradient || (i == 0 && n.accumulate == Accumulate::kAdd);
+        const bool accumulates = info.role == Role::kGradient || info.role == Role::kHeadGradient ||
+                                 (i == 0 && n.accumulate == Accumulate::kAdd);
         if (accumulates && !in_place) b.read += info.bytes();
     }
     if (n.op == OpCode::kLmHeadLoss && n.chunk_rows > 0) {

@@ -122,12 +122,28 @@ TensorId ChunkBuilder::reduce_rows(TensorId partial, const std::string& name, in
     return partial;
 }
 
+TensorId ChunkBuilder::head_weight() {
+    const TensorId shared = param(output_weight_name(s_.shape));
+    if (head_grad_bytes(s_.shape, s_.part, s_.tp_size, s_.options) == 0) return shared;
+    // the same weights read as a parameter of its own, whose gradient goes to the chunk's head buffer
+    graph::TensorInfo w = g_.info(shared);
+    w.name += "@head";
+    graph::TensorInfo d = w;
+    d.name = "grad." + w.name;
+    d.dtype = s_.options.grads;
+    d.role = Role::kHeadGradient;
+    d.param_offset = 0;
+    const TensorId t = g_.add_tensor(std::move(w));
+    g_.grad_of[static_cast<size_t>(t)] = g_.add_tensor(std::move(d));
+    return t;
+}
+
 void ChunkBuilder::head(TensorId res) {
     const GptShape& s = s_.shape;
     const int64_t Vl = s.Vp / s_.tp_size, vocab_start = s_.tp_rank * Vl;
     const TensorId x = norm_to_columns(res, "ln_f", final_norm(), -1);
     const TensorId logits = act("logits", N_, Vl, Role::kOutput);
-    op(OpCode::kMatmul, "lm_head", {x, param(output_weight_name(s)), kNoTensor}, {logits}, -1);
+    op(OpCode::kMatmul, "lm_head", {x, head_weight(), kNoTensor}, {logits}, -1);
     if (!s_.with_loss) return;
     const TensorId targets = stat("targets", N_, DType::kI32);
     op(OpCode::kLoadTargets, "targets", {}, {targets}, -1).vocab_valid = s.V;

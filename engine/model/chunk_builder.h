@@ -56,6 +56,9 @@ class ChunkBuilder {
 
   private:
     void head(TensorId res);
+    // The output layer's weight: its parameter, or with the tied gradient kept apart (head_grad_bytes() > 0) the same
+    // weights as a tensor "<name>@head" whose gradient is the chunk's kHeadGradient buffer.
+    TensorId head_weight();
 };
 
 }  // namespace ms

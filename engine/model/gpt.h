@@ -32,6 +32,7 @@
 // output() or grad_input() on the host synchronize the backend first.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,6 +64,16 @@ struct GptGraphOptions {
     // parallel.context_parallel_size: each sequence split over this many ranks (engine/parallel/context_split.h),
     // whose attention is a ring (engine/graph/ring_attention.h); the graph holds the local rows. Llama only.
     int context_parallel = 1;
+    // A chunk with both the embedding and the tied output layer (one pipeline stage) accumulates the output layer's
+    // gradient in a Vp/tp x C buffer of its own (graph::Role::kHeadGradient, head_grad_bytes()), which
+    // finish_gradients() adds to the embedding's once per step, after the last micro-batch: the sum of the
+    // embedding's gradients plus the sum of the head's, as a pipeline's first and last stage form it and the
+    // embedding group adds it, so one stage and several give the same bits (the head's and the lookup's
+    // contributions otherwise alternate in one buffer, micro-batch by micro-batch). Off: both accumulate into
+    // grads() directly, complete after each backward(). make_run_layout sets it where a run is layout-exact: fp32
+    // on the CPU backend, and onebit_adam.
+    bool tied_grads_apart = false;
+    auto operator<=>(const GptGraphOptions&) const = default;
 };
 
 // The model family (model.arch): GPT-2 as described above, or Llama (Megatron's / Hugging Face's): token embedding
@@ -94,6 +105,7 @@ struct GptShape {
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not
     // pay for the difference in activation memory.
     int seq() const { return S > 0 ? S : T; }
+    auto operator<=>(const GptShape&) const = default;
 };
 
 // The token embedding's parameter (GPT's "wte.weight", Llama's "model.embed_tokens.weight"), and the output layer's:
@@ -116,6 +128,7 @@ struct GptPart {
     int num_layers = -1;    // -1: every layer from first_layer on
     bool embedding = true;  // token (+ position) embeddings (the first chunk)
     bool head = true;       // final norm, the output head (tied to wte for GPT) and the loss (the last chunk)
+    auto operator<=>(const GptPart&) const = default;
 };
 
 // How a parameter's elements start. The table holds the rule, not the numbers: the model's init std (the config's
@@ -241,7 +254,8 @@ class Gpt {
     // this chunk's flat buffers (parallel.overlap_param_gather waits for their gather there). Not owned; null: none.
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed);
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
-    // (sequence parallelism's LayerNorm gradients). A no-op otherwise.
+    // (sequence parallelism's LayerNorm gradients; the tied output layer's kept apart, GptGraphOptions::
+    // tied_grads_apart, added to the embedding's). A no-op otherwise.
     void finish_gradients();
     // The gradients finish_gradients() completes: final only after it, whatever the backward said.
     std::vector<graph::GradRange> gradients_finished_per_step() const;

@@ -131,6 +131,11 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
     return plan;
 }
 
+int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size, const GptGraphOptions& options) {
+    if (!options.tied_grads_apart || !part.embedding || !part.head || shape.untied) return 0;
+    return int64_t{shape.Vp} / tp_size * shape.C * static_cast<int64_t>(dtype_size(options.grads));
+}
+
 GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
     : shape_(shape), backend_(backend), tp_(tp), o_(o) {
     MS_CHECK(o.params != nullptr && o.grads != nullptr && o.weights != nullptr,
@@ -143,6 +148,13 @@ GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp
     for (int i = 0; i < o.num_slots; ++i)
         slot_blocks_.emplace_back(plan_.slot_bytes(), o.arena, MemCategory::kActivation,
                                   fmt::format("{} slot {}", what, i));
+    if (const int64_t bytes = head_grad_bytes(shape, o.part, tp.size(), o.graph); bytes > 0) {
+        head_grads_ =
+            MemoryBlock(static_cast<size_t>(bytes), o.arena, MemCategory::kGradient, what + " tied head grads");
+        for (size_t i = 0; i < table_.size(); ++i)
+            if (table_[i].name == output_weight_name(shape)) head_param_ = static_cast<int>(i);
+        backend_.zero(head_grads_tensor());
+    }
     loss_sum_.assign(static_cast<size_t>(o.num_slots), 0.0);
     loss_scale_.assign(static_cast<size_t>(o.num_slots), 0.0f);
     // the graph of a full micro-batch: names the hand-off tensors, and the step-end tp gradient sums
@@ -179,7 +191,8 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
     entry->plan = !with_loss && plan_.logits_only ? plan_.logits_only.get() : &plan_;
     for (int i = 0; i < o_.num_slots; ++i) {
         const graph::Bindings at{static_cast<std::byte*>(o_.weights), static_cast<std::byte*>(o_.grads),
-                                 slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>()};
+                                 slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>(),
+                                 head_grads_.as<std::byte>()};
         double* loss = &loss_sum_[static_cast<size_t>(i)];
         entry->forward.push_back(
             compile_program(entry->graph.g, graph::Phase::kForward, *entry->plan, at, backend_, tp_, loss, o_.cp));
@@ -215,16 +228,35 @@ std::vector<graph::GradRange> GptProgram::gradients_finished_per_step() const {
         const ParamInfo& p = table_[static_cast<size_t>(i)];
         out.push_back({p.offset, p.offset + p.numel});
     }
+    if (head_param_ >= 0) {
+        const ParamInfo& p = table_[static_cast<size_t>(head_param_)];
+        out.push_back({p.offset, p.offset + p.numel});
+    }
     return out;
 }
 
+Tensor GptProgram::head_grads_tensor() const {
+    const ParamInfo& p = table_[static_cast<size_t>(head_param_)];
+    return Tensor(head_grads_.data(), o_.graph.grads, {p.numel});
+}
+
 void GptProgram::finish_gradients() {
+    const DType t = o_.graph.grads;
     for (int i : full_->graph.g.tp_partial_grad_params) {
         const ParamInfo& p = table_[static_cast<size_t>(i)];
-        const DType t = o_.graph.grads;
         tp_.all_reduce(static_cast<std::byte*>(o_.grads) + static_cast<size_t>(p.offset) * dtype_size(t),
                        static_cast<size_t>(p.numel), t, ReduceOp::kSum, Priority::kHigh)
             .wait();
+    }
+    if (head_param_ >= 0) {
+        // the embedding's gradient plus the head's, each summed over the micro-batches: one rounded add, what the
+        // embedding group's all-reduce makes of a first and a last stage's (commutative, so the same bits)
+        const ParamInfo& p = table_[static_cast<size_t>(head_param_)];
+        const Tensor embedding(static_cast<std::byte*>(o_.grads) + static_cast<size_t>(p.offset) * dtype_size(t), t,
+                               {p.numel});
+        const Tensor head = head_grads_tensor();
+        backend_.residual_forward({.a = embedding, .b = head, .out = embedding, .bias = {}});
+        backend_.zero(head);  // for the next step
     }
 }
 

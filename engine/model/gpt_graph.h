@@ -7,6 +7,7 @@
 // "d.<name>" for gradients, so a graph for a smaller batch finds its tensors in the plan made for the largest.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,6 +35,8 @@ struct GptGraphSpec {
     bool with_loss = true;  // the head computes the loss (and the graph its backward); false: logits only
     bool fuse = true;       // run the fusion pass (false: the graph as derived, for plan --graph's comparison)
     GptGraphOptions options = {};
+    // Everything the builder reads: equal specs build the same graph (a cache key).
+    auto operator<=>(const GptGraphSpec&) const = default;
 };
 
 // The chunk's graph: forward, backward (unless the head is built without the loss) and the fusion pass's report.
@@ -49,6 +52,11 @@ GptGraph build_llama_graph(const GptGraphSpec& spec, const std::vector<ParamInfo
 // allocates and `plan` reports. Its cost does not grow with the layer count (memory_plan.h).
 graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
                                   bool sequence_parallel, DType act, const GptGraphOptions& options = {});
+
+// Bytes of the buffer where the chunk keeps its tied output layer's gradient apart (GptGraphOptions::tied_grads_apart):
+// Vp/tp x C of the gradient dtype on a chunk with both the embedding and the tied head, else 0. GptProgram
+// allocates it, `plan` counts it.
+int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size, const GptGraphOptions& options);
 
 // One chunk run from compiled programs: Gpt's forward/backward contract (gpt.h) over external parameters,
 // weights and gradients, with activations in `num_slots` slot blocks and one scratch block laid out by the graph's
@@ -92,6 +100,7 @@ class GptProgram {
     const Compiled& compiled(int B, int T, bool with_loss);
     void* address(graph::TensorId t, int slot) const;  // of a tensor of the full micro-batch's graph
     void* tensor(const std::string& name, int slot) const;
+    Tensor head_grads_tensor() const;  // head_grads_ as (numel) of the gradient dtype
 
     GptShape shape_;
     Backend& backend_;
@@ -101,6 +110,8 @@ class GptProgram {
     graph::MemoryPlan plan_;
     std::vector<MemoryBlock> slot_blocks_;
     MemoryBlock scratch_block_;
+    MemoryBlock head_grads_;         // head_grad_bytes(): the tied output layer's gradient kept apart, else empty
+    int head_param_ = -1;            // that parameter's index in table_ (-1: none kept apart)
     std::vector<double> loss_sum_;   // per slot
     std::vector<float> loss_scale_;  // per slot: its forward's, for its backward (0: none may follow)
     std::map<std::tuple<int, int, bool>, std::unique_ptr<Compiled>> programs_;

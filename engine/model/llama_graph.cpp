@@ -11,6 +11,8 @@
 // (context_split.h): the rotary table has their positions, and attention is the ring (ring_attention.h).
 #include <fmt/format.h>
 
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "engine/backends/rope_table.h"
@@ -25,6 +27,32 @@ using graph::kNoTensor;
 using graph::Node;
 using graph::OpCode;
 using graph::TensorId;
+
+// rope_table(), computed once for a run of graphs of the same sequence, head size and RoPE: the layout search
+// (engine/sim/search.h) builds thousands of chunks of one model, and the table's sines and cosines in double were
+// most of its time. One table is kept, the last asked for (a process plans one model at a time).
+std::shared_ptr<const std::vector<float>> shared_rope_table(int64_t positions, int64_t HS, double theta,
+                                                            const RopeScaling& scaling) {
+    struct Kept {
+        int64_t positions = -1, HS = -1;
+        double theta = 0;
+        RopeScaling scaling;
+        std::shared_ptr<const std::vector<float>> table;
+    };
+    static std::mutex mutex;
+    static Kept kept;
+    const std::lock_guard<std::mutex> lock(mutex);
+    const RopeScaling& k = kept.scaling;
+    const bool same = kept.positions == positions && kept.HS == HS && kept.theta == theta &&
+                      k.factor == scaling.factor && k.low_freq_factor == scaling.low_freq_factor &&
+                      k.high_freq_factor == scaling.high_freq_factor &&
+                      k.original_max_position_embeddings == scaling.original_max_position_embeddings;
+    if (!same) {
+        kept = {positions, HS, theta, scaling,
+                std::make_shared<const std::vector<float>>(rope_table(positions, HS, theta, scaling))};
+    }
+    return kept.table;
+}
 
 class LlamaBuilder : public ChunkBuilder {
   public:
@@ -53,11 +81,12 @@ void LlamaBuilder::before_layers() {
     const ContextSplit split{s_.options.context_parallel, s_.cp_rank};
     const int64_t S = int64_t{s_.T} * split.cp;  // the whole sequence's rows
     std::vector<float>& local = op(OpCode::kLoadConstant, "rope_table", {}, {rope_table_}, -1).constant;
-    local = rope_table(S, HS, s.rope_theta, s.rope_scaling);
+    const std::shared_ptr<const std::vector<float>> whole = shared_rope_table(S, HS, s.rope_theta, s.rope_scaling);
     if (split.cp > 1) {  // this rank's positions
-        const std::vector<float> whole = std::move(local);
         local.assign(static_cast<size_t>(s_.T * HS), 0.0f);
-        split.rows(whole.data(), local.data(), 1, S, HS);
+        split.rows(whole->data(), local.data(), 1, S, HS);
+    } else {
+        local = *whole;
     }
 }
 

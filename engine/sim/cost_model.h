@@ -33,6 +33,10 @@ class CostModel {
     virtual double peak_flops(DType act) const = 0;
     // The links: inside a node and between nodes.
     virtual LinkModel links() const = 0;
+    // How many times over `ranks_per_host` ranks want the host's cores: max(1, ranks x threads per rank / cores).
+    // Above 1 the simulator bounds the step by the host's compute over its cores (simulator.h, "Oversubscribed
+    // hosts"). 1 where each rank owns its device.
+    virtual double oversubscription(int /*ranks_per_host*/) const { return 1; }
 };
 
 }  // namespace ms::sim

@@ -217,7 +217,7 @@ bool Profile::operator==(const Profile& o) const {
         return a.alpha_s == b.alpha_s && a.bytes_per_s == b.bytes_per_s;
     };
     return version == o.version && name == o.name && device == o.device && backend == o.backend &&
-           threads == o.threads && date == o.date && estimate == o.estimate && source == o.source &&
+           threads == o.threads && cores == o.cores && date == o.date && estimate == o.estimate && source == o.source &&
            memory_bytes_per_s == o.memory_bytes_per_s && device_memory_bytes == o.device_memory_bytes &&
            same(intra_node, o.intra_node) && same(inter_node, o.inter_node) && links_source == o.links_source &&
            tables == o.tables;
@@ -342,9 +342,11 @@ ProfileCostModel::ProfileCostModel(Profile p) : p_(std::move(p)) {
 std::string ProfileCostModel::describe() const {
     if (p_.estimate)
         return fmt::format("{}: ESTIMATE -- an estimate for {} from published peaks, not measured", p_.name, p_.device);
-    return fmt::format(
-        "{}: {} ({}{}), measured {}", p_.name, p_.device, p_.backend,
-        p_.threads > 0 ? fmt::format(", {} thread{}", p_.threads, p_.threads > 1 ? "s" : "") : std::string(), p_.date);
+    return fmt::format("{}: {} ({}{}), measured {}", p_.name, p_.device, p_.backend,
+                       p_.threads > 0 ? fmt::format(", {} thread{} a rank on {} cores", p_.threads,
+                                                    p_.threads > 1 ? "s" : "", p_.cores)
+                                      : std::string(),
+                       p_.date);
 }
 
 const DTypeTable& ProfileCostModel::table(DType act) const {
@@ -381,6 +383,11 @@ double ProfileCostModel::memory_seconds(int64_t bytes) const {
 }
 
 double ProfileCostModel::peak_flops(DType act) const { return table(act).matmul_peak_flops; }
+
+double ProfileCostModel::oversubscription(int ranks_per_host) const {
+    if (p_.cores <= 0) return 1;
+    return std::max(1.0, static_cast<double>(ranks_per_host) * std::max(p_.threads, 1) / p_.cores);
+}
 
 LinkModel ProfileCostModel::links() const {
     return LinkModel{.intra = p_.intra_node, .inter = p_.inter_node, .occupancy = nullptr};

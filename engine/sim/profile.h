@@ -89,12 +89,13 @@ struct DTypeTable {
 };
 
 struct Profile {
-    static constexpr int kVersion = 1;
+    static constexpr int kVersion = 2;
     int version = kVersion;
     std::string name;                          // "cpu", "h200", "a100-80g": what `--profile` and describe() call it
     std::string device;                        // "AMD EPYC 7B13 (OpenBLAS Zen)", "NVIDIA H200"
     std::string backend;                       // "cpu" or "cuda"
     int threads = 0;                           // OpenMP threads the CPU ops ran on (0 on a GPU)
+    int cores = 0;                             // the host's hardware threads (0 on a GPU: each rank owns its device)
     std::string date;                          // when it was measured or written, UTC, ISO 8601
     bool estimate = false;                     // true: derived from published peaks, not measured
     std::string source;                        // how the numbers were made, one sentence
@@ -129,6 +130,9 @@ class ProfileCostModel : public CostModel {
     double memory_seconds(int64_t bytes) const override;
     double peak_flops(DType act) const override;
     LinkModel links() const override;
+    // max(1, ranks_per_host x threads / cores) on a CPU profile (the ranks run the profile's threads each), 1 on a
+    // GPU one (cores 0).
+    double oversubscription(int ranks_per_host) const override;
 
     // The seconds of `w` on the table of `act` (op_seconds without a graph): what calibrate prints beside its
     // measurements.

@@ -117,6 +117,7 @@ std::string profile_to_json(const Profile& p) {
         {"device", p.device},
         {"backend", p.backend},
         {"threads", p.threads},
+        {"cores", p.cores},
         {"date", p.date},
         {"source", p.source},
         {"memory_bytes_per_s", p.memory_bytes_per_s},
@@ -151,6 +152,7 @@ Profile profile_from_json(const std::string& text, const std::string& where) {
     p.device = r.string(j, "device");
     p.backend = r.string(j, "backend");
     p.threads = static_cast<int>(r.number(j, "threads", ""));
+    p.cores = static_cast<int>(r.number(j, "cores", ""));
     p.date = r.string(j, "date");
     p.source = r.string(j, "source");
     p.memory_bytes_per_s = r.number(j, "memory_bytes_per_s", "", true);

@@ -12,6 +12,9 @@
 //   memory        the plan's largest rank (engine/train/plan.h) exceeds the budget per rank
 //   bubble        the schedule's theoretical bubble (t_backward = 2 t_forward, free messages) exceeds max_bubble
 // and the rest are simulated and ranked by tokens per second.
+//
+// With parallel.auto (config.h) the layout keys (layout_keys()) the config set explicitly are kept: each such axis
+// takes only the config's value, so `plan --search` ranks what `parallel.auto: true` chooses from.
 #pragma once
 
 #include <string>
@@ -43,11 +46,13 @@ const char* prune_reason_name(PruneReason r);  // "divisibility", "memory", "bub
 struct Pruned {
     std::string label;
     PruneReason reason;
-    std::string why;  // the validation's sentence, the bytes against the budget, the bubble against the bound
+    std::string why;         // the validation's sentence, the bytes against the budget, the bubble against the bound
+    int64_t peak_bytes = 0;  // kMemory: the plan's largest rank
 };
 
 struct Ranked {
     std::string label;
+    Config cfg;  // the candidate: the base config with its layout keys replaced
     SimulatedStep step;
     int64_t peak_bytes = 0;  // the plan's largest rank
 };
@@ -58,7 +63,15 @@ struct SearchResult {
     std::vector<Pruned> pruned;
 };
 
-// The candidates of `base` (its model, data and global batch kept; its parallel and recompute keys replaced).
+// The keys a candidate sets (its layout): parallel.tensor_model_parallel_size, ... training.recompute_num_layers.
+const std::vector<std::string>& layout_keys();
+// The layout keys kept at the config's values: with parallel.auto, those among its explicit_keys; else none.
+std::vector<std::string> kept_layout_keys(const Config& c);
+// c's layout as `--set` overrides, one "--set key=value" per layout key, in layout_keys() order.
+std::string layout_overrides(const Config& c);
+
+// The candidates of `base` (its model, data and global batch kept; its parallel and recompute keys replaced, but for
+// the kept ones).
 std::vector<SearchCandidate> enumerate_layouts(const Config& base, const SearchOptions& o);
 
 // Prunes and simulates the candidates on `cost`, nodes of gpus_per_node consecutive ranks.
@@ -66,5 +79,13 @@ SearchResult search_layouts(const Config& base, const CostModel& cost, const Sea
 
 // The lines `plan --search` prints: the counts, the top o.top with their numbers, an example of each prune reason.
 std::vector<std::string> search_report(const SearchResult& r, const SearchOptions& o);
+
+// The memory budget per rank the search prunes against when neither `plan --memory-gb` nor anything else says:
+// run.memory_limit_gb, else a device's memory (a profile's device_memory_bytes) less what a GPU rank keeps outside
+// its arena (plan.h kDeviceReserveBytes), else the host's memory / ranks on a node (memory_budget_bytes).
+double search_memory_budget(const Config& cfg, int64_t device_memory_bytes, int ranks_on_node);
+
+// Why no candidate of r is ranked, one sentence with a hint (parallel.auto's error when nothing can run).
+std::string no_layout_reason(const SearchResult& r, const SearchOptions& o, const Config& base);
 
 }  // namespace ms::sim

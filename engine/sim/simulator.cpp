@@ -248,9 +248,20 @@ SimulatedStep simulate_stages(const StepInputs& in) {
     }
     out.step_seconds += gather_late;
 
+    double compute = 0;
     for (const StageResult& r : out.stages) {
         out.comm_total_seconds += (r.comm_total() + in.scalar_seconds) / pp;
         out.comm_exposed_seconds += (r.comm_exposed() + in.scalar_seconds) / pp;
+        compute += (r.busy - r.tp_comm + r.zero + r.optimizer) / pp;
+    }
+
+    // 7. an oversubscribed host: its cores run every rank's compute and its shared-memory transfers
+    out.own_cores_seconds = out.step_seconds;
+    out.oversubscription = in.oversubscription;
+    out.host_compute_seconds = compute;
+    if (in.oversubscription > 1) {
+        out.host_bound_seconds = in.oversubscription * (compute + out.comm_exposed_seconds);
+        out.step_seconds = std::max(out.step_seconds, out.host_bound_seconds);
     }
     out.tokens_per_s = out.step_seconds > 0 ? in.tokens_per_step / out.step_seconds : 0;
     out.mfu = in.peak_flops > 0 ? in.flops_per_token * out.tokens_per_s / (in.peak_flops * in.world_size) : 0;
@@ -271,6 +282,14 @@ std::vector<std::string> step_report(const SimulatedStep& step, const RunLayout&
                     ms(step.comm_exposed_seconds), pct(step.comm_exposed_share()), ms(step.comm_total_seconds),
                     pct(step.comm_total_share())),
     };
+    if (step.oversubscription > 1) {
+        lines.push_back(fmt::format(
+            "  oversubscribed: the ranks of a node want {0:.2f}x its cores; host bound {0:.2f} x ({1} ms compute a "
+            "rank + {2} ms exposed communication) = {3} ms{4} (each rank on cores of its own: {5} ms)",
+            step.oversubscription, ms(step.host_compute_seconds), ms(step.comm_exposed_seconds),
+            ms(step.host_bound_seconds), step.step_seconds > step.own_cores_seconds ? ", the step" : "",
+            ms(step.own_cores_seconds)));
+    }
     const std::vector<std::string> header = {
         "stage",        "busy ms",   "tp+cp ms", "p2p ms", "embd ms", "dp ms (exposed)", "gather ms (exposed)",
         "optimizer ms", "memory GiB"};

@@ -35,6 +35,13 @@
 //        buffer's start, each waited by the next step's first read of its parameters in the first forward (its
 //        lateness, the largest over the buckets, is exposed).
 //   The step ends when the last stage's optimizer (and exposed gather) does.
+//     7. oversubscribed hosts (CostModel::oversubscription s > 1: the ranks on a node want s times its cores): the
+//        step is at least s x (the mean over the stages of a rank's compute -- forwards, backwards, zeroing and the
+//        optimizer, without their communication -- + the mean exposed communication). On a CPU host the cores run
+//        every rank's compute and MPI's shared-memory copies, and Open MPI, oversubscribed, yields the core of a
+//        rank that waits (mpi_yield_when_idle), so the cores are shared by the ranks that work, a pipeline's bubble
+//        filled by the other stages' work: the step is the longer of this bound and steps 1-6 with each rank on
+//        cores of its own.
 // What is not modelled: background (dp) traffic delaying critical (tp, pp) traffic on a shared link (the
 // communication engine cuts it into pieces so a critical operation waits for one piece at most), kernel launch
 // gaps, the host's data loading, 1-bit Adam's compression (timed as AdamW) and the step-boundary checks.
@@ -46,6 +53,7 @@
 #include <vector>
 
 #include "comm/nodes.h"
+#include "engine/model/gpt_graph.h"
 #include "engine/sim/cost_model.h"
 #include "engine/train/run_layout.h"
 
@@ -107,7 +115,8 @@ struct StepInputs {
     std::vector<StageInput> stages;                // (pp)
     std::vector<std::vector<double>> p2p_seconds;  // (pp, pp) one activation or gradient message between stages
     DpCosts dp;
-    double scalar_seconds = 0;  // step 5: the scalar all-reduces, summed
+    double scalar_seconds = 0;    // step 5: the scalar all-reduces, summed
+    double oversubscription = 1;  // step 7: CostModel::oversubscription of the ranks on the fullest node
     // for the throughput numbers
     double tokens_per_step = 0, flops_per_token = 0, peak_flops = 0;
     int world_size = 1;
@@ -136,6 +145,10 @@ struct SimulatedStep {
     double comm_total_seconds = 0, comm_exposed_seconds = 0;  // means over the stages, scalars included
     double comm_total_share() const { return step_seconds > 0 ? comm_total_seconds / step_seconds : 0; }
     double comm_exposed_share() const { return step_seconds > 0 ? comm_exposed_seconds / step_seconds : 0; }
+    double own_cores_seconds = 0;     // steps 1-6: each rank on cores of its own
+    double oversubscription = 1;      // step 7's s
+    double host_compute_seconds = 0;  // step 7: a rank's compute, mean over the stages, on cores of its own
+    double host_bound_seconds = 0;    // step 7: s x (host_compute_seconds + comm_exposed_seconds); 0 when s <= 1
     double tokens_per_s = 0;
     double mfu = 0;  // model FLOPs per second over world_size * peak (the trainer's per-rank MFU), a fraction
     std::vector<StageResult> stages;
@@ -144,14 +157,20 @@ struct SimulatedStep {
 // The step over hand-set or derived inputs (the header's steps 1-6).
 SimulatedStep simulate_stages(const StepInputs& in);
 
-// Chunks already timed, keyed by everything that changes a chunk's graph or its links, with chunk-local offsets;
-// for one model and one cost model (the search's candidates share most of their chunks).
+// Chunks already timed, keyed by everything that changes a chunk's graph (the builder's spec) or its links, with
+// chunk-local offsets; for one cost model (the search's candidates share most of their chunks).
 struct ChunkCostCache {
+    struct Key {
+        GptGraphSpec spec;
+        int cp = 1;
+        LinkClass tp_ring = LinkClass::kIntraNode, cp_ring = LinkClass::kIntraNode;
+        auto operator<=>(const Key&) const = default;
+    };
     struct Entry {
         ChunkCost cost;
         std::vector<std::pair<int64_t, int64_t>> deferred;  // sequence parallelism's LayerNorm gradients
     };
-    std::map<std::string, Entry> entries;
+    std::map<Key, Entry> entries;
 };
 
 // The inputs of a run: each chunk's graph for a full micro-batch, timed by `cost`, on the links of `nodes`. `plan`:

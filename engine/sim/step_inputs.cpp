@@ -164,28 +164,26 @@ double scalar_seconds(const Topology& t, const LinkModel& links, const NodeLayou
 // One chunk's cost with chunk-local offsets, from the cache when it holds it.
 ChunkCostCache::Entry timed_chunk(const RunLayout& layout, const GptPart& part, const CostModel& cost,
                                   const RankLinks& r, ChunkCostCache* cache) {
-    const GptGraphOptions& o = layout.graph;
-    const std::string key = fmt::format(
-        "layers {} embedding {} head {} | tp {} {} sp {} cp {} {} | B {} S {} Vp {} | {} {} {} {} fusion {} grads {} "
-        "{}",
-        part.num_layers, part.embedding, part.head, r.tp, static_cast<int>(r.tp_ring), layout.sequence_parallel, r.cp,
-        static_cast<int>(r.cp_ring), layout.micro_batch, layout.seq_length(), layout.shape.Vp, dtype_name(layout.dtype),
-        static_cast<int>(o.recompute.granularity), static_cast<int>(o.recompute.method), o.recompute.num_layers,
-        o.lm_head_loss_fusion, dtype_name(o.grads), static_cast<int>(o.backend));
+    // A chunk's costs do not depend on where its layers sit in the model: every chunk is built as if it began at
+    // layer 0, so the middle chunks of a pipeline share one entry.
+    ChunkCostCache::Key key{.spec = {.shape = layout.shape,
+                                     .part = part,
+                                     .tp_size = r.tp,
+                                     .sequence_parallel = layout.sequence_parallel,
+                                     .act = layout.dtype,
+                                     .B = layout.micro_batch,
+                                     .T = layout.seq_length() / r.cp,
+                                     .options = layout.graph},
+                            .cp = r.cp,
+                            .tp_ring = r.tp_ring,
+                            .cp_ring = r.cp_ring};
+    key.spec.part.first_layer = 0;
     if (cache != nullptr) {
         const auto it = cache->entries.find(key);
         if (it != cache->entries.end()) return it->second;
     }
-    const std::vector<ParamInfo> table = gpt_param_table(layout.shape, r.tp, part);
-    const GptGraphSpec spec{.shape = layout.shape,
-                            .part = part,
-                            .tp_size = r.tp,
-                            .sequence_parallel = layout.sequence_parallel,
-                            .act = layout.dtype,
-                            .B = layout.micro_batch,
-                            .T = layout.seq_length() / r.cp,
-                            .options = o};
-    const GptGraph gg = build_gpt_graph(spec, table);
+    const std::vector<ParamInfo> table = gpt_param_table(layout.shape, r.tp, key.spec.part);
+    const GptGraph gg = build_gpt_graph(key.spec, table);
     ChunkCostCache::Entry e{chunk_cost(gg.g, cost, r, 0), {}};
     for (int i : gg.g.tp_partial_grad_params) {
         const ParamInfo& p = table[static_cast<size_t>(i)];
@@ -215,6 +213,9 @@ StepInputs step_inputs(const RunLayout& layout, const CostModel& cost, const Nod
     links.occupancy = nullptr;  // the simulator orders the transfers itself
     in.dp = dp_costs(layout, links, nodes);
     in.scalar_seconds = scalar_seconds(t, links, nodes);
+    std::vector<int> on_node(static_cast<size_t>(nodes.num_nodes), 0);
+    for (int r = 0; r < t.world(); ++r) ++on_node[static_cast<size_t>(nodes.node(r))];
+    in.oversubscription = cost.oversubscription(*std::max_element(on_node.begin(), on_node.end()));
 
     const std::vector<StagePlan> plan = plan_in != nullptr ? *plan_in : plan_stages(layout.shape, plan_shape(layout));
     std::vector<int> rep(static_cast<size_t>(pp));

@@ -115,11 +115,9 @@ void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim:
 int run_search(const Config& cfg, const PlanOptions& o, int ranks_per_node) {
     const std::unique_ptr<sim::ProfileCostModel> cost = plan_cost_model(o, parse_backend_kind(cfg.run.backend));
     sim::SearchOptions so{.world_size = o.world_size, .gpus_per_node = ranks_per_node, .top = o.top};
-    const int64_t device = cost->profile().device_memory_bytes;
-    so.memory_bytes = o.memory_gib > 0              ? o.memory_gib * kGiB
-                      : cfg.run.memory_limit_gb > 0 ? cfg.run.memory_limit_gb * kGiB
-                      : device > 0                  ? static_cast<double>(device) - kDeviceReserveBytes
-                                                    : memory_budget_bytes(cfg, std::min(ranks_per_node, o.world_size));
+    so.memory_bytes = o.memory_gib > 0 ? o.memory_gib * kGiB
+                                       : sim::search_memory_budget(cfg, cost->profile().device_memory_bytes,
+                                                                   std::min(ranks_per_node, o.world_size));
     log_info("cost model: {}", cost->describe());
     for (const std::string& line : sim::search_report(sim::search_layouts(cfg, *cost, so), so)) log_info("{}", line);
     return kExitOk;
@@ -144,6 +142,12 @@ PlanShape plan_shape(const RunLayout& l) {
     return p;
 }
 
+int64_t StagePlan::all_grad_bytes() const {
+    int64_t b = grad_bytes;
+    for (int64_t h : head_grad_bytes) b += h;
+    return b;
+}
+
 std::vector<size_t> StagePlan::allocations() const {
     std::vector<size_t> a;
     auto add = [&](int64_t bytes) {
@@ -155,6 +159,7 @@ std::vector<size_t> StagePlan::allocations() const {
     for (size_t c = 0; c < slots.size(); ++c) {
         add(scratch_bytes[c]);
         for (int i = 0; i < slots[c]; ++i) add(slot_bytes[c]);
+        add(head_grad_bytes[c]);
     }
     add(optimizer.master);
     add(optimizer.exp_avg);
@@ -193,6 +198,7 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
             const auto [slot, scratch] = planned.first->second;
             st.slot_bytes.push_back(slot);
             st.scratch_bytes.push_back(scratch);
+            st.head_grad_bytes.push_back(head_grad_bytes(shape, part, p.tp, p.graph));
             st.activation_bytes += slot * st.slots[static_cast<size_t>(c)] + scratch;
         }
         st.padded = padded_flat_size(flat, p.dp);
@@ -225,8 +231,8 @@ std::vector<std::string> stage_table(const std::vector<StagePlan>& stages) {
         std::string optimizer = sum_cell(o.master, o.exp_avg + o.exp_avg_sq);
         if (!o.onebit.empty()) optimizer += " + " + bytes_cell(o.onebit_bytes());
         rows.push_back({fmt::format("{}", s), st.layers, fmt::format("{}", st.params), params,
-                        bytes_cell(st.grad_bytes), optimizer, bytes_cell(st.comm_bytes()), acts,
-                        bytes_cell(st.total_bytes())});
+                        sum_cell(st.grad_bytes, st.all_grad_bytes() - st.grad_bytes), optimizer,
+                        bytes_cell(st.comm_bytes()), acts, bytes_cell(st.total_bytes())});
     }
     return table_lines({"stage", "layers", "parameters", "param bytes", "grad bytes", "optimizer", "comm",
                         "activations (slot x n + scratch)", "total"},
@@ -333,6 +339,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             rpn, o.world_size, o.world_size));
     }
     if (o.search) return run_search(cfg, o, rpn);
+    cfg = resolve_auto_layout(cfg, o.world_size, rpn, 0);  // parallel.auto: plan what train would run
     const RunLayout layout = make_run_layout(cfg, o.world_size);
     // the cost model first: a missing or bad profile ends plan before it prints anything
     const std::unique_ptr<sim::CostModel> cost = o.simulate ? plan_cost_model(o, layout.backend) : nullptr;

@@ -5,7 +5,8 @@
 //   parameters, gradients  the flat buffers of PipelineModel: padded_flat_size(flat, dp) fp32 elements each, flat
 //                          being the stage's local chunks (gpt_param_table()'s sizes, affine in the layer count)
 //                          laid out back to back, each 16-element aligned; with mixed_precision bf16 / fp16 also the
-//                          16-bit weights, the same elements at 2 bytes
+//                          16-bit weights, the same elements at 2 bytes; on one pipeline stage of a tied model the
+//                          output layer's gradient kept apart (GptGraphOptions::tied_grads_apart, head_grad_bytes())
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
 //   comm                   none: the pipeline sends from and receives into the activation slots, and zero_stage 1's
 //                          reduce-scatter works in place
@@ -16,6 +17,7 @@
 // communicator holds no buffers (mpi_communicator.h).
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -62,18 +64,23 @@ struct StagePlan {
     int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
     OptimizerBlocks optimizer;                // masters (sharded), moments, onebit_adam's buffers
     int64_t optimizer_bytes() const { return optimizer.total(); }
-    std::vector<int64_t> slot_bytes;          // (v) one activation slot of each local chunk
-    std::vector<int> slots;                   // (v) activation slots of each local chunk
-    std::vector<int64_t> scratch_bytes;       // (v) each local chunk's scratch block
+    std::vector<int64_t> slot_bytes;     // (v) one activation slot of each local chunk
+    std::vector<int> slots;              // (v) activation slots of each local chunk
+    std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
+    // (v) each local chunk's tied output-layer gradient kept apart (head_grad_bytes(): one pipeline stage, where
+    // GptGraphOptions::tied_grads_apart), else 0
+    std::vector<int64_t> head_grad_bytes;
     int64_t activation_bytes = 0;             // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return 0; }  // pipeline p2p uses the slots, zero_stage 1 reduce-scatters in place
+    int64_t all_grad_bytes() const;           // grad_bytes and the head_grad_bytes
     int64_t total_bytes() const {
-        return param_bytes + grad_bytes + weight_bytes + optimizer_bytes() + comm_bytes() + activation_bytes;
+        return param_bytes + all_grad_bytes() + weight_bytes + optimizer_bytes() + comm_bytes() + activation_bytes;
     }
     // Weights, gradients, master weights and optimizer state: what zero_stage and sharded masters divide.
-    int64_t model_state_bytes() const { return param_bytes + grad_bytes + weight_bytes + optimizer_bytes(); }
+    int64_t model_state_bytes() const { return param_bytes + all_grad_bytes() + weight_bytes + optimizer_bytes(); }
     // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, 16-bit
-    // weights, per chunk its scratch and slots; DistributedOptimizer: optimizer_blocks()); no empty ones.
+    // weights, per chunk its scratch, slots and kept-apart head gradient; DistributedOptimizer: optimizer_blocks());
+    // no empty ones.
     std::vector<size_t> allocations() const;
 };
 
@@ -85,6 +92,8 @@ struct PlanShape {
     DType dtype = DType::kF32;   // mixed_precision.dtype: activations and the weights the ops read
     OptimizerConfig optimizer;   // its type (onebit_adam's buffers) and 1-bit chunk size
     GptGraphOptions graph = {};  // the fused LM head, recomputation: which ops the chunks' graphs run
+    // Everything plan_stages reads besides the model: equal shapes plan the same bytes (a cache key).
+    auto operator<=>(const PlanShape&) const = default;
 };
 
 // One entry per pipeline stage. Requires shape.L divisible by pp * virtual_stages (validate_config checks it).

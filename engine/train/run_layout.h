@@ -84,6 +84,17 @@ BackendKind parse_backend_kind(std::string_view name);
 // the data's. train, plan and eval resolve it here.
 Config resolve_vocab(Config cfg, const TokenSource& source);
 
+// parallel.auto (docs/planner.md "parallel.auto"): cfg with its layout keys (sim::layout_keys(): tp, sp, cp, pp,
+// vpp, schedule, dp, ZeRO stage, overlap, micro-batch, recomputation) those of the layout search's first choice for
+// world_size ranks in nodes of ranks_per_node, on the cost model parallel.auto_profile names (a profile file or a
+// built-in estimate; empty on run.backend: cuda: the estimate of the GPU of local_rank, found by starting the
+// backend), and auto_profile set to what was used; the keys set beside parallel.auto are kept. Logs the choice
+// (the search's first line, the chosen layout as --set overrides). cfg unchanged when parallel.auto is false.
+// Pure code over the config and the profile: every rank computes the same choice, and the config hash that every
+// rank checks against rank 0's covers it. cfg.model.vocab_size must be resolved first. Throws UserError with a
+// sentence when there is no profile, or no layout can run.
+Config resolve_auto_layout(const Config& cfg, int world_size, int ranks_per_node, int local_rank);
+
 // The two "derived:" lines train and plan print (world split, padded vocabulary, global batch, parameters).
 void log_derived(const RunLayout& layout, const Config& cfg);
 

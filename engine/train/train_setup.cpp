@@ -325,6 +325,10 @@ void setup_inputs(TrainRun& r, const Config& cfg_in) {
     on_every_rank_or_none(world, "pass its input checks", [&] {
         r.source = open_token_source(cfg_in.data, cfg_in.model.vocab_size);
         r.cfg = resolve_vocab(cfg_in, *r.source);
+        // parallel.auto: the layout keys chosen here, before anything reads them (every rank the same choice)
+        r.cfg = resolve_auto_layout(r.cfg, world.size(),
+                                    r.cfg.run.ranks_per_node > 0 ? r.cfg.run.ranks_per_node : r.mpi.local_size(),
+                                    r.mpi.local_rank());
         // MS_INJECT wins over reliability.inject; the resolved config (and its hash) records the one that applies
         r.cfg.reliability.inject =
             resolve_fault_injection(r.cfg.reliability, world.size(), r.cfg.training.train_iters).spec;

@@ -516,6 +516,33 @@ TEST(EquivalenceExact, UntiedPipelinesAreBitIdenticalToOneStage) {
     }
 }
 
+// Tied (GPT-2's wte; Llama's embedding as Llama 3.2 ties it), one stage keeps the output layer's gradient apart and
+// adds it to the lookup's once per step (GptGraphOptions::tied_grads_apart), as the embedding group adds the last
+// stage's sum to the first stage's: pp2 x dp2, with zero_stage 1 and interleaved, give pp1 x dp2's gradients (the
+// step-1 dump, wte included), norms and losses bit for bit. In one buffer the head's and the lookup's gradients
+// alternate micro-batch by micro-batch, which changes the last bits of wte's gradient (measured without the buffer:
+// GPT's step-1 wte gradient differs, and the losses from step 2 on).
+TEST(EquivalenceExact, TiedPipelinesAreBitIdenticalToOneStage) {
+    const std::string pp2 = "--set parallel.pipeline_model_parallel_size=2";
+    for (const char* config : {"tiny.yaml", "tiny-llama.yaml"}) {
+        const std::string tied = "--set model.untie_embeddings_and_output_weights=false ";
+        const RunResult one = run_layout(2, tied, config);
+        ASSERT_EQ(one.losses.size(), 10u) << one.output;
+        ASSERT_EQ(one.grad_norms.size(), 10u);
+        EXPECT_EQ(one.grads.count("lm_head.weight"), 0u) << config;
+        for (const std::string& layout : {pp2, pp2 + " --set parallel.zero_stage=1",
+                                          pp2 + " --set parallel.virtual_pipeline_model_parallel_size=2"
+                                                " --set parallel.pipeline_schedule=interleaved_1f1b"}) {
+            const RunResult r = run_layout(4, tied + layout, config);
+            EXPECT_EQ(r.grad_norms, one.grad_norms) << config << " " << layout;
+            EXPECT_EQ(r.losses, one.losses) << config << " " << layout;
+            ASSERT_EQ(r.grads.size(), one.grads.size()) << config << " " << layout;
+            for (const auto& [name, g] : one.grads)
+                EXPECT_EQ(r.grads.at(name), g) << config << " " << layout << " " << name;
+        }
+    }
+}
+
 // parallel.overlap_grad_reduce reduces the same gradients with the same all-reduce, in buckets the backward starts:
 // the same bits as one reduction after it, with data parallelism alone and beside tp, sp and pp (the buckets wait
 // for their per-step LayerNorm and tied-embedding sums). bucket_size 5000 cuts tiny.yaml's model into several.

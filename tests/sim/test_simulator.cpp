@@ -87,6 +87,66 @@ TEST(SimStages, MessagesSitOnTheCriticalPathOfAPipeline) {
     EXPECT_NEAR(r.stages[1].p2p, 0.25, kRel);  // stage 1 one gradient
 }
 
+// Step 7: ranks wanting s times the host's cores make the step at least s x (a rank's compute -- forwards,
+// backwards, zeroing, optimizer; mean over the stages -- + the exposed communication); the longer of that and 1-6.
+TEST(SimStages, AnOversubscribedHostRunsEveryRanksComputeOnItsCores) {
+    // one stage, 2 micro-batches of forward 1 s (0.25 s of it tp all-reduces) and backward 2 s (0.5 s); zeroing
+    // 0.5 s, optimizer 0.5 s, scalars 0.1 s. On cores of its own: 0.5 + 2 x 3 + 0.1 + 0.5 = 7.1 s.
+    StepInputs in = equal_stages(ms::ScheduleKind::k1F1B, 1, 2, 1, 1.0, 2.0);
+    in.stages[0].chunks[0].forward_comm = 0.25;
+    in.stages[0].chunks[0].backward_comm = 0.5;
+    in.stages[0].zero_seconds = 0.5;
+    in.stages[0].optimizer_seconds = 0.5;
+    in.scalar_seconds = 0.1;
+    const SimulatedStep own = ms::sim::simulate_stages(in);
+    EXPECT_NEAR(own.step_seconds, 7.1, 7.1 * kRel);
+    EXPECT_EQ(own.own_cores_seconds, own.step_seconds);
+    // twice oversubscribed: compute 2 x (3 - 0.75) + 0.5 + 0.5 = 5.5 s and communication 1.5 + 0.1 s, doubled
+    in.oversubscription = 2;
+    const SimulatedStep twice = ms::sim::simulate_stages(in);
+    EXPECT_NEAR(twice.host_compute_seconds, 5.5, 5.5 * kRel);
+    EXPECT_NEAR(twice.comm_exposed_seconds, 1.6, 1.6 * kRel);
+    EXPECT_NEAR(twice.host_bound_seconds, 2 * (5.5 + 1.6), 14.2 * kRel);
+    EXPECT_EQ(twice.step_seconds, twice.host_bound_seconds);
+    EXPECT_NEAR(twice.own_cores_seconds, 7.1, 7.1 * kRel);
+    EXPECT_NEAR(twice.tokens_per_s * twice.step_seconds, own.tokens_per_s * own.step_seconds, kRel);
+
+    // pp 2, 4 micro-batches of forward 1 s and backward 2 s: on cores of their own (4 + 1) x 3 = 15 s, of which
+    // each stage computes 12 s; the idle stage's core goes to the other, so 1.2x oversubscribed the pipeline still
+    // takes longer (1.2 x 12 = 14.4 s < 15 s), and 2x the host does (24 s)
+    StepInputs pipe = equal_stages(ms::ScheduleKind::k1F1B, 2, 4, 1, 1.0, 2.0);
+    pipe.oversubscription = 1.2;
+    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 15.0, 15.0 * kRel);
+    pipe.oversubscription = 2;
+    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 24.0, 24.0 * kRel);
+}
+
+// step_inputs asks the cost model for the ranks on the fullest node.
+TEST(SimStep, OversubscriptionCountsTheRanksOfTheFullestNode) {
+    struct Counting final : ms::sim::CostModel {  // free ops and links; s = ranks / 2
+        ms::test::HandCostModel free;
+        mutable int asked = 0;
+        std::string describe() const override { return "counting"; }
+        double op_seconds(const ms::graph::Graph& g, const ms::graph::Node& n) const override {
+            return free.op_seconds(g, n);
+        }
+        double optimizer_seconds(int64_t e, ms::DType w) const override { return free.optimizer_seconds(e, w); }
+        double memory_seconds(int64_t bytes) const override { return free.memory_seconds(bytes); }
+        double peak_flops(ms::DType act) const override { return free.peak_flops(act); }
+        ms::LinkModel links() const override { return free.links(); }
+        double oversubscription(int ranks_per_host) const override {
+            asked = ranks_per_host;
+            return ranks_per_host / 2.0;
+        }
+    };
+    const ms::RunLayout l = ms::make_run_layout(small(2, {"parallel.hierarchical_dp=off"}), 4);
+    Counting cost;
+    EXPECT_EQ(ms::sim::step_inputs(l, cost, ms::nodes_by_count(4, 4)).oversubscription, 2.0);
+    EXPECT_EQ(cost.asked, 4);
+    EXPECT_EQ(ms::sim::step_inputs(l, cost, ms::nodes_by_count(4, 2)).oversubscription, 1.0);
+    EXPECT_EQ(cost.asked, 2);
+}
+
 TEST(SimStages, BucketRangesCutAsGradBucketsCutThem) {
     // from the end down, closing at a parameter's start once a bucket holds 8 elements
     const std::vector<std::pair<int64_t, int64_t>> params = {{0, 10}, {10, 30}, {30, 35}};

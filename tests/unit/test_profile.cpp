@@ -9,9 +9,12 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
+#include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/model/gpt_graph.h"
+#include "engine/sim/link_probe.h"
 #include "engine/sim/profile.h"
 #include "engine/train/device_peak.h"
 #include "tests/common/temp_dir.h"
@@ -39,6 +42,7 @@ sim::Profile hand_profile(const sim::FamilyCurve& curve) {
     p.device = "a device";
     p.backend = "cpu";
     p.threads = 2;
+    p.cores = 8;
     p.date = "2026-12-02T00:00:00Z";
     p.source = "hand-set";
     p.memory_bytes_per_s = 1e8;
@@ -103,6 +107,31 @@ TEST(Profile, CostIsOverheadPlusTheSlowerOfFlopsAndBytes) {
     EXPECT_NE(msg.find("profile 'hand' has no fp16 measurements (it holds fp32, bf16)"), std::string::npos) << msg;
 }
 
+// An oversubscribed host (simulator.h step 7): ranks x threads over the cores, never below 1; 1 on a GPU.
+TEST(Profile, OversubscriptionIsRanksTimesThreadsOverCores) {
+    sim::Profile p = hand_profile({.overhead_s = 0, .points = {{1, 1e9}}});
+    p.threads = 1, p.cores = 2;
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(1), 1.0);
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(2), 1.0);
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(3), 1.5);
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(8), 4.0);
+    p.threads = 2, p.cores = 8;
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(4), 1.0);
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(6), 1.5);
+    p.cores = 0;  // a GPU: each rank owns its device
+    EXPECT_EQ(sim::ProfileCostModel(p).oversubscription(64), 1.0);
+    for (const std::string& name : sim::estimate_profile_names())
+        EXPECT_EQ(sim::ProfileCostModel(sim::estimate_profile(name)).oversubscription(8), 1.0) << name;
+}
+
+// The link's fit: alpha the smallest message's one-way time, bytes/s the slope to the largest.
+TEST(Profile, LinkFitIsTheSmallestTimeAndTheSlope) {
+    const LinkParams l = sim::fit_link({{8, 0.5}, {520, 1.5}, {1032, 2.5}});
+    EXPECT_EQ(l.alpha_s, 0.5);
+    EXPECT_EQ(l.bytes_per_s, 512.0);  // (1032 - 8) B over (2.5 - 0.5) s
+    EXPECT_EQ(l.seconds(1032), 0.5 + 1032.0 / 512.0);
+}
+
 TEST(Profile, BadFilesAreNamedWithWhatIsWrong) {
     TempDir dir("ms_profile");
     const std::string path = dir / "p.json";
@@ -126,7 +155,8 @@ TEST(Profile, BadFilesAreNamedWithWhatIsWrong) {
         return error_with(j.dump(1));
     };
     using J = nlohmann::ordered_json;
-    expect_has(edited([](J& j) { j["version"] = 2; }), "has version 2; this build reads version 1");
+    expect_has(edited([](J& j) { j["version"] = 1; }), "has version 1; this build reads version 2");
+    expect_has(edited([](J& j) { j.erase("cores"); }), "has no \"cores\"");
     expect_has(edited([](J& j) { j.erase("date"); }), "has no \"date\"");
     expect_has(edited([](J& j) { j["tables"][0]["families"]["matmul_bwx"] = 1; }),
                "has an unknown op family \"matmul_bwx\" in the fp32 table");
@@ -256,8 +286,33 @@ TEST(Profile, CalibrateQuickWritesALoadableProfile) {
         EXPECT_GE(prof.tables[0].families[i].points.size(), 1u) << sim::family_name(static_cast<OpFamily>(i));
     EXPECT_GT(m.peak_flops(DType::kF32), 0);
     EXPECT_NE(m.describe().find("measured"), std::string::npos) << m.describe();
+    EXPECT_EQ(prof.cores, static_cast<int>(std::thread::hardware_concurrency()));
     // the link model's defaults, said so
     EXPECT_NE(prof.links_source.find("LinkModelConfig"), std::string::npos) << prof.links_source;
+}
+
+// Under mpirun with two ranks, calibrate measures the link between them (a ping-pong) into the profile's intra-node
+// link; the inter-node one stays the link model's default.
+TEST(Profile, CalibrateUnderMpirunMeasuresTheIntraNodeLink) {
+    TempDir dir("ms_calibrate");
+    const std::string out = dir / "cpu.json";
+    const std::string cmd = "mpiexec --oversubscribe --allow-run-as-root -np 2 " + std::string(MS_BINARY_PATH) +
+                            " calibrate --quick --threads 1 --output " + out + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string output;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
+    const int status = pclose(p);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    EXPECT_NE(output.find("calibrate: intra-node link (MPI between ranks 0 and 1)"), std::string::npos) << output;
+    const sim::Profile prof = sim::load_profile(out);
+    EXPECT_NE(prof.links_source.find("intra_node measured: MPI ping-pong"), std::string::npos) << prof.links_source;
+    EXPECT_GT(prof.intra_node.alpha_s, 0);
+    EXPECT_LT(prof.intra_node.alpha_s, 0.1);  // a message between two processes of one host: well under 0.1 s
+    EXPECT_GT(prof.intra_node.bytes_per_s, 1e6);
+    const LinkModelConfig defaults;
+    EXPECT_EQ(prof.inter_node.alpha_s, defaults.inter_node_latency_us * 1e-6);
 }
 
 }  // namespace
