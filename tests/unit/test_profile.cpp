@@ -2,7 +2,6 @@
 // and its errors, the rate interpolation and the cost formula on hand-set numbers, the estimates' peaks against
 // device_peak.cpp's table, the FLOPs of a GPT graph's ops by hand, and `mindspeed-train calibrate --quick`.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include "engine/sim/link_probe.h"
 #include "engine/sim/profile.h"
 #include "engine/train/device_peak.h"
+#include "tests/common/job_run.h"
 #include "tests/common/temp_dir.h"
 
 namespace ms::test {
@@ -268,13 +268,9 @@ TEST(Profile, CalibrateQuickWritesALoadableProfile) {
     TempDir dir("ms_calibrate");
     const std::string out = dir / "cpu.json";
     const std::string cmd = std::string(MS_BINARY_PATH) + " calibrate --quick --threads 1 --output " + out + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string output;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
-    const int status = pclose(p);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    const ms::test::JobRun run = ms::test::run_command(cmd, "");
+    const std::string& output = run.output;
+    ASSERT_EQ(run.code, 0) << output;
     EXPECT_NE(output.find("matmul_fwd"), std::string::npos) << output;
     const sim::ProfileCostModel m(sim::load_profile(out));
     const sim::Profile& prof = m.profile();
@@ -298,13 +294,9 @@ TEST(Profile, CalibrateUnderMpirunMeasuresTheIntraNodeLink) {
     const std::string out = dir / "cpu.json";
     const std::string cmd = "mpiexec --oversubscribe --allow-run-as-root -np 2 " + std::string(MS_BINARY_PATH) +
                             " calibrate --quick --threads 1 --output " + out + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    ASSERT_NE(p, nullptr);
-    std::string output;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) output.append(buf, n);
-    const int status = pclose(p);
-    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+    const ms::test::JobRun run = ms::test::run_command(cmd, "");
+    const std::string& output = run.output;
+    ASSERT_EQ(run.code, 0) << output;
     EXPECT_NE(output.find("calibrate: intra-node link (MPI between ranks 0 and 1)"), std::string::npos) << output;
     const sim::Profile prof = sim::load_profile(out);
     EXPECT_NE(prof.links_source.find("intra_node measured: MPI ping-pong"), std::string::npos) << prof.links_source;
