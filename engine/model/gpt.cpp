@@ -178,6 +178,10 @@ int64_t gpt_num_params(const GptShape& s) {
     return n;
 }
 
+int64_t pipeline_message_elems(const GptShape& s, int B, int T, int tp, bool sequence_parallel) {
+    return static_cast<int64_t>(B) * T * s.C / (sequence_parallel ? tp : 1);
+}
+
 double gpt_train_flops_per_token(const GptShape& s, int seq_length) {
     if (s.arch == ModelArch::kLlama) {
         // Megatron's num_floating_point_operations with group-query attention and SwiGLU (gate and up: 3 GEMMs of
@@ -294,9 +298,7 @@ Tensor Gpt::logits_tensor() const { return program_->logits_tensor(); }
 const float* Gpt::losses() const { return program_->losses(); }
 void* Gpt::input(int slot) { return program_->input(slot); }
 const void* Gpt::output(int slot) const { return program_->output(slot); }
-int64_t Gpt::activation_elems(int B, int T) const {
-    return static_cast<int64_t>(B) * T * shape_.C / (sp_ ? tp_.size() : 1);
-}
+int64_t Gpt::activation_elems(int B, int T) const { return pipeline_message_elems(shape_, B, T, tp_.size(), sp_); }
 void* Gpt::grad_output(int slot) { return program_->grad_output(slot); }
 const void* Gpt::grad_input(int slot) const { return program_->grad_input(slot); }
 

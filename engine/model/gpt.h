@@ -179,6 +179,9 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp_size = 1, const
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);
+// The elements of one pipeline hand-off (an activation or its gradient) of B sequences of T rows: B*T*C, or 1/tp of
+// the rows with sequence parallelism. The pipeline's buffers and the step simulator's messages.
+int64_t pipeline_message_elems(const GptShape& s, int B, int T, int tp, bool sequence_parallel);
 
 class Gpt {
   public:
@@ -259,8 +262,7 @@ class Gpt {
     void finish_gradients();
     // The gradients finish_gradients() completes: final only after it, whatever the backward said.
     std::vector<graph::GradRange> gradients_finished_per_step() const;
-    // Pipeline hand-offs: activation_elems() elements of dtype() each, B*T*C, or B*T*C/tp rows with sequence
-    // parallelism.
+    // Pipeline hand-offs: activation_elems() elements of dtype() each (pipeline_message_elems).
     int64_t activation_elems(int B, int T) const;
     void* input(int slot);                   // (B, T, C) the activation entering the first layer
     const void* output(int slot) const;      // (B, T, C) the last layer's output

@@ -220,9 +220,10 @@ StepInputs step_inputs(const RunLayout& layout, const CostModel& cost, const Nod
     const std::vector<StagePlan> plan = plan_in != nullptr ? *plan_in : plan_stages(layout.shape, plan_shape(layout));
     std::vector<int> rep(static_cast<size_t>(pp));
     for (int s = 0; s < pp; ++s) rep[s] = t.rank_of(Coord{0, 0, s});
-    // one activation (or its gradient) between stages: (B, T / cp, C / tp with sequence parallelism)
-    const double message = static_cast<double>(layout.micro_batch) * T * layout.shape.C /
-                           (layout.sequence_parallel ? t.tp : 1) * static_cast<double>(dtype_size(layout.dtype));
+    // one activation (or its gradient) between stages, of the rows of this rank's T / cp
+    const double message = static_cast<double>(pipeline_message_elems(layout.shape, layout.micro_batch, T, t.tp,
+                                                                      layout.sequence_parallel)) *
+                           static_cast<double>(dtype_size(layout.dtype));
     in.p2p_seconds.assign(pp, std::vector<double>(pp, 0.0));
     for (int a = 0; a < pp; ++a)
         for (int b = 0; b < pp; ++b)
