@@ -560,16 +560,18 @@ int run_calibrate(const CalibrateArgs& a) {
     const double t_start = now_seconds();
     const auto [D, bo] = calibrate_setup(a);
     // Under mpirun every rank measures the link first; then rank 0 alone times the ops while the others have left.
-    MpiRuntime mpi;
+    // One process alone starts no MPI: there is no link to measure.
+    std::optional<MpiRuntime> mpi;
+    if (launched_as_several_ranks()) mpi.emplace();
     std::optional<sim::LinkProbe> probe;
-    if (mpi.size() > 1) {
-        if (mpi.num_nodes() > 1)
+    if (mpi && mpi->size() > 1) {
+        if (mpi->num_nodes() > 1)
             throw UserError(fmt::format(
                 "calibrate: the {} ranks run on {} hosts; the link it measures is the one inside a host\n---> HINT: "
                 "run `mpirun -np 2 mindspeed-train calibrate ...` on one host",
-                mpi.size(), mpi.num_nodes()));
-        probe = sim::probe_link(mpi.world(), a.quick);
-        if (mpi.rank() != 0) return kExitOk;
+                mpi->size(), mpi->num_nodes()));
+        probe = sim::probe_link(mpi->world(), a.quick);
+        if (mpi->rank() != 0) return kExitOk;
         std::printf("calibrate: intra-node link (MPI between ranks 0 and 1): alpha %.2f us, %.2f GB/s\n",
                     probe->link.alpha_s * 1e6, probe->link.bytes_per_s / 1e9);
     }

@@ -126,6 +126,14 @@ std::string launch_environment() {
     return out.empty() ? "none (singleton)" : out;
 }
 
+bool launched_as_several_ranks() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 1) return true;
+    }
+    return false;
+}
+
 void check_same_config(MpiRuntime& mpi, uint64_t hash) {
     Communicator& world = mpi.world();
     // A 64-bit hash travels as two int32 halves (the typed API has no 64-bit integers).

@@ -72,6 +72,11 @@ class MpiRuntime {
 // SLURM_PROCID, SLURM_NTASKS, SLURM_NODELIST; "none (singleton)" when neither is set.
 std::string launch_environment();
 
+// Whether a launcher started this process as one of several ranks: Open MPI's OMPI_COMM_WORLD_SIZE, a PMI
+// launcher's PMI_SIZE (MPICH's Hydra, srun --mpi=pmi2) or an srun step's SLURM_STEP_NUM_TASKS above 1. A command
+// that works on one process (calibrate) starts MPI only then.
+bool launched_as_several_ranks();
+
 // Every rank of mpi.world() must pass the same hash (e.g. of the resolved config). Collective. Throws ms::UserError
 // on every rank, naming the ranks whose hash differs from rank 0's and their hosts; its failed_rank() is the first
 // of them.

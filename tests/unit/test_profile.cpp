@@ -287,25 +287,5 @@ TEST(Profile, CalibrateQuickWritesALoadableProfile) {
     EXPECT_NE(prof.links_source.find("LinkModelConfig"), std::string::npos) << prof.links_source;
 }
 
-// Under mpirun with two ranks, calibrate measures the link between them (a ping-pong) into the profile's intra-node
-// link; the inter-node one stays the link model's default.
-TEST(Profile, CalibrateUnderMpirunMeasuresTheIntraNodeLink) {
-    TempDir dir("ms_calibrate");
-    const std::string out = dir / "cpu.json";
-    const std::string cmd = "mpiexec --oversubscribe --allow-run-as-root -np 2 " + std::string(MS_BINARY_PATH) +
-                            " calibrate --quick --threads 1 --output " + out + " 2>&1";
-    const ms::test::JobRun run = ms::test::run_command(cmd, "");
-    const std::string& output = run.output;
-    ASSERT_EQ(run.code, 0) << output;
-    EXPECT_NE(output.find("calibrate: intra-node link (MPI between ranks 0 and 1)"), std::string::npos) << output;
-    const sim::Profile prof = sim::load_profile(out);
-    EXPECT_NE(prof.links_source.find("intra_node measured: MPI ping-pong"), std::string::npos) << prof.links_source;
-    EXPECT_GT(prof.intra_node.alpha_s, 0);
-    EXPECT_LT(prof.intra_node.alpha_s, 0.1);  // a message between two processes of one host: well under 0.1 s
-    EXPECT_GT(prof.intra_node.bytes_per_s, 1e6);
-    const LinkModelConfig defaults;
-    EXPECT_EQ(prof.inter_node.alpha_s, defaults.inter_node_latency_us * 1e-6);
-}
-
 }  // namespace
 }  // namespace ms::test
