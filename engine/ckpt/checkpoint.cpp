@@ -131,7 +131,7 @@ std::pair<int64_t, int64_t> optim_range(const ParamInfo& p, const DistributedOpt
 }
 
 // AdamW's moments: every rank's shard with ZeRO-1, dp rank 0's replica otherwise.
-bool saves_moments(const CheckpointContext& c) { return c.optimizer.zero_stage() == 1 || c.groups.dp_rank == 0; }
+bool saves_moments(const CheckpointContext& c) { return c.optimizer.zero_stage() >= 1 || c.groups.dp_rank == 0; }
 // An optimizer file: the moments, or onebit_adam's residuals, which every dp rank has its own of.
 bool saves_optimizer(const CheckpointContext& c) { return saves_moments(c) || c.optimizer.onebit() != nullptr; }
 

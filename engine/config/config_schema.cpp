@@ -150,9 +150,9 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "0, null or auto derives it as world_size / (tp * pp * cp)"}, true},
         {"parallel.context_parallel_size", &c.parallel.context_parallel_size, at_least(1)},
         {"parallel.zero_stage", &c.parallel.zero_stage,
-         Constraint{.min = 0, .max = 1, .phrase = "is not supported (0 or 1)",
-                    .hint = "ZeRO-1 (= use_distributed_optimizer: true) shards the optimizer state; "
-                            "stages 2 and 3 are not implemented"}},
+         Constraint{.min = 0, .max = 2, .phrase = "is not supported (0, 1 or 2)",
+                    .hint = "ZeRO-1 (= use_distributed_optimizer: true) shards the optimizer state, ZeRO-2 the "
+                            "gradients too; stage 3 is not implemented"}},
         {"parallel.overlap_grad_reduce", &c.parallel.overlap_grad_reduce, {}},
         {"parallel.bucket_size", &c.parallel.bucket_size,
          Constraint{.min = 0, .hint = "0 or null means Megatron's max(40M, 1M x data-parallel size) elements"}, true},

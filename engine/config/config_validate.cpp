@@ -378,6 +378,20 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
         }
     }
 
+    if (p.zero_stage == 2 && dp == 1) {
+        fail(
+            "parallel.zero_stage 2 shards the gradients over the data-parallel ranks, and this layout has one (world "
+            "{} "
+            "= tp {} x pp {}): there is nothing to shard; hint: set zero_stage: 0, or run on more ranks",
+            world_size, tp, pp);
+    }
+    if (p.zero_stage == 2 && cfg.optimizer.onebit_adam()) {
+        fail(
+            "optimizer.type onebit_adam keeps every rank's whole momentum and compresses it, and parallel.zero_stage 2 "
+            "keeps only a shard of each gradient: they do not compose; hint: use zero_stage: 1 with onebit_adam (its "
+            "state and masters are sharded), or optimizer.type: adamw");
+    }
+
     // ---- parallel axes this build does not run yet ----
     if (p.overlap_param_gather && (p.zero_stage != 1 || !p.overlap_grad_reduce)) {
         fail(

@@ -22,7 +22,11 @@ class Compiler {
     void* address(TensorId t) const {
         const TensorInfo& i = g_.info(t);
         if (i.role == Role::kParameter) return at_.weights + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
-        if (i.role == Role::kGradient) return at_.grads + i.param_offset * static_cast<int64_t>(dtype_size(i.dtype));
+        if (i.role == Role::kGradient) {
+            MS_CHECK(at_.grads != nullptr && at_.grads->dtype() == i.dtype,
+                     "graph program: gradient '{}' ({}) has no memory of its dtype bound", i.name, dtype_name(i.dtype));
+            return at_.grads->at(i.param_offset, i.numel());
+        }
         if (i.role == Role::kHeadGradient) {
             MS_CHECK(at_.head_grads != nullptr, "graph program: '{}' is kept apart, but no buffer is bound for it",
                      i.name);
@@ -379,20 +383,68 @@ Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, con
         }
     }
     if (phase != Phase::kBackward || steps.empty()) return Program(std::move(steps), {}, std::move(needed_before));
-    std::vector<int> last_writer(g.tensors.size(), -1);
+    std::vector<int> first_writer(g.tensors.size(), -1), last_writer(g.tensors.size(), -1);
     for (size_t i = 0; i < g.nodes.size(); ++i)
-        for (TensorId t : g.nodes[i].out)
-            if (t != kNoTensor) last_writer[static_cast<size_t>(t)] = static_cast<int>(i);
-    std::vector<std::vector<GradRange>> final_after(steps.size());
+        for (TensorId t : g.nodes[i].out) {
+            if (t == kNoTensor) continue;
+            last_writer[static_cast<size_t>(t)] = static_cast<int>(i);
+            if (first_writer[static_cast<size_t>(t)] < 0 && g.nodes[i].phase == Phase::kBackward)
+                first_writer[static_cast<size_t>(t)] = static_cast<int>(i);
+        }
+    std::vector<std::vector<GradRange>> final_after(steps.size()), written_before(steps.size());
     for (size_t t = 0; t < g.tensors.size(); ++t) {
         const TensorInfo& info = g.tensors[t];
         const int w = last_writer[t];
         if (info.role != Role::kGradient || w < 0) continue;
+        const GradRange range{info.param_offset, info.param_offset + info.numel()};
         const size_t at_step =
             g.nodes[static_cast<size_t>(w)].phase == Phase::kBackward ? step_of_node[static_cast<size_t>(w)] : 0;
-        final_after[at_step].push_back({info.param_offset, info.param_offset + info.numel()});
+        final_after[at_step].push_back(range);
+        if (first_writer[t] >= 0) written_before[step_of_node[static_cast<size_t>(first_writer[t])]].push_back(range);
     }
-    return Program(std::move(steps), std::move(final_after), std::move(needed_before));
+    return Program(std::move(steps), std::move(final_after), std::move(needed_before), std::move(written_before));
+}
+
+GradWrites grad_writes(const Graph& g) {
+    // every gradient tensor's range, with its writers: how many, the first in node order, any in the forward
+    struct Written {
+        GradRange range;
+        int writers = 0, first = -1;
+        bool in_forward = false;
+    };
+    std::vector<Written> ranges;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (TensorId t : g.nodes[i].out) {
+            if (t == kNoTensor || g.info(t).role != Role::kGradient) continue;
+            const TensorInfo& info = g.info(t);
+            const GradRange r{info.param_offset, info.param_offset + info.numel()};
+            auto it = std::find_if(ranges.begin(), ranges.end(), [&](const Written& w) { return w.range == r; });
+            if (it == ranges.end()) it = ranges.insert(ranges.end(), Written{r, 0, static_cast<int>(i), false});
+            ++it->writers;
+            it->in_forward = it->in_forward || g.nodes[i].phase == Phase::kForward;
+        }
+    // ranges that overlap another one are not one tensor's alone
+    std::vector<char> overlaps(ranges.size(), 0);
+    for (size_t a = 0; a < ranges.size(); ++a)
+        for (size_t b = a + 1; b < ranges.size(); ++b)
+            if (ranges[a].range.begin < ranges[b].range.end && ranges[b].range.begin < ranges[a].range.end)
+                overlaps[a] = overlaps[b] = 1;
+    std::vector<size_t> order(ranges.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a].first < ranges[b].first; });
+    GradWrites out;
+    int group = -1;  // the writer of out.once.back()
+    for (size_t i : order) {
+        const Written& w = ranges[i];
+        if (w.writers != 1 || w.in_forward || overlaps[i]) {
+            out.kept.push_back(w.range);
+            continue;
+        }
+        if (w.first != group) out.once.emplace_back();
+        group = w.first;
+        out.once.back().push_back(w.range);
+    }
+    return out;
 }
 
 }  // namespace ms::graph

@@ -217,12 +217,13 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     for (const ParamInfo& p : table_) num_params_ += p.numel;
     // allocation names: "layers 0-5 slot 1", ...
     const std::string what = fmt::format("layers {}-{}", part_.first_layer, part_.first_layer + num_layers - 1);
-    MS_CHECK((o.params == nullptr) == (o.grads == nullptr), "external params and grads: both or neither");
+    MS_CHECK((o.params == nullptr) == o.grads.empty(), "external params and grads: both or neither");
     const bool mixed = dtype_ != DType::kF32;
     if (o.params) {
         MS_CHECK(!mixed || o.weights != nullptr, "external params in {} need external weights too", dtype_name(dtype_));
         params_ptr_ = o.params;
-        grads_ptr_ = o.grads;
+        grad_placement_ = o.grads;
+        grads_ptr_ = o.grads.segments().size() == 1 ? o.grads.at(0, flat_size()) : nullptr;  // one flat buffer
         weights_ptr_ = mixed ? o.weights : o.params;
     } else {
         const size_t elems = static_cast<size_t>(std::max(flat_size(), o.flat_capacity));
@@ -230,6 +231,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
         grads_ = MemoryBlock(elems * dtype_size(grad_dtype_), o.arena, MemCategory::kGradient, what + " grads");
         params_ptr_ = params_.as<float>();
         grads_ptr_ = grads_.data();
+        grad_placement_ = graph::GradPlacement(grads_ptr_, grad_dtype_, static_cast<int64_t>(elems));
         if (mixed) {
             weights_ = MemoryBlock(elems * dtype_size(dtype_), o.arena, MemCategory::kParameter,
                                    fmt::format("{} weights {}", what, dtype_name(dtype_)));
@@ -249,7 +251,7 @@ Gpt::Gpt(const GptShape& shape, Backend& backend, Communicator& tp, const Option
     po.graph = o.graph;
     po.params = params_ptr_;
     po.weights = weights_ptr_;
-    po.grads = grads_ptr_;
+    po.grads = grad_placement_;
     po.arena = o.arena;
     po.cp = o.cp;
     program_ = std::make_unique<GptProgram>(shape_, backend_, tp_, po);
@@ -305,7 +307,9 @@ const void* Gpt::grad_input(int slot) const { return program_->grad_input(slot);
 float Gpt::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale) {
     return program_->forward(tokens, targets, B, T, slot, loss_scale);
 }
-void Gpt::backward(int slot, const graph::GradsFinalFn* on_grads_final) { program_->backward(slot, on_grads_final); }
+void Gpt::backward(int slot, const graph::GradsFinalFn* on_grads_final, const graph::GradsFinalFn* on_grads_writing) {
+    program_->backward(slot, on_grads_final, on_grads_writing);
+}
 void Gpt::set_params_needed(const graph::ParamsNeededFn* on_params_needed) {
     program_->set_params_needed(on_params_needed);
 }

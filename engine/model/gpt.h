@@ -189,10 +189,10 @@ class Gpt {
         int max_batch = 1;
         int64_t flat_capacity = 0;  // own flat buffers of at least this many elements (e.g. padded_flat_size())
         GptPart part;
-        int num_slots = 1;        // micro-batches whose activations are kept at once (pipeline schedules)
-        float* params = nullptr;  // external flat storage of >= flat_size() elements (both or neither);
-        void* grads = nullptr;    //   several pipeline chunks of one rank share one flat buffer this way (grads in
-                                  //   graph.grads)
+        int num_slots = 1;           // micro-batches whose activations are kept at once (pipeline schedules)
+        float* params = nullptr;     // external flat storage of >= flat_size() elements (both or neither);
+        graph::GradPlacement grads;  //   several pipeline chunks of one rank share one flat buffer this way (grads
+                                     //   in graph.grads, placed by their flat offsets: zero_stage 2 places them apart)
         // Megatron's sequence parallelism: outside the tensor-parallel regions (LayerNorms, residual stream)
         // each TP rank keeps only its block of B*T/tp rows; all-gathers feed the column-parallel layers and
         // reduce-scatters replace the row-parallel all-reduces. LayerNorm gradients are summed over tp.
@@ -216,7 +216,7 @@ class Gpt {
     // elements from the first parameter to the end of the last (alignment gaps included)
     int64_t flat_size() const { return table_.back().offset + table_.back().numel; }
     float* params() { return params_ptr_; }
-    // The flat gradients (flat_size() elements of grad_dtype()).
+    // The flat gradients (flat_size() elements of grad_dtype()); null when they are placed apart (zero_stage 2).
     void* grads() { return grads_ptr_; }
     DType grad_dtype() const { return grad_dtype_; }
     // grads() of a model with fp32 gradients (fatal otherwise): for code that only runs such models.
@@ -250,9 +250,11 @@ class Gpt {
     // Accumulates d(loss_scale * mean loss)/d(params) into grads() (+=), loss_scale being the slot's forward()'s.
     // Must follow forward() on the slot (with targets for the head). A part without the head starts from
     // grad_output(slot); a part without the embedding leaves the gradient of its input in grad_input(slot).
-    // on_grads_final (the step's last micro-batch): told during the backward which gradients are final, for the
-    // data-parallel buckets (engine/optim/grad_buckets.h).
-    void backward(int slot = 0, const graph::GradsFinalFn* on_grads_final = nullptr);
+    // on_grads_final: told during the backward which gradients are final, for the data-parallel buckets
+    // (engine/optim/grad_buckets.h: the step's last micro-batch; sharded_grads.h: every micro-batch);
+    // on_grads_writing: told before a step first writes gradients (sharded_grads.h readies their bucket slot).
+    void backward(int slot = 0, const graph::GradsFinalFn* on_grads_final = nullptr,
+                  const graph::GradsFinalFn* on_grads_writing = nullptr);
     // Called by every later forward() and backward() before a step first reads parameters, with their ranges in
     // this chunk's flat buffers (parallel.overlap_param_gather waits for their gather there). Not owned; null: none.
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed);
@@ -297,6 +299,7 @@ class Gpt {
     MemoryBlock grads_;               // (flat) when owned
     float* params_ptr_ = nullptr;
     void* grads_ptr_ = nullptr;
+    graph::GradPlacement grad_placement_;
     void* weights_ptr_ = nullptr;
     std::unique_ptr<GptProgram> program_;  // the activations and the compiled forward and backward
 };

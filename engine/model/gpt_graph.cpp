@@ -131,6 +131,35 @@ graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, in
     return plan;
 }
 
+graph::GradWrites gpt_grad_writes(const GptShape& shape, const GptPart& part, int tp_size, bool sequence_parallel,
+                                  DType act, const GptGraphOptions& options) {
+    const GptGraphSpec spec{.shape = shape,
+                            .part = part,
+                            .tp_size = tp_size,
+                            .sequence_parallel = sequence_parallel && tp_size > 1,
+                            .act = act,
+                            .B = 1,
+                            .T = shape.seq() / options.context_parallel,
+                            .options = options};
+    const std::vector<ParamInfo> table = gpt_param_table(shape, tp_size, part);
+    const GptGraph built = build_gpt_graph(spec, table);
+    graph::GradWrites writes = graph::grad_writes(built.g);
+    // what finish_gradients() completes once per step is kept too: the gradients summed over tp, and the
+    // embedding's that the output layer's kept apart is added to
+    std::vector<int> per_step = built.g.tp_partial_grad_params;
+    if (head_grad_bytes(shape, part, tp_size, options) > 0)
+        for (size_t i = 0; i < table.size(); ++i)
+            if (table[i].name == output_weight_name(shape)) per_step.push_back(static_cast<int>(i));
+    for (int i : per_step) {
+        const ParamInfo& p = table[static_cast<size_t>(i)];
+        const graph::GradRange r{p.offset, p.offset + p.numel};
+        for (auto& group : writes.once) std::erase(group, r);
+        writes.kept.push_back(r);
+    }
+    std::erase_if(writes.once, [](const auto& group) { return group.empty(); });
+    return writes;
+}
+
 int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size, const GptGraphOptions& options) {
     if (!options.tied_grads_apart || !part.embedding || !part.head || shape.untied) return 0;
     return int64_t{shape.Vp} / tp_size * shape.C * static_cast<int64_t>(dtype_size(options.grads));
@@ -138,7 +167,7 @@ int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size,
 
 GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& o)
     : shape_(shape), backend_(backend), tp_(tp), o_(o) {
-    MS_CHECK(o.params != nullptr && o.grads != nullptr && o.weights != nullptr,
+    MS_CHECK(o.params != nullptr && !o.grads.empty() && o.weights != nullptr,
              "GptProgram: parameters, weights and gradients are external");
     table_ = gpt_param_table(shape, tp.size(), o.part);
     plan_ = plan_gpt_memory(shape, o.part, tp.size(), o.max_batch, o.sequence_parallel, o.dtype, o.graph);
@@ -190,7 +219,7 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
     entry->graph = build_gpt_graph(spec, table_);
     entry->plan = !with_loss && plan_.logits_only ? plan_.logits_only.get() : &plan_;
     for (int i = 0; i < o_.num_slots; ++i) {
-        const graph::Bindings at{static_cast<std::byte*>(o_.weights), static_cast<std::byte*>(o_.grads),
+        const graph::Bindings at{static_cast<std::byte*>(o_.weights), &o_.grads,
                                  slot_blocks_[static_cast<size_t>(i)].as<std::byte>(), scratch_block_.as<std::byte>(),
                                  head_grads_.as<std::byte>()};
         double* loss = &loss_sum_[static_cast<size_t>(i)];
@@ -214,12 +243,14 @@ float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, 
     return static_cast<float>(loss_sum_[static_cast<size_t>(slot)] / (static_cast<double>(B) * T));
 }
 
-void GptProgram::backward(int slot, const graph::GradsFinalFn* on_grads_final) {
+void GptProgram::backward(int slot, const graph::GradsFinalFn* on_grads_final,
+                          const graph::GradsFinalFn* on_grads_writing) {
     const float loss_scale = loss_scale_.at(static_cast<size_t>(slot));
     MS_CHECK(last_ != nullptr && loss_scale != 0.0f,
              "backward() of slot {} without a forward() that prepared it (targets on the head, a loss scale)", slot);
     const Compiled& c = compiled(B_, T_, true);
-    c.backward.at(static_cast<size_t>(slot)).run({nullptr, nullptr, loss_scale, on_grads_final, params_needed_});
+    c.backward.at(static_cast<size_t>(slot))
+        .run({nullptr, nullptr, loss_scale, on_grads_final, params_needed_, on_grads_writing});
 }
 
 std::vector<graph::GradRange> GptProgram::gradients_finished_per_step() const {
@@ -244,16 +275,14 @@ void GptProgram::finish_gradients() {
     const DType t = o_.graph.grads;
     for (int i : full_->graph.g.tp_partial_grad_params) {
         const ParamInfo& p = table_[static_cast<size_t>(i)];
-        tp_.all_reduce(static_cast<std::byte*>(o_.grads) + static_cast<size_t>(p.offset) * dtype_size(t),
-                       static_cast<size_t>(p.numel), t, ReduceOp::kSum, Priority::kHigh)
+        tp_.all_reduce(o_.grads.at(p.offset, p.numel), static_cast<size_t>(p.numel), t, ReduceOp::kSum, Priority::kHigh)
             .wait();
     }
     if (head_param_ >= 0) {
         // the embedding's gradient plus the head's, each summed over the micro-batches: one rounded add, what the
         // embedding group's all-reduce makes of a first and a last stage's (commutative, so the same bits)
         const ParamInfo& p = table_[static_cast<size_t>(head_param_)];
-        const Tensor embedding(static_cast<std::byte*>(o_.grads) + static_cast<size_t>(p.offset) * dtype_size(t), t,
-                               {p.numel});
+        const Tensor embedding = o_.grads.tensor(p.offset, p.numel);
         const Tensor head = head_grads_tensor();
         backend_.residual_forward({.a = embedding, .b = head, .out = embedding, .bias = {}});
         backend_.zero(head);  // for the next step

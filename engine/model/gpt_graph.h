@@ -53,6 +53,11 @@ GptGraph build_llama_graph(const GptGraphSpec& spec, const std::vector<ParamInfo
 graph::MemoryPlan plan_gpt_memory(const GptShape& shape, const GptPart& part, int tp_size, int max_batch,
                                   bool sequence_parallel, DType act, const GptGraphOptions& options = {});
 
+// The chunk's gradients as its backward writes them (graph::grad_writes of its whole graph): what zero_stage 2's
+// gradient memory is laid out from (engine/optim/sharded_grads.h), by PipelineModel and by `plan`.
+graph::GradWrites gpt_grad_writes(const GptShape& shape, const GptPart& part, int tp_size, bool sequence_parallel,
+                                  DType act, const GptGraphOptions& options = {});
+
 // Bytes of the buffer where the chunk keeps its tied output layer's gradient apart (GptGraphOptions::tied_grads_apart):
 // Vp/tp x C of the gradient dtype on a chunk with both the embedding and the tied head, else 0. GptProgram
 // allocates it, `plan` counts it.
@@ -70,16 +75,17 @@ class GptProgram {
         bool sequence_parallel = false;
         DType dtype = DType::kF32;
         GptGraphOptions graph = {};
-        float* params = nullptr;  // fp32 master weights (flat, gpt_param_table layout)
-        void* weights = nullptr;  // what the ops read: params itself in fp32, else the 16-bit copy
-        void* grads = nullptr;    // flat, graph.grads
+        float* params = nullptr;     // fp32 master weights (flat, gpt_param_table layout)
+        void* weights = nullptr;     // what the ops read: params itself in fp32, else the 16-bit copy
+        graph::GradPlacement grads;  // where each gradient lives (dtype graph.grads), by the chunk's flat offsets
         Arena* arena = nullptr;
         Communicator* cp = nullptr;  // the context group (graph.context_parallel > 1)
     };
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
 
     float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale);
-    void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr);
+    void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr,
+                  const graph::GradsFinalFn* on_grads_writing = nullptr);
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed) { params_needed_ = on_params_needed; }
     void finish_gradients();
     std::vector<graph::GradRange> gradients_finished_per_step() const;

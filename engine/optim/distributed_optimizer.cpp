@@ -97,7 +97,7 @@ int64_t OptimizerBlocks::onebit_bytes() const {
 OptimizerBlocks optimizer_blocks(const std::vector<ParamInfo>& table, int64_t flat, const OptimizerConfig& cfg,
                                  int zero_stage, DType weights_dtype, int dp) {
     const int64_t padded = padded_flat_size(flat, dp);
-    const int64_t state = 4 * (zero_stage == 1 ? padded / dp : padded);
+    const int64_t state = 4 * (zero_stage >= 1 ? padded / dp : padded);
     const bool onebit = cfg.onebit_adam();
     OptimizerBlocks b;
     b.master = shards_master_weights(zero_stage, weights_dtype) ? state : 0;
@@ -126,7 +126,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
                                            DType weights_dtype, DType grads_dtype)
     : padded_(padded_flat_size(flat, dp.size())),
       params_(params),
-      grads_(grads, grads_dtype, {padded_}),
+      grads_(grads, grads_dtype, {zero_stage == 2 ? padded_ / dp.size() : padded_}),
       cfg_(cfg),
       zero_stage_(zero_stage),
       backend_(backend),
@@ -136,7 +136,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
       weights_(weights),
       weights_dtype_(weights == nullptr ? DType::kF32 : weights_dtype),
       blocks_(optimizer_blocks(table, flat, cfg, zero_stage, weights_dtype_, dp.size())) {
-    MS_CHECK(zero_stage == 0 || zero_stage == 1, "zero_stage {} (0 or 1)", zero_stage);
+    MS_CHECK(zero_stage >= 0 && zero_stage <= 2, "zero_stage {} (0, 1 or 2)", zero_stage);
+    MS_CHECK(zero_stage != 2 || !cfg.onebit_adam(), "onebit_adam averages whole momenta: zero_stage 0 or 1");
     MS_CHECK(grads_dtype == DType::kF32 || grads_dtype == weights_dtype_,
              "gradients in {} with {} weights: they are fp32 or the weights' dtype", dtype_name(grads_dtype),
              dtype_name(weights_dtype_));
@@ -160,7 +161,7 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
         if (zero_stage == 0) update_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, true});
         local_segments_.push_back({p.offset, p.offset + p.numel, p.weight_decay, counted});
     }
-    if (zero_stage == 1) update_segments_ = norm_segments_;
+    if (zero_stage >= 1) update_segments_ = norm_segments_;
     // One op per run of neighbouring parameters that share what the op needs, not one per parameter: on a GPU each
     // sum_squares waits for its result (a GPT-2 124M step had ~150 of those waits), and AdamW is elementwise, so the
     // merged updates are bit-identical. The norm needs only count_in_norm (the sum of squares of a merged run is the
@@ -168,8 +169,8 @@ DistributedOptimizer::DistributedOptimizer(const std::vector<ParamInfo>& table, 
     coalesce(norm_segments_, [](const Segment& a, const Segment& b) { return a.count_in_norm == b.count_in_norm; });
     coalesce(update_segments_, [](const Segment& a, const Segment& b) { return a.weight_decay == b.weight_decay; });
     coalesce(local_segments_, [](const Segment& a, const Segment& b) { return a.count_in_norm == b.count_in_norm; });
-    state_base_ = zero_stage == 1 ? shard_begin_ : 0;
-    state_len_ = static_cast<size_t>(zero_stage == 1 ? shard_size_ : padded_);
+    state_base_ = zero_stage >= 1 ? shard_begin_ : 0;
+    state_len_ = static_cast<size_t>(zero_stage >= 1 ? shard_size_ : padded_);
     const bool onebit = cfg.onebit_adam();
     m_base_ = onebit ? 0 : state_base_;
     const auto bytes = [](int64_t b) { return static_cast<size_t>(b); };
@@ -206,7 +207,7 @@ void DistributedOptimizer::gather_masters() {
 }
 
 GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
-    MS_CHECK(dp_.size() > 1, "overlapped gradient buckets need dp > 1");
+    MS_CHECK(dp_.size() > 1 && zero_stage_ <= 1, "overlapped gradient buckets need dp > 1 and zero_stage 0 or 1");
     const GradReduction reduction = zero_stage_ == 0 ? GradReduction::kAllReduce : GradReduction::kToShardOwners;
     buckets_ = std::make_unique<GradBuckets>(table, padded_, bucket_elems, grads_.data, dp_, backend_, reduction,
                                              grads_.dtype);
@@ -222,8 +223,8 @@ ParamGather& DistributedOptimizer::overlap_param_gather() {
 
 GradSquares DistributedOptimizer::local_grad_squares() const {
     GradSquares r;
-    if (buckets_) {
-        r.all = buckets_->squares_before_reduction();
+    if (buckets_ || sharded_) {
+        r.all = buckets_ ? buckets_->squares_before_reduction() : sharded_->squares_before_reduction();
         return r;
     }
     if (dp_.size() > 1) {
@@ -232,7 +233,7 @@ GradSquares DistributedOptimizer::local_grad_squares() const {
     }
     double uncounted = 0;
     for (const Segment& s : norm_segments_) {
-        const double sq = backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
+        const double sq = backend_.sum_squares(grads(s.begin, s.end - s.begin));
         (s.count_in_norm ? r.counted : uncounted) += sq;
     }
     r.all = r.counted + uncounted;
@@ -257,7 +258,7 @@ void DistributedOptimizer::gather_updated() {
         dp_.all_gather(w + static_cast<size_t>(shard_begin_) * ws, w, static_cast<size_t>(shard_size_),
                        static_cast<size_t>(padded_), weights_dtype_, Priority::kLow)
             .wait();
-    } else if (zero_stage_ == 1) {
+    } else if (zero_stage_ >= 1) {
         dp_.all_gather(std::span<const float>(params_ + shard_begin_, static_cast<size_t>(shard_size_)),
                        std::span<float>(params_, static_cast<size_t>(padded_)), Priority::kLow)
             .wait();
@@ -271,7 +272,7 @@ double DistributedOptimizer::exact_grad_squares() {
     // f(g) for each counted gradient segment g of this rank's (no container: a step allocates nothing)
     const auto each_counted = [&](auto f) {
         for (const Segment& s : norm_segments_)
-            if (s.count_in_norm) f(grads_.slice(s.begin, s.end - s.begin));
+            if (s.count_in_norm) f(grads(s.begin, s.end - s.begin));
     };
     // The exponent of the fixed point: the largest |g| of every rank (a maximum is exact in any order).
     float peak = 0.0f;
@@ -380,7 +381,7 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     finish_param_gather();  // the update writes this rank's shard, which the last step's gathers send from
     if (compressing()) return compressed_step(lr, clip_grad, unscale);
     OptimizerStepResult r;
-    if (buckets_) {
+    if (buckets_ || zero_stage_ == 2) {
         // the pipeline's backward and finish() did it
     } else if (zero_stage_ == 0) {
         dp_.all_reduce(grads_.data, static_cast<size_t>(padded_), grads_.dtype, ReduceOp::kAvg, Priority::kLow).wait();
@@ -399,7 +400,7 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
         sq = local->counted;
     } else {
         for (const Segment& s : norm_segments_) {
-            if (s.count_in_norm) sq += backend_.sum_squares(grads_.slice(s.begin, s.end - s.begin));
+            if (s.count_in_norm) sq += backend_.sum_squares(grads(s.begin, s.end - s.begin));
         }
     }
     // in double first: squares of loss-scaled gradients may exceed fp32's range where their unscaled sum does not
@@ -420,10 +421,9 @@ OptimizerStepResult DistributedOptimizer::step(float lr, float clip_grad, float 
     float* master = sharded_masters() ? master_.as<float>() : params_ + state_base_;
     for (const Segment& s : update_segments_) {
         const int64_t n = s.end - s.begin, k = s.begin - state_base_;
-        backend_.adamw({Tensor::f32(master + k, {n}), grads_.slice(s.begin, n),
-                        Tensor::f32(m + (s.begin - m_base_), {n}), Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1,
-                        cfg_.adam_beta2, cfg_.adam_eps, s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_,
-                        weights_copy(s)});
+        backend_.adamw({Tensor::f32(master + k, {n}), grads(s.begin, n), Tensor::f32(m + (s.begin - m_base_), {n}),
+                        Tensor::f32(v + k, {n}), lr, cfg_.adam_beta1, cfg_.adam_beta2, cfg_.adam_eps,
+                        s.weight_decay ? cfg_.weight_decay : 0.0f, scale, step_, weights_copy(s)});
     }
     gather_updated();
     r.stepped = true;

@@ -1,5 +1,5 @@
 // distributed_optimizer.h: the data-parallel gradient reduction, global gradient norm, clipping and AdamW step
-// over the flat parameter/gradient buffers, for zero_stage 0 and 1 (docs/design.md §5).
+// over the flat parameter/gradient buffers, for zero_stage 0, 1 and 2 (docs/design.md §5).
 //
 // Range map (the same on every rank of a dp group, since every DP replica has the same parameter table):
 //   flat buffer      [0, padded)      padded = ceil(flat / (dp * 16)) * dp * 16; the tail is zeros
@@ -8,6 +8,8 @@
 // zero_stage 0: all-reduce (avg) of the whole flat gradient buffer; AdamW on every element, on every DP rank.
 // zero_stage 1: reduce-scatter (avg) into this rank's shard; AdamW with exp_avg / exp_avg_sq (fp32, the master
 //               weights are the fp32 parameters themselves on the CPU) for the shard only; all-gather the params.
+// zero_stage 2: zero_stage 1's state and update, but the gradients it reads are only the shard, which the
+//               pipeline's backward reduced bucket by bucket (sharded_grads.h): `grads` is that shard.
 // Both compute the gradient norm the same way: each DP rank sums the squares of its shard of the reduced gradients
 // (parameters replicated across TP ranks only on tp rank 0), and the partial sums are added over dp and over the
 // model-parallel group. With more than one rank the sum is exact, so it does not depend on where the shards, stages
@@ -53,6 +55,7 @@
 #include "engine/optim/grad_buckets.h"
 #include "engine/optim/onebit.h"
 #include "engine/optim/param_gather.h"
+#include "engine/optim/sharded_grads.h"
 #include "memory/memory_block.h"
 
 namespace ms {
@@ -63,7 +66,7 @@ int64_t padded_flat_size(int64_t flat, int dp);
 // Whether the optimizer holds the fp32 master weights as dp shards, the model none (see the top of this file): the
 // one place that decides it, for the optimizer, the model's allocations and the memory plan.
 constexpr bool shards_master_weights(int zero_stage, DType weights_dtype) {
-    return zero_stage == 1 && weights_dtype != DType::kF32;
+    return zero_stage >= 1 && weights_dtype != DType::kF32;
 }
 
 // The optimizer's arena allocations, in bytes, in the order it makes them: the master shard (sharded masters),
@@ -129,6 +132,9 @@ class DistributedOptimizer {
     // (grad_buckets.h: all-reduced for zero_stage 0, reduced into the shards' owners for 1) and step() only checks
     // they are done. Returns them for the pipeline to report to.
     GradBuckets& overlap_grad_reduce(int64_t bucket_elems, const std::vector<ParamInfo>& table);
+    // zero_stage 2: the gradients were reduced by the pipeline's sharded gradients, whose squares before the
+    // reduction local_grad_squares() reports. Not owned.
+    void use_sharded_grads(const ShardedGrads* grads) { sharded_ = grads; }
     // parallel.overlap_param_gather (zero_stage 1, after overlap_grad_reduce): step() leaves the gather of the
     // updated parameters in flight, in the same buckets (param_gather.h). Returns it for the pipeline's forward.
     ParamGather& overlap_param_gather();
@@ -178,7 +184,11 @@ class DistributedOptimizer {
 
     int64_t padded_;
     float* params_;
-    Tensor grads_;  // (padded_) flat
+    Tensor grads_;  // (padded_) flat, or zero_stage 2's shard
+    // The reduced gradients of flat elements [begin, begin + n) of this rank's range.
+    Tensor grads(int64_t begin, int64_t n) const {
+        return zero_stage_ == 2 ? grads_.slice(begin - shard_begin_, n) : grads_.slice(begin, n);
+    }
     OptimizerConfig cfg_;
     int zero_stage_;
     Backend& backend_;
@@ -187,8 +197,9 @@ class DistributedOptimizer {
     // onebit_adam works on the host anyway. On a GPU the ranks' fp32 partial sums are added, which depends on the
     // layout in the last bits.
     bool exact_norm_;
-    std::unique_ptr<GradBuckets> buckets_;  // overlap_grad_reduce, else null
-    std::unique_ptr<ParamGather> gather_;   // overlap_param_gather, else null
+    std::unique_ptr<GradBuckets> buckets_;   // overlap_grad_reduce, else null
+    const ShardedGrads* sharded_ = nullptr;  // zero_stage 2
+    std::unique_ptr<ParamGather> gather_;    // overlap_param_gather, else null
     Communicator& dp_;
     Communicator& mp_;
     int64_t shard_begin_ = 0, shard_size_ = 0;

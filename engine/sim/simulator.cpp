@@ -160,6 +160,15 @@ double reduce_gradients(const StepInputs& in, const PipelineRun& run, int s, dou
         ready.push_back({grads_ready(b, e, st, run.last_backward_start[s], end), b, e});
     std::stable_sort(ready.begin(), ready.end(), [](const Ready& a, const Ready& b) { return a.at < b.at; });
     double link_free = 0;
+    if (dp.zero_stage == 2) {
+        // every earlier micro-batch reduces its buckets too (sharded_grads.h): counted on the link from the step's
+        // start, so hidden behind the pipeline wherever they fit before the last micro-batch's buckets
+        double one = 0;
+        for (const Ready& b : ready)
+            one += bucket_seconds(dp, dp.reduce_bucket, b.begin, b.end, st.padded, dp.grad_bytes_per_elem);
+        link_free = (in.microbatches - 1) * one;
+        r.dp_total += link_free;
+    }
     for (const Ready& b : ready) {
         const double t = bucket_seconds(dp, dp.reduce_bucket, b.begin, b.end, st.padded, dp.grad_bytes_per_elem);
         link_free = std::max(link_free, b.at) + t;
@@ -175,7 +184,7 @@ double reduce_gradients(const StepInputs& in, const PipelineRun& run, int s, dou
 double gather_params(const StepInputs& in, const PipelineRun& run, int s, StageResult& r) {
     const StageInput& st = in.stages[s];
     const DpCosts& dp = in.dp;
-    if (dp.size <= 1 || dp.zero_stage != 1) return 0;
+    if (dp.size <= 1 || dp.zero_stage == 0) return 0;
     if (!dp.param_gather_overlap || dp.bucket_elems <= 0) {
         r.gather_total = r.gather_exposed = dp.gather_whole(static_cast<double>(st.padded) * dp.param_bytes_per_elem);
         return r.gather_total;

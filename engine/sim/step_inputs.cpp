@@ -264,7 +264,7 @@ StepInputs step_inputs(const RunLayout& layout, const CostModel& cost, const Nod
         st.memory_bytes = sp_plan.total_bytes();
         st.zero_seconds = cost.memory_seconds(sp_plan.grad_bytes);
         st.optimizer_seconds =
-            cost.optimizer_seconds(layout.zero_stage == 1 ? st.padded / t.dp : st.padded, layout.dtype);
+            cost.optimizer_seconds(layout.zero_stage >= 1 ? st.padded / t.dp : st.padded, layout.dtype);
         in.stages.push_back(std::move(st));
     }
     return in;

@@ -5,6 +5,7 @@
 #include <span>
 
 #include "engine/core/timer.h"
+#include "engine/model/gpt_graph.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/train/trace.h"
 
@@ -43,9 +44,31 @@ StageParams stage_params(const GptShape& shape, int tp, int pp, int stage, int v
     return st;
 }
 
+int tied_embedding_index(const GptShape& shape, const StageParams& stage, int pp) {
+    if (pp == 1 || shape.untied) return -1;
+    for (size_t i = 0; i < stage.table.size(); ++i)
+        if (stage.table[i].name == embedding_weight_name(shape)) return static_cast<int>(i);
+    return -1;
+}
+
+ShardedGradLayout stage_sharded_grad_layout(const GptShape& shape, const StageParams& stage, int tp, int pp,
+                                            bool sequence_parallel, DType act, const GptGraphOptions& graph, int dp,
+                                            int64_t bucket_elems) {
+    std::vector<ChunkGradWrites> writes;
+    for (size_t c = 0; c < stage.parts.size(); ++c)
+        writes.push_back({stage.bases[c], gpt_grad_writes(shape, stage.parts[c], tp, sequence_parallel, act, graph)});
+    std::vector<graph::GradRange> per_step;
+    if (const int wte = tied_embedding_index(shape, stage, pp); wte >= 0) {
+        const ParamInfo& p = stage.table[static_cast<size_t>(wte)];
+        per_step.push_back({p.offset, p.offset + p.numel});
+    }
+    return sharded_grad_layout(writes, per_step, padded_flat_size(stage.flat, dp), bucket_elems, dp);
+}
+
 PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                              ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel,
-                             Arena* arena, DType dtype, const GptGraphOptions& graph, bool sharded_masters)
+                             Arena* arena, DType dtype, const GptGraphOptions& graph, bool sharded_masters,
+                             int64_t sharded_grad_bucket_elems)
     : shape_(shape),
       backend_(backend),
       groups_(groups),
@@ -63,20 +86,36 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
 
     // one flat layout over the local chunks
     StageParams stage = stage_params(shape, groups.tp_size, pp, groups.pp_rank, v);
-    table_ = std::move(stage.table);
+    table_ = stage.table;
     flat_ = stage.flat;
     const std::vector<GptPart>& parts = stage.parts;
     const std::vector<int64_t>& bases = stage.bases;
     const int64_t capacity = padded_flat_size(flat_, groups.dp_size);
     padded_ = capacity;
+    wte_index_ = tied_embedding_index(shape, stage, pp);
     const size_t fp32_bytes = static_cast<size_t>(capacity) * sizeof(float);
+    const bool shard_grads = sharded_grad_bucket_elems > 0;
     if (!sharded_masters) {
         params_ = MemoryBlock(fp32_bytes, arena, MemCategory::kParameter, "params");
-    } else if (grad_dtype_ != DType::kF32) {
+    } else if (grad_dtype_ != DType::kF32 || shard_grads) {
         staging_ = StagingMemory(fp32_bytes, backend.make_arena_memory(fp32_bytes));
     }
-    grads_ = MemoryBlock(static_cast<size_t>(capacity) * dtype_size(grad_dtype_), arena, MemCategory::kGradient,
-                         fmt::format("grads {}", dtype_name(grad_dtype_)));
+    const size_t gs = dtype_size(grad_dtype_);
+    if (shard_grads) {
+        ShardedGradLayout layout = stage_sharded_grad_layout(shape, stage, groups.tp_size, pp, sequence_parallel, dtype,
+                                                             graph, groups.dp_size, sharded_grad_bucket_elems);
+        grads_ = MemoryBlock(static_cast<size_t>(layout.buffer_elems()) * gs, arena, MemCategory::kGradient,
+                             fmt::format("grads {} (bucket slots, kept)", dtype_name(grad_dtype_)));
+        grad_shard_ = MemoryBlock(static_cast<size_t>(layout.shard_elems) * gs, arena, MemCategory::kGradient,
+                                  fmt::format("grads {} (dp shard)", dtype_name(grad_dtype_)));
+        sharded_ = std::make_unique<ShardedGrads>(std::move(layout), grads_.data(), grad_shard_.data(), grad_dtype_,
+                                                  *groups.dp, backend);
+        grad_placement_ = sharded_->placement();
+    } else {
+        grads_ = MemoryBlock(static_cast<size_t>(capacity) * gs, arena, MemCategory::kGradient,
+                             fmt::format("grads {}", dtype_name(grad_dtype_)));
+        grad_placement_ = graph::GradPlacement(grads_.data(), grad_dtype_, capacity);
+    }
     const size_t es = dtype_size(dtype);
     if (dtype != DType::kF32) {
         weights_ = MemoryBlock(static_cast<size_t>(capacity) * es, arena, MemCategory::kParameter,
@@ -88,7 +127,7 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.part = parts[static_cast<size_t>(c)];
         o.num_slots = slots_[static_cast<size_t>(c)];
         o.params = params() + bases[static_cast<size_t>(c)];
-        o.grads = grads_.as<std::byte>() + static_cast<size_t>(bases[static_cast<size_t>(c)]) * dtype_size(grad_dtype_);
+        o.grads = grad_placement_.from(bases[static_cast<size_t>(c)]);
         o.sequence_parallel = sequence_parallel;
         o.arena = arena;
         o.dtype = dtype;
@@ -97,11 +136,15 @@ PipelineModel::PipelineModel(const GptShape& shape, Backend& backend, const Proc
         o.cp = groups.cp.get();
         chunks_.push_back(std::make_unique<Gpt>(shape, backend, *groups.tp, o));
     }
-    if (pp > 1) {
-        for (size_t i = 0; i < table_.size(); ++i)
-            if (!shape.untied && table_[i].name == embedding_weight_name(shape)) wte_index_ = static_cast<int>(i);
-    }
     bases_ = bases;
+    if (sharded_) {  // every micro-batch's backward reports to it
+        for (size_t c = 0; c < chunks_.size(); ++c) {
+            const int64_t base = bases_[c];
+            ShardedGrads* sg = sharded_.get();
+            report_final_.push_back([sg, base](std::span<const graph::GradRange> r) { sg->final(r, base); });
+            report_writing_.push_back([sg, base](std::span<const graph::GradRange> r) { sg->writing(r, base); });
+        }
+    }
     context_ = ContextSplit{groups.cp_size, groups.cp_rank};
     tokens_.resize(static_cast<size_t>(micro_batch * context_.local(shape.seq())));
     targets_.resize(tokens_.size());
@@ -162,6 +205,7 @@ void PipelineModel::run_batch() {
 }
 
 void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
+    MS_CHECK(!sharded_ || buckets == nullptr, "zero_stage 2 reduces its own buckets: no GradBuckets beside them");
     buckets_ = buckets;
     report_final_.clear();
     if (buckets == nullptr) return;
@@ -198,7 +242,10 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
         staging_.release();
         staging_lent_ = false;
     }
-    backend_.zero(Tensor(grads(), grad_dtype_, {flat_}));  // on the device for a device backend
+    if (sharded_)
+        sharded_->begin_step();  // the slots are zeroed as each bucket is first written
+    else
+        backend_.zero(Tensor(grads_.data(), grad_dtype_, {flat_}));  // on the device for a device backend
     const int v = virtual_stages_;
     const int Tl = static_cast<int>(context_.local(T));  // this rank's rows of each sequence
     const size_t act = static_cast<size_t>(chunks_[0]->activation_elems(micro_batch_, Tl));
@@ -250,8 +297,9 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             }
             case Action::Kind::kBackward: {
                 const int s = slot_of[c][mb];
-                const bool last = buckets_ != nullptr && mb == num_microbatches_ - 1;
-                chunk.backward(s, last ? &report_final_[static_cast<size_t>(c)] : nullptr);
+                const bool report = sharded_ || (buckets_ != nullptr && mb == num_microbatches_ - 1);
+                chunk.backward(s, report ? &report_final_[static_cast<size_t>(c)] : nullptr,
+                               sharded_ ? &report_writing_[static_cast<size_t>(c)] : nullptr);
                 if (chunk.part().embedding) {  // nothing to send: the slot is free now
                     free_slots[c].push_back(s);
                     slot_of[c][mb] = -1;
@@ -280,11 +328,12 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
         groups_.embd
-            ->all_reduce(grads_tensor().slice(p.offset, p.numel).data, static_cast<size_t>(p.numel), grad_dtype_,
+            ->all_reduce(grad_placement_.at(p.offset, p.numel), static_cast<size_t>(p.numel), grad_dtype_,
                          ReduceOp::kSum)
             .wait();
     }
     if (buckets_ != nullptr) buckets_->finish();
+    if (sharded_) sharded_->finish();
     float mean = loss / static_cast<float>(num_microbatches_);
     pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();  // only the last stage contributes
     return mean;

@@ -26,6 +26,7 @@
 #include "engine/model/gpt.h"
 #include "engine/optim/grad_buckets.h"
 #include "engine/optim/param_gather.h"
+#include "engine/optim/sharded_grads.h"
 #include "engine/parallel/context_split.h"
 #include "engine/parallel/schedule.h"
 #include "memory/memory_block.h"
@@ -49,6 +50,16 @@ struct StageParams {
 };
 StageParams stage_params(const GptShape& shape, int tp, int pp, int stage, int virtual_stages);
 
+// The index in stage.table of the stage's copy of a tied token embedding, whose gradient the first and the last
+// stage sum over the embd group once per step; -1 when there is none (pp 1, untied, a middle stage).
+int tied_embedding_index(const GptShape& shape, const StageParams& stage, int pp);
+
+// zero_stage 2's gradient memory of a stage (engine/optim/sharded_grads.h) over its padded_flat_size(stage.flat, dp)
+// range: what PipelineModel allocates and `plan` counts.
+ShardedGradLayout stage_sharded_grad_layout(const GptShape& shape, const StageParams& stage, int tp, int pp,
+                                            bool sequence_parallel, DType act, const GptGraphOptions& graph, int dp,
+                                            int64_t bucket_elems);
+
 class PipelineModel {
   public:
     // The flat buffers are padded for the data-parallel optimizer (padded_flat_size over groups.dp_size). With an
@@ -57,10 +68,13 @@ class PipelineModel {
     // slot blocks (plan.h's StagePlan::allocations() lists the same sequence).
     // sharded_masters (distributed_optimizer.h shards_master_weights): no fp32 parameters are allocated; see
     // params(). The gradients are graph.grads (fp32, or dtype with mixed_precision.grad_reduce_in_fp32 false).
+    // sharded_grad_bucket_elems > 0 (zero_stage 2, engine/optim/sharded_grads.h): no whole gradient buffer; the
+    // gradients allocation is the bucket slots and the kept gradients, followed by this rank's dp shard of the
+    // averaged gradients, and train_step() reduces each bucket over dp in every micro-batch's backward.
     PipelineModel(const GptShape& shape, Backend& backend, const ProcessGroups& groups, int micro_batch,
                   ScheduleKind kind, int num_microbatches, int virtual_stages, bool sequence_parallel = false,
                   Arena* arena = nullptr, DType dtype = DType::kF32, const GptGraphOptions& graph = {},
-                  bool sharded_masters = false);
+                  bool sharded_masters = false, int64_t sharded_grad_bucket_elems = 0);
 
     const std::vector<ParamInfo>& params_info() const { return table_; }
     int64_t flat_size() const { return flat_; }
@@ -77,10 +91,13 @@ class PipelineModel {
         staging_lent_ = true;
         return static_cast<float*>(staging_.data());
     }
-    // The flat gradients: flat_size() (padded) elements of grad_dtype().
-    void* grads() { return grads_.data(); }
+    // The gradients the optimizer reads, of grad_dtype(): the flat range (flat_size() padded elements), or with
+    // zero_stage 2 this rank's dp shard of the averaged gradients.
+    Tensor grads_tensor() { return sharded_ ? sharded_->shard() : Tensor(grads_.data(), grad_dtype_, {padded_}); }
+    void* grads() { return grads_tensor().data; }
     DType grad_dtype() const { return grad_dtype_; }
-    Tensor grads_tensor() { return Tensor(grads_.data(), grad_dtype_, {padded_}); }
+    // zero_stage 2's gradients (null otherwise): the optimizer takes its squares before the reduction from it.
+    const ShardedGrads* sharded_grads() const { return sharded_.get(); }
     DType dtype() const { return dtype_; }
     // The weights the chunks' ops read: params() in fp32, else the 16-bit copy of it (flat_size() elements).
     void* weights() {
@@ -144,7 +161,10 @@ class PipelineModel {
 
     Trace* trace_ = nullptr;
     GradBuckets* buckets_ = nullptr;
-    std::vector<graph::GradsFinalFn> report_final_;  // per local chunk, to buckets_ with its base
+    std::vector<graph::GradsFinalFn> report_final_;    // per local chunk, to buckets_ or sharded_ with its base
+    std::unique_ptr<ShardedGrads> sharded_;            // zero_stage 2
+    std::vector<graph::GradsFinalFn> report_writing_;  // per local chunk, to sharded_ with its base
+    graph::GradPlacement grad_placement_;              // where the stage's gradients live
     ParamGather* gather_ = nullptr;
     std::vector<graph::ParamsNeededFn> need_params_;  // per local chunk, to gather_ with its base
     int64_t flat_ = 0;
@@ -152,8 +172,10 @@ class PipelineModel {
     DType dtype_ = DType::kF32, grad_dtype_ = DType::kF32;
     bool sharded_masters_ = false;
     int64_t padded_ = 0;          // the flat buffers' length: flat_ padded for the data-parallel optimizer
-    MemoryBlock params_, grads_;  // (padded) flat fp32 and grad_dtype_; params_ empty with sharded masters
-    StagingMemory staging_;       // (padded) fp32, with sharded masters and 16-bit gradients: params()
+    MemoryBlock params_, grads_;  // (padded) flat fp32 and grad_dtype_; params_ empty with sharded masters, grads_
+                                  // zero_stage 2's slots and kept gradients
+    MemoryBlock grad_shard_;      // zero_stage 2: this rank's dp shard of the averaged gradients
+    StagingMemory staging_;       // (padded) fp32, with sharded masters and gradients too small to lend: params()
     bool staging_lent_ = false;   // params() handed staging_ out since the last train_step()
     MemoryBlock weights_;         // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;

@@ -135,6 +135,7 @@ PlanShape plan_shape(const RunLayout& l) {
     p.num_microbatches = l.num_microbatches;
     p.micro_batch = l.micro_batch;
     p.zero_stage = l.zero_stage;
+    if (l.zero_stage == 2) p.grad_bucket_elems = l.grad_bucket_elems;
     p.optimizer = l.optimizer;
     p.sequence_parallel = l.sequence_parallel;
     p.dtype = l.dtype;
@@ -143,7 +144,7 @@ PlanShape plan_shape(const RunLayout& l) {
 }
 
 int64_t StagePlan::all_grad_bytes() const {
-    int64_t b = grad_bytes;
+    int64_t b = grad_bytes + grad_shard_bytes;
     for (int64_t h : head_grad_bytes) b += h;
     return b;
 }
@@ -155,6 +156,7 @@ std::vector<size_t> StagePlan::allocations() const {
     };
     add(param_bytes);
     add(grad_bytes);
+    add(grad_shard_bytes);
     add(weight_bytes);
     for (size_t c = 0; c < slots.size(); ++c) {
         add(scratch_bytes[c]);
@@ -203,7 +205,16 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
         }
         st.padded = padded_flat_size(flat, p.dp);
         st.param_bytes = shards_master_weights(p.zero_stage, p.dtype) ? 0 : 4 * st.padded;
-        st.grad_bytes = static_cast<int64_t>(dtype_size(p.graph.grads)) * st.padded;
+        const auto grad_elem = static_cast<int64_t>(dtype_size(p.graph.grads));
+        if (p.zero_stage == 2) {
+            const ShardedGradLayout g =
+                stage_sharded_grad_layout(shape, stage_params(shape, p.tp, p.pp, s, v), p.tp, p.pp, p.sequence_parallel,
+                                          p.dtype, p.graph, p.dp, p.grad_bucket_elems);
+            st.grad_bytes = grad_elem * g.buffer_elems();
+            st.grad_shard_bytes = grad_elem * g.shard_elems;
+        } else {
+            st.grad_bytes = grad_elem * st.padded;
+        }
         st.weight_bytes = p.dtype == DType::kF32 ? 0 : static_cast<int64_t>(dtype_size(p.dtype)) * st.padded;
         // onebit_adam's chunks need the stage's table; the other optimizers only its length (the table of a billion
         // layers is never built)
@@ -375,11 +386,15 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
             : fmt::format("{0} activations; param bytes: fp32 master + {0} weights", dtype_name(ps.dtype));
     log_info(
         "\nmemory per rank by pipeline stage ({}; parameters are one tp rank's shard; zero_stage {}, sharded over {} "
-        "ranks{}{})",
+        "ranks{}{}{})",
         precision, ps.zero_stage, ps.dp,
         t.cp > 1 ? fmt::format(" (dp {} x cp {}); activations of seq_length / cp = {} tokens", t.replicas(), t.cp,
                                layout.seq_length() / t.cp)
                  : std::string(),
+        ps.zero_stage == 2 ? fmt::format("; grad bytes: buckets of {} elements in their slots and the gradients kept "
+                                         "whole + the dp shard",
+                                         ps.grad_bucket_elems)
+                           : std::string(),
         ps.optimizer.onebit_adam() ? ", onebit_adam" : "");
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
     const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);

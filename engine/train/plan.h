@@ -60,7 +60,9 @@ struct StagePlan {
     int64_t params = 0;                       // elements of the tp rank's shard, summed over the local chunks
     int64_t padded = 0;                       // flat buffer elements: padded_flat_size of the chunks' aligned layout
     int64_t param_bytes = 0, grad_bytes = 0;  // fp32 parameters (0 with sharded master weights), gradients (fp32 or
-                                              // 16-bit: GptGraphOptions::grads)
+                                              // 16-bit: GptGraphOptions::grads; zero_stage 2: its bucket slots and
+                                              // kept gradients, sharded_grads.h)
+    int64_t grad_shard_bytes = 0;             // zero_stage 2: the dp shard of the averaged gradients
     int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
     OptimizerBlocks optimizer;                // masters (sharded), moments, onebit_adam's buffers
     int64_t optimizer_bytes() const { return optimizer.total(); }
@@ -72,15 +74,15 @@ struct StagePlan {
     std::vector<int64_t> head_grad_bytes;
     int64_t activation_bytes = 0;             // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return 0; }  // pipeline p2p uses the slots, zero_stage 1 reduce-scatters in place
-    int64_t all_grad_bytes() const;           // grad_bytes and the head_grad_bytes
+    int64_t all_grad_bytes() const;           // grad_bytes, grad_shard_bytes and the head_grad_bytes
     int64_t total_bytes() const {
         return param_bytes + all_grad_bytes() + weight_bytes + optimizer_bytes() + comm_bytes() + activation_bytes;
     }
     // Weights, gradients, master weights and optimizer state: what zero_stage and sharded masters divide.
     int64_t model_state_bytes() const { return param_bytes + all_grad_bytes() + weight_bytes + optimizer_bytes(); }
-    // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, 16-bit
-    // weights, per chunk its scratch, slots and kept-apart head gradient; DistributedOptimizer: optimizer_blocks());
-    // no empty ones.
+    // The arena allocations a rank of this stage makes, in the trainer's order (PipelineModel: params, grads, the
+    // gradient shard, 16-bit weights, per chunk its scratch, slots and kept-apart head gradient; DistributedOptimizer:
+    // optimizer_blocks()); no empty ones.
     std::vector<size_t> allocations() const;
 };
 
@@ -88,6 +90,7 @@ struct PlanShape {
     int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
     ScheduleKind kind = ScheduleKind::k1F1B;
     int num_microbatches = 1, micro_batch = 1, zero_stage = 0;
+    int64_t grad_bucket_elems = 0;  // zero_stage 2's buckets (RunLayout::grad_bucket_elems)
     bool sequence_parallel = false;
     DType dtype = DType::kF32;   // mixed_precision.dtype: activations and the weights the ops read
     OptimizerConfig optimizer;   // its type (onebit_adam's buffers) and 1-bit chunk size

@@ -63,7 +63,7 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     l.sequence_parallel = par.sequence_parallel;
     l.zero_stage = par.zero_stage;
     l.optimizer = cfg.optimizer;
-    if (par.overlap_grad_reduce && d.dp > 1)
+    if ((par.overlap_grad_reduce || par.zero_stage == 2) && d.dp > 1)  // zero_stage 2 reduces in buckets always
         l.grad_bucket_elems = par.bucket_size > 0 ? par.bucket_size : default_bucket_elems(d.dp);
     l.param_gather_overlap = par.overlap_param_gather && l.grad_bucket_elems > 0;
     l.hierarchical_dp = parse_hierarchical_dp(par.hierarchical_dp);
@@ -80,7 +80,9 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     // hold layouts to, and onebit_adam, whose sign bits amplify a last-bit difference -- one stage keeps its tied
     // output layer's gradient apart (Vp/tp x C more gradient memory); elsewhere (a GPU's norm, 16-bit activations)
     // layouts agree to a tolerance anyway, and the memory formulas of the README stay those of one gradient buffer.
-    l.graph.tied_grads_apart = (l.backend == BackendKind::kCPU && l.dtype == DType::kF32) || l.optimizer.onebit_adam();
+    // zero_stage 2 is not layout-exact (sharded_grads.h), and keeps the tied embedding's gradient whole anyway.
+    l.graph.tied_grads_apart =
+        ((l.backend == BackendKind::kCPU && l.dtype == DType::kF32) || l.optimizer.onebit_adam()) && l.zero_stage != 2;
     const TrainingConfig& t = cfg.training;
     using graph::RecomputeGranularity;
     l.graph.recompute.granularity = t.recompute_granularity == "full"        ? RecomputeGranularity::kFull

@@ -42,8 +42,8 @@ struct RunLayout {
     bool sequence_parallel = false;
     int zero_stage = 0;
     OptimizerConfig optimizer;  // the validated optimizer section (its type and 1-bit chunks size the memory plan)
-    // parallel.overlap_grad_reduce with dp > 1: elements per gradient bucket (parallel.bucket_size or Megatron's
-    // default); 0: the gradients are reduced in one piece after the backward
+    // parallel.overlap_grad_reduce or zero_stage 2, with dp > 1: elements per gradient bucket (parallel.bucket_size
+    // or Megatron's default); 0: the gradients are reduced in one piece after the backward
     int64_t grad_bucket_elems = 0;
     // parallel.overlap_param_gather with dp > 1: the updated parameters gathered in those buckets, each waited by the
     // next forward's first read (zero_stage 1)

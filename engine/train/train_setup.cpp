@@ -240,19 +240,19 @@ void log_model_memory(const TrainRun& r) {
     const auto b = [](int64_t bytes) { return human_bytes(static_cast<double>(bytes)); };
     if (dtype == DType::kF32) {
         log_info("memory per rank: parameters {} | gradients {} | optimizer state {} (zero_stage {})",
-                 b(st.param_bytes), b(st.grad_bytes), b(st.optimizer_bytes()), r.layout.zero_stage);
+                 b(st.param_bytes), b(st.all_grad_bytes()), b(st.optimizer_bytes()), r.layout.zero_stage);
     } else if (st.optimizer.master > 0) {
         log_info(
             "memory per rank: {} weights {} | {} gradients {} | fp32 master weights {} (sharded over dp {}) | "
             "optimizer state {} (zero_stage {})",
-            dtype_name(dtype), b(st.weight_bytes), grads, b(st.grad_bytes), b(st.optimizer.master),
+            dtype_name(dtype), b(st.weight_bytes), grads, b(st.all_grad_bytes()), b(st.optimizer.master),
             r.layout.topology.dp, b(st.optimizer_bytes() - st.optimizer.master), r.layout.zero_stage);
     } else {
         log_info(
             "memory per rank: {} weights {} | fp32 master weights {} | {} gradients {} | optimizer state {} "
             "(zero_stage {})",
-            dtype_name(dtype), b(st.weight_bytes), b(st.param_bytes), grads, b(st.grad_bytes), b(st.optimizer_bytes()),
-            r.layout.zero_stage);
+            dtype_name(dtype), b(st.weight_bytes), b(st.param_bytes), grads, b(st.all_grad_bytes()),
+            b(st.optimizer_bytes()), r.layout.zero_stage);
     }
     const LossScaler& scaler = *r.scaler;
     const MixedPrecisionConfig& mp = r.cfg.mixed_precision;
@@ -413,7 +413,8 @@ void setup_model(TrainRun& r) {
     const ProcessGroups& groups = *r.groups;
     r.model = std::make_unique<PipelineModel>(l.shape, *r.backend, groups, l.micro_batch, l.schedule,
                                               l.num_microbatches, l.virtual_stages, l.sequence_parallel, &arena,
-                                              l.dtype, l.graph, shards_master_weights(l.zero_stage, l.dtype));
+                                              l.dtype, l.graph, shards_master_weights(l.zero_stage, l.dtype),
+                                              l.zero_stage == 2 ? l.grad_bucket_elems : 0);
     PipelineModel& model = *r.model;
     model.init_weights(r.cfg.run.seed, r.cfg.model.init_method_std);
     // With sharded master weights the optimizer takes its shard of the initial parameters here.
@@ -421,7 +422,15 @@ void setup_model(TrainRun& r) {
         model.params_info(), model.flat_size(), model.params(), model.grads(), r.cfg.optimizer, l.zero_stage,
         *r.backend, *groups.dp, *groups.mp, groups.tp_rank, &arena, l.dtype == DType::kF32 ? nullptr : model.weights(),
         l.dtype, model.grad_dtype());
-    if (l.grad_bucket_elems > 0) {
+    if (const ShardedGrads* sharded = model.sharded_grads()) {
+        r.optimizer->use_sharded_grads(sharded);
+        const ShardedGradLayout& g = sharded->layout();
+        log_info(
+            "data parallel: zero_stage 2 -- the gradients in {} buckets of at least {} elements in {} rotating slots "
+            "of {} elements, each reduced into the dp shards' owners as every micro-batch's backward finishes it; {} "
+            "elements kept whole for the step (written twice, or reduced per step)",
+            g.buckets.size(), l.grad_bucket_elems, g.slots, g.slot_elems, g.kept_elems);
+    } else if (l.grad_bucket_elems > 0) {
         GradBuckets& buckets = r.optimizer->overlap_grad_reduce(l.grad_bucket_elems, model.params_info());
         model.set_grad_buckets(&buckets);
         log_info(

@@ -44,7 +44,7 @@ std::string timestamp() {
 // (averaged over dp, gathered over tp) to PATH.stage<s> (float32, parameters in table order, each as its global
 // row-major tensor) and PATH.stage<s>.json (names, shapes, offsets). For the parallel-equivalence tests; costs an
 // extra all-reduce and all-gather. bucketed: the gradients are averaged over dp already (parallel.overlap_grad_reduce):
-// all of them with zero_stage 0, each dp shard on its owner with zero_stage 1.
+// all of them with zero_stage 0, each dp shard on its owner with zero_stage 1; zero_stage 2 holds only that shard.
 void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std::string& path, bool bucketed,
                     int zero_stage) {
     if (path.empty()) return;
@@ -53,11 +53,12 @@ void dump_gradients(PipelineModel& model, const ProcessGroups& groups, const std
     const DType t = model.grad_dtype();
     const size_t es = dtype_size(t);
     std::vector<std::byte> raw(static_cast<size_t>(padded) * es);
-    std::memcpy(raw.data(), model.grads(), raw.size());
-    if (!bucketed) {
+    const size_t shard = static_cast<size_t>(padded / groups.dp_size);
+    if (zero_stage == 2) {  // only this rank's shard exists, averaged already
+        groups.dp->all_gather(model.grads(), raw.data(), shard, static_cast<size_t>(padded), t).wait();
+    } else if (std::memcpy(raw.data(), model.grads(), raw.size()); !bucketed) {
         groups.dp->all_reduce(raw.data(), static_cast<size_t>(padded), t, ReduceOp::kAvg).wait();
     } else if (zero_stage == 1) {
-        const size_t shard = static_cast<size_t>(padded / groups.dp_size);
         groups.dp
             ->all_gather(raw.data() + static_cast<size_t>(groups.dp_rank) * shard * es, raw.data(), shard,
                          static_cast<size_t>(padded), t)

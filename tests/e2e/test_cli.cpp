@@ -85,7 +85,7 @@ TEST(CliE2E, SetOverridesAreCheckedToo) {
     EXPECT_TRUE(contains(r.output, "has no '='")) << r.output;
     r = run_cli("train --set parallel.zero_stage=3");
     EXPECT_EQ(r.exit_code, 2) << r.output;
-    EXPECT_TRUE(contains(r.output, "--set: parallel.zero_stage = 3 is not supported (0 or 1)")) << r.output;
+    EXPECT_TRUE(contains(r.output, "--set: parallel.zero_stage = 3 is not supported (0, 1 or 2)")) << r.output;
 }
 
 // An empty or model-less config would train the default 86M-parameter model for 100 iterations without a word.

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "comm/self_communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/model/gpt.h"
@@ -471,6 +473,52 @@ TEST(PlanArithmetic, ShardedMasterWeightsKeepTwoPlusFourPlusTwelveOverDpBytesPer
         // 18 bytes per parameter at dp 1, 7.5 at dp 8; with bf16 gradients 16 and 5.5 (2.9x)
         EXPECT_GE(bf16_zero1[1] / bf16_zero1[8], 2.39) << "L " << shape.L;
         EXPECT_GE(bf16_grads[1] / bf16_grads[8], 2.9) << "L " << shape.L;
+    }
+}
+
+// zero_stage 2 (engine/optim/sharded_grads.h) keeps of the gradients this rank's dp shard, two bucket slots (GPT's
+// backward has one bucket open at a time, plus one for the reduction in flight) and the gradients it keeps whole --
+// on one GPT-2 stage the tied embedding's, Vp x C -- so per parameter 2 + 12/dp (as ZeRO-1 in bf16) + g/dp +
+// g (2 slots + Vp C) / P with g bytes per gradient element. A slot holds the longest bucket: at least bucket_elems,
+// at most that plus one gradient tensor (a bucket closes at the first tensor start past bucket_elems). GPT-2 1.5B at
+// dp 8 with Megatron's default 40M-element buckets: 4.42 bytes per parameter, 4.1x less than one rank's 18.
+TEST(PlanArithmetic, ShardedGradientsKeepTheShardTwoSlotsAndTheTiedEmbedding) {
+    ms::GptShape small;  // GPT-2 124M
+    small.L = 12, small.C = 768, small.NH = 12, small.T = 1024, small.V = 50257, small.Vp = 50304, small.F = 3072;
+    ms::GptShape xl = small;  // GPT-2 1.5B
+    xl.L = 48, xl.C = 1600, xl.NH = 25, xl.F = 6400;
+    for (const ms::GptShape& shape : {small, xl}) {
+        const int64_t largest = int64_t{shape.Vp} * shape.C;  // no gradient tensor is longer than the embedding
+        for (const int dp : {2, 4, 8}) {
+            for (const int64_t bucket : {ms::default_bucket_elems(dp), int64_t{4'000'000}}) {
+                for (const ms::DType grads : {ms::DType::kF32, ms::DType::kBF16}) {
+                    ms::PlanShape p;
+                    p.dp = dp, p.dtype = ms::DType::kBF16, p.zero_stage = 2, p.grad_bucket_elems = bucket;
+                    p.graph.grads = grads;
+                    const auto stages = ms::plan_stages(shape, p);
+                    ASSERT_EQ(stages.size(), 1u);
+                    const ms::StagePlan& st = stages[0];
+                    const ms::ShardedGradLayout l = ms::stage_sharded_grad_layout(
+                        shape, ms::stage_params(shape, 1, 1, 0, 1), 1, 1, false, p.dtype, p.graph, dp, bucket);
+                    const std::string what =
+                        fmt::format("L {} dp {} bucket {} {} gradients", shape.L, dp, bucket, ms::dtype_name(grads));
+                    EXPECT_EQ(l.slots, 2) << what;
+                    EXPECT_EQ(l.kept_elems, int64_t{shape.Vp} * shape.C) << what;
+                    EXPECT_GE(l.slot_elems, std::min(bucket, st.params / 2)) << what;
+                    EXPECT_LE(l.slot_elems, bucket + largest) << what;
+                    const auto g = static_cast<double>(ms::dtype_size(grads));
+                    const double P = static_cast<double>(st.params);
+                    EXPECT_EQ(st.grad_bytes, static_cast<int64_t>(g) * (2 * l.slot_elems + l.kept_elems)) << what;
+                    EXPECT_EQ(st.grad_shard_bytes, static_cast<int64_t>(g) * st.padded / dp) << what;
+                    const double formula =
+                        2 + 12.0 / dp + g / dp + g * static_cast<double>(2 * l.slot_elems + l.kept_elems) / P;
+                    const double per_param = static_cast<double>(st.model_state_bytes()) / P;
+                    EXPECT_NEAR(per_param / formula, 1.0, 0.01) << what;
+                    if (shape.L == 48 && dp == 8 && bucket == ms::default_bucket_elems(dp) && grads == ms::DType::kF32)
+                        EXPECT_GE(18.0 / per_param, 4.0) << what << ": " << per_param << " bytes per parameter";
+                }
+            }
+        }
     }
 }
 

@@ -619,6 +619,59 @@ TEST(EquivalenceExact, Zero1OverlapIsBitIdentical) {
     }
 }
 
+// zero_stage 2 (engine/optim/sharded_grads.h) against zero_stage 1 on the same layout: every micro-batch's buckets
+// are averaged over dp and the averages added in the owner's shard, where zero_stage 1 adds the micro-batches first
+// and averages once, so the step-1 gradients and the 10 losses agree within rounding, not bit for bit. Buckets of
+// 3000 elements make tens of them rotate through two slots. Layouts: dp 2; beside pp (1F1B and interleaved, the tied
+// embedding summed over the first and last stage), tp with sequence parallelism (LayerNorm gradients summed per
+// step), the fused LM head (its gradient written in the forward); bf16 with fp32 and with bf16 gradients;
+// tp2 x pp2 x dp2; the comm engine's progress thread; Llama (packed q/k/v gradients) at tp2 + sp. Printed by this test:
+// fp32 gradients within 1.4e-7 and losses 6.9e-8; bf16 1.6e-7 and 1.6e-4 (the 16-bit weights amplify the rounding);
+// bf16 gradients, summed in bf16 in a different order, 8.1e-3 and 5.8e-4. The bounds are ~4-15x that; a lost bucket or
+// a wrong shard is O(1).
+TEST(EquivalenceZero2, TracksZero1OnTheSameLayout) {
+    const std::string bf16 = "--set mixed_precision.dtype=bf16 ";
+    const std::string pp2 = "--set parallel.pipeline_model_parallel_size=2 ";
+    const std::string tp2 = "--set parallel.tensor_model_parallel_size=2 --set parallel.sequence_parallel=true ";
+    struct Case {
+        const char* name;
+        int ranks;
+        std::string sets;
+        double grad_bound, loss_bound;
+        const char* config = "tiny.yaml";
+    };
+    for (const Case& c : {
+             Case{"dp2", 2, "", 1e-6, 1e-6},
+             Case{"pp2 dp2", 4, pp2, 1e-6, 1e-6},
+             Case{"pp2 vpp2 dp2", 4,
+                  pp2 + "--set parallel.virtual_pipeline_model_parallel_size=2 "
+                        "--set parallel.pipeline_schedule=interleaved_1f1b",
+                  1e-6, 1e-6},
+             Case{"tp2 sp dp2", 4, tp2, 1e-6, 1e-6},
+             Case{"dp2 fused head", 2, "--set model.cross_entropy_loss_fusion=true", 1e-6, 1e-6},
+             Case{"bf16 dp2", 2, bf16, 1e-6, 1e-3},
+             Case{"bf16 dp2 bf16 grads", 2, bf16 + "--set mixed_precision.grad_reduce_in_fp32=false", 3e-2, 3e-3},
+             Case{"bf16 tp2 pp2 dp2", 8, bf16 + tp2 + pp2, 1e-6, 1e-3},
+             Case{"dp2 comm engine", 2, "--set parallel.comm_engine=true --set parallel.comm_chunk_bytes=4096", 1e-6,
+                  1e-6},
+             Case{"llama tp2 sp dp2", 4, tp2, 1e-6, 1e-6, "tiny-llama.yaml"},
+         }) {
+        const RunResult one = run_layout(c.ranks, c.sets + " --set parallel.zero_stage=1", c.config);
+        const RunResult two =
+            run_layout(c.ranks, c.sets + " --set parallel.zero_stage=2 --set parallel.bucket_size=3000", c.config);
+        ASSERT_EQ(one.losses.size(), 10u) << c.name << one.output;
+        ASSERT_EQ(two.losses.size(), 10u) << c.name << two.output;
+        EXPECT_NE(two.output.find("zero_stage 2 -- the gradients in"), std::string::npos) << two.output;
+        EXPECT_NE(two.output.find("in 2 rotating slots"), std::string::npos) << two.output;
+        ASSERT_EQ(two.grads.size(), one.grads.size()) << c.name;
+        std::string name;
+        const double g = worst_grad(two, one, name), l = worst_loss(two, one);
+        std::printf("zero_stage 2 vs 1, %s: gradient %.3g (%s), loss %.3g\n", c.name, g, name.c_str(), l);
+        EXPECT_LE(g, c.grad_bound) << c.name;
+        EXPECT_LE(l, c.loss_bound) << c.name;
+    }
+}
+
 // One rank on 1 and on 3 threads: the same bits. hidden_size 160 makes the CPU matmuls span several column blocks
 // (matmul.cpp: block_width), which 3 threads share unevenly (c_attn 480 columns, c_fc 640, a K of 160 for dinp).
 // ctest also runs this under OPENBLAS_CORETYPE=Haswell (tests/CMakeLists.txt), whose AVX2 sgemm kernel gives a

@@ -214,8 +214,8 @@ TEST(ConfigTest, WrongTypesNameKeyValueAndExpectedType) {
 TEST(ConfigTest, ImpossibleValuesNameKeyValueAndConstraint) {
     file_error("lr_schedule:\n  lr_decay_style: foo\n",
                {":2:19", "lr_schedule.lr_decay_style = 'foo' must be one of: constant, linear, cosine"});
-    file_error("parallel:\n  zero_stage: 2\n", {"parallel.zero_stage = 2 is not supported (0 or 1)"});
-    set_error({"parallel.zero_stage=3"}, {"--set", "parallel.zero_stage = 3 is not supported (0 or 1)"});
+    file_error("parallel:\n  zero_stage: 3\n", {"parallel.zero_stage = 3 is not supported (0, 1 or 2)"});
+    set_error({"parallel.zero_stage=-1"}, {"--set", "parallel.zero_stage = -1 is not supported (0, 1 or 2)"});
     set_error({"mixed_precision.dtype=fp8"}, {"mixed_precision.dtype = 'fp8' must be one of: fp32, bf16, fp16"});
     set_error({"run.backend=tpu"}, {"run.backend = 'tpu' must be one of: cpu, cuda"});
     set_error({"model.num_layers=-1"}, {"model.num_layers = -1 must be >= 1"});
@@ -355,6 +355,16 @@ TEST(ConfigTest, ValidationSentences) {
     validate_error(small({"optimizer.type=onebit_adam", "optimizer.freeze_step=2", "mixed_precision.dtype=bf16",
                           "mixed_precision.grad_reduce_in_fp32=false"}),
                    2, {"mixed_precision.grad_reduce_in_fp32 = false keeps them in bf16", "hint:"});
+    // zero_stage 2: nothing to shard on one dp rank; onebit_adam's whole momenta; no overlapped parameter gather
+    validate_error(small({"parallel.zero_stage=2"}), 1,
+                   {"parallel.zero_stage 2 shards the gradients over the data-parallel ranks, and this layout has one "
+                    "(world 1 = tp 1 x pp 1)",
+                    "hint: set zero_stage: 0"});
+    validate_error(small({"parallel.zero_stage=2", "optimizer.type=onebit_adam", "optimizer.freeze_step=2"}), 2,
+                   {"onebit_adam keeps every rank's whole momentum", "they do not compose", "hint:"});
+    validate_error(
+        small({"parallel.zero_stage=2", "parallel.overlap_grad_reduce=true", "parallel.overlap_param_gather=true"}), 2,
+        {"(got zero_stage 2, overlap_grad_reduce true)", "hint:"});
     // 16-bit gradients need a 16-bit model
     validate_error(small({"mixed_precision.grad_reduce_in_fp32=false"}), 1,
                    {"mixed_precision.grad_reduce_in_fp32 = false asks for 16-bit gradients",
