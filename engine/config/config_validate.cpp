@@ -393,12 +393,12 @@ DerivedConfig validate_config(const Config& cfg, int world_size) {
     }
 
     // ---- parallel axes this build does not run yet ----
-    if (p.overlap_param_gather && (p.zero_stage != 1 || !p.overlap_grad_reduce)) {
+    if (p.overlap_param_gather && !(p.zero_stage == 2 || (p.zero_stage == 1 && p.overlap_grad_reduce))) {
         fail(
-            "parallel.overlap_param_gather needs parallel.zero_stage 1 and parallel.overlap_grad_reduce (got "
-            "zero_stage {}, overlap_grad_reduce {}): it overlaps the distributed optimizer's all-gather of the updated "
-            "parameters, in the gradient buckets, with the next forward; hint: set zero_stage: 1 and "
-            "overlap_grad_reduce: true, or overlap_param_gather: false",
+            "parallel.overlap_param_gather needs parallel.zero_stage 1 with parallel.overlap_grad_reduce, or "
+            "zero_stage 2 (got zero_stage {}, overlap_grad_reduce {}): it overlaps the distributed optimizer's "
+            "all-gather of the updated parameters, in the gradient buckets, with the next forward; hint: set "
+            "zero_stage: 1 and overlap_grad_reduce: true, or overlap_param_gather: false",
             p.zero_stage, p.overlap_grad_reduce);
     }
     if (p.sequence_parallel && (static_cast<int64_t>(t.micro_batch_size) * (m.seq_length / cp)) % tp != 0) {

@@ -214,9 +214,10 @@ GradBuckets& DistributedOptimizer::overlap_grad_reduce(int64_t bucket_elems, con
     return *buckets_;
 }
 
-ParamGather& DistributedOptimizer::overlap_param_gather() {
-    MS_CHECK(zero_stage_ == 1 && buckets_, "overlapped parameter gathers need zero_stage 1 and gradient buckets");
-    gather_ = std::make_unique<ParamGather>(*buckets_, padded_, sharded_masters() ? nullptr : params_, dp_, backend_);
+ParamGather& DistributedOptimizer::overlap_param_gather(int64_t bucket_elems, const std::vector<ParamInfo>& table) {
+    MS_CHECK(zero_stage_ >= 1 && bucket_elems > 0, "overlapped parameter gathers need zero_stage 1 or 2 and buckets");
+    gather_ = std::make_unique<ParamGather>(param_bucket_ranges(table, padded_, bucket_elems), padded_,
+                                            sharded_masters() ? nullptr : params_, dp_, backend_);
     gather_->set_weights(weights_, weights_dtype_);
     return *gather_;
 }

@@ -135,9 +135,10 @@ class DistributedOptimizer {
     // zero_stage 2: the gradients were reduced by the pipeline's sharded gradients, whose squares before the
     // reduction local_grad_squares() reports. Not owned.
     void use_sharded_grads(const ShardedGrads* grads) { sharded_ = grads; }
-    // parallel.overlap_param_gather (zero_stage 1, after overlap_grad_reduce): step() leaves the gather of the
+    // parallel.overlap_param_gather (zero_stage 1 after overlap_grad_reduce, or 2), in the buckets of bucket_elems
+    // that GradBuckets cuts from `table` (param_bucket_ranges): step() leaves the gather of the
     // updated parameters in flight, in the same buckets (param_gather.h). Returns it for the pipeline's forward.
-    ParamGather& overlap_param_gather();
+    ParamGather& overlap_param_gather(int64_t bucket_elems, const std::vector<ParamInfo>& table);
     // Completes the gather of the last step's parameters: before anything other than the model's programs reads
     // them (a checkpoint). A no-op without overlap_param_gather.
     void finish_param_gather() {

@@ -37,6 +37,15 @@ std::vector<std::pair<int64_t, int64_t>> bucket_ranges(std::span<const std::pair
     return buckets;
 }
 
+std::vector<std::pair<int64_t, int64_t>> param_bucket_ranges(const std::vector<ParamInfo>& table, int64_t padded,
+                                                             int64_t bucket_elems) {
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    spans.reserve(table.size());
+    for (const ParamInfo& p : table) spans.emplace_back(p.offset, p.offset + p.numel);
+    std::sort(spans.begin(), spans.end());
+    return bucket_ranges(spans, padded, bucket_elems);
+}
+
 GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, int64_t bucket_elems, void* grads,
                          Communicator& dp, Backend& backend, GradReduction reduction, DType grads_dtype)
     : reduction_(reduction), grads_(grads, grads_dtype, {padded}), dp_(dp), backend_(backend) {
@@ -47,12 +56,9 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
     std::sort(params_.begin(), params_.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
     MS_CHECK(!params_.empty() && params_.back().end <= padded, "gradient buckets: parameters end at {} of {}",
              params_.empty() ? 0 : params_.back().end, padded);
-    std::vector<std::pair<int64_t, int64_t>> spans;
-    spans.reserve(params_.size());
-    for (const graph::GradRange& r : params_) spans.emplace_back(r.begin, r.end);
     bucket_of_.assign(params_.size(), -1);
     size_t i = params_.size();  // the parameters not yet in a bucket: [0, i)
-    for (const auto& [begin, end] : bucket_ranges(spans, padded, bucket_elems)) {
+    for (const auto& [begin, end] : param_bucket_ranges(table, padded, bucket_elems)) {
         int64_t elems = 0;
         for (; i > 0 && params_[i - 1].begin >= begin; --i) {
             bucket_of_[i - 1] = static_cast<int>(buckets_.size());

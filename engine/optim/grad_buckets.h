@@ -43,6 +43,10 @@ int64_t default_bucket_elems(int dp);
 std::vector<std::pair<int64_t, int64_t>> bucket_ranges(std::span<const std::pair<int64_t, int64_t>> params,
                                                        int64_t padded, int64_t bucket_elems);
 
+// bucket_ranges over a parameter table's elements (any order): the buckets GradBuckets cuts, and ParamGather gathers.
+std::vector<std::pair<int64_t, int64_t>> param_bucket_ranges(const std::vector<ParamInfo>& table, int64_t padded,
+                                                             int64_t bucket_elems);
+
 // How a bucket is reduced over dp: all-reduced (zero_stage 0), or each shard's part reduced into its owner (1).
 enum class GradReduction : uint8_t { kAllReduce, kToShardOwners };
 

@@ -7,15 +7,13 @@
 
 namespace ms {
 
-ParamGather::ParamGather(const GradBuckets& buckets, int64_t padded, float* params, Communicator& dp, Backend& backend)
+ParamGather::ParamGather(std::span<const std::pair<int64_t, int64_t>> buckets, int64_t padded, float* params,
+                         Communicator& dp, Backend& backend)
     : params_(params), dp_(dp), backend_(backend) {
     MS_CHECK(padded % dp.size() == 0, "parameter gather: {} elements do not split into {} shards", padded, dp.size());
-    for (int b = buckets.num_buckets(); b-- > 0;) {  // grad buckets run from the end down
-        Bucket g{buckets.begin(b),
-                 buckets.end(b),
-                 owner_parts(buckets.begin(b), buckets.end(b), padded / dp.size()),
-                 {},
-                 false};
+    for (size_t b = buckets.size(); b-- > 0;) {  // grad buckets run from the end down
+        const auto [begin, end] = buckets[b];
+        Bucket g{begin, end, owner_parts(begin, end, padded / dp.size()), {}, false};
         g.handles.resize(g.parts.size());
         buckets_.push_back(std::move(g));
     }

@@ -32,8 +32,8 @@ bool contains(std::span<const graph::GradRange> sorted, const graph::GradRange& 
 ShardedGradLayout sharded_grad_layout(std::span<const ChunkGradWrites> chunks,
                                       std::span<const graph::GradRange> extra_kept, int64_t padded,
                                       int64_t bucket_elems, int dp) {
-    MS_CHECK(dp >= 1 && padded % dp == 0 && bucket_elems >= 1, "sharded gradients: {} elements over dp {}, buckets of {}",
-             padded, dp, bucket_elems);
+    MS_CHECK(dp >= 1 && padded % dp == 0 && bucket_elems >= 1,
+             "sharded gradients: {} elements over dp {}, buckets of {}", padded, dp, bucket_elems);
     ShardedGradLayout l;
     l.padded = padded;
     l.shard_elems = padded / dp;
@@ -126,12 +126,12 @@ ShardedGrads::ShardedGrads(ShardedGradLayout layout, void* buffer, void* shard, 
       dp_(dp),
       backend_(backend),
       shard_begin_(dp.rank() * layout_.shard_elems) {
-    MS_CHECK(layout_.shard_elems * dp.size() == layout_.padded, "sharded gradients: shards of {} over dp {}, {} elements",
-             layout_.shard_elems, dp.size(), layout_.padded);
+    MS_CHECK(layout_.shard_elems * dp.size() == layout_.padded,
+             "sharded gradients: shards of {} over dp {}, {} elements", layout_.shard_elems, dp.size(), layout_.padded);
     for (size_t b = 0; b < layout_.buckets.size(); ++b) {
         const auto [begin, end] = layout_.buckets[b];
-        Bucket k{begin, end, static_cast<int>(b) % layout_.slots, 0, 0, false,
-                 owner_parts(begin, end, layout_.shard_elems), {}};
+        Bucket k{begin, end,   static_cast<int>(b) % layout_.slots,          0,
+                 0,     false, owner_parts(begin, end, layout_.shard_elems), {}};
         for (const graph::GradRange& r : layout_.bucket_grads[b]) {
             k.elems += r.end - r.begin;
             grad_bucket_.emplace_back(r, static_cast<int>(b));
@@ -150,8 +150,8 @@ ShardedGrads::ShardedGrads(ShardedGradLayout layout, void* buffer, void* shard, 
 int ShardedGrads::bucket_of(const graph::GradRange& r) const {
     const auto it = std::lower_bound(grad_bucket_.begin(), grad_bucket_.end(), r.begin,
                                      [](const auto& g, int64_t b) { return g.first.begin < b; });
-    MS_CHECK(it != grad_bucket_.end() && it->first == r,
-             "sharded gradients: [{}, {}) is not a gradient of the buckets", r.begin, r.end);
+    MS_CHECK(it != grad_bucket_.end() && it->first == r, "sharded gradients: [{}, {}) is not a gradient of the buckets",
+             r.begin, r.end);
     return it->second;
 }
 
@@ -168,7 +168,8 @@ void ShardedGrads::add_owned(const Tensor& from, const OwnerPart& part) {
 void ShardedGrads::settle(int slot) {
     const int b = occupant_[static_cast<size_t>(slot)];
     if (b < 0) return;
-    MS_CHECK(!buckets_[static_cast<size_t>(b)].open, "sharded gradients: bucket [{}, {}) in slot {} is still being written",
+    MS_CHECK(!buckets_[static_cast<size_t>(b)].open,
+             "sharded gradients: bucket [{}, {}) in slot {} is still being written",
              buckets_[static_cast<size_t>(b)].begin, buckets_[static_cast<size_t>(b)].end, slot);
     Bucket& k = buckets_[static_cast<size_t>(b)];
     const Tensor grads = slot_tensor(k);
@@ -215,8 +216,8 @@ void ShardedGrads::final(std::span<const graph::GradRange> ranges, int64_t base)
         for (size_t i = 0; i < k.parts.size(); ++i) {
             const OwnerPart& o = k.parts[i];
             const Tensor part = grads.slice(o.begin - k.begin, o.end - o.begin);
-            k.handles[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner,
-                                      ReduceOp::kAvg, Priority::kLow);
+            k.handles[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner, ReduceOp::kAvg,
+                                      Priority::kLow);
         }
         k.open = false;  // its slot's occupant, reduced from now on
     }
@@ -235,8 +236,8 @@ void ShardedGrads::finish() {
     for (size_t i = 0; i < kept_parts_.size(); ++i) {
         const OwnerPart& o = kept_parts_[i];
         const Tensor part = placement_.tensor(o.begin, o.end - o.begin);
-        kept_handles_[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner,
-                                      ReduceOp::kAvg, Priority::kLow);
+        kept_handles_[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner, ReduceOp::kAvg,
+                                      Priority::kLow);
     }
     for (int s = 0; s < layout_.slots; ++s) settle(s);
     for (size_t i = 0; i < kept_parts_.size(); ++i) {

@@ -65,8 +65,7 @@ graph::GradPlacement sharded_grad_placement(const ShardedGradLayout& layout, voi
 class ShardedGrads {
   public:
     // buffer: layout.buffer_elems() elements, shard: layout.shard_elems (both dtype); dp: the data-parallel group.
-    ShardedGrads(ShardedGradLayout layout, void* buffer, void* shard, DType dtype, Communicator& dp,
-                 Backend& backend);
+    ShardedGrads(ShardedGradLayout layout, void* buffer, void* shard, DType dtype, Communicator& dp, Backend& backend);
     ShardedGrads(const ShardedGrads&) = delete;
     ShardedGrads& operator=(const ShardedGrads&) = delete;
 
@@ -111,7 +110,7 @@ class ShardedGrads {
     std::vector<Bucket> buckets_;
     std::vector<std::pair<graph::GradRange, int>> grad_bucket_;  // sorted by begin
     std::vector<int> occupant_;  // per slot: the bucket being written in it or reduced from it (until settled), or -1
-    std::vector<OwnerPart> kept_parts_;                          // the kept gradients cut at the shard boundaries
+    std::vector<OwnerPart> kept_parts_;  // the kept gradients cut at the shard boundaries
     std::vector<Handle> kept_handles_;
     double squares_ = 0;
 };

@@ -440,7 +440,7 @@ void setup_model(TrainRun& r) {
             l.zero_stage == 0 ? "all-reduced" : "reduced into the dp shards' owners");
     }
     if (l.param_gather_overlap) {
-        model.set_param_gather(&r.optimizer->overlap_param_gather());
+        model.set_param_gather(&r.optimizer->overlap_param_gather(l.grad_bucket_elems, model.params_info()));
         log_info(
             "data parallel: the updated parameters gathered in the same buckets after each step, each waited when "
             "the next forward first reads it (parallel.overlap_param_gather)");

@@ -210,6 +210,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"fp16_dp2_zero2_fp16_grads", 2,
                              "--set mixed_precision.dtype=fp16 --set parallel.zero_stage=2 "
                              "--set parallel.bucket_size=3000 --set mixed_precision.grad_reduce_in_fp32=false"},
+                      Layout{"bf16_dp2_zero2_overlap_param_gather", 2,
+                             "--set mixed_precision.dtype=bf16 --set parallel.zero_stage=2 "
+                             "--set parallel.bucket_size=3000 --set parallel.overlap_param_gather=true"},
                       // the save at 3 waits for the gathers overlap_param_gather left in flight
                       Layout{"bf16_dp2_zero1_overlap_param_gather", 2,
                              "--set mixed_precision.dtype=bf16 --set parallel.zero_stage=1 "

@@ -588,7 +588,7 @@ TEST(EquivalenceExact, CommEngineIsBitIdentical) {
 // the updated parameters in the same buckets, by broadcasts from their owners, each waited where the next forward
 // (or validation) first reads it: at dp 2 every sum adds the same two numbers, so the same bits as one
 // reduce-scatter and one all-gather, alone and beside tp, sp and pp. bf16 casts its 16-bit weights bucket by
-// bucket. Validation every 5 steps reads the parameters between steps.
+// bucket. Validation every 5 steps reads the parameters between steps. zero_stage 2 gathers in the same buckets.
 TEST(EquivalenceExact, Zero1OverlapIsBitIdentical) {
     const std::string zero1 = "--set parallel.zero_stage=1 --set eval.eval_interval=5 --set eval.eval_iters=2 ";
     const std::string grad = " --set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000";
@@ -602,15 +602,19 @@ TEST(EquivalenceExact, Zero1OverlapIsBitIdentical) {
         std::string sets;
         std::vector<std::string> overlaps;
     };
-    for (const Case& c :
-         {Case{2, zero1, {grad, param}}, Case{8, three_d + zero1, {grad, param}}, Case{2, bf16 + zero1, {param}}}) {
+    const std::string zero2 =
+        "--set parallel.zero_stage=2 --set parallel.bucket_size=5000 --set eval.eval_interval=5 "
+        "--set eval.eval_iters=2 ";
+    const std::string param2 = " --set parallel.overlap_param_gather=true";
+    for (const Case& c : {Case{2, zero1, {grad, param}}, Case{8, three_d + zero1, {grad, param}},
+                          Case{2, bf16 + zero1, {param}}, Case{2, zero2, {param2}}, Case{2, bf16 + zero2, {param2}}}) {
         const RunResult off = run_layout(c.ranks, c.sets);
         ASSERT_EQ(off.losses.size(), 10u) << c.sets;
         ASSERT_EQ(validation_lines(off.output).size(), 2u) << off.output;
         for (const std::string& overlap : c.overlaps) {
             const RunResult on = run_layout(c.ranks, c.sets + overlap);
             EXPECT_NE(on.output.find("reduced into the dp shards' owners"), std::string::npos) << on.output;
-            EXPECT_EQ(on.output.find("overlap_param_gather)") != std::string::npos, overlap == param) << on.output;
+            EXPECT_EQ(on.output.find("overlap_param_gather)") != std::string::npos, overlap != grad) << on.output;
             EXPECT_EQ(on.losses, off.losses) << c.sets << overlap;
             EXPECT_EQ(validation_lines(on.output), validation_lines(off.output)) << c.sets << overlap;
             ASSERT_EQ(on.grads.size(), off.grads.size()) << c.sets << overlap;

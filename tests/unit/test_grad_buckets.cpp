@@ -123,7 +123,11 @@ TEST(GradBuckets, ToShardOwnersIssueLikeTheAllReduce) {
 // another read or finish().
 TEST(ParamGather, AReadCompletesAndCastsOnlyItsBuckets) {
     Rig r;
-    ms::GradBuckets buckets(r.table, 160, 60, r.grads.data(), r.dp, *r.backend, ms::GradReduction::kToShardOwners);
+    const auto buckets = ms::param_bucket_ranges(r.table, 160, 60);
+    const ms::GradBuckets grad(r.table, 160, 60, r.grads.data(), r.dp, *r.backend, ms::GradReduction::kToShardOwners);
+    ASSERT_EQ(buckets.size(), static_cast<size_t>(grad.num_buckets()));
+    for (int b = 0; b < grad.num_buckets(); ++b)
+        EXPECT_EQ(buckets[static_cast<size_t>(b)], std::make_pair(grad.begin(b), grad.end(b))) << b;
     std::vector<float> params(160);
     for (size_t i = 0; i < params.size(); ++i) params[i] = 1.0f + static_cast<float>(i);  // exact in bf16 to 256
     std::vector<ms::bf16> weights(160, ms::bf16{0});

@@ -28,18 +28,18 @@ TEST(GradPlacement, AddressesEachSegmentFromItsOwnMemory) {
     const GradPlacement one(a.data(), ms::DType::kF32, 10);
     EXPECT_EQ(one.tensor(3, 4).data, a.data() + 3);
     // [0, 10) in a, [20, 26) in b; a chunk starting at 20 sees b from its own 0
-    const GradPlacement two({{20, 26, reinterpret_cast<std::byte*>(b.data())},
-                             {0, 10, reinterpret_cast<std::byte*>(a.data())}},
-                            ms::DType::kF32);
+    const GradPlacement two(
+        {{20, 26, reinterpret_cast<std::byte*>(b.data())}, {0, 10, reinterpret_cast<std::byte*>(a.data())}},
+        ms::DType::kF32);
     EXPECT_EQ(two.at(20, 6), reinterpret_cast<std::byte*>(b.data()));
     EXPECT_EQ(two.at(9, 1), reinterpret_cast<std::byte*>(a.data() + 9));
     EXPECT_EQ(two.from(20).at(2, 3), reinterpret_cast<std::byte*>(b.data() + 2));
-    EXPECT_DEATH((void)two.at(8, 3), "\\[8, 11\\) are not in one segment");   // past a's end
+    EXPECT_DEATH((void)two.at(8, 3), "\\[8, 11\\) are not in one segment");    // past a's end
     EXPECT_DEATH((void)two.at(12, 1), "\\[12, 13\\) are not in one segment");  // between the two
-    EXPECT_DEATH(GradPlacement({{0, 10, reinterpret_cast<std::byte*>(a.data())},
-                                {5, 8, reinterpret_cast<std::byte*>(b.data())}},
-                               ms::DType::kF32),
-                 "overlap");
+    EXPECT_DEATH(
+        GradPlacement({{0, 10, reinterpret_cast<std::byte*>(a.data())}, {5, 8, reinterpret_cast<std::byte*>(b.data())}},
+                      ms::DType::kF32),
+        "overlap");
 }
 
 // Every gradient of a GPT chunk is either written once by one backward op or kept; what is kept is what a
@@ -91,8 +91,7 @@ TEST(ShardedGradLayout, CutsBucketsPerChunkAndCountsTheOpenOnes) {
     ChunkGradWrites b{100, GradWrites{{{{40, 60}}, {{10, 40}}, {{0, 10}}}, {}}};
     const GradRange extra{100, 110};
     const std::vector<ChunkGradWrites> chunks{a, b};
-    const ShardedGradLayout l =
-        ms::sharded_grad_layout(chunks, std::span<const GradRange>(&extra, 1), 176, 30, 2);
+    const ShardedGradLayout l = ms::sharded_grad_layout(chunks, std::span<const GradRange>(&extra, 1), 176, 30, 2);
     // the second chunk's [140, 160) holds 20 < 30 elements: one bucket with [110, 140)
     EXPECT_EQ(l.buckets, (std::vector<std::pair<int64_t, int64_t>>{{60, 90}, {30, 60}, {10, 30}, {110, 160}}));
     EXPECT_EQ(l.kept, (std::vector<GradRange>{{0, 10}, {100, 110}}));
