@@ -13,6 +13,7 @@ namespace ms::sim {
 namespace {
 
 using Kind = Action::Kind;
+constexpr double kNoEvent = 1e300;
 
 // What the schedule's run left per stage: clocks and the start times step 4 and 6 need.
 struct PipelineRun {
@@ -23,7 +24,13 @@ struct PipelineRun {
 
 // Runs every stage's action list from its own start (simulator.h, step 2). Deadlock-free for the schedules
 // make_schedule() gives (check_in_order_p2p proves it); fatal otherwise.
-PipelineRun run_pipeline(const StepInputs& in, const std::vector<double>& start) {
+//
+// The stages' forwards and backwards share `cores` (step 7: pp / the host's oversubscription; pp or more: each stage
+// has a core of its own): at any moment the k computing stages progress at min(1, cores / k) of their own speed, so
+// a stage waiting in the bubble leaves its share to the others. Events are taken in time order: a compute starts
+// when its stage reaches it, and the earliest of the running ones to finish ends next. Point-to-point batches take
+// no core.
+PipelineRun run_pipeline(const StepInputs& in, const std::vector<double>& start, double cores) {
     const int pp = static_cast<int>(in.stages.size()), v = in.virtual_stages, m = in.microbatches;
     const auto schedule = make_schedule(in.schedule, pp, m, v);
     const int num_chunks = pp * v;
@@ -41,51 +48,89 @@ PipelineRun run_pipeline(const StepInputs& in, const std::vector<double>& start)
     r.first_forward_start.assign(pp, std::vector<double>(v, 0.0));
     std::vector<size_t> pc(pp, 0);
     std::vector<double> batch_start(pp, -1.0), batch_end(pp, 0.0);  // batch_start < 0: no batch open
-    for (bool progress = true; progress;) {
-        progress = false;
-        for (int s = 0; s < pp; ++s) {
-            const std::vector<Action>& actions = schedule[s];
-            double& clock = r.end[s];
-            for (; pc[s] < actions.size(); ++pc[s], progress = true) {
-                const Action& a = actions[pc[s]];
-                const int k = a.chunk * pp + s;
+    // the compute each stage is at: its work left (seconds at full speed), or < 0 when it is at none
+    std::vector<double> left(pp, -1.0);
+    // Moves stage s through its point-to-point actions as far as the posted messages allow, up to its next compute
+    // (whose work it sets, to start at r.end[s]).
+    const auto advance = [&](int s) {
+        const std::vector<Action>& actions = schedule[s];
+        double& clock = r.end[s];
+        for (; pc[s] < actions.size(); ++pc[s]) {
+            const Action& a = actions[pc[s]];
+            const int k = a.chunk * pp + s;
+            if (a.kind == Kind::kForward || a.kind == Kind::kBackward) {
+                const bool fwd = a.kind == Kind::kForward;
+                if (fwd && a.microbatch == 0) r.first_forward_start[s][a.chunk] = clock;
+                if (!fwd && a.microbatch == m - 1) r.last_backward_start[s][a.chunk] = clock;
                 const ChunkCost& c = in.stages[s].chunks[a.chunk];
-                if (a.kind == Kind::kForward || a.kind == Kind::kBackward) {
-                    const bool fwd = a.kind == Kind::kForward;
-                    if (fwd && a.microbatch == 0) r.first_forward_start[s][a.chunk] = clock;
-                    if (!fwd && a.microbatch == m - 1) r.last_backward_start[s][a.chunk] = clock;
-                    const double t = fwd ? c.forward : c.backward;
-                    clock += t;
-                    r.busy[s] += t;
-                    continue;
-                }
-                if (batch_start[s] < 0) {  // open the batch: post every send of it now
-                    batch_start[s] = batch_end[s] = clock;
-                    for (size_t j = pc[s];; ++j) {
-                        const Action& b = actions[j];
-                        if (b.kind == Kind::kSendActivation || b.kind == Kind::kSendGrad) {
-                            const int kb = b.chunk * pp + s;
-                            slot(b.kind == Kind::kSendGrad, b.microbatch, kb) = clock;
-                            const double t = in.p2p_seconds[s][b.peer_stage];
-                            batch_end[s] = std::max(batch_end[s], clock + t);
-                            r.p2p[s] += t;
-                        }
-                        if (ends_p2p_batch(actions, j)) break;
+                left[s] = fwd ? c.forward : c.backward;
+                r.busy[s] += left[s];
+                return;
+            }
+            if (batch_start[s] < 0) {  // open the batch: post every send of it now
+                batch_start[s] = batch_end[s] = clock;
+                for (size_t j = pc[s];; ++j) {
+                    const Action& b = actions[j];
+                    if (b.kind == Kind::kSendActivation || b.kind == Kind::kSendGrad) {
+                        const int kb = b.chunk * pp + s;
+                        slot(b.kind == Kind::kSendGrad, b.microbatch, kb) = clock;
+                        const double t = in.p2p_seconds[s][b.peer_stage];
+                        batch_end[s] = std::max(batch_end[s], clock + t);
+                        r.p2p[s] += t;
                     }
-                }
-                if (a.kind == Kind::kRecvActivation || a.kind == Kind::kRecvGrad) {
-                    const bool grad = a.kind == Kind::kRecvGrad;
-                    const double sent = slot(grad, a.microbatch, grad ? k + 1 : k - 1);
-                    if (sent < 0) break;  // not posted yet: come back after the other stages ran
-                    batch_end[s] =
-                        std::max(batch_end[s], std::max(sent, batch_start[s]) + in.p2p_seconds[a.peer_stage][s]);
-                }
-                if (ends_p2p_batch(actions, pc[s])) {
-                    clock = batch_end[s];
-                    batch_start[s] = -1.0;
+                    if (ends_p2p_batch(actions, j)) break;
                 }
             }
+            if (a.kind == Kind::kRecvActivation || a.kind == Kind::kRecvGrad) {
+                const bool grad = a.kind == Kind::kRecvGrad;
+                const double sent = slot(grad, a.microbatch, grad ? k + 1 : k - 1);
+                if (sent < 0) return;  // not posted yet: come back once the other stages moved
+                batch_end[s] = std::max(batch_end[s], std::max(sent, batch_start[s]) + in.p2p_seconds[a.peer_stage][s]);
+            }
+            if (ends_p2p_batch(actions, pc[s])) {
+                clock = batch_end[s];
+                batch_start[s] = -1.0;
+            }
         }
+    };
+    double now = *std::min_element(start.begin(), start.end());
+    for (;;) {
+        for (bool moved = true; moved;) {  // a batch one stage opens may let another's receive through
+            moved = false;
+            for (int s = 0; s < pp; ++s) {
+                if (left[s] >= 0) continue;
+                const size_t was = pc[s];
+                advance(s);
+                moved = moved || pc[s] != was || left[s] >= 0;
+            }
+        }
+        // the stages computing now, and the next event: a compute starting, or the first running one finishing
+        int running = 0;
+        double next_start = kNoEvent;
+        for (int s = 0; s < pp; ++s) {
+            if (left[s] < 0) continue;
+            if (r.end[s] <= now)
+                ++running;
+            else
+                next_start = std::min(next_start, r.end[s]);
+        }
+        if (running == 0 && next_start == kNoEvent) break;  // every stage done, or waiting forever
+        const double rate = std::min(1.0, cores / std::max(running, 1));
+        double next_end = kNoEvent;
+        for (int s = 0; s < pp; ++s)
+            if (left[s] >= 0 && r.end[s] <= now) next_end = std::min(next_end, now + left[s] / rate);
+        const double next = std::min(next_start, next_end);
+        for (int s = 0; s < pp; ++s) {
+            if (left[s] < 0 || r.end[s] > now) continue;
+            r.end[s] = next;
+            if (now + left[s] / rate <= next) {  // done: the stage goes on from here
+                left[s] = -1.0;
+                ++pc[s];
+            } else {
+                left[s] -= (next - now) * rate;
+            }
+        }
+        now = next;
     }
     for (int s = 0; s < pp; ++s)
         MS_CHECK(pc[s] == schedule[s].size(), "simulator: stage {} waits forever at action {} of {}", s, pc[s],
@@ -219,7 +264,7 @@ SimulatedStep simulate_stages(const StepInputs& in) {
     }
 
     // 2. the schedule
-    const PipelineRun run = run_pipeline(in, start);
+    const PipelineRun run = run_pipeline(in, start, pp / std::max(1.0, in.oversubscription));
     double busy_sum = 0;
     for (int s = 0; s < pp; ++s) {
         StageResult& r = out.stages[s];
@@ -265,7 +310,7 @@ SimulatedStep simulate_stages(const StepInputs& in) {
     }
 
     // 7. an oversubscribed host: its cores run every rank's compute and its shared-memory transfers
-    out.own_cores_seconds = out.step_seconds;
+    out.shared_cores_seconds = out.step_seconds;
     out.oversubscription = in.oversubscription;
     out.host_compute_seconds = compute;
     if (in.oversubscription > 1) {
@@ -294,10 +339,10 @@ std::vector<std::string> step_report(const SimulatedStep& step, const RunLayout&
     if (step.oversubscription > 1) {
         lines.push_back(fmt::format(
             "  oversubscribed: the ranks of a node want {0:.2f}x its cores; host bound {0:.2f} x ({1} ms compute a "
-            "rank + {2} ms exposed communication) = {3} ms{4} (each rank on cores of its own: {5} ms)",
+            "rank + {2} ms exposed communication) = {3} ms{4} (the stages sharing their cores: {5} ms)",
             step.oversubscription, ms(step.host_compute_seconds), ms(step.comm_exposed_seconds),
-            ms(step.host_bound_seconds), step.step_seconds > step.own_cores_seconds ? ", the step" : "",
-            ms(step.own_cores_seconds)));
+            ms(step.host_bound_seconds), step.step_seconds > step.shared_cores_seconds ? ", the step" : "",
+            ms(step.shared_cores_seconds)));
     }
     const std::vector<std::string> header = {
         "stage",        "busy ms",   "tp+cp ms", "p2p ms", "embd ms", "dp ms (exposed)", "gather ms (exposed)",

@@ -40,8 +40,10 @@
 //        optimizer, without their communication -- + the mean exposed communication). On a CPU host the cores run
 //        every rank's compute and MPI's shared-memory copies, and Open MPI, oversubscribed, yields the core of a
 //        rank that waits (mpi_yield_when_idle), so the cores are shared by the ranks that work, a pipeline's bubble
-//        filled by the other stages' work: the step is the longer of this bound and steps 1-6 with each rank on
-//        cores of its own.
+//        filled by the other stages' work. In step 2 the stages' forwards and backwards share pp / s cores: the k
+//        stages computing at a moment each progress at min(1, (pp / s) / k) of their speed, so the schedule's
+//        dependencies decide how much of the bubble the other stages can fill. The step is the longer of the bound
+//        and steps 1-6.
 // What is not modelled: background (dp) traffic delaying critical (tp, pp) traffic on a shared link (the
 // communication engine cuts it into pieces so a critical operation waits for one piece at most), kernel launch
 // gaps, the host's data loading, 1-bit Adam's compression (timed as AdamW) and the step-boundary checks.
@@ -145,7 +147,7 @@ struct SimulatedStep {
     double comm_total_seconds = 0, comm_exposed_seconds = 0;  // means over the stages, scalars included
     double comm_total_share() const { return step_seconds > 0 ? comm_total_seconds / step_seconds : 0; }
     double comm_exposed_share() const { return step_seconds > 0 ? comm_exposed_seconds / step_seconds : 0; }
-    double own_cores_seconds = 0;     // steps 1-6: each rank on cores of its own
+    double shared_cores_seconds = 0;  // steps 1-6, the stages' computes sharing pp / s cores (step 7)
     double oversubscription = 1;      // step 7's s
     double host_compute_seconds = 0;  // step 7: a rank's compute, mean over the stages, on cores of its own
     double host_bound_seconds = 0;    // step 7: s x (host_compute_seconds + comm_exposed_seconds); 0 when s <= 1

@@ -430,6 +430,15 @@ TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
     }
 }
 
+// The GPT-2 124M and 1.5B shapes.
+std::vector<ms::GptShape> gpt2_124m_and_1p5b() {
+    ms::GptShape small;
+    small.L = 12, small.C = 768, small.NH = 12, small.T = 1024, small.V = 50257, small.Vp = 50304, small.F = 3072;
+    ms::GptShape xl = small;
+    xl.L = 48, xl.C = 1600, xl.NH = 25, xl.F = 6400;
+    return {small, xl};
+}
+
 // Per parameter, what zero_stage and mixed precision keep on a rank (weights, gradients, master weights, optimizer
 // state; activations aside), on the GPT-2 124M and 1.5B shapes at dp 1, 2, 4 and 8: fp32 ZeRO-1 4 + 4 + 8 / dp bytes;
 // bf16 ZeRO-0 2 + 4 + 4 + 8 (whole fp32 masters beside the 16-bit weights); bf16 ZeRO-1 2 + 4 + 12 / dp, the fp32
@@ -437,11 +446,7 @@ TEST(PlanArithmetic, ActivationBytesMatchWhatGptAllocates) {
 // (mixed_precision.grad_reduce_in_fp32: false) 2 + 2 + 12 / dp, Megatron's bf16 main_grad. The flat buffers' padding
 // keeps each within 1% of the formula.
 TEST(PlanArithmetic, ShardedMasterWeightsKeepTwoPlusFourPlusTwelveOverDpBytesPerParameter) {
-    ms::GptShape small;  // GPT-2 124M
-    small.L = 12, small.C = 768, small.NH = 12, small.T = 1024, small.V = 50257, small.Vp = 50304, small.F = 3072;
-    ms::GptShape xl = small;  // GPT-2 1.5B
-    xl.L = 48, xl.C = 1600, xl.NH = 25, xl.F = 6400;
-    for (const ms::GptShape& shape : {small, xl}) {
+    for (const ms::GptShape& shape : gpt2_124m_and_1p5b()) {
         std::map<int, double> bf16_zero1, bf16_grads;  // dp -> bytes per parameter (fp32, bf16 gradients)
         for (const int dp : {1, 2, 4, 8}) {
             struct Case {
@@ -483,11 +488,7 @@ TEST(PlanArithmetic, ShardedMasterWeightsKeepTwoPlusFourPlusTwelveOverDpBytesPer
 // at most that plus one gradient tensor (a bucket closes at the first tensor start past bucket_elems). GPT-2 1.5B at
 // dp 8 with Megatron's default 40M-element buckets: 4.42 bytes per parameter, 4.1x less than one rank's 18.
 TEST(PlanArithmetic, ShardedGradientsKeepTheShardTwoSlotsAndTheTiedEmbedding) {
-    ms::GptShape small;  // GPT-2 124M
-    small.L = 12, small.C = 768, small.NH = 12, small.T = 1024, small.V = 50257, small.Vp = 50304, small.F = 3072;
-    ms::GptShape xl = small;  // GPT-2 1.5B
-    xl.L = 48, xl.C = 1600, xl.NH = 25, xl.F = 6400;
-    for (const ms::GptShape& shape : {small, xl}) {
+    for (const ms::GptShape& shape : gpt2_124m_and_1p5b()) {
         const int64_t largest = int64_t{shape.Vp} * shape.C;  // no gradient tensor is longer than the embedding
         for (const int dp : {2, 4, 8}) {
             for (const int64_t bucket : {ms::default_bucket_elems(dp), int64_t{4'000'000}}) {
@@ -514,8 +515,10 @@ TEST(PlanArithmetic, ShardedGradientsKeepTheShardTwoSlotsAndTheTiedEmbedding) {
                         2 + 12.0 / dp + g / dp + g * static_cast<double>(2 * l.slot_elems + l.kept_elems) / P;
                     const double per_param = static_cast<double>(st.model_state_bytes()) / P;
                     EXPECT_NEAR(per_param / formula, 1.0, 0.01) << what;
-                    if (shape.L == 48 && dp == 8 && bucket == ms::default_bucket_elems(dp) && grads == ms::DType::kF32)
+                    if (shape.L == 48 && dp == 8 && bucket == ms::default_bucket_elems(dp) &&
+                        grads == ms::DType::kF32) {
                         EXPECT_GE(18.0 / per_param, 4.0) << what << ": " << per_param << " bytes per parameter";
+                    }
                 }
             }
         }

@@ -88,7 +88,8 @@ TEST(SimStages, MessagesSitOnTheCriticalPathOfAPipeline) {
 }
 
 // Step 7: ranks wanting s times the host's cores make the step at least s x (a rank's compute -- forwards,
-// backwards, zeroing, optimizer; mean over the stages -- + the exposed communication); the longer of that and 1-6.
+// backwards, zeroing, optimizer; mean over the stages -- + the exposed communication); the longer of that and 1-6,
+// where the stages' forwards and backwards share pp / s cores.
 TEST(SimStages, AnOversubscribedHostRunsEveryRanksComputeOnItsCores) {
     // one stage, 2 micro-batches of forward 1 s (0.25 s of it tp all-reduces) and backward 2 s (0.5 s); zeroing
     // 0.5 s, optimizer 0.5 s, scalars 0.1 s. On cores of its own: 0.5 + 2 x 3 + 0.1 + 0.5 = 7.1 s.
@@ -100,25 +101,33 @@ TEST(SimStages, AnOversubscribedHostRunsEveryRanksComputeOnItsCores) {
     in.scalar_seconds = 0.1;
     const SimulatedStep own = ms::sim::simulate_stages(in);
     EXPECT_NEAR(own.step_seconds, 7.1, 7.1 * kRel);
-    EXPECT_EQ(own.own_cores_seconds, own.step_seconds);
-    // twice oversubscribed: compute 2 x (3 - 0.75) + 0.5 + 0.5 = 5.5 s and communication 1.5 + 0.1 s, doubled
+    EXPECT_EQ(own.shared_cores_seconds, own.step_seconds);
+    // twice oversubscribed: compute 2 x (3 - 0.75) + 0.5 + 0.5 = 5.5 s and communication 1.5 + 0.1 s, doubled;
+    // the pipeline on half a core takes 12 s, so 0.5 + 12 + 0.1 + 0.5 = 13.1 s before the bound
     in.oversubscription = 2;
     const SimulatedStep twice = ms::sim::simulate_stages(in);
     EXPECT_NEAR(twice.host_compute_seconds, 5.5, 5.5 * kRel);
     EXPECT_NEAR(twice.comm_exposed_seconds, 1.6, 1.6 * kRel);
     EXPECT_NEAR(twice.host_bound_seconds, 2 * (5.5 + 1.6), 14.2 * kRel);
     EXPECT_EQ(twice.step_seconds, twice.host_bound_seconds);
-    EXPECT_NEAR(twice.own_cores_seconds, 7.1, 7.1 * kRel);
+    EXPECT_NEAR(twice.shared_cores_seconds, 13.1, 13.1 * kRel);
     EXPECT_NEAR(twice.tokens_per_s * twice.step_seconds, own.tokens_per_s * own.step_seconds, kRel);
 
-    // pp 2, 4 micro-batches of forward 1 s and backward 2 s: on cores of their own (4 + 1) x 3 = 15 s, of which
-    // each stage computes 12 s; the idle stage's core goes to the other, so 1.2x oversubscribed the pipeline still
-    // takes longer (1.2 x 12 = 14.4 s < 15 s), and 2x the host does (24 s)
-    StepInputs pipe = equal_stages(ms::ScheduleKind::k1F1B, 2, 4, 1, 1.0, 2.0);
-    pipe.oversubscription = 1.2;
-    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 15.0, 15.0 * kRel);
+    // pp 2 (1F1B), 2 micro-batches of forward 1 s and backward 2 s, on 2 / (4/3) = 1.5 cores: two stages computing
+    // at once run at 0.75 each, one alone at 1. S0 F0 alone [0, 1]; S0 F1 and S1 F0 [1, 2.33]; S1 B0 alone (S0 waits
+    // for its gradient) [2.33, 4.33]; S0 B0 with S1 F1 [4.33, 5.67], S0 B0's last half with S1 B1's first
+    // [5.67, 7]; S1 B1's rest alone [7, 8]; S0 B1 alone [8, 10]. 10 s: more than on cores of their own ((2 + 1) x 3
+    // = 9 s) and than the host bound (4/3 x 6 = 8 s).
+    StepInputs pipe = equal_stages(ms::ScheduleKind::k1F1B, 2, 2, 1, 1.0, 2.0);
+    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 9.0, 9.0 * kRel);
+    pipe.oversubscription = 4.0 / 3.0;
+    const SimulatedStep shared = ms::sim::simulate_stages(pipe);
+    EXPECT_NEAR(shared.pipeline_seconds, 10.0, 1e-9);
+    EXPECT_NEAR(shared.host_bound_seconds, 8.0, 1e-9);
+    EXPECT_NEAR(shared.step_seconds, 10.0, 1e-9);
+    // 2x: one core, never idle in this schedule (some stage always computes): the host bound, 2 x 6 = 12 s
     pipe.oversubscription = 2;
-    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 24.0, 24.0 * kRel);
+    EXPECT_NEAR(ms::sim::simulate_stages(pipe).step_seconds, 12.0, 1e-9);
 }
 
 // step_inputs asks the cost model for the ranks on the fullest node.
