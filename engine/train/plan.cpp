@@ -212,6 +212,8 @@ std::vector<StagePlan> plan_stages(const GptShape& shape, const PlanShape& p) {
                                           p.dtype, p.graph, p.dp, p.grad_bucket_elems);
             st.grad_bytes = grad_elem * g.buffer_elems();
             st.grad_shard_bytes = grad_elem * g.shard_elems;
+            st.grad_slots = g.slots;
+            st.grad_kept_bytes = grad_elem * g.kept_elems;
         } else {
             st.grad_bytes = grad_elem * st.padded;
         }
@@ -248,6 +250,27 @@ std::vector<std::string> stage_table(const std::vector<StagePlan>& stages) {
     return table_lines({"stage", "layers", "parameters", "param bytes", "grad bytes", "optimizer", "comm",
                         "activations (slot x n + scratch)", "total"},
                        rows);
+}
+
+std::string sharded_grads_warning(const std::vector<StagePlan>& stages, const PlanShape& p) {
+    if (p.zero_stage != 2) return "";
+    const auto g = static_cast<int64_t>(dtype_size(p.graph.grads));
+    for (size_t s = 0; s < stages.size(); ++s) {
+        const StagePlan& st = stages[s];
+        const int64_t zero1 = g * st.padded, zero2 = st.grad_bytes + st.grad_shard_bytes;
+        if (zero2 <= zero1) continue;
+        // the longest bucket below which the slots, the kept gradients and the shard fit in zero_stage 1's buffer
+        const int64_t fits =
+            std::max<int64_t>(0, zero1 - st.grad_shard_bytes - st.grad_kept_bytes) / (g * std::max(1, st.grad_slots));
+        return fmt::format(
+            "zero_stage 2 keeps {} of gradients per rank on stage {} ({} bucket slots, {} of gradients kept whole, "
+            "the dp shard), more than zero_stage 1's whole buffer of {}: buckets of {} elements are large beside the "
+            "stage's {} parameters\n---> HINT: set parallel.bucket_size well below {} elements, or zero_stage: 1",
+            format_bytes(static_cast<size_t>(zero2)), s, st.grad_slots,
+            format_bytes(static_cast<size_t>(st.grad_kept_bytes)), format_bytes(static_cast<size_t>(zero1)),
+            p.grad_bucket_elems, st.params, fits);
+    }
+    return "";
 }
 
 size_t largest_stage(const std::vector<StagePlan>& stages) {
@@ -397,6 +420,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
                            : std::string(),
         ps.optimizer.onebit_adam() ? ", onebit_adam" : "");
     for (const std::string& line : stage_table(stages)) log_info("{}", line);
+    if (const std::string w = sharded_grads_warning(stages, ps); !w.empty()) log_warn("{}", w);
     const SimResult sim = simulate(make_schedule(ps.kind, ps.pp, ps.num_microbatches, ps.virtual_stages), 1, 2);
     log_info(
         "\nbubble: {}, pp {}, micro-batches {}, virtual stages {}: {:.2f}% of the step (theoretical: "

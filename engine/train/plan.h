@@ -63,6 +63,8 @@ struct StagePlan {
                                               // 16-bit: GptGraphOptions::grads; zero_stage 2: its bucket slots and
                                               // kept gradients, sharded_grads.h)
     int64_t grad_shard_bytes = 0;             // zero_stage 2: the dp shard of the averaged gradients
+    int grad_slots = 0;                       // zero_stage 2: its bucket slots, and of grad_bytes the gradients kept
+    int64_t grad_kept_bytes = 0;              //   whole (sharded_grads.h)
     int64_t weight_bytes = 0;                 // the 16-bit weights (mixed precision; 0 in fp32)
     OptimizerBlocks optimizer;                // masters (sharded), moments, onebit_adam's buffers
     int64_t optimizer_bytes() const { return optimizer.total(); }
@@ -106,6 +108,10 @@ PlanShape plan_shape(const RunLayout& layout);
 
 // The per-stage memory table, one string per line (header, rule, a row per stage).
 std::vector<std::string> stage_table(const std::vector<StagePlan>& stages);
+// zero_stage 2 on a stage whose bucket slots and kept gradients outweigh what the shard saves: a warning that its
+// gradients take more memory than zero_stage 1's whole buffer would, and the bucket size that would make them take
+// less; "" otherwise (and for the other stages). plan and train print it.
+std::string sharded_grads_warning(const std::vector<StagePlan>& stages, const PlanShape& p);
 // Index of the stage with the largest total.
 size_t largest_stage(const std::vector<StagePlan>& stages);
 // What a rank on a GPU leaves outside its arena: the CUDA context, cuBLASLt's workspace, the backend's scratch

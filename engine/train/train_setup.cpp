@@ -365,6 +365,7 @@ void setup_backend(TrainRun& r) {
     // arena per rank (setup_model).
     r.stages = plan_stages(r.layout.shape, plan_shape(r.layout));
     r.planned = static_cast<size_t>(r.stages[static_cast<size_t>(r.groups->pp_rank)].total_bytes());
+    if (const std::string w = sharded_grads_warning(r.stages, plan_shape(r.layout)); !w.empty()) log_warn("{}", w);
     // The backend before any large allocation: CUDA selects this rank's device (local rank % devices) in its
     // constructor, and the arena's memory comes from it (managed memory on that device; host memory on the CPU). So
     // the plan is checked against the device's memory when there is one: managed memory would let a larger arena be

@@ -180,6 +180,24 @@ TEST(PlanE2E, ZeroOneHalvesTheOptimizerStateAtDp2) {
     }
 }
 
+// zero_stage 2 with Megatron's default 40M-element buckets on GPT-2 124M at dp 2: two slots of 40M+ and the tied
+// embedding kept whole outweigh the 62M elements the shard saves, so plan warns and names a bucket size that fits
+// ((zero_stage 1's buffer - the shard - the kept embedding) / 2 slots); with 8M-element buckets it does not warn.
+TEST(PlanE2E, ZeroTwoWarnsWhenItsBucketsOutweighTheShard) {
+    const std::string plan = std::string("plan --config ") + MS_SOURCE_DIR +
+                             "/configs/gpt2-124m.yaml --world-size 2 --set mixed_precision.dtype=bf16 "
+                             "--set parallel.zero_stage=2 --set training.global_batch_size=64 ";
+    const auto big = run_cli(plan);
+    ASSERT_EQ(big.exit_code, 0) << big.output;
+    for (const char* s : {"zero_stage 2 keeps 691.23 MiB of gradients per rank on stage 0 (2 bucket slots, 147.38 MiB "
+                          "of gradients kept whole, the dp shard), more than zero_stage 1's whole buffer of 474.84 MiB",
+                          "HINT: set parallel.bucket_size well below 11802240 elements, or zero_stage: 1"})
+        EXPECT_NE(big.output.find(s), std::string::npos) << s << "\n" << big.output;
+    const auto small = run_cli(plan + "--set parallel.bucket_size=8000000");
+    ASSERT_EQ(small.exit_code, 0) << small.output;
+    EXPECT_EQ(small.output.find("zero_stage 2 keeps"), std::string::npos) << small.output;
+}
+
 TEST(PlanE2E, WorldSizeThatTpTimesPpDoesNotDivideExitsTwo) {
     const auto r = run_cli(demo_plan(6, ""));
     EXPECT_EQ(r.exit_code, 2) << r.output;
