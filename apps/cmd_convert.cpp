@@ -1,6 +1,7 @@
 // cmd_convert.cpp: `convert` -- a checkpoint to a Hugging Face GPT-2 or Llama directory (--to hf-gpt2, hf-llama),
 // optionally sharded and with the tokenizer files, and back (--from hf-gpt2, hf-llama): engine/ckpt/hf_gpt2.h,
-// hf_llama.h and hf_tokenizer.h.
+// hf_llama.h and hf_tokenizer.h; a CLIP checkpoint to a CLIPModel directory (--to hf-clip): engine/clip/
+// clip_checkpoint.h.
 #include <cctype>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "engine/ckpt/hf_gpt2.h"
 #include "engine/ckpt/hf_llama.h"
 #include "engine/ckpt/hf_tokenizer.h"
+#include "engine/clip/clip_checkpoint.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
@@ -52,13 +54,31 @@ int64_t parse_shard_size(const std::string& text) {
         text));
 }
 
+// --to hf-clip: the CLIPModel directory of a CLIP checkpoint (one model.safetensors; captions are bytes, so there
+// are no tokenizer files to write).
+int export_clip(const ConvertArgs& a, const CheckpointReader& reader) {
+    if (!a.tokenizer.empty() || !a.tokenizer_type.empty() || !a.max_shard_size.empty())
+        throw UserError(
+            "command line error: --tokenizer-type, --vocab-file, --merge-file, --tokenizer-model and "
+            "--max-shard-size apply to --to hf-gpt2 and hf-llama only; --to hf-clip writes one model.safetensors "
+            "and a CLIP model's captions are bytes");
+    const ClipShape shape = clip_checkpoint_shape(reader);
+    const HfExport e = export_hf_clip(reader, shape, a.out);
+    log_info(
+        "convert: wrote {} into {} ({} parameters; image tower {} layers x {}, text tower {} layers x {}, embedding "
+        "{}) from {} (iteration {})",
+        fmt::join(e.files, ", "), a.out, e.params, shape.vision.L, shape.vision.C, shape.text.L, shape.text.C,
+        shape.embed_dim, reader.dir(), reader.iteration());
+    return kExitOk;
+}
+
 int run_convert(ConvertArgs a) {
     set_log_stream(LogStream::kStderr);  // convert's output is files; its lines are log, with the progress bars
     if (!a.tokenizer_type.empty()) a.tokenizer.type = parse_tokenizer_type(a.tokenizer_type);
     if (a.to.empty() == a.from.empty())
         throw UserError(
-            "command line error: convert needs exactly one of --to hf-gpt2 or hf-llama (checkpoint -> Hugging Face) "
-            "and --from hf-gpt2 or hf-llama (Hugging Face -> checkpoint)");
+            "command line error: convert needs exactly one of --to hf-gpt2, hf-llama or hf-clip (checkpoint -> "
+            "Hugging Face) and --from hf-gpt2 or hf-llama (Hugging Face -> checkpoint)");
     const Progress::Style progress = Progress::style_for_stderr();
     if (!a.to.empty()) {
         if (!a.config_path.empty() || !a.overrides.empty())
@@ -68,8 +88,9 @@ int run_convert(ConvertArgs a) {
                 a.to, a.to));
         const std::string dir = resolve_checkpoint(a.load);
         const CheckpointReader reader(dir);
+        check_hf_export_arch(reader, a.to);  // before anything is written
+        if (a.to == "hf-clip") return export_clip(a, reader);
         const GptShape shape = checkpoint_shape(reader);
-        check_hf_export_arch(reader, shape, a.to);  // before anything is written
         HfExportOptions options;
         options.max_shard_bytes = a.max_shard_size.empty() ? 0 : parse_shard_size(a.max_shard_size);
         options.progress = progress;
@@ -117,13 +138,16 @@ Command add_convert_command(CLI::App& parent) {
         "convert",
         "Convert a checkpoint to a Hugging Face directory (model.safetensors + config.json; with the tokenizer files "
         "given): --to hf-gpt2 for a GPT-2 (model.arch gpt, loadable by transformers' GPT2LMHeadModel), --to hf-llama "
-        "for a Llama (model.arch llama, LlamaForCausalLM); or such a directory (also sharded: "
+        "for a Llama (model.arch llama, LlamaForCausalLM), --to hf-clip for a CLIP (model.arch clip, CLIPModel); or a "
+        "GPT-2 or Llama directory (also sharded: "
         "model.safetensors.index.json; F32, BF16 or F16) to a model-only checkpoint at iteration 0 (--from hf-gpt2, "
         "--from hf-llama)");
     auto a = std::make_shared<ConvertArgs>();
     CLI::Option* to =
-        cmd->add_option("--to", a->to, "Export to this format: hf-gpt2 (a GPT-2 checkpoint) or hf-llama (a Llama one)")
-            ->check(CLI::IsMember({"hf-gpt2", "hf-llama"}));
+        cmd->add_option("--to", a->to,
+                        "Export to this format: hf-gpt2 (a GPT-2 checkpoint), hf-llama (a Llama one) or hf-clip (a "
+                        "CLIP one)")
+            ->check(CLI::IsMember({"hf-gpt2", "hf-llama", "hf-clip"}));
     CLI::Option* from =
         cmd->add_option("--from", a->from, "Import from this format: hf-gpt2 (model_type gpt2) or hf-llama (llama)")
             ->check(CLI::IsMember({"hf-gpt2", "hf-llama"}));

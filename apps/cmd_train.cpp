@@ -7,6 +7,8 @@
 
 #include "apps/commands.h"
 #include "engine/backends/backend.h"
+#include "engine/clip/clip_layout.h"
+#include "engine/clip/clip_train.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/train/plan.h"
@@ -36,7 +38,7 @@ void add_config_args(CLI::App* cmd, ConfigArgs& args) {
 }  // namespace
 
 Command add_train_command(CLI::App& parent) {
-    CLI::App* cmd = parent.add_subcommand("train", "Train a GPT model as configured");
+    CLI::App* cmd = parent.add_subcommand("train", "Train a model as configured (GPT, Llama or CLIP: model.arch)");
     auto args = std::make_shared<ConfigArgs>();
     add_config_args(cmd, *args);
     return {cmd, [args]() {
@@ -45,6 +47,7 @@ Command add_train_command(CLI::App& parent) {
                     std::cout << config_to_yaml(cfg) << std::flush;
                     return kExitOk;
                 }
+                if (cfg.model.arch == "clip") return run_clip_train(cfg);
                 return run_train(cfg);
             }};
 }
@@ -93,6 +96,7 @@ Command add_plan_command(CLI::App& parent) {
                 // plan is arithmetic for the machines a config names, from any machine (a login node, a laptop): it
                 // builds no backend, so run.backend: cuda configs plan in a binary without one too.
                 register_planning_cuda_backend();
+                if (cfg.model.arch == "clip") return run_clip_plan(cfg, plan->world_size, plan->memory_gib);
                 return run_plan(cfg, *plan);
             }};
 }

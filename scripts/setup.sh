@@ -8,7 +8,7 @@ build_dir=${1:-build}
 
 packages=(build-essential cmake ninja-build pkg-config
           libyaml-cpp-dev libcli11-dev libfmt-dev nlohmann-json3-dev
-          libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev
+          libopenblas-dev libopenmpi-dev openmpi-bin libgtest-dev libpng-dev libjpeg62-turbo-dev
           python3 python3-numpy python3-torch libjemalloc2
           clang libclang-rt-dev libomp-dev  # scripts/test-sanitizers.sh: libFuzzer, sanitizer runtimes, OpenMP
           clang-format                      # scripts/check-format.sh (Debian 12's is version 14)

@@ -115,7 +115,7 @@ std::map<std::string, std::string> file_metadata(const CheckpointContext& c, con
             {"pp_size", std::to_string(g.pp_size)},
             {"dp_rank", std::to_string(g.dp_rank)},
             {"dp_size", std::to_string(g.dp_size)},
-            {"vocab_size", std::to_string(c.shape.V)}};
+            {"vocab_size", std::to_string(c.model.vocab_size)}};
 }
 
 std::string model_file(int tp, int pp) { return fmt::format("model/tp{:02d}_pp{:03d}.safetensors", tp, pp); }
@@ -261,7 +261,6 @@ void write_rank_files(const CheckpointContext& c, const TrainState& state, const
 
 json manifest_fields(const CheckpointContext& c) {
     const ProcessGroups& g = c.groups;
-    const GptShape& s = c.shape;
     return {{"format", "mindspeed-ckpt"},
             {"checkpoint_version", kCheckpointFormatVersion},
             {"mindspeed_version", MS_VERSION},
@@ -279,7 +278,7 @@ json manifest_fields(const CheckpointContext& c) {
                                    ? "none: fp32 training, the parameters in model/ are the master weights"
                                    : "in model/: the fp32 master weights; the " + c.cfg.mixed_precision.dtype +
                                          " weights the run computes with are these rounded to nearest even"},
-            {"model", model_manifest(s)}};
+            {"model", c.model.manifest}};
 }
 
 // The lr schedule's inputs as this config resolves them (learning_rate() in adamw.h).
@@ -300,9 +299,6 @@ bool holds_committed_name(const std::string& dir) {
     }
     return false;
 }
-
-// The model table of the whole model at tp 1 (canonical names and global shapes in model order).
-std::vector<ParamInfo> canonical_table(const GptShape& s) { return gpt_param_table(s); }
 
 // onebit_adam's residuals (the top of checkpoint.h): left zero when the checkpoint has none (AdamW's, or model-only).
 void load_onebit_residuals(const CheckpointReader& r, const CheckpointContext& c) {
@@ -452,20 +448,30 @@ json model_manifest(const GptShape& s) {
     return m;
 }
 
-int64_t checkpoint_tensor_bytes(const GptShape& shape) {
+int64_t CheckpointModel::num_params() const {
+    int64_t n = 0;
+    for (const ParamInfo& p : whole_table) n += p.numel;
+    return n;
+}
+
+CheckpointModel checkpoint_model(const GptShape& shape) {
+    return {.whole_table = gpt_param_table(shape), .manifest = model_manifest(shape), .vocab_size = shape.V};
+}
+
+int64_t checkpoint_tensor_bytes(const CheckpointModel& model) {
     constexpr int64_t kCopies = 3;  // the weight, exp_avg, exp_avg_sq
-    return gpt_num_params(shape) * kCopies * static_cast<int64_t>(sizeof(float));
+    return model.num_params() * kCopies * static_cast<int64_t>(sizeof(float));
 }
 
 std::unique_ptr<SaveDirLock> open_save_dir(const CheckpointContext& c) {
     const std::string& save = c.cfg.checkpoint.save;
     if (save.empty() || !writes_files(c)) return nullptr;
     check_dir_writable(save);
-    const uint64_t need = static_cast<uint64_t>(checkpoint_tensor_bytes(c.shape)), free = free_bytes(save);
+    const uint64_t need = static_cast<uint64_t>(checkpoint_tensor_bytes(c.model)), free = free_bytes(save);
     const std::string numbers = fmt::format(
         "one checkpoint of this model needs at least {} bytes ({}: {} parameters, each as an fp32 weight "
         "and two fp32 AdamW moments), and {} bytes ({}) are free there",
-        need, data::human_bytes(need), gpt_num_params(c.shape), free, data::human_bytes(free));
+        need, data::human_bytes(need), c.model.num_params(), free, data::human_bytes(free));
     if (free < need)
         throw UserError(
             fmt::format("checkpoint.save '{}' has no room for a checkpoint: {}; the first save would "
@@ -527,7 +533,7 @@ std::string save_checkpoint(const CheckpointContext& c, const TrainState& state_
     // state), counted against the whole model's table. A broken rule in stored_here() stops the save here.
     std::array<int64_t, 2> mine = stored_counts(c);
     const std::vector<int64_t> total = sum_i64(world, {mine[0], mine[1]});
-    const int64_t expected = gpt_num_params(c.shape);
+    const int64_t expected = c.model.num_params();
     MS_CHECK(total[0] == expected && total[1] == expected,
              "checkpoint: the ranks would store {} model and {} optimizer elements of a model of {}: the pieces do not "
              "tile the tensors exactly once",
@@ -621,7 +627,7 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
         if (reader.iteration() != pick[1])
             fail(fmt::format("'{}/{}' says iteration {}, but the directory is iteration {}", dir, kTrainStateFile,
                              reader.iteration(), pick[1]));
-        check_checkpoint_shape(reader, c.shape, "the configured model",
+        check_checkpoint_shape(reader, c.model, "the configured model",
                                "set model.* to match it, or point checkpoint.load at a checkpoint of this model (or "
                                "at an empty directory to start from scratch)");
         load_rank_state(reader, c);
@@ -663,7 +669,12 @@ std::optional<TrainState> load_checkpoint(const CheckpointContext& c, const std:
 
 void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what,
                             const std::string& hint) {
-    const std::vector<ParamInfo> table = canonical_table(shape);
+    check_checkpoint_shape(r, checkpoint_model(shape), what, hint);
+}
+
+void check_checkpoint_shape(const CheckpointReader& r, const CheckpointModel& model, const std::string& what,
+                            const std::string& hint) {
+    const std::vector<ParamInfo>& table = model.whole_table;
     const std::string tail =
         fmt::format("\n---> HINT: the checkpoint holds model {}; {}",
                     r.manifest().contains("model") ? r.manifest()["model"].dump() : "(unknown)", hint);
@@ -675,12 +686,13 @@ void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, co
         const std::vector<int64_t>& saved = r.global_shape(p.name);
         bool same = saved == p.global_shape;
         if (p.vocab_rows && saved.size() == 2)  // the padding depends on tp; the real vocabulary may not differ
-            same = saved[1] == p.global_shape[1] && r.vocab_size() == shape.V && saved[0] >= shape.V;
+            same = saved[1] == p.global_shape[1] && r.vocab_size() == model.vocab_size && saved[0] >= model.vocab_size;
         if (!same)
-            fail_config(fmt::format(
-                "tensor '{}' has global shape {} (vocabulary {}) in '{}', but {} expects {} "
-                "(vocabulary {}){}",
-                p.name, json(saved).dump(), r.vocab_size(), r.dir(), what, json(p.global_shape).dump(), shape.V, tail));
+            fail_config(
+                fmt::format("tensor '{}' has global shape {} (vocabulary {}) in '{}', but {} expects {} "
+                            "(vocabulary {}){}",
+                            p.name, json(saved).dump(), r.vocab_size(), r.dir(), what, json(p.global_shape).dump(),
+                            model.vocab_size, tail));
     }
     for (const std::string& name : r.names()) {
         if (std::none_of(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; }))

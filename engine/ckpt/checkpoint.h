@@ -23,6 +23,11 @@
 // validate_sharding_integrity: the boxes are disjoint by construction, so equal counts mean no gap); the loader
 // checks every element it reads is stored exactly once (CheckpointReader::read_box).
 //
+// The model is described by a CheckpointModel (below): its whole table and its manifest "model" object. GPT-2 and
+// Llama are checkpoint_model(GptShape); CLIP (model.arch clip: two towers and logit_scale, pp 1, no vocab_rows tensor)
+// is engine/clip/clip_checkpoint.h's, whose manifest holds the resolved clip: shape and "vocab_size" (its text
+// vocabulary, kClipTextVocab). Everything else in this file is the same for every model.
+//
 // Where a piece goes: file __metadata__ (string -> string, as the format requires) holds
 //   "format": "mindspeed-ckpt", "format_version": "1", "kind": "model" | "optim", "tp_rank", "tp_size", "pp_rank",
 //   "pp_size", "dp_rank", "dp_size", "vocab_size" (the real vocabulary V)
@@ -135,10 +140,26 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& whe
 // The data identity stored in TrainState::data_fingerprint.
 std::string data_fingerprint(uint64_t source_fingerprint, const DataConfig& data, int seq_length, uint64_t seed);
 
+// The model a checkpoint holds, as the format needs it whatever the model family: what a save writes into the
+// manifest, what a load and a reader compare the files against, and what a save's room is sized by.
+struct CheckpointModel {
+    // The whole model's parameter table at tp 1 (pp 1): canonical names and global shapes, in model order. A padded
+    // vocabulary's tensors (ParamInfo::vocab_rows) have the padded rows of the saving layout.
+    std::vector<ParamInfo> whole_table;
+    // The manifest's "model" object: "arch" (absent: gpt), the family's dims, and "vocab_size", which the reader needs.
+    nlohmann::json manifest;
+    int vocab_size = 0;  // the files' "vocab_size" metadata: the real vocabulary V of the vocab_rows tensors
+
+    int64_t num_params() const;  // the elements of whole_table
+};
+
+// GPT-2 or Llama (shape.arch): gpt_param_table(shape) and model_manifest(shape).
+CheckpointModel checkpoint_model(const GptShape& shape);
+
 // One rank's live training state: what a save reads and a load overwrites. All references must outlive the call.
 struct CheckpointContext {
     const Config& cfg;  // resolved (vocab filled in)
-    const GptShape& shape;
+    CheckpointModel model;
     const ProcessGroups& groups;
     const std::vector<ParamInfo>& params_info;  // this rank's table: canonical names, shards, flat offsets
     float* params;  // the flat fp32 parameter buffer the table indexes (sharded masters: lent, pipeline.h params())
@@ -150,13 +171,13 @@ struct CheckpointContext {
 // committed directory (on every rank). Throws UserError(kExitCheckpoint) on every rank if any rank failed.
 std::string save_checkpoint(const CheckpointContext& ctx, const TrainState& state);
 
-// The bytes of tensor data in one checkpoint of this model: every parameter (gpt_num_params) once as an F32 weight
-// (model/) and twice as F32 AdamW moments (optim/). The safetensors headers and JSON files add a little.
 // The manifest's "model" object for a model of this shape: the dims, the vocabulary, and the family ("arch": "gpt" or
 // "llama"; Llama adds num_query_groups, rotary_base and rope_scaling), whether the output layer is untied.
 // checkpoint_shape reads it back.
 nlohmann::json model_manifest(const GptShape& shape);
-int64_t checkpoint_tensor_bytes(const GptShape& shape);
+// The bytes of tensor data in one checkpoint of this model: every parameter (num_params) once as an F32 weight
+// (model/) and twice as F32 AdamW moments (optim/). The safetensors headers and JSON files add a little.
+int64_t checkpoint_tensor_bytes(const CheckpointModel& model);
 
 // checkpoint.save at startup, before training, so that a run does not train save_interval iterations only to fail at
 // its first save. Not collective: call it on every rank and make the ranks agree on the outcome (the trainer's
@@ -207,10 +228,13 @@ struct ShardBox {
 ShardBox shard_box(const ParamInfo& p, int tp_rank, int tp_size);
 
 class CheckpointReader;
-// The first tensor, in model order, that the whole model of `shape` and the checkpoint disagree on (missing on
-// either side, or another global shape; wte compares the real vocabulary and the width, not the padding) as
+// The first tensor, in model order, that `model` and the checkpoint disagree on (missing on either side, or another
+// global shape; a vocab_rows tensor compares the real vocabulary and the width, not the padding) as
 // UserError(kExitConfigError) naming it with both shapes. `what` names the model in the message ("the configured
 // model"); `hint` is what the user should do, after "HINT: the checkpoint holds model {...}; ".
+void check_checkpoint_shape(const CheckpointReader& r, const CheckpointModel& model, const std::string& what,
+                            const std::string& hint);
+// The same for the GPT-2 or Llama model of `shape` (checkpoint_model(shape)).
 void check_checkpoint_shape(const CheckpointReader& r, const GptShape& shape, const std::string& what,
                             const std::string& hint);
 

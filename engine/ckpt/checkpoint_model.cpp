@@ -77,6 +77,11 @@ GptShape checkpoint_shape(const CheckpointReader& r) {
     s.V = r.vocab_size();
     const json& model = r.manifest()["model"];
     const std::string arch = model.value("arch", "gpt");  // checkpoints before Llama name no arch: GPT-2
+    if (arch == "clip")
+        throw UserError(
+            fmt::format("config error: '{}' holds a CLIP model (model.arch clip); this reads GPT-2 and Llama "
+                        "checkpoints\n---> HINT: export it with convert --to hf-clip",
+                        r.dir()));
     if (arch != "gpt" && arch != "llama")
         fail(fmt::format("'{}/{}' holds a model of arch '{}', which this build does not know (gpt, llama)", r.dir(),
                          kManifestFile, arch));

@@ -24,7 +24,8 @@ std::string resolve_checkpoint(const std::string& path);
 
 // The shape of the model a checkpoint holds: the manifest's "model" dims, the padded vocabulary of its wte, and
 // model.layernorm_epsilon from its config.resolved.yaml (1e-5 with a warning when that file lacks it). Checked
-// against the tensors (check_checkpoint_shape). UserError(kExitCheckpoint) when the manifest lacks a dim.
+// against the tensors (check_checkpoint_shape). UserError(kExitCheckpoint) when the manifest lacks a dim;
+// UserError(kExitConfigError) for a CLIP checkpoint (engine/clip/clip_checkpoint.h reads those).
 GptShape checkpoint_shape(const CheckpointReader& r);
 
 // The model hyper-parameters a checkpoint's tensor shapes do not show -- model.num_attention_heads (its manifest) and

@@ -333,13 +333,28 @@ HfExport write_hf_dir(const CheckpointReader& r, const std::vector<ParamInfo>& t
     return out;
 }
 
-void check_hf_export_arch(const CheckpointReader& r, const GptShape& s, const std::string& format) {
-    const bool llama = s.arch == ModelArch::kLlama;
-    if (llama == (format == "hf-llama")) return;
-    throw UserError(fmt::format(
-        "command line error: '{}' holds a {} model (model.arch {}), which --to {} does not "
-        "export\n---> HINT: export it with --to {}",
-        r.dir(), llama ? "Llama" : "GPT-2", llama ? "llama" : "gpt", format, llama ? "hf-llama" : "hf-gpt2"));
+void check_hf_export_arch(const CheckpointReader& r, const std::string& format) {
+    struct Family {
+        const char* arch;    // the manifest's "model": {"arch": ...}
+        const char* name;    // in the message
+        const char* format;  // the --to that exports it
+    };
+    static constexpr Family kFamilies[] = {
+        {"gpt", "GPT-2", "hf-gpt2"}, {"llama", "Llama", "hf-llama"}, {"clip", "CLIP", "hf-clip"}};
+    const nlohmann::json& model = r.manifest().at("model");  // the reader requires it
+    const std::string arch = model.value("arch", "gpt");     // checkpoints before Llama name no arch: GPT-2
+    for (const Family& f : kFamilies) {
+        if (arch != f.arch) continue;
+        if (format == f.format) return;
+        throw UserError(
+            fmt::format("command line error: '{}' holds a {} model (model.arch {}), which --to {} does not "
+                        "export\n---> HINT: export it with --to {}",
+                        r.dir(), f.name, f.arch, format, f.format));
+    }
+    throw UserError(fmt::format("checkpoint error: '{}/{}' holds a model of arch '{}', which this build does not know "
+                                "(gpt, llama, clip)",
+                                r.dir(), kManifestFile, arch),
+                    kExitCheckpoint);
 }
 
 void check_hf_import_arch(const std::string& configured, const std::string& imported, const std::string& config_path) {

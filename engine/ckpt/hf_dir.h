@@ -110,9 +110,10 @@ HfExport write_hf_dir(const CheckpointReader& r, const std::vector<ParamInfo>& t
 // UserError(kExitConfigError) when the --config's model.arch (`configured`) is not the imported model's.
 void check_hf_import_arch(const std::string& configured, const std::string& imported, const std::string& config_path);
 
-// UserError(kExitConfigError) when the checkpoint `r` (shape `s`) is not of the arch `format` exports, naming the
-// --to that does.
-void check_hf_export_arch(const CheckpointReader& r, const GptShape& s, const std::string& format);
+// UserError(kExitConfigError) when the checkpoint `r` (its manifest's "model": {"arch": ...}) is not of the arch
+// `format` ("hf-gpt2", "hf-llama", "hf-clip") exports, naming the --to that does; UserError(kExitCheckpoint) for an
+// arch this build does not know.
+void check_hf_export_arch(const CheckpointReader& r, const std::string& format);
 
 // One hyper-parameter of an import: its name ("model.num_layers / n_layer"), the --config's value and config.json's.
 struct HfImportDim {

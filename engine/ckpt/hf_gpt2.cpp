@@ -202,7 +202,7 @@ GptShape hf_gpt2_shape(const json& c, const std::string& where) {
 
 HfExport export_hf_gpt2(const CheckpointReader& r, const GptShape& s, const std::string& out_dir,
                         const HfExportOptions& o) {
-    check_hf_export_arch(r, s, "hf-gpt2");
+    check_hf_export_arch(r, "hf-gpt2");
     const auto to_hf = [&](const ParamInfo& p, CanonicalTensor& t) {
         if (p.vocab_rows) {
             t.shape[0] = s.V;  // drop the padded rows

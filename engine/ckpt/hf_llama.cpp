@@ -263,7 +263,7 @@ GptShape hf_llama_shape(const json& c, const std::string& where) {
 
 HfExport export_hf_llama(const CheckpointReader& r, const GptShape& s, const std::string& out_dir,
                          const HfExportOptions& o) {
-    check_hf_export_arch(r, s, "hf-llama");
+    check_hf_export_arch(r, "hf-llama");
     const auto to_hf = [&](const ParamInfo& p, CanonicalTensor& t) {
         if (!p.vocab_rows) return;  // every other weight is Linear's (out, in) already
         t.shape[0] = s.V;           // drop the padded rows

@@ -34,7 +34,7 @@ struct ModelConfig {
     // gpt: GPT-2 (LayerNorm, learned positions, GELU-tanh, biases, tied head); llama: RMSNorm (layernorm_epsilon),
     // rotary positions, grouped-query attention, SwiGLU (gate and up each ffn_hidden_size wide), no biases, untied
     // output layer
-    std::string arch = "gpt";
+    std::string arch = "gpt";  // gpt | llama | clip (the clip: section)
     int num_layers = 12;
     int hidden_size = 768;
     int num_attention_heads = 12;
@@ -163,7 +163,7 @@ struct SyntheticConfig {
 };
 
 struct DataConfig {
-    std::string source = "synthetic";    // synthetic | megatron | llmc | nanogpt
+    std::string source = "synthetic";    // synthetic | megatron | llmc | nanogpt; model.arch clip: shapes | webdataset
     std::vector<std::string> data_path;  // prefix (megatron) or file(s) (llmc, nanogpt)
     std::string split = "969,30,1";      // train,valid,test weights
     SyntheticConfig synthetic;
@@ -226,6 +226,28 @@ struct DebugConfig {
     std::string cuda_attention_bwd = "fused";     // fused | split: the tensor-core backward (one kernel or two)
 };
 
+// model.arch: clip (engine/clip/clip_model.h): an image tower (a ViT) and a causal text tower trained contrastively.
+// `preset` gives every shape key left at 0: tiny (the demo: 32-pixel images, two 64-wide layers per tower), vit-b16
+// (CLIP's ViT-B/16 with its 12-layer, 512-wide text transformer), vit-h14 (open_clip's ViT-H-14: 32 layers 1280 wide,
+// text 24 layers 1024 wide). Captions are byte-level (256 bytes and an end-of-text token).
+struct ClipConfig {
+    std::string preset = "tiny";  // tiny | vit-b16 | vit-h14 | none (every shape key set)
+    int embed_dim = 0;            // the shared embedding both projections map to
+    int image_size = 0;           // pixels per side, after the resize and centre crop
+    int patch_size = 0;
+    int vision_layers = 0, vision_width = 0, vision_heads = 0, vision_mlp = 0;  // vision_mlp 0: 4 * width
+    int context_length = 0;                                                     // caption tokens, end-of-text included
+    int text_layers = 0, text_width = 0, text_heads = 0, text_mlp = 0;          // text_mlp 0: 4 * width
+    float init_logit_scale = 2.6592600f;                                        // log(1 / 0.07), CLIP's
+    float max_logit_scale = 100.0f;  // the scale exp(logit_scale) is clamped to
+    // zero-shot classification: each class name put into every template ("{}" is replaced), the class's text
+    // feature the normalised mean of the templates' (CLIP's prompt ensembling)
+    std::vector<std::string> templates = {"a {}"};
+    std::vector<std::string> eval_data_path;  // webdataset: the held-out shards zero-shot and recall are measured on
+    int64_t eval_samples = 512;               // held-out samples per evaluation (all of them when fewer)
+    bool skip_bad_samples = false;            // webdataset: count and skip a bad sample instead of stopping
+};
+
 struct Config {
     int schema_version = 1;
     RunConfig run;
@@ -242,6 +264,7 @@ struct Config {
     ReliabilityConfig reliability;
     LinkModelConfig link_model;
     DebugConfig debug;
+    ClipConfig clip;
     // The keys the file and --set gave a value (an alias counts as its target), sorted; load_config fills it. Not a
     // key: neither config_to_yaml nor the hash sees it. parallel.auto keeps the layout keys among them.
     std::vector<std::string> explicit_keys;

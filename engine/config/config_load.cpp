@@ -198,8 +198,12 @@ class Loader {
     enum class State { kPending, kResolving, kDone };
 
     // A config names its model's size, as Megatron requires --num-layers, --hidden-size and --num-attention-heads:
-    // without them an empty or model-less file would train a default 86M-parameter model without a word.
+    // without them an empty or model-less file would train a default 86M-parameter model without a word. A CLIP
+    // model (model.arch: clip) is named by its clip: section, whose preset gives every size.
     void require_model() const {
+        if (const auto arch = settings_.find("model.arch");
+            arch != settings_.end() && arch->second.node.IsScalar() && arch->second.node.Scalar() == "clip")
+            return;
         static constexpr std::string_view kModelKeys[] = {"model.num_layers", "model.hidden_size",
                                                           "model.num_attention_heads"};
         std::vector<std::string_view> missing;

@@ -117,7 +117,7 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "0 takes the nodes from the hosts the ranks run on; N > 0 simulates nodes of N "
                                       "consecutive ranks"}},
 
-        {"model.arch", &c.model.arch, one_of({"gpt", "llama"})},
+        {"model.arch", &c.model.arch, one_of({"gpt", "llama", "clip"})},
         {"model.num_layers", &c.model.num_layers, at_least(1)},
         {"model.hidden_size", &c.model.hidden_size, at_least(1)},
         {"model.num_attention_heads", &c.model.num_attention_heads, at_least(1)},
@@ -214,7 +214,9 @@ std::vector<Field> config_fields(Config& c) {
         {"lr_schedule.lr_decay_iters", &c.lr_schedule.lr_decay_iters,
          Constraint{.min = 0, .hint = "0 or null means train_iters"}, true},
 
-        {"data.source", &c.data.source, one_of({"synthetic", "megatron", "llmc", "nanogpt"})},
+        {"data.source", &c.data.source,
+         Constraint{.choices = {"synthetic", "megatron", "llmc", "nanogpt", "shapes", "webdataset"},
+                    .hint = "shapes and webdataset are image-text sources, for model.arch: clip"}},
         {"data.data_path", &c.data.data_path, {}},
         {"data.split", &c.data.split, Constraint{.custom = split_weights, .hint = "e.g. 969,30,1"}},
         {"data.synthetic.vocab_size", &c.data.synthetic.vocab_size, at_least(2)},
@@ -283,6 +285,26 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.choices = {"fused", "split"},
                     .hint = "split runs the tensor-core backward as two kernels, dQ then dK/dV (was "
                             "MS_CUDA_ATTENTION_BWD=split)"}},
+
+        {"clip.preset", &c.clip.preset, one_of({"tiny", "vit-b16", "vit-h14", "none"})},
+        {"clip.embed_dim", &c.clip.embed_dim, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.image_size", &c.clip.image_size, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.patch_size", &c.clip.patch_size, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.vision_layers", &c.clip.vision_layers, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.vision_width", &c.clip.vision_width, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.vision_heads", &c.clip.vision_heads, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.vision_mlp", &c.clip.vision_mlp, Constraint{.min = 0, .hint = "0 means 4 * vision_width"}},
+        {"clip.context_length", &c.clip.context_length, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.text_layers", &c.clip.text_layers, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.text_width", &c.clip.text_width, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.text_heads", &c.clip.text_heads, Constraint{.min = 0, .hint = "0 takes the preset's"}},
+        {"clip.text_mlp", &c.clip.text_mlp, Constraint{.min = 0, .hint = "0 means 4 * text_width"}},
+        {"clip.init_logit_scale", &c.clip.init_logit_scale, {}},
+        {"clip.max_logit_scale", &c.clip.max_logit_scale, positive()},
+        {"clip.templates", &c.clip.templates, {}},
+        {"clip.eval_data_path", &c.clip.eval_data_path, {}},
+        {"clip.eval_samples", &c.clip.eval_samples, at_least(1)},
+        {"clip.skip_bad_samples", &c.clip.skip_bad_samples, {}},
     };
     // clang-format on
 }

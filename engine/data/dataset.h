@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/config/config.h"
+#include "engine/data/epoch_order.h"
 
 namespace ms {
 
@@ -54,15 +55,11 @@ class Sampler {
     int64_t sample_at(int64_t g) const;
 
   private:
-    // order: a 4-round Feistel permutation of [0, 2^(2*half_bits_)), cycle-walked into [0, num_samples_)
-    int64_t permute(int64_t position, int64_t epoch) const;
-
     const TokenSource& source_;
     int seq_length_;
     int64_t begin_token_ = 0;  // first token of this split
     int64_t num_samples_ = 0;
-    uint64_t order_key_ = 0;  // mix of (seed, source fingerprint, split): the Philox key of the Feistel rounds
-    int half_bits_ = 1;       // Feistel half width in bits
+    EpochOrder order_;  // keyed by (seed, source fingerprint, split)
 };
 
 // Byte-level tokenizer: ids 0..255 are bytes, 256 is end-of-document. vocab 257.

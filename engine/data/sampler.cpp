@@ -25,13 +25,6 @@ namespace {
 
 constexpr const char* kSplitNames[3] = {"train", "valid", "test"};
 
-uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 std::vector<double> parse_split(const std::string& text) {
     std::vector<double> w;
     size_t pos = 0;
@@ -98,38 +91,12 @@ Sampler::Sampler(const TokenSource& source, const std::string& split_weights, Sp
             kSplitNames[k], source.describe(), len, bounds[k], bounds[k + 1], n_tok, split_weights,
             static_cast<int64_t>(seq_length) + 1, kSplitNames[k]));
     }
-    const int bits = std::max(2, static_cast<int>(std::bit_width(static_cast<uint64_t>(num_samples_ - 1))));
-    half_bits_ = (bits + 1) / 2;
-    order_key_ = splitmix64(splitmix64(seed ^ splitmix64(source.fingerprint())) + static_cast<uint64_t>(k));
+    order_ = EpochOrder(num_samples_, seed, source.fingerprint(), static_cast<uint64_t>(k));
 }
 
 int64_t Sampler::num_samples() const { return num_samples_; }
 
-int64_t Sampler::permute(int64_t position, int64_t epoch) const {
-    const uint64_t mask = (uint64_t{1} << half_bits_) - 1;
-    const PhiloxKey key = {static_cast<uint32_t>(order_key_), static_cast<uint32_t>(order_key_ >> 32)};
-    auto feistel = [&](uint64_t x) {
-        uint64_t left = x >> half_bits_, right = x & mask;
-        for (uint32_t round = 0; round < 4; ++round) {
-            const PhiloxCounter r = philox4x32_10({static_cast<uint32_t>(right), round, static_cast<uint32_t>(epoch),
-                                                   static_cast<uint32_t>(static_cast<uint64_t>(epoch) >> 32)},
-                                                  key);
-            const uint64_t f = (static_cast<uint64_t>(r[1]) << 32) | r[0];
-            const uint64_t next_right = left ^ (f & mask);
-            left = right;
-            right = next_right;
-        }
-        return (left << half_bits_) | right;
-    };
-    uint64_t y = feistel(static_cast<uint64_t>(position));
-    while (y >= static_cast<uint64_t>(num_samples_)) y = feistel(y);  // cycle walking
-    return static_cast<int64_t>(y);
-}
-
-int64_t Sampler::sample_at(int64_t g) const {
-    MS_CHECK(g >= 0, "negative global sample index {}", g);
-    return permute(g % num_samples_, g / num_samples_);
-}
+int64_t Sampler::sample_at(int64_t g) const { return order_.sample_at(g); }
 
 void Sampler::fill(int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const {
     const int T = seq_length_;

@@ -45,6 +45,12 @@ const char* op_name(OpCode op) {
             return "ring_attention";
         case OpCode::kRingAttentionBackward:
             return "ring_attention_backward";
+        case OpCode::kLoadRows:
+            return "load_rows";
+        case OpCode::kGatherRows:
+            return "gather_rows";
+        case OpCode::kGatherRowsBackward:
+            return "gather_rows_backward";
         case OpCode::kRmsNormBackward:
             return "rmsnorm_backward";
         case OpCode::kRopeBackward:
@@ -129,7 +135,13 @@ std::string describe(const Graph& g) {
 RingAttentionShape ring_attention_shape(const Graph& g, const Node& n) {
     const TensorInfo& qkv = g.info(n.op == OpCode::kRingAttention ? n.in.at(0) : n.in.at(1));
     const int64_t nkv = n.NKV == 0 ? n.NH : n.NKV;
-    return {.B = n.B, .T = n.T, .NH = n.NH, .NKV = nkv, .HS = qkv.shape.at(1) / (n.NH + 2 * nkv), .act = qkv.dtype};
+    return {.B = n.B,
+            .T = n.T,
+            .NH = n.NH,
+            .NKV = nkv,
+            .HS = qkv.shape.at(1) / (n.NH + 2 * nkv),
+            .act = qkv.dtype,
+            .causal = n.causal};
 }
 
 namespace {
@@ -207,7 +219,8 @@ void Differentiator::apply(const Node& f) {
             return;
         }
         case OpCode::kMatmul: {
-            const auto [dx, acc] = grad_to_write(in(0));
+            const auto [dx, acc] =
+                g_.info(in(0)).no_grad ? std::pair{kNoTensor, Accumulate::kOverwrite} : grad_to_write(in(0));
             emit(f, OpCode::kMatmulBackward, {grad(f.out[0]), in(0), in(1)}, {dx, param_grad(in(1)), param_grad(in(2))},
                  acc);
             return;
@@ -257,6 +270,11 @@ void Differentiator::apply(const Node& f) {
                 tp_partial(in(1));
                 tp_partial(in(2));
             }
+            return;
+        }
+        case OpCode::kGatherRows: {
+            const auto [dx, acc] = grad_to_write(in(0));
+            emit(f, OpCode::kGatherRowsBackward, {in(1), grad(f.out[0])}, {dx}, acc);
             return;
         }
         case OpCode::kEmbedding:

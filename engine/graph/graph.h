@@ -60,6 +60,7 @@ struct TensorInfo {
     bool read_after_backward = false;  // kOutput the host still reads after the backward (the losses)
     int layer = -1;              // the model layer whose ops make it (-1: the chunk's own: embedding, head, hand-offs)
     std::string grad_name = {};  // its gradient's name when not "d.<name>"
+    bool no_grad = false;        // kInput whose gradient nobody reads (the image tower's pixels): none is made
 
     int64_t numel() const {
         int64_t n = 1;
@@ -89,8 +90,13 @@ enum class OpCode : uint8_t {
     kRmsNorm,        // in: x, weight                              out: y, rstd           attr: eps
     kRope,           // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
     kSwiGlu,         // in: x (N, 2F) rows [gate | up]             out: y (N, F)
-    kRingAttention,  // in: qkv                                   out: y, lse, scratch   attr: B, T, NH, NKV
-                     //   context parallelism's attention over the context group (ring_attention.h); T local rows
+    kRingAttention,  // in: qkv                                   out: y, lse, scratch   attr: B, T, NH, NKV,
+                     //   causal: attention through the block ops (ring_attention.h): context parallelism's ring
+                     //   over the context group (T local rows), or on one rank the bidirectional attention of the
+                     //   image tower (causal false: every row sees every key of its sequence)
+    kLoadRows,       //                                            out: rows (host: the caller's row indices,
+                     //                                              checked against vocab_valid, the rows there are)
+    kGatherRows,     // in: x (N, C), rows (B)                     out: y (B, C) = x[rows]: a tower's pooled rows
     // fused forward (fusion.cpp)
     kResidualLayerNorm,  // in: a, b, bias, weight, ln_bias       out: sum, y, mean, rstd
     kMatmulGelu,         // in: x, weight, bias                   out: pre, y = gelu(pre)
@@ -108,6 +114,7 @@ enum class OpCode : uint8_t {
     kSwiGluBackward,         // in: dy, x                          out: dx
     kRingAttentionBackward,  // in: dy, qkv, y, lse                out: dqkv, scratch
     kBiasGradient,           // in: dy                             out: dbias (+= column sums of dy)
+    kGatherRowsBackward,     // in: rows, dy                       out: dx (accumulate): dy's rows at `rows`, 0 else
     kLossGradient,           //                                    out: dloss = loss_scale / N (host, run-time scale)
     kCrossEntropyBackward,   // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
     // tensor-parallel collectives (group tp); in-place ones write their input
@@ -143,6 +150,8 @@ struct Node {
     // The op sees only this rank's rows of a sequence-parallel tensor: its parameter gradients are partial sums
     // over tp (LayerNorms, the residual add's bias).
     bool tp_rows = false;
+    // Attention: the causal mask (a language model's); false lets every row see every key of its sequence.
+    bool causal = true;
 };
 
 // One chunk's graph. Tensor ids index `tensors`; ops run in `nodes` order.

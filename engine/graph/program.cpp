@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "comm/self_communicator.h"
 #include "engine/core/check.h"
 
 namespace ms::graph {
@@ -77,18 +78,36 @@ Program::Step Compiler::step(const Node& n) {
     const std::string label = fmt::format("{} {}", n.label, op_name(n.op));
     switch (n.op) {
         case OpCode::kLoadTokens:
-        case OpCode::kLoadTargets: {
+        case OpCode::kLoadTargets:
+        case OpCode::kLoadRows: {
             int32_t* dst = static_cast<int32_t*>(address(out(0)));
             const int64_t count = g_.info(out(0)).numel(), vocab = n.vocab_valid;
-            const bool tokens = n.op == OpCode::kLoadTokens;
+            const OpCode what = n.op;
             return {label, [=](const RunArgs& r) {
-                        const int32_t* src = tokens ? r.tokens : r.targets;
+                        const int32_t* src = what == OpCode::kLoadTokens    ? r.tokens
+                                             : what == OpCode::kLoadTargets ? r.targets
+                                                                            : r.rows;
                         be->synchronize();  // an earlier call's ops may still read the buffer
                         for (int64_t i = 0; i < count; ++i) {
-                            MS_CHECK(src[i] >= 0 && src[i] < vocab, "{} {} at {} outside the vocabulary [0, {})",
-                                     tokens ? "token" : "target", src[i], i, vocab);
+                            MS_CHECK(src[i] >= 0 && src[i] < vocab, "{} {} at {} outside [0, {})",
+                                     what == OpCode::kLoadTokens    ? "token"
+                                     : what == OpCode::kLoadTargets ? "target"
+                                                                    : "row",
+                                     src[i], i, vocab);
                             dst[i] = src[i];
                         }
+                    }};
+        }
+        case OpCode::kGatherRows: {  // an embedding lookup whose table is the activation
+            EmbeddingForwardArgs a{view(in(1), {g_.info(in(1)).numel()}), rows(in(0)), Tensor(), rows(out(0)), 0, 1};
+            return {label, [=](const RunArgs&) { be->embedding_forward(a); }};
+        }
+        case OpCode::kGatherRowsBackward: {  // the lookup's backward (+=), into dx zeroed first unless accumulating
+            EmbeddingBackwardArgs a{view(in(0), {g_.info(in(0)).numel()}), rows(in(1)), rows(out(0)), Tensor(), 0, 1};
+            const bool overwrite = n.accumulate == Accumulate::kOverwrite;
+            return {label, [=](const RunArgs&) {
+                        if (overwrite) be->zero(a.dtable);
+                        be->embedding_backward(a);
                     }};
         }
         case OpCode::kLoadConstant: {
@@ -177,9 +196,9 @@ Program::Step Compiler::step(const Node& n) {
         }
         case OpCode::kRingAttention:
         case OpCode::kRingAttentionBackward: {
-            MS_CHECK(cp_ != nullptr, "graph program: '{}' passes blocks around a context group, and none was given",
-                     n.label);
-            Communicator* cp = cp_;
+            // without a context group, the whole sequence on this rank: a ring of one
+            static SelfCommunicator one_rank("attention");
+            Communicator* cp = cp_ != nullptr ? cp_ : &one_rank;
             const RingAttentionShape s = ring_attention_shape(g_, n);
             const int64_t B = n.B, T = n.T, W = (s.NH + 2 * s.NKV) * s.HS, C = s.NH * s.HS;
             const Tensor lse = n.op == OpCode::kRingAttention ? view(out(1), {B, s.NH, T}) : view(in(3), {B, s.NH, T});

@@ -47,6 +47,7 @@ struct RunArgs {
     const GradsFinalFn* on_grads_final = nullptr;      // backward: called after each step that finished gradients
     const ParamsNeededFn* on_params_needed = nullptr;  // called before each step that first reads parameters
     const GradsFinalFn* on_grads_writing = nullptr;    // backward: called before each step that first writes some
+    const int32_t* rows = nullptr;                     // for kLoadRows
 };
 
 class Program {

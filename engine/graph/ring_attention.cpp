@@ -42,7 +42,8 @@ struct BlockRows {
     int64_t q_begin, q_rows, kv_rows;
     bool causal;
 };
-BlockRows block_rows(int rank, int cp, int step, int64_t T) {
+BlockRows block_rows(int rank, int cp, int step, int64_t T, bool causal) {
+    if (!causal) return {0, T, T, false};
     const int64_t c = T / 2;
     const int j = (rank - step + cp) % cp;
     if (step == 0) return {0, T, T, true};
@@ -75,7 +76,7 @@ std::array<Tensor, 2> kv_blocks(Backend& be, Carver& carve, const RingAttentionS
 }
 
 void check_shape(const RingAttentionShape& s, int cp) {
-    MS_CHECK(s.T % 2 == 0 || cp == 1, "ring attention: {} local rows are not two chunks", s.T);
+    MS_CHECK(s.T % 2 == 0 || cp == 1 || !s.causal, "ring attention: {} local rows are not two chunks", s.T);
     MS_CHECK(s.NKV >= 1 && s.NH % s.NKV == 0, "ring attention: NKV {} does not divide NH {}", s.NKV, s.NH);
 }
 
@@ -101,7 +102,7 @@ void ring_attention_forward(Backend& be, Communicator& cp, const RingAttentionSh
         const Tensor& here = kv[static_cast<size_t>(step % 2)];
         Handle next;
         if (step + 1 < n) next = exchange(cp, here, kv[static_cast<size_t>((step + 1) % 2)], Carries::kKeysValues);
-        const BlockRows b = block_rows(rank, n, step, s.T);
+        const BlockRows b = block_rows(rank, n, step, s.T, s.causal);
         be.attention_block_forward({.qkv = qkv,
                                     .kv = here,
                                     .acc = acc,
@@ -143,7 +144,7 @@ void ring_attention_backward(Backend& be, Communicator& cp, const RingAttentionS
         // Step 0 adds into its own block's accumulator; later steps into `part`, added to the block's accumulator
         // once it has arrived, so that its exchange runs behind this compute.
         if (step > 0) be.zero(part);
-        const BlockRows b = block_rows(rank, n, step, s.T);
+        const BlockRows b = block_rows(rank, n, step, s.T, s.causal);
         be.attention_block_backward({.dout = dout,
                                      .qkv = qkv,
                                      .out = out,

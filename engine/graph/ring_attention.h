@@ -1,5 +1,8 @@
-// ring_attention.h: causal attention over a sequence split across a context group (context parallelism,
-// engine/parallel/context_split.h), as a ring that passes key/value blocks from rank to rank.
+// ring_attention.h: attention over a sequence split across a context group (context parallelism,
+// engine/parallel/context_split.h), as a ring that passes key/value blocks from rank to rank; causal, or
+// bidirectional (RingAttentionShape::causal false: every query row sees every key of its sequence, on every block,
+// which needs no chunk pairing). On a group of one rank it is attention through the block ops: the image tower's
+// bidirectional attention (engine/clip/).
 //
 // Rank i of cp holds chunks i and 2cp-1-i of each sequence (T = 2c local rows, c per chunk), and with them the
 // queries, keys and values of those rows. At ring step s it holds the key/value block of rank j = (i - s) mod cp
@@ -39,6 +42,7 @@ struct RingAttentionShape {
     int64_t NH = 1, NKV = 1;  // query and key/value heads held here
     int64_t HS = 1;           // head size
     DType act = DType::kF32;  // qkv, out and the travelling key/value blocks
+    bool causal = true;       // false: every query row sees every key row of its sequence, on every block
 };
 int64_t ring_forward_scratch_elems(const RingAttentionShape& s);
 int64_t ring_backward_scratch_elems(const RingAttentionShape& s);

@@ -50,13 +50,16 @@ TensorId ChunkBuilder::packed_params(const std::string& name, const std::vector<
     int64_t rows = 0, end = first.param_offset;
     for (const std::string& part : parts) {
         const graph::TensorInfo& p = g_.info(param(part));
-        MS_CHECK(p.param_offset == end && p.shape.size() == 2 && p.shape[1] == first.shape[1],
+        const bool same_cols =
+            p.shape.size() == first.shape.size() && (p.shape.size() == 1 || p.shape[1] == first.shape[1]);
+        MS_CHECK(p.param_offset == end && p.shape.size() <= 2 && same_cols,
                  "model graph: '{}' does not follow the parameter before it in the flat buffer (packed_with_next)",
                  part);
         rows += p.shape[0];
         end += p.numel();
     }
-    const std::vector<int64_t> shape = {rows, first.shape[1]};
+    const std::vector<int64_t> shape =
+        first.shape.size() == 2 ? std::vector<int64_t>{rows, first.shape[1]} : std::vector<int64_t>{rows};
     const TensorId w = g_.add_tensor({.name = name,
                                       .shape = shape,
                                       .dtype = s_.act,
@@ -120,6 +123,23 @@ TensorId ChunkBuilder::reduce_rows(TensorId partial, const std::string& name, in
     }
     if (s_.tp_size > 1) op(OpCode::kAllReduce, name, {partial}, {partial}, layer);
     return partial;
+}
+
+TensorId ChunkBuilder::gelu_mlp(TensorId res2, int l, const std::string& p, const std::string& norm,
+                                const std::string& fc, const std::string& proj) {
+    const std::string h = fmt::format("h.{}.", l);
+    const int64_t C = s_.shape.C, F = s_.shape.F / s_.tp_size;
+    const TensorId x = norm_to_columns(res2, h + "ln_2", p + norm, l);
+    const TensorId fch = act(h + "fch", N_, F);
+    op(OpCode::kMatmul, h + fc, {x, param(p + fc + ".weight"), param(p + fc + ".bias")}, {fch}, l);
+    const TensorId fch_gelu = act(h + "fch_gelu", N_, F);
+    op(OpCode::kGelu, h + "mlp.gelu", {fch}, {fch_gelu}, l);
+    const TensorId mlp_partial = act(h + proj, N_, C);
+    op(OpCode::kMatmul, h + proj, {fch_gelu, param(p + proj + ".weight"), kNoTensor}, {mlp_partial}, l);
+    const TensorId mlp_out = reduce_rows(mlp_partial, h + "mlp.out", l);
+    const TensorId res3 = act(h + "res3", Nl_, C);
+    op(OpCode::kResidual, h + "mlp.residual", {res2, mlp_out, param(p + proj + ".bias")}, {res3}, l).tp_rows = sp_;
+    return res3;
 }
 
 TensorId ChunkBuilder::head_weight() {

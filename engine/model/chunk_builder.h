@@ -35,7 +35,7 @@ class ChunkBuilder {
 
     TensorId param(const std::string& name) const;
     // The parameters first .. last, packed back to back in the flat buffers (ParamInfo::packed_with_next), as one
-    // tensor of their rows: Llama's [Q | K | V] and [gate | up] weights.
+    // tensor of their rows: Llama's [Q | K | V] and [gate | up] weights, CLIP's [Q | K | V] weights and biases.
     TensorId packed_params(const std::string& name, const std::vector<std::string>& parts);
     TensorId act(const std::string& name, int64_t rows, int64_t cols, graph::Role role = graph::Role::kActivation);
     TensorId stat(const std::string& name, int64_t n, DType t = DType::kF32);
@@ -47,6 +47,11 @@ class ChunkBuilder {
     TensorId norm_to_columns(TensorId x, const std::string& name, const std::string& norm, int layer);
     // A row-parallel layer's partial sums -> this rank's rows of the sum.
     TensorId reduce_rows(TensorId partial, const std::string& name, int layer);
+    // GPT-2's MLP half-block of layer l (GPT and CLIP's towers): res3 = res2 + proj(gelu(fc(norm(res2)))) + proj.bias,
+    // fc column-parallel, proj row-parallel with its bias added after the reduction. Parameters "<p><norm>.weight",
+    // "<p><fc>.weight", ..., tensors and labels "h.<l>.<fc>", ... Returns res3 ("h.<l>.res3").
+    TensorId gelu_mlp(TensorId res2, int l, const std::string& p, const std::string& norm, const std::string& fc,
+                      const std::string& proj);
 
     const GptGraphSpec& s_;
     graph::Graph g_;

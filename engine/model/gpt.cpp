@@ -13,56 +13,14 @@
 
 #include "engine/core/philox.h"
 #include "engine/model/gpt_graph.h"
+#include "engine/model/param_table.h"
 
 namespace ms {
 namespace {
 
-// Parameters start on 64-byte boundaries so the fused elementwise passes vectorise cleanly.
-constexpr int64_t kParamAlign = 16;
-
-int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
 int part_layers(const GptShape& s, const GptPart& part) {
     return part.num_layers < 0 ? s.L - part.first_layer : part.num_layers;
 }
-
-// Appends parameters to a table, each at the next 16-aligned offset (or right after one packed_with_next).
-class TableWriter {
-  public:
-    explicit TableWriter(int tp) : tp_(tp) {}
-    // divisor 0: constant `value`; else N(0, (init_std / divisor)^2)
-    ParamInfo& add(std::string name, std::vector<int64_t> global, ShardKind shard, float divisor, float value) {
-        ParamInfo p;
-        p.name = std::move(name);
-        p.global_shape = global;
-        p.shard = shard;
-        p.shape = std::move(global);
-        if (shard == ShardKind::kRows || shard == ShardKind::kQkvRows) p.shape[0] /= tp_;
-        if (shard == ShardKind::kCols) p.shape[1] /= tp_;
-        p.numel = 1;
-        for (int64_t d : p.shape) p.numel *= d;
-        p.offset = offset_;
-        p.weight_decay = p.shape.size() >= 2;
-        p.init = divisor > 0.0f ? InitKind::kNormal : InitKind::kConstant;
-        p.init_divisor = divisor > 0.0f ? divisor : 1.0f;
-        p.init_value = value;
-        offset_ = align_up(offset_ + p.numel, kParamAlign);
-        t_.push_back(std::move(p));
-        return t_.back();
-    }
-    // The next add() follows the last parameter without a gap.
-    void pack() {
-        ParamInfo& p = t_.back();
-        p.packed_with_next = true;
-        offset_ = p.offset + p.numel;
-    }
-    std::vector<ParamInfo> take() { return std::move(t_); }
-
-  private:
-    int tp_;
-    int64_t offset_ = 0;
-    std::vector<ParamInfo> t_;
-};
 
 // Llama (Hugging Face's LlamaForCausalLM names; Megatron's tensor-parallel split): the fused projections are
 // separate parameters packed back to back, so each is a plain row split and a tp rank's flat buffer holds
@@ -104,6 +62,10 @@ std::vector<ParamInfo> llama_param_table(const GptShape& s, int tp, const GptPar
 }  // namespace
 
 std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart& part) {
+    if (is_clip_tower(s.arch)) {
+        MS_CHECK(part.first_layer == 0 && part.embedding, "a CLIP tower is one chunk: it has no pipeline parts");
+        return clip_tower_param_table(s, tp);
+    }
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0,
              "tensor-parallel size {} must divide heads {}, ffn {} and padded vocab {}", tp, s.NH, s.F, s.Vp);
     const int num_layers = part_layers(s, part);
@@ -265,20 +227,18 @@ const ParamInfo& Gpt::param(const std::string& name) const {
     MS_UNREACHABLE("no parameter named '{}'", name);
 }
 
-void Gpt::init_weights(uint64_t seed, float init_std) {
+void init_params(const std::vector<ParamInfo>& table, float* params, uint64_t seed, float init_std, int tp_rank,
+                 int tp_size, int64_t live_vocab_elems) {
     MS_CHECK(init_std > 0.0f && std::isfinite(init_std), "init std {} is not a positive number", init_std);
-    backend_.synchronize();  // the host writes the parameters
-    float* w = params();
-    for (const ParamInfo& p : table_) {
-        float* dst = w + p.offset;
+    for (const ParamInfo& p : table) {
+        float* dst = params + p.offset;
         if (p.init == InitKind::kConstant) {
             for (int64_t i = 0; i < p.numel; ++i) dst[i] = p.init_value;
             continue;
         }
         const uint64_t stream = name_hash(p.name);
         // Rows past the real vocabulary are never looked up and their logits are masked: keep them 0.
-        const int64_t live = p.vocab_rows ? static_cast<int64_t>(shape_.V) * shape_.C : INT64_MAX;
-        const int tp_rank = tp_.rank(), tp_size = tp_.size();
+        const int64_t live = p.vocab_rows ? live_vocab_elems : INT64_MAX;
         const float std_p = p.std_for(init_std);
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < p.numel; ++i) {
@@ -286,6 +246,11 @@ void Gpt::init_weights(uint64_t seed, float init_std) {
             dst[i] = g < live ? std_p * philox_normal(seed, stream, static_cast<uint64_t>(g)) : 0.0f;
         }
     }
+}
+
+void Gpt::init_weights(uint64_t seed, float init_std) {
+    backend_.synchronize();  // the host writes the parameters
+    init_params(table_, params(), seed, init_std, tp_.rank(), tp_.size(), static_cast<int64_t>(shape_.V) * shape_.C);
     refresh_weights();
 }
 

@@ -80,7 +80,12 @@ struct GptGraphOptions {
 // without positions, pre-RMSNorm blocks, rotary position embeddings on Q and K, causal grouped-query attention
 // (num_query_groups key/value heads), a SwiGLU MLP, no biases, a final RMSNorm and an untied output layer
 // (llama_graph.cpp). Both run through the same table, chunk runner, pipeline and plan.
-enum class ModelArch : uint8_t { kGpt, kLlama };
+//
+// CLIP's two towers (engine/model/clip_tower.cpp; the model that pairs them is engine/clip/clip_model.h) are chunks of
+// this shape too: GPT-2's pre-LayerNorm block under Hugging Face's CLIP names, the image tower's attention
+// bidirectional, each tower's output one pooled row per sample, normed and projected to `proj` columns.
+enum class ModelArch : uint8_t { kGpt, kLlama, kClipVision, kClipText };
+inline bool is_clip_tower(ModelArch a) { return a == ModelArch::kClipVision || a == ModelArch::kClipText; }
 
 struct GptShape {
     ModelArch arch = ModelArch::kGpt;
@@ -100,6 +105,10 @@ struct GptShape {
     int NKV = 0;                    // key/value heads (model.num_query_groups); 0: NH
     double rope_theta = 10000.0;    // model.rotary_base
     RopeScaling rope_scaling = {};  // model.rope_scaling_factor and the Llama 3 keys beside it
+    // CLIP towers only: the projection's width (the shared embedding); the image tower's image and patch sides in
+    // pixels, its rows T = (image / patch)^2 + 1 (the class token first) and its "vocabulary" V = 2 (clip_tower.cpp)
+    int proj = 0;
+    int image = 0, patch = 0;
     int kv_heads() const { return NKV > 0 ? NKV : NH; }
     // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not
@@ -176,6 +185,13 @@ struct ParamInfo {
 // Vp (and Llama's key/value heads) divisible by tp_size. Offsets start at 0 and are 16-element aligned, except after a
 // parameter packed_with_next.
 std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp_size = 1, const GptPart& part = {});
+// Layout-invariant init of the parameters of `table` (tensor-parallel rank tp_rank of tp_size) in `params`: global
+// element i of parameter p is p.std_for(init_std) * philox_normal(seed, name_hash(p), i), so each rank draws exactly
+// its shard's elements; kConstant ones init_value; rows of a vocab_rows parameter past live_vocab_elems elements 0.
+void init_params(const std::vector<ParamInfo>& table, float* params, uint64_t seed, float init_std, int tp_rank,
+                 int tp_size, int64_t live_vocab_elems);
+// A CLIP tower's table (clip_tower.cpp), which gpt_param_table gives for those arches.
+std::vector<ParamInfo> clip_tower_param_table(const GptShape& s, int tp_size);
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);

@@ -43,10 +43,10 @@ void GptBuilder::embedding(TensorId tokens, TensorId out) {
 TensorId GptBuilder::layer(TensorId res, int l, bool last) {
     layer_ = l;
     const GptShape& s = s_.shape;
-    const int64_t tp = s_.tp_size, C = s.C, NH_local = s.NH / tp, C_local = NH_local * (s.C / s.NH), F = s.F / tp;
+    const int64_t tp = s_.tp_size, C = s.C, NH_local = s.NH / tp, C_local = NH_local * (s.C / s.NH);
     const std::string h = fmt::format("h.{}.", l);
     // attention: res2 = res + c_proj(attention(c_attn(ln_1(res)))) + bias
-    TensorId x = norm_to_columns(res, h + "ln_1", h + "ln_1", l);
+    const TensorId x = norm_to_columns(res, h + "ln_1", h + "ln_1", l);
     const TensorId qkv = act(h + "qkv", N_, 3 * C_local);
     op(OpCode::kMatmul, h + "attn.c_attn", {x, param(h + "attn.c_attn.weight"), param(h + "attn.c_attn.bias")}, {qkv},
        l);
@@ -62,17 +62,8 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
     const TensorId res2 = act(h + "res2", Nl_, C);
     op(OpCode::kResidual, h + "attn.residual", {res, attn_out, param(h + "attn.c_proj.bias")}, {res2}, l).tp_rows = sp_;
     // MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))) + bias
-    x = norm_to_columns(res2, h + "ln_2", h + "ln_2", l);
-    const TensorId fch = act(h + "fch", N_, F);
-    op(OpCode::kMatmul, h + "mlp.c_fc", {x, param(h + "mlp.c_fc.weight"), param(h + "mlp.c_fc.bias")}, {fch}, l);
-    const TensorId fch_gelu = act(h + "fch_gelu", N_, F);
-    op(OpCode::kGelu, h + "mlp.gelu", {fch}, {fch_gelu}, l);
-    const TensorId mlp_partial = act(h + "mlp.c_proj", N_, C);
-    op(OpCode::kMatmul, h + "mlp.c_proj", {fch_gelu, param(h + "mlp.c_proj.weight"), kNoTensor}, {mlp_partial}, l);
-    const TensorId mlp_out = reduce_rows(mlp_partial, h + "mlp.out", l);
-    const TensorId res3 = act(h + "res3", Nl_, C);
+    const TensorId res3 = gelu_mlp(res2, l, h, "ln_2", "mlp.c_fc", "mlp.c_proj");
     if (last) g_.tensors[static_cast<size_t>(res3)].grad_name = "d.output";
-    op(OpCode::kResidual, h + "mlp.residual", {res2, mlp_out, param(h + "mlp.c_proj.bias")}, {res3}, l).tp_rows = sp_;
     layer_ = -1;
     return res3;
 }
@@ -82,6 +73,7 @@ TensorId GptBuilder::layer(TensorId res, int l, bool last) {
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table) {
     MS_CHECK(spec.B >= 1 && spec.T >= 1, "gpt graph: batch {} x sequence {}", spec.B, spec.T);
     if (spec.shape.arch == ModelArch::kLlama) return build_llama_graph(spec, table);
+    if (is_clip_tower(spec.shape.arch)) return build_clip_tower_graph(spec, table);
     MS_CHECK(spec.options.context_parallel == 1,
              "gpt graph: context parallelism ({} ranks) is built for Llama's rotary positions, not GPT's table",
              spec.options.context_parallel);
@@ -231,14 +223,15 @@ const GptProgram::Compiled& GptProgram::compiled(int B, int T, bool with_loss) {
     return *entry;
 }
 
-float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale) {
+float GptProgram::forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale,
+                          const int32_t* rows) {
     const bool with_loss = o_.part.head && targets != nullptr;
     const Compiled& c = compiled(B, T, with_loss || !o_.part.head);
     B_ = B;
     T_ = T;
     last_ = &c;
     loss_scale_.at(static_cast<size_t>(slot)) = with_loss || !o_.part.head ? loss_scale : 0.0f;
-    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, loss_scale, nullptr, params_needed_});
+    c.forward.at(static_cast<size_t>(slot)).run({tokens, targets, loss_scale, nullptr, params_needed_, nullptr, rows});
     if (!with_loss) return std::numeric_limits<float>::quiet_NaN();
     return static_cast<float>(loss_sum_[static_cast<size_t>(slot)] / (static_cast<double>(B) * T));
 }

@@ -44,9 +44,11 @@ struct GptGraph {
     graph::Graph g;
     graph::PassReport recompute, fusion;
 };
-// Dispatches on spec.shape.arch: GPT-2's builder here, Llama's in llama_graph.cpp (build_llama_graph).
+// Dispatches on spec.shape.arch: GPT-2's builder here, Llama's in llama_graph.cpp (build_llama_graph), CLIP's towers
+// in clip_tower.cpp (build_clip_tower_graph).
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 GptGraph build_llama_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
+GptGraph build_clip_tower_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 
 // Where a chunk's activations live, for micro-batches of up to max_batch sequences of shape.seq(): what GptProgram
 // allocates and `plan` reports. Its cost does not grow with the layer count (memory_plan.h).
@@ -83,13 +85,18 @@ class GptProgram {
     };
     GptProgram(const GptShape& shape, Backend& backend, Communicator& tp, const Options& options);
 
-    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale);
+    // rows: a CLIP tower's pooled rows (kLoadRows), one per sequence
+    float forward(const int32_t* tokens, const int32_t* targets, int B, int T, int slot, float loss_scale,
+                  const int32_t* rows = nullptr);
     void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr,
                   const graph::GradsFinalFn* on_grads_writing = nullptr);
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed) { params_needed_ = on_params_needed; }
     void finish_gradients();
     std::vector<graph::GradRange> gradients_finished_per_step() const;
     void* input(int slot);
+    // The slot's memory of the full micro-batch's tensor `name` (fatal when there is none): a CLIP image tower's
+    // "patches", which the host writes before the forward.
+    void* tensor(const std::string& name, int slot) const;
     const void* output(int slot) const;
     void* grad_output(int slot);
     const void* grad_input(int slot) const;
@@ -105,8 +112,7 @@ class GptProgram {
     };
     const Compiled& compiled(int B, int T, bool with_loss);
     void* address(graph::TensorId t, int slot) const;  // of a tensor of the full micro-batch's graph
-    void* tensor(const std::string& name, int slot) const;
-    Tensor head_grads_tensor() const;  // head_grads_ as (numel) of the gradient dtype
+    Tensor head_grads_tensor() const;                  // head_grads_ as (numel) of the gradient dtype
 
     GptShape shape_;
     Backend& backend_;

@@ -81,7 +81,7 @@ double attention_flops(int64_t B, int64_t T, int64_t NH, int64_t HS) {
 double attention_flops(const graph::Graph& g, const graph::Node& n, graph::TensorId qkv_id) {
     if (n.op == OpCode::kRingAttention || n.op == OpCode::kRingAttentionBackward) {
         const graph::RingAttentionShape s = graph::ring_attention_shape(g, n);
-        return attention_flops(s.B, s.T, s.NH, s.HS);
+        return (s.causal ? 1.0 : 2.0) * attention_flops(s.B, s.T, s.NH, s.HS);  // no mask: every key
     }
     const int64_t kv = attention_kv_heads(n.NH, n.NKV);
     const int64_t HS = g.info(qkv_id).shape.back() / (n.NH + 2 * kv);
@@ -169,6 +169,14 @@ OpWork op_work(const graph::Graph& g, const graph::Node& n) {
             w.family = OpFamily::kEmbeddingBackward;
             w.bytes = embedding_bytes(g, n);
             break;
+        case OpCode::kGatherRows:  // the rows it copies, as the embedding (the lookup it is)
+            w.family = OpFamily::kEmbeddingForward;
+            w.bytes = bytes_of(g, n.in.at(1)) + 2.0 * bytes_of(g, n.out.at(0));
+            break;
+        case OpCode::kGatherRowsBackward:
+            w.family = OpFamily::kEmbeddingBackward;
+            w.bytes = bytes_of(g, n.in.at(0)) + 3.0 * bytes_of(g, n.in.at(1));
+            break;
         case OpCode::kCrossEntropy:
         case OpCode::kCrossEntropyBackward:
             family(OpFamily::kCrossEntropy);
@@ -176,6 +184,7 @@ OpWork op_work(const graph::Graph& g, const graph::Node& n) {
         case OpCode::kLoss:
         case OpCode::kLoadTokens:
         case OpCode::kLoadTargets:
+        case OpCode::kLoadRows:
         case OpCode::kLoadConstant:
         case OpCode::kLossGradient:
             family(OpFamily::kMemset);

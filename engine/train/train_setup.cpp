@@ -471,8 +471,8 @@ void setup_checkpoint(TrainRun& r) {
     // committed checkpoint. Each found here, not at the first save, with every rank agreeing.
     const Config& cfg = r.cfg;
     PipelineModel& model = *r.model;
-    r.ckpt.reset(
-        new CheckpointContext{cfg, r.layout.shape, *r.groups, model.params_info(), model.params(), *r.optimizer});
+    r.ckpt.reset(new CheckpointContext{cfg, checkpoint_model(r.layout.shape), *r.groups, model.params_info(),
+                                       model.params(), *r.optimizer});
     on_every_rank_or_none(r.world, "use checkpoint.save", [&] { r.save_lock = open_save_dir(*r.ckpt); });
     r.data_id = data_fingerprint(r.source->fingerprint(), cfg.data, r.layout.seq_length(), cfg.run.seed);
     r.resumed = load_checkpoint(*r.ckpt, r.data_id);

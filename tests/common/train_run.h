@@ -23,7 +23,7 @@
 namespace ms::test {
 
 struct TrainRun {
-    std::vector<double> losses;                            // "lm loss" of every logged step (log_interval: 1)
+    std::vector<double> losses;                            // "lm loss" (or CLIP's "contrastive loss") of every step
     std::map<std::string, std::vector<float>> grads;       // name -> global tensor after step 1's backward
     int64_t skipped_iterations = -1, nan_iterations = -1;  // of the last record (cumulative counts)
     std::vector<double> loss_scales;                       // fp16 only: "loss-scale" after every step
@@ -64,8 +64,12 @@ inline TrainRun run_train(const TrainCommand& c) {
     std::string line;
     while (std::getline(metrics, line)) {
         const auto j = nlohmann::json::parse(line);
-        if (!j.contains("lm loss")) continue;
-        r.losses.push_back(j["lm loss"].is_number() ? j["lm loss"].get<double>() : std::nan(""));
+        // a language model's step record, or a CLIP model's (model.arch: clip); evaluation records have neither
+        const char* key = j.contains("lm loss")            ? "lm loss"
+                          : j.contains("contrastive loss") ? "contrastive loss"
+                                                           : nullptr;
+        if (key == nullptr) continue;
+        r.losses.push_back(j[key].is_number() ? j[key].get<double>() : std::nan(""));
         if (j.contains("skipped_iterations")) r.skipped_iterations = j["skipped_iterations"].get<int64_t>();
         if (j.contains("nan_iterations")) r.nan_iterations = j["nan_iterations"].get<int64_t>();
         if (j.contains("loss-scale")) r.loss_scales.push_back(j["loss-scale"].get<double>());
