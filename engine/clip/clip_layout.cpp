@@ -19,21 +19,25 @@ namespace {
 ClipLayout clip_layout(const Config& cfg, int world) {
     const ParallelConfig& p = cfg.parallel;
     if (p.pipeline_model_parallel_size != 1)
-        refuse(fmt::format("parallel.pipeline_model_parallel_size({}) with model.arch: clip: the contrastive loss needs "
-                           "every sample's features from both towers before any backward starts, so the towers run "
-                           "whole on each rank; hint: use tensor parallelism (tensor_model_parallel_size) instead",
-                           p.pipeline_model_parallel_size));
+        refuse(
+            fmt::format("parallel.pipeline_model_parallel_size({}) with model.arch: clip: the contrastive loss needs "
+                        "every sample's features from both towers before any backward starts, so the towers run "
+                        "whole on each rank; hint: use tensor parallelism (tensor_model_parallel_size) instead",
+                        p.pipeline_model_parallel_size));
     if (p.context_parallel_size != 1 || p.sequence_parallel)
-        refuse("model.arch: clip has no context or sequence parallelism; hint: set parallel.context_parallel_size: 1 "
-               "and parallel.sequence_parallel: false");
+        refuse(
+            "model.arch: clip has no context or sequence parallelism; hint: set parallel.context_parallel_size: 1 "
+            "and parallel.sequence_parallel: false");
     if (p.zero_stage > 1 || cfg.optimizer.type != "adamw")
-        refuse(fmt::format("model.arch: clip trains with optimizer.type adamw and parallel.zero_stage 0 or 1 (got '{}' "
-                           "and {})",
-                           cfg.optimizer.type, p.zero_stage));
+        refuse(
+            fmt::format("model.arch: clip trains with optimizer.type adamw and parallel.zero_stage 0 or 1 (got '{}' "
+                        "and {})",
+                        cfg.optimizer.type, p.zero_stage));
     if (cfg.data.source != "shapes" && cfg.data.source != "webdataset")
-        refuse(fmt::format("data.source = '{}' holds tokens; model.arch: clip reads image-text pairs: data.source "
-                           "shapes (drawn shapes with captions) or webdataset (tar shards of key.png/.jpg + key.txt)",
-                           cfg.data.source));
+        refuse(
+            fmt::format("data.source = '{}' holds tokens; model.arch: clip reads image-text pairs: data.source "
+                        "shapes (drawn shapes with captions) or webdataset (tar shards of key.png/.jpg + key.txt)",
+                        cfg.data.source));
     ClipLayout l;
     l.tp = p.tensor_model_parallel_size;
     if (world % l.tp != 0)
@@ -43,28 +47,32 @@ ClipLayout clip_layout(const Config& cfg, int world) {
     l.b = cfg.training.micro_batch_size;
     l.global_batch = int64_t{l.b} * l.dp;
     if (cfg.training.global_batch_size != 0 && cfg.training.global_batch_size != l.global_batch)
-        refuse(fmt::format("training.global_batch_size({}) is not micro_batch_size({}) x data-parallel ranks({}) = {}: "
-                           "a contrastive batch's negatives are the whole global batch, so CLIP takes one micro-batch "
-                           "per rank and step (no accumulation); hint: set global_batch_size to {} or 0",
-                           cfg.training.global_batch_size, l.b, l.dp, l.global_batch, l.global_batch));
+        refuse(
+            fmt::format("training.global_batch_size({}) is not micro_batch_size({}) x data-parallel ranks({}) = {}: "
+                        "a contrastive batch's negatives are the whole global batch, so CLIP takes one micro-batch "
+                        "per rank and step (no accumulation); hint: set global_batch_size to {} or 0",
+                        cfg.training.global_batch_size, l.b, l.dp, l.global_batch, l.global_batch));
     l.dtype = model_dtype(cfg.mixed_precision);
     if (l.dtype == DType::kF16)
-        refuse("model.arch: clip trains in fp32 or bf16 (fp16 would need loss scaling of the features); hint: set "
-               "mixed_precision.dtype: bf16");
+        refuse(
+            "model.arch: clip trains in fp32 or bf16 (fp16 would need loss scaling of the features); hint: set "
+            "mixed_precision.dtype: bf16");
     if (shards_master_weights(p.zero_stage, l.dtype))
-        refuse("model.arch: clip keeps whole fp32 master weights, which bf16 with zero_stage 1 would shard; hint: set "
-               "parallel.zero_stage: 0, or train in fp32");
+        refuse(
+            "model.arch: clip keeps whole fp32 master weights, which bf16 with zero_stage 1 would shard; hint: set "
+            "parallel.zero_stage: 0, or train in fp32");
     for (const ParamInfo& q : clip_param_table(l.shape, 1)) l.num_params += q.numel;
     return l;
 }
 
 void log_clip_layout(const ClipLayout& l) {
     const ClipShape& s = l.shape;
-    log_info("clip: image tower {} layers x {} ({} heads, MLP {}) on {}x{} images in {}-pixel patches; text tower {} "
-             "layers x {} ({} heads, MLP {}), {} tokens; embedding {}; {} parameters ({:.2f} M); {}",
-             s.vision.L, s.vision.C, s.vision.NH, s.vision.F, s.image_size(), s.image_size(), s.vision.patch, s.text.L,
-             s.text.C, s.text.NH, s.text.F, s.text.T, s.embed_dim, l.num_params,
-             static_cast<double>(l.num_params) / 1e6, dtype_name(l.dtype));
+    log_info(
+        "clip: image tower {} layers x {} ({} heads, MLP {}) on {}x{} images in {}-pixel patches; text tower {} "
+        "layers x {} ({} heads, MLP {}), {} tokens; embedding {}; {} parameters ({:.2f} M); {}",
+        s.vision.L, s.vision.C, s.vision.NH, s.vision.F, s.image_size(), s.image_size(), s.vision.patch, s.text.L,
+        s.text.C, s.text.NH, s.text.F, s.text.T, s.embed_dim, l.num_params, static_cast<double>(l.num_params) / 1e6,
+        dtype_name(l.dtype));
     log_info("clip: world {} = tp {} x dp {}; global batch {} ({} per rank)", l.tp * l.dp, l.tp, l.dp, l.global_batch,
              l.b);
 }
@@ -80,11 +88,12 @@ int run_clip_plan(const Config& cfg, int world_size, double memory_gib) {
         int64_t bytes;
     };
     std::vector<Row> rows = {{"parameters (fp32)", padded * 4}, {"gradients (fp32)", padded * 4}};
-    if (l.dtype != DType::kF32) rows.push_back({"weights (16-bit)", padded * static_cast<int64_t>(dtype_size(l.dtype))});
+    if (l.dtype != DType::kF32)
+        rows.push_back({"weights (16-bit)", padded * static_cast<int64_t>(dtype_size(l.dtype))});
     rows.push_back({"optimizer state",
                     optimizer_blocks(table, flat, cfg.optimizer, cfg.parallel.zero_stage, l.dtype, l.dp).total()});
-    for (const auto& [name, shape] : {std::pair{"image tower activations", &l.shape.vision},
-                                      std::pair{"text tower activations", &l.shape.text}}) {
+    for (const auto& [name, shape] :
+         {std::pair{"image tower activations", &l.shape.vision}, std::pair{"text tower activations", &l.shape.text}}) {
         const graph::MemoryPlan plan = plan_gpt_memory(*shape, tower, l.tp, l.b, false, l.dtype);
         rows.push_back({name, static_cast<int64_t>(plan.slot_bytes() + plan.scratch_bytes())});
     }

@@ -214,8 +214,9 @@ int run_clip_train(const Config& cfg) {
     Communicator& world = mpi.world();
     const ClipLayout l = clip_layout(cfg, world.size());
     if (cfg.run.backend != "cpu")
-        refuse("model.arch: clip runs on run.backend: cpu (its image patches are written from the host into memory "
-               "the CUDA backend does not map); hint: set run.backend: cpu");
+        refuse(
+            "model.arch: clip runs on run.backend: cpu (its image patches are written from the host into memory "
+            "the CUDA backend does not map); hint: set run.backend: cpu");
     ProcessGroups groups = make_process_groups(world, Topology{.tp = l.tp, .dp = l.dp, .pp = 1});
     BackendOptions bo;
     bo.num_threads = cfg.run.num_threads;

@@ -15,8 +15,8 @@ class EpochOrder {
   public:
     EpochOrder() = default;
     EpochOrder(int64_t n, uint64_t seed, uint64_t fingerprint, uint64_t stream);  // n >= 1
-    int64_t sample_at(int64_t g) const;  // g >= 0
-    int64_t size() const { return n_; }  // samples per epoch
+    int64_t sample_at(int64_t g) const;                                           // g >= 0
+    int64_t size() const { return n_; }                                           // samples per epoch
 
   private:
     int64_t permute(int64_t position, int64_t epoch) const;

@@ -32,7 +32,8 @@ namespace {
 
 constexpr const char* kWhat = "WebDataset shard";
 constexpr const char* kOpenHint = "check the shard paths (a list of .tar files)";
-constexpr const char* kSkipHint = "fix or remove the sample, or set clip.skip_bad_samples: true to skip bad samples (counted)";
+constexpr const char* kSkipHint =
+    "fix or remove the sample, or set clip.skip_bad_samples: true to skip bad samples (counted)";
 constexpr const char* kImageExts[3] = {"jpg", "png", "jpeg"};  // preference order
 
 struct MemberRef {

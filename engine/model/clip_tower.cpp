@@ -91,8 +91,10 @@ TensorId ClipTowerBuilder::layer(TensorId res, int l, bool) {
     // attention: res2 = res + out_proj(attention(qkv_proj(layer_norm1(res)))) + bias
     const TensorId x = norm_to_columns(res, h + "ln_1", p + "layer_norm1", l);
     const std::string a = p + "self_attn.";
-    const TensorId qkv_w = packed_params(a + "qkv_proj.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
-    const TensorId qkv_b = packed_params(a + "qkv_proj.bias", {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
+    const TensorId qkv_w =
+        packed_params(a + "qkv_proj.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
+    const TensorId qkv_b =
+        packed_params(a + "qkv_proj.bias", {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
     const TensorId qkv = act(h + "qkv", N_, 3 * C_local);
     op(OpCode::kMatmul, h + "self_attn.qkv_proj", {x, qkv_w, qkv_b}, {qkv}, l);
     const TensorId atty = act(h + "atty", N_, C_local);
@@ -128,18 +130,15 @@ GptGraph ClipTowerBuilder::build_tower() {
     op(OpCode::kLoadTokens, "tokens", {}, {tokens}, -1).vocab_valid = s.V;
     TensorId res;
     if (vision(s)) {
-        const TensorId patches = g_.add_tensor({.name = "patches",
-                                                .shape = {N_, patch_width(s)},
-                                                .dtype = s_.act,
-                                                .role = Role::kInput,
-                                                .no_grad = true});
+        const TensorId patches = g_.add_tensor(
+            {.name = "patches", .shape = {N_, patch_width(s)}, .dtype = s_.act, .role = Role::kInput, .no_grad = true});
         const TensorId patch_embeds = act("patch_embeds", N_, C);
         op(OpCode::kMatmul, "embeddings.patch_embedding", {patches, param(e + "patch_embedding.weight"), kNoTensor},
            {patch_embeds}, -1);
         const TensorId class_position = act("class_position", N_, C);
-        Node& cp = op(OpCode::kEmbedding, "embeddings.class_position",
-                      {tokens, param(e + "class_embedding"), param(e + "position_embedding.weight")}, {class_position},
-                      -1);
+        Node& cp =
+            op(OpCode::kEmbedding, "embeddings.class_position",
+               {tokens, param(e + "class_embedding"), param(e + "position_embedding.weight")}, {class_position}, -1);
         cp.T = s_.T;
         const TensorId embeddings = act("embeddings", N_, C);
         op(OpCode::kResidual, "embeddings", {patch_embeds, class_position, kNoTensor}, {embeddings}, -1);

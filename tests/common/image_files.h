@@ -70,8 +70,8 @@ inline std::string png_chunk(const char* tag, const std::string& data) {
     return out;
 }
 
-inline std::string png_bytes(int w, int h, int depth, int colour_type, const Bytes& packed_rows, const Bytes& palette = {},
-                      const Bytes& trns = {}) {
+inline std::string png_bytes(int w, int h, int depth, int colour_type, const Bytes& packed_rows,
+                             const Bytes& palette = {}, const Bytes& trns = {}) {
     std::string ihdr;
     for (uint32_t v : {static_cast<uint32_t>(w), static_cast<uint32_t>(h)}) {
         for (int s = 24; s >= 0; s -= 8) ihdr += static_cast<char>(v >> s);

@@ -140,9 +140,8 @@ TEST(ClipCli, PlanPrintsThePresetsSizes) {
         ASSERT_EQ(r.exit_code, 0) << r.output;
         // appended piecewise: GCC 12's -Wrestrict misreads " " + std::string here
         const std::string count = std::string(" ").append(std::to_string(params)).append(" parameters");
-        EXPECT_NE(r.output.find(count), std::string::npos)
-            << preset << " should have " << params << " parameters:\n"
-            << r.output;
+        EXPECT_NE(r.output.find(count), std::string::npos) << preset << " should have " << params << " parameters:\n"
+                                                           << r.output;
         EXPECT_NE(r.output.find("world 4 = tp 2 x dp 2"), std::string::npos) << r.output;
         EXPECT_NE(r.output.find("image tower activations"), std::string::npos) << r.output;
     }

@@ -108,8 +108,7 @@ TEST(ClipModel, GradientsMatchCentralDifferences) {
         }
     }
     ASSERT_GT(largest, 1e-3);
-    for (const Check& c : checks)
-        EXPECT_NEAR(c.analytic, c.numeric, 1e-2 * largest + 1e-4) << c.name;
+    for (const Check& c : checks) EXPECT_NEAR(c.analytic, c.numeric, 1e-2 * largest + 1e-4) << c.name;
 }
 
 }  // namespace

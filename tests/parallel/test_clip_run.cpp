@@ -36,8 +36,8 @@ struct Layout {
 TEST(ClipLayouts, EveryLayoutTrainsAsOneRank) {
     const TrainRun one = run_clip(1, "");
     ASSERT_EQ(one.losses.size(), 8u) << one.output;
-    for (const Layout& l : {Layout{"dp2", 2, 1, 4}, Layout{"dp4", 4, 1, 2}, Layout{"tp2", 2, 2, 8},
-                            Layout{"tp2_dp2", 4, 2, 4}}) {
+    for (const Layout& l :
+         {Layout{"dp2", 2, 1, 4}, Layout{"dp4", 4, 1, 2}, Layout{"tp2", 2, 2, 8}, Layout{"tp2_dp2", 4, 2, 4}}) {
         SCOPED_TRACE(l.name);
         const TrainRun r = run_clip(l.ranks, "--set parallel.tensor_model_parallel_size=" + std::to_string(l.tp) +
                                                  " --set training.micro_batch_size=" + std::to_string(l.micro_batch));
