@@ -1,11 +1,14 @@
-// cmd_eval.cpp: `eval` -- the loss and perplexity of a checkpoint on a split of the config's data, on one rank.
+// cmd_eval.cpp: `eval` -- the loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data, or
+// the held-out zero-shot accuracy and recall of a CLIP checkpoint (model.arch: clip, engine/clip/clip_eval.h), on one
+// rank.
 //
 // The model is built whole (tp 1, pp 1) from the checkpoint's canonical tensors, whatever layout saved it, and must
-// have the config's shape. Samples are the trainer's: global samples [0, iters * global_batch_size) of the split in
-// the sampler's order, in micro-batches of training.micro_batch_size, so `--split valid --iters eval.eval_iters`
-// covers the samples of the trainer's validation at any data-parallel size, and the loss is averaged the same way
-// (the mean of the micro-batch means). With --json the result is one JSON line alone on stdout (`eval ... --json |
-// jq`): the log goes to stderr.
+// have the config's shape. GPT-2 and Llama: samples are the trainer's: global samples [0, iters * global_batch_size)
+// of the split in the sampler's order, in micro-batches of training.micro_batch_size, so `--split valid --iters
+// eval.eval_iters` covers the samples of the trainer's validation at any data-parallel size, and the loss is averaged
+// the same way (the mean of the micro-batch means). CLIP: the trainer's evaluation on clip.eval_samples held-out
+// samples; --split and --iters, which pick a language model's samples, are refused. With --json the result is one
+// JSON line alone on stdout (`eval ... --json | jq`): the log goes to stderr.
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "engine/backends/backend.h"
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/checkpoint_model.h"
+#include "engine/clip/clip_eval.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
 #include "engine/core/log.h"
@@ -35,23 +39,39 @@ struct EvalArgs {
     std::vector<std::string> overrides;
     int64_t iters = 0;  // 0: eval.eval_iters
     bool json = false;
+    std::vector<std::string> language_model_flags;  // --split and --iters when given: refused for CLIP
 };
 
-int run_eval(const EvalArgs& a) {
+// The checkpoint `load` names, verified and opened. Its model family must be the config's: a CLIP checkpoint with a
+// GPT-2 or Llama config, or the reverse, is refused naming both, before either reads the other's tensors.
+CheckpointReader open_checkpoint(const EvalArgs& a, const Config& cfg) {
+    CheckpointReader reader(resolve_checkpoint(a.load));
+    const bool saved_clip = reader.manifest().at("model").value("arch", "") == "clip";  // the reader requires "model"
+    const bool configured_clip = cfg.model.arch == "clip";
+    if (saved_clip != configured_clip)
+        throw UserError(fmt::format(
+            "config error: the config {} describes {} (model.arch {}), but '{}' holds {}\n---> HINT: evaluate it "
+            "with the config of the run that saved it (--config {}/{}), or pass a checkpoint of a model.arch {} run",
+            a.config_path, configured_clip ? "a CLIP model" : "a language model", cfg.model.arch, reader.dir(),
+            saved_clip ? "a CLIP model (model.arch clip)" : "a GPT-2 or Llama model", reader.dir(), kResolvedConfigFile,
+            cfg.model.arch));
+    return reader;
+}
+
+// GPT-2 and Llama: the loss and perplexity on --split (see the top of this file). nullopt when a stop signal ended it.
+std::optional<nlohmann::json> eval_language_model(Config cfg, const EvalArgs& a) {
     // SIGTERM, SIGUSR1, SIGINT: stop between micro-batches with exit code 3 and no result; a long start (a large
     // checkpoint to read) is ended by the setup watch (engine/train/reliability.h "Signals").
     install_signal_handlers();
     std::optional<SetupStopWatch> setup_watch(std::in_place);
-    if (a.json) set_log_stream(LogStream::kStderr);  // stdout is the JSON alone
-    Config cfg = load_config(a.config_path, a.overrides);
     cfg.parallel = ParallelConfig{};  // one rank, the whole model
     cfg.run.backend = "cpu";          // what this command runs on, whatever the config trains on
     const std::unique_ptr<TokenSource> source = open_token_source(cfg.data, cfg.model.vocab_size);
     cfg = resolve_vocab(cfg, *source);  // as the trainer resolves it
     const RunLayout layout = make_run_layout(cfg, 1);
     const GptShape& shape = layout.shape;
-    const std::string dir = resolve_checkpoint(a.load);
-    const CheckpointReader reader(dir);
+    const CheckpointReader reader = open_checkpoint(a, cfg);
+    const std::string& dir = reader.dir();
     check_checkpoint_shape(reader, shape, "the model of the config " + a.config_path,
                            "make the model settings match it, or pass a checkpoint of that model");
     check_checkpoint_hyperparameters(reader, shape, a.config_path);
@@ -81,7 +101,7 @@ int run_eval(const EvalArgs& a) {
         if (const int sig = stop_signal()) {
             log_warn("eval: {} received: stopped after {} of {} micro-batches, no result (exit code 3)",
                      signal_name(sig), i, micro_batches);
-            return kExitSignal;
+            return std::nullopt;
         }
         sampler.fill(i * mbs, mbs, tokens.data(), targets.data());
         total += model.forward(tokens.data(), targets.data(), mbs, T, 0, 0.0f);  // no backward follows
@@ -90,12 +110,31 @@ int run_eval(const EvalArgs& a) {
     const double ppl = std::exp(static_cast<double>(loss));
     log_info("eval loss: {:.6E} | PPL: {:.6E} | iteration {} | split {} | samples {} |", loss, ppl, reader.iteration(),
              a.split, samples);
-    if (a.json) {
-        const nlohmann::json j = {
-            {"checkpoint", dir}, {"iteration", reader.iteration()},        {"split", a.split}, {"samples", samples},
-            {"seq_length", T},   {"eval loss", static_cast<double>(loss)}, {"PPL", ppl}};
-        std::cout << j.dump() << std::endl;
+    return nlohmann::json{
+        {"checkpoint", dir}, {"iteration", reader.iteration()},        {"split", a.split}, {"samples", samples},
+        {"seq_length", T},   {"eval loss", static_cast<double>(loss)}, {"PPL", ppl}};
+}
+
+int run_eval(const EvalArgs& a) {
+    if (a.json) set_log_stream(LogStream::kStderr);  // stdout is the JSON alone
+    const Config cfg = load_config(a.config_path, a.overrides);
+    std::optional<nlohmann::json> result;
+    if (cfg.model.arch == "clip") {
+        if (!a.language_model_flags.empty()) {
+            const std::string flags = fmt::format("{}", fmt::join(a.language_model_flags, " and "));
+            throw UserError(fmt::format(
+                "command line error: {} {} GPT-2 and Llama checkpoints only (the samples of a split of token data); "
+                "a CLIP model (model.arch clip in {}) is evaluated as its trainer evaluates it, on the held-out "
+                "samples\n---> HINT: drop {}; the held-out data is data.source shapes' held-out split or the shards "
+                "of clip.eval_data_path, and --set clip.eval_samples=N sets how many samples",
+                flags, a.language_model_flags.size() == 1 ? "applies to" : "apply to", a.config_path, flags));
+        }
+        result = run_clip_eval(cfg, open_checkpoint(a, cfg), a.config_path);
+    } else {
+        result = eval_language_model(cfg, a);
     }
+    if (!result) return kExitSignal;
+    if (a.json) std::cout << result->dump() << std::endl;
     return kExitOk;
 }
 
@@ -104,8 +143,9 @@ int run_eval(const EvalArgs& a) {
 Command add_eval_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "eval",
-        "Loss and perplexity of a checkpoint on a split of the config's data (one process, the CPU backend, the "
-        "whole model whatever layout saved it)");
+        "Loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data, or zero-shot accuracy "
+        "and recall of a CLIP checkpoint on its held-out samples (one process, the CPU backend, the whole model "
+        "whatever layout saved it)");
     auto a = std::make_shared<EvalArgs>();
     cmd->add_option("-c,--config", a->config_path, "YAML config: the model (must match the checkpoint) and the data")
         ->required()
@@ -117,15 +157,21 @@ Command add_eval_command(CLI::App& parent) {
                     "A checkpoint save directory (its latest committed checkpoint) or an "
                     "iter_XXXXXXX directory")
         ->required();
-    cmd->add_option("--split", a->split, "Which split of data.split to evaluate on")
-        ->default_val("valid")
-        ->check(CLI::IsMember({"valid", "test", "train"}));
-    cmd->add_option("--iters", a->iters,
-                    "Iterations of training.global_batch_size samples (default: eval.eval_iters, as the trainer's "
-                    "validation)")
-        ->check(CLI::PositiveNumber);
+    const CLI::Option* split =
+        cmd->add_option("--split", a->split, "GPT-2 and Llama: which split of data.split to evaluate on")
+            ->default_val("valid")
+            ->check(CLI::IsMember({"valid", "test", "train"}));
+    const CLI::Option* iters =
+        cmd->add_option("--iters", a->iters,
+                        "GPT-2 and Llama: iterations of training.global_batch_size samples (default: "
+                        "eval.eval_iters, as the trainer's validation)")
+            ->check(CLI::PositiveNumber);
     cmd->add_flag("--json", a->json, "Print the result as one JSON line, alone on stdout (the log goes to stderr)");
-    return {cmd, [a]() { return run_eval(*a); }};
+    return {cmd, [a, split, iters]() {
+                for (const CLI::Option* o : {split, iters})
+                    if (o->count() > 0) a->language_model_flags.push_back(o->get_name());
+                return run_eval(*a);
+            }};
 }
 
 }  // namespace ms::app

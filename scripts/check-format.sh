@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# check-format.sh: every tracked C++ / CUDA source is as .clang-format says (docs/style.md: one .clang-format, checked
+# check-format.sh: every C++ / CUDA source of the working tree -- tracked, or untracked and not ignored, so that a new
+# file is checked before it is `git add`ed -- is as .clang-format says (docs/style.md: one .clang-format, checked
 # in CI). Uses clang-format 14 (Debian 12's, which scripts/setup.sh installs): another major version formats a few
 # constructs differently, so with none of version 14 the check says so and is skipped rather than failing on them.
 #   scripts/check-format.sh          report the files that differ (exit 1 when any does)
@@ -14,7 +15,10 @@ if [ -z "$tool" ]; then
   echo "check-format: no clang-format 14 found (scripts/setup.sh installs it); format check skipped" >&2
   exit 0
 fi
-mapfile -t files < <(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
+# --cached: the tracked files; --others --exclude-standard: the untracked ones .gitignore does not exclude. A tracked
+# file deleted in the working tree is left out.
+mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.cpp' '*.h' '*.cu' '*.cuh' |
+  while IFS= read -r f; do if [ -f "$f" ]; then printf '%s\n' "$f"; fi; done)
 if [ "${1:-}" = --fix ]; then
   "$tool" -i "${files[@]}"
   exit 0

@@ -7,6 +7,7 @@
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/clip/hf_clip.h"
 #include "engine/core/check.h"
+#include "engine/core/log.h"
 
 namespace ms {
 namespace {
@@ -32,6 +33,9 @@ struct FloatKey {
 constexpr FloatKey kFloatKeys[] = {{"init_logit_scale", &ClipConfig::init_logit_scale},
                                    {"max_logit_scale", &ClipConfig::max_logit_scale}};
 
+// Written by every save; a checkpoint without it has no cross-modal layers.
+constexpr const char* kCrossModalKey = "cross_modal_layers";
+
 // The clip: section that resolves to `s` with every shape key set (preset none).
 ClipConfig resolved_config(const ClipShape& s) {
     ClipConfig c;
@@ -50,6 +54,7 @@ ClipConfig resolved_config(const ClipShape& s) {
     c.text_mlp = s.text.F;
     c.init_logit_scale = s.init_logit_scale;
     c.max_logit_scale = s.max_logit_scale;
+    c.cross_modal_layers = s.fusion.L;
     return c;
 }
 
@@ -62,6 +67,7 @@ CheckpointModel clip_checkpoint_model(const ClipShape& shape) {
     json m = {{"arch", "clip"}};
     for (const IntKey& k : kIntKeys) m[k.key] = c.*k.member;
     for (const FloatKey& k : kFloatKeys) m[k.key] = c.*k.member;
+    m[kCrossModalKey] = c.cross_modal_layers;
     m["vocab_size"] = shape.text.V;
     return {.whole_table = clip_param_table(shape, 1), .manifest = std::move(m), .vocab_size = shape.text.V};
 }
@@ -93,6 +99,11 @@ ClipShape clip_checkpoint_shape(const CheckpointReader& r) {
                             where, k.key, kCheckpointFormatVersion));
         c.*k.member = m[k.key].get<float>();
     }
+    if (m.contains(kCrossModalKey)) {
+        if (!m[kCrossModalKey].is_number_integer())
+            fail(fmt::format("{}: \"model\": {{\"{}\"}} is not an integer", where, kCrossModalKey));
+        c.cross_modal_layers = m[kCrossModalKey].get<int>();
+    }
     ClipShape shape;
     try {
         shape = resolve_clip_shape(c, 1);
@@ -106,8 +117,16 @@ ClipShape clip_checkpoint_shape(const CheckpointReader& r) {
 }
 
 HfExport export_hf_clip(const CheckpointReader& r, const ClipShape& shape, const std::string& dir) {
+    ClipShape towers = shape;  // CLIPModel has no cross-modal layers: the towers and the logit scale alone
+    towers.fusion.L = 0;
+    towers.vision.states = towers.text.states = false;
+    if (shape.cross_modal())
+        log_warn(
+            "convert: CLIPModel has no cross-modal layers: the {} layers and the matching head of '{}' are not "
+            "exported (the towers and logit_scale are)",
+            shape.fusion.L, r.dir());
     return write_hf_clip(
-        shape, clip_param_table(shape, 1), [&](const ParamInfo& p) { return r.tensor(p.name).data; }, dir);
+        towers, clip_param_table(towers, 1), [&](const ParamInfo& p) { return r.tensor(p.name).data; }, dir);
 }
 
 }  // namespace ms

@@ -7,7 +7,8 @@
 // resolve_clip_shape, the one place a shape is made:
 //   {"arch": "clip", "embed_dim", "image_size", "patch_size", "vision_layers", "vision_width", "vision_heads",
 //    "vision_mlp", "context_length", "text_layers", "text_width", "text_heads", "text_mlp" (integers),
-//    "init_logit_scale", "max_logit_scale" (numbers), "vocab_size": kClipTextVocab (the captions' vocabulary)}
+//    "init_logit_scale", "max_logit_scale" (numbers), "cross_modal_layers" (an integer; absent in checkpoints saved
+//    before the cross-modal layers: 0), "vocab_size": kClipTextVocab (the captions' vocabulary)}
 #pragma once
 
 #include <string>

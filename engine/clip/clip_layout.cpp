@@ -46,6 +46,11 @@ ClipLayout clip_layout(const Config& cfg, int world) {
     l.shape = resolve_clip_shape(cfg.clip, l.tp);
     l.b = cfg.training.micro_batch_size;
     l.global_batch = int64_t{l.b} * l.dp;
+    if (l.shape.cross_modal() && l.b < 2)
+        refuse(
+            fmt::format("clip.cross_modal_layers({}) pairs each sample with hard negatives from the rank's other "
+                        "samples, and training.micro_batch_size is {}; hint: set micro_batch_size to 2 or more",
+                        cfg.clip.cross_modal_layers, l.b));
     if (cfg.training.global_batch_size != 0 && cfg.training.global_batch_size != l.global_batch)
         refuse(
             fmt::format("training.global_batch_size({}) is not micro_batch_size({}) x data-parallel ranks({}) = {}: "
@@ -73,6 +78,11 @@ void log_clip_layout(const ClipLayout& l) {
         s.vision.L, s.vision.C, s.vision.NH, s.vision.F, s.image_size(), s.image_size(), s.vision.patch, s.text.L,
         s.text.C, s.text.NH, s.text.F, s.text.T, s.embed_dim, l.num_params, static_cast<double>(l.num_params) / 1e6,
         dtype_name(l.dtype));
+    if (s.cross_modal())
+        log_info(
+            "clip: {} cross-modal layers x {} ({} heads, MLP {}) with an image-text matching head on {} pairs per "
+            "rank (each sample, a hard-negative caption, a hard-negative image)",
+            s.fusion.L, s.fusion.C, s.fusion.NH, s.fusion.F, 3 * l.b);
     log_info("clip: world {} = tp {} x dp {}; global batch {} ({} per rank)", l.tp * l.dp, l.tp, l.dp, l.global_batch,
              l.b);
 }
@@ -92,10 +102,17 @@ int run_clip_plan(const Config& cfg, int world_size, double memory_gib) {
         rows.push_back({"weights (16-bit)", padded * static_cast<int64_t>(dtype_size(l.dtype))});
     rows.push_back({"optimizer state",
                     optimizer_blocks(table, flat, cfg.optimizer, cfg.parallel.zero_stage, l.dtype, l.dp).total()});
-    for (const auto& [name, shape] :
-         {std::pair{"image tower activations", &l.shape.vision}, std::pair{"text tower activations", &l.shape.text}}) {
-        const graph::MemoryPlan plan = plan_gpt_memory(*shape, tower, l.tp, l.b, false, l.dtype);
-        rows.push_back({name, static_cast<int64_t>(plan.slot_bytes() + plan.scratch_bytes())});
+    struct Chunk {
+        const char* what;
+        const GptShape* shape;
+        int batch;
+    };
+    std::vector<Chunk> chunks = {{"image tower activations", &l.shape.vision, l.b},
+                                 {"text tower activations", &l.shape.text, l.b}};
+    if (l.shape.cross_modal()) chunks.push_back({"cross-modal activations", &l.shape.fusion, 3 * l.b});
+    for (const Chunk& c : chunks) {
+        const graph::MemoryPlan plan = plan_gpt_memory(*c.shape, tower, l.tp, c.batch, false, l.dtype);
+        rows.push_back({c.what, static_cast<int64_t>(plan.slot_bytes() + plan.scratch_bytes())});
     }
     int64_t total = 0;
     log_info("\nmemory per rank (every rank holds the same):");

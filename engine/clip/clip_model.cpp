@@ -26,17 +26,20 @@ GptProgram::Options tower_options(int b, DType dtype, float* params, void* weigh
 
 }  // namespace
 
-ClipModel::ClipModel(const ClipShape& shape, Backend& backend, const ProcessGroups& groups, int b, DType dtype)
+ClipModel::ClipModel(const ClipShape& shape, Backend& backend, const ProcessGroups& groups, int b, DType dtype,
+                     float itm_weight)
     : shape_(shape),
       backend_(backend),
       groups_(groups),
       b_(b),
       dtype_(dtype),
+      itm_weight_(itm_weight),
       loss_(b, shape.embed_dim, *groups.dp, shape.max_logit_scale) {
-    MS_CHECK(b >= 1, "ClipModel: {} samples per rank", b);
+    MS_CHECK(b >= 1 && (b >= 2 || !shape.cross_modal()), "ClipModel: {} samples per rank", b);
     table_ = clip_param_table(shape, groups.tp->size());
     for (size_t i = 0; i < table_.size(); ++i) {
         if (table_[i].name.starts_with("text_model.") && text_base_ == 0) text_base_ = table_[i].offset;
+        if (table_[i].name.starts_with("fusion.") && fusion_base_ == 0) fusion_base_ = table_[i].offset;
         if (table_[i].name == "logit_scale") logit_scale_ = static_cast<int>(i);
     }
     flat_ = table_.back().offset + table_.back().numel;
@@ -60,6 +63,15 @@ ClipModel::ClipModel(const ClipShape& shape, Backend& backend, const ProcessGrou
         shape.text, backend, *groups.tp,
         tower_options(b, dtype, params() + text_base_, w + text_base_ * static_cast<int64_t>(act),
                       grad_placement_.from(text_base_)));
+    if (shape.cross_modal()) {
+        fusion_ = std::make_unique<GptProgram>(
+            shape.fusion, backend, *groups.tp,
+            tower_options(3 * b, dtype, params() + fusion_base_, w + fusion_base_ * static_cast<int64_t>(act),
+                          grad_placement_.from(fusion_base_)));
+        pair_rows_.resize(static_cast<size_t>(3 * b));
+        itm_logits_.resize(static_cast<size_t>(6 * b));
+        ditm_logits_.resize(static_cast<size_t>(6 * b));
+    }
 
     const int T = shape.vision.T;
     class_tokens_.assign(static_cast<size_t>(b) * T, 1);  // 1: outside the class-token table (clip_tower.cpp)
@@ -69,6 +81,8 @@ ClipModel::ClipModel(const ClipShape& shape, Backend& backend, const ProcessGrou
         class_rows_[static_cast<size_t>(i)] = i * T;
     }
     text_rows_.resize(static_cast<size_t>(b));
+    const int64_t patch = shape.vision.patch;
+    patch_rows_.resize(static_cast<size_t>(int64_t{b} * T * 3 * patch * patch));
     const size_t features = static_cast<size_t>(b) * shape.embed_dim;
     image_features_.resize(features);
     text_features_.resize(features);
@@ -95,7 +109,7 @@ void ClipModel::write_patches(const ClipBatch& batch) {
     const int64_t width = 3 * int64_t{p} * p;
     MS_CHECK(batch.b == b_ && static_cast<int64_t>(batch.pixels.size()) == int64_t{b_} * 3 * S * S,
              "ClipModel: {} images of {} values, expected {} of 3 x {} x {}", batch.b, batch.pixels.size(), b_, S, S);
-    std::vector<float> rows(static_cast<size_t>(int64_t{b_} * T * width), 0.0f);
+    std::vector<float>& rows = patch_rows_;  // the class rows stay zero
     for (int i = 0; i < b_; ++i) {
         const float* img = batch.pixels.data() + static_cast<int64_t>(i) * 3 * S * S;
         for (int py = 0; py < grid; ++py)
@@ -113,17 +127,32 @@ void ClipModel::write_patches(const ClipBatch& batch) {
     backend_.synchronize();
 }
 
-void ClipModel::read_features(const GptProgram& tower, std::vector<float>& out) const {
-    const int64_t n = int64_t{b_} * shape_.embed_dim;
+namespace {
+
+// n values of the activation dtype at src, in fp32 on the host (after the ops before it, stream-ordered).
+void read_f32(Backend& be, const void* src, DType dtype, std::vector<float>& out, int64_t n) {
     out.resize(static_cast<size_t>(n));
-    backend_.synchronize();
-    backend_.cast({Tensor(const_cast<void*>(tower.output(0)), dtype_, {n}), Tensor::f32(out.data(), {n})});
-    backend_.synchronize();
+    be.cast({Tensor(const_cast<void*>(src), dtype, {n}), Tensor::f32(out.data(), {n})});
+    be.synchronize();
+}
+
+}  // namespace
+
+void ClipModel::read_features(const GptProgram& tower, std::vector<float>& out) const {
+    read_f32(backend_, tower.tensor("features", 0), dtype_, out, int64_t{b_} * shape_.embed_dim);
 }
 
 void ClipModel::write_feature_grads(GptProgram& tower, const std::vector<float>& grads) {
     const int64_t n = int64_t{b_} * shape_.embed_dim;
     backend_.cast({Tensor::f32(const_cast<float*>(grads.data()), {n}), Tensor(tower.grad_output(0), dtype_, {n})});
+}
+
+void ClipModel::set_text_rows(const ClipBatch& batch) {
+    const int T = shape_.text.T;
+    MS_CHECK(batch.b == b_ && static_cast<int64_t>(batch.tokens.size()) == int64_t{b_} * T &&
+                 static_cast<int>(batch.end_of_text.size()) == b_,
+             "ClipModel: {} captions of {} tokens, expected {} of {}", batch.b, batch.tokens.size(), b_, T);
+    for (int i = 0; i < b_; ++i) text_rows_[static_cast<size_t>(i)] = i * T + batch.end_of_text[static_cast<size_t>(i)];
 }
 
 void ClipModel::encode_images(const ClipBatch& batch, std::vector<float>& image) {
@@ -133,12 +162,8 @@ void ClipModel::encode_images(const ClipBatch& batch, std::vector<float>& image)
 }
 
 void ClipModel::encode_texts(const ClipBatch& batch, std::vector<float>& text) {
-    const int T = shape_.text.T;
-    MS_CHECK(batch.b == b_ && static_cast<int64_t>(batch.tokens.size()) == int64_t{b_} * T &&
-                 static_cast<int>(batch.end_of_text.size()) == b_,
-             "ClipModel: {} captions of {} tokens, expected {} of {}", batch.b, batch.tokens.size(), b_, T);
-    for (int i = 0; i < b_; ++i) text_rows_[static_cast<size_t>(i)] = i * T + batch.end_of_text[static_cast<size_t>(i)];
-    text_->forward(batch.tokens.data(), nullptr, b_, T, 0, 0.0f, text_rows_.data());
+    set_text_rows(batch);
+    text_->forward(batch.tokens.data(), nullptr, b_, shape_.text.T, 0, 0.0f, text_rows_.data());
     read_features(*text_, text);
 }
 
@@ -147,18 +172,18 @@ void ClipModel::encode(const ClipBatch& batch, std::vector<float>& image, std::v
     encode_texts(batch, text);
 }
 
-ClipStepResult ClipModel::train_step(const ClipBatch& batch, float grad_scale) {
+ClipStepResult ClipModel::train_step(const ClipBatch& batch, float grad_scale, const clip::ItmDraw& draw) {
     backend_.zero(Tensor::f32(grads(), {padded_}));
     write_patches(batch);
     vision_->forward(class_tokens_.data(), nullptr, b_, shape_.vision.T, 0, 1.0f, class_rows_.data());
     read_features(*vision_, image_features_);
-    const int T = shape_.text.T;
-    for (int i = 0; i < b_; ++i) text_rows_[static_cast<size_t>(i)] = i * T + batch.end_of_text[static_cast<size_t>(i)];
-    text_->forward(batch.tokens.data(), nullptr, b_, T, 0, 1.0f, text_rows_.data());
+    set_text_rows(batch);
+    text_->forward(batch.tokens.data(), nullptr, b_, shape_.text.T, 0, 1.0f, text_rows_.data());
     read_features(*text_, text_features_);
 
     ClipStepResult r;
     r.loss = loss_.forward_backward(image_features_, text_features_, logit_scale_param(), dimage_, dtext_, grad_scale);
+    if (fusion_) r.itm = cross_modal_step(batch, r.loss.logit_scale, grad_scale, draw);
     write_feature_grads(*vision_, dimage_);
     write_feature_grads(*text_, dtext_);
     vision_->backward(0);
@@ -166,6 +191,82 @@ ClipStepResult ClipModel::train_step(const ClipBatch& batch, float grad_scale) {
     backend_.synchronize();
     grads()[table_[static_cast<size_t>(logit_scale_)].offset] = r.loss.dlogit_scale_param;
     return r;
+}
+
+namespace {
+
+// Pair p's caption and image among the batch's (itm.h's order).
+int pair_caption(const clip::ItmNegatives& n, int b, int p) {
+    return p < b ? p : p < 2 * b ? n.text[static_cast<size_t>(p - b)] : p - 2 * b;
+}
+int pair_image(const clip::ItmNegatives& n, int b, int p) {
+    return p < 2 * b ? p % b : n.image[static_cast<size_t>(p - 2 * b)];
+}
+
+}  // namespace
+
+clip::ItmLossResult ClipModel::matching_forward(const ClipBatch& batch, std::span<const float> image,
+                                                std::span<const float> text, float logit_scale, float loss_scale,
+                                                float weight, float grad_scale, const clip::ItmDraw& draw) {
+    negatives_ = clip::draw_itm_negatives(image, text, batch.tokens, b_, shape_.embed_dim, logit_scale, draw);
+    const int64_t Tt = shape_.text.T, Ti = shape_.vision.T, Ct = shape_.text.C, Cv = shape_.vision.C;
+    void* text_in = fusion_->tensor("text", 0);
+    void* image_in = fusion_->tensor("image", 0);
+    const void* text_states = text_->tensor("states", 0);
+    const void* image_states = vision_->tensor("states", 0);
+    for (int p = 0; p < 3 * b_; ++p) {
+        const int caption = pair_caption(negatives_, b_, p), img = pair_image(negatives_, b_, p);
+        backend_.copy_columns({rows(text_states, caption * Tt, Tt, Ct), rows(text_in, p * Tt, Tt, Ct), 0, 0, Ct});
+        backend_.copy_columns({rows(image_states, img * Ti, Ti, Cv), rows(image_in, p * Ti, Ti, Cv), 0, 0, Cv});
+        pair_rows_[static_cast<size_t>(p)] =
+            static_cast<int32_t>(p * Tt + batch.end_of_text[static_cast<size_t>(caption)]);
+    }
+    fusion_->forward(nullptr, nullptr, 3 * b_, static_cast<int>(Tt), 0, loss_scale, pair_rows_.data());
+    read_f32(backend_, fusion_->tensor("logits", 0), dtype_, itm_logits_, 6 * int64_t{b_});
+    return clip::itm_loss(itm_logits_, b_, weight, grad_scale, ditm_logits_);
+}
+
+clip::ItmLossResult ClipModel::evaluate_matching(const ClipBatch& batch, std::span<const float> image,
+                                                 std::span<const float> text, const clip::ItmDraw& draw) {
+    MS_CHECK(fusion_ != nullptr, "ClipModel::evaluate_matching: the model has no cross-modal layers");
+    const float scale = std::min(std::exp(logit_scale_param()), shape_.max_logit_scale);  // the loss's clamp
+    return matching_forward(batch, image, text, scale, 0.0f, 1.0f, 0.0f, draw);
+}
+
+clip::ItmLossResult ClipModel::cross_modal_step(const ClipBatch& batch, float logit_scale, float grad_scale,
+                                                const clip::ItmDraw& draw) {
+    const clip::ItmLossResult local =
+        matching_forward(batch, image_features_, text_features_, logit_scale, 1.0f, itm_weight_, grad_scale, draw);
+    const int64_t Tt = shape_.text.T, Ti = shape_.vision.T, Ct = shape_.text.C, Cv = shape_.vision.C;
+    backend_.cast({Tensor::f32(ditm_logits_.data(), {6 * int64_t{b_}}),
+                   Tensor(fusion_->grad_output(0), dtype_, {6 * int64_t{b_}})});
+    fusion_->backward(0);
+    // the pairs' input gradients, added into the states they were copied from, in pair order
+    void* dtext_states = text_->gradient("states", 0);
+    void* dimage_states = vision_->gradient("states", 0);
+    backend_.zero(rows(dtext_states, 0, b_ * Tt, Ct));
+    backend_.zero(rows(dimage_states, 0, b_ * Ti, Cv));
+    const void* dtext_in = fusion_->gradient("text", 0);
+    const void* dimage_in = fusion_->gradient("image", 0);
+    const auto add = [&](const Tensor& into, const Tensor& from) {
+        const Tensor flat(into.data, dtype_, {into.numel()});
+        backend_.residual_forward({.a = flat, .b = Tensor(from.data, dtype_, {from.numel()}), .out = flat, .bias = {}});
+    };
+    for (int p = 0; p < 3 * b_; ++p) {
+        add(rows(dtext_states, pair_caption(negatives_, b_, p) * Tt, Tt, Ct), rows(dtext_in, p * Tt, Tt, Ct));
+        add(rows(dimage_states, pair_image(negatives_, b_, p) * Ti, Ti, Cv), rows(dimage_in, p * Ti, Ti, Cv));
+    }
+    // the logged numbers: the mean over dp
+    float stats[2] = {local.loss, local.accuracy};
+    groups_.dp->all_reduce(std::span<float>(stats), ReduceOp::kSum).wait();
+    const float dp = static_cast<float>(groups_.dp->size());
+    return {.loss = stats[0] / dp, .accuracy = stats[1] / dp};
+}
+
+Tensor ClipModel::rows(const void* base, int64_t row, int64_t count, int64_t width) const {
+    return Tensor(
+        static_cast<std::byte*>(const_cast<void*>(base)) + row * width * static_cast<int64_t>(dtype_size(dtype_)),
+        dtype_, {count, width});
 }
 
 }  // namespace ms

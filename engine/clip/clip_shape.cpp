@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "engine/core/check.h"
+#include "engine/model/param_table.h"
 
 namespace ms {
 namespace {
@@ -79,6 +80,11 @@ ClipShape resolve_clip_shape(const ClipConfig& c, int tp) {
     s.vision.image = image;
     s.vision.patch = patch;
     s.text = tower(ModelArch::kClipText, tl, tw, th, tf, ctx, kClipTextVocab, embed);
+    s.fusion = tower(ModelArch::kClipFusion, c.cross_modal_layers, tw, th, tf, ctx, 0, 2);
+    s.fusion.image = image;
+    s.fusion.patch = patch;
+    s.fusion.cross_C = vw;
+    s.vision.states = s.text.states = s.cross_modal();
     s.embed_dim = embed;
     s.init_logit_scale = c.init_logit_scale;
     s.max_logit_scale = c.max_logit_scale;
@@ -87,15 +93,17 @@ ClipShape resolve_clip_shape(const ClipConfig& c, int tp) {
 
 std::vector<ParamInfo> clip_param_table(const ClipShape& shape, int tp_size) {
     const auto next = [](const std::vector<ParamInfo>& t) {
-        constexpr int64_t kAlign = 16;
-        return (t.back().offset + t.back().numel + kAlign - 1) / kAlign * kAlign;
+        return (t.back().offset + t.back().numel + kParamAlign - 1) / kParamAlign * kParamAlign;
     };
     std::vector<ParamInfo> table = clip_tower_param_table(shape.vision, tp_size);
-    const int64_t text_base = next(table);
-    for (ParamInfo p : clip_tower_param_table(shape.text, tp_size)) {
-        p.offset += text_base;
-        table.push_back(std::move(p));
-    }
+    const auto append = [&](const GptShape& tower) {
+        const int64_t base = next(table);
+        for (ParamInfo p : clip_tower_param_table(tower, tp_size)) {
+            p.offset += base;
+            table.push_back(std::move(p));
+        }
+    };
+    append(shape.text);
     ParamInfo scale;
     scale.name = "logit_scale";
     scale.shape = scale.global_shape = {1};
@@ -103,6 +111,7 @@ std::vector<ParamInfo> clip_param_table(const ClipShape& shape, int tp_size) {
     scale.numel = 1;
     scale.init_value = shape.init_logit_scale;
     table.push_back(std::move(scale));
+    if (shape.cross_modal()) append(shape.fusion);
     return table;
 }
 

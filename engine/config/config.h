@@ -246,6 +246,10 @@ struct ClipConfig {
     std::vector<std::string> eval_data_path;  // webdataset: the held-out shards zero-shot and recall are measured on
     int64_t eval_samples = 512;               // held-out samples per evaluation (all of them when fewer)
     bool skip_bad_samples = false;            // webdataset: count and skip a bad sample instead of stopping
+    // Cross-modal layers (0: none): text rows attending to their image's rows, ending in an image-text matching
+    // head trained on hard negatives from the contrastive similarities; its loss is added times itm_weight
+    int cross_modal_layers = 0;
+    float itm_weight = 1.0f;
 };
 
 struct Config {

@@ -305,6 +305,9 @@ std::vector<Field> config_fields(Config& c) {
         {"clip.eval_data_path", &c.clip.eval_data_path, {}},
         {"clip.eval_samples", &c.clip.eval_samples, at_least(1)},
         {"clip.skip_bad_samples", &c.clip.skip_bad_samples, {}},
+        {"clip.cross_modal_layers", &c.clip.cross_modal_layers,
+         Constraint{.min = 0, .hint = "0 trains the towers contrastively alone"}},
+        {"clip.itm_weight", &c.clip.itm_weight, Constraint{.min = 0, .hint = "the matching loss's weight in the total"}},
     };
     // clang-format on
 }

@@ -47,6 +47,10 @@ const char* op_name(OpCode op) {
             return "ring_attention_backward";
         case OpCode::kLoadRows:
             return "load_rows";
+        case OpCode::kCrossAttention:
+            return "cross_attention";
+        case OpCode::kCrossAttentionBackward:
+            return "cross_attention_backward";
         case OpCode::kGatherRows:
             return "gather_rows";
         case OpCode::kGatherRowsBackward:
@@ -144,6 +148,11 @@ RingAttentionShape ring_attention_shape(const Graph& g, const Node& n) {
             .causal = n.causal};
 }
 
+CrossAttentionShape cross_attention_shape(const Graph& g, const Node& n) {
+    const TensorInfo& q = g.info(n.op == OpCode::kCrossAttention ? n.in.at(0) : n.in.at(1));
+    return {.B = n.B, .T = n.T, .S = n.S, .NH = n.NH, .HS = q.shape.at(1) / n.NH, .act = q.dtype};
+}
+
 namespace {
 
 // The backward under construction: appends nodes, creates and looks up gradients.
@@ -238,6 +247,17 @@ void Differentiator::apply(const Node& f) {
                                                     .dtype = DType::kF32,
                                                     .layer = f.layer});
             emit(f, OpCode::kRingAttentionBackward, {grad(f.out[0]), in(0), f.out[0], f.out[1]}, {dqkv, scratch});
+            return;
+        }
+        case OpCode::kCrossAttention: {
+            const TensorId dq = new_grad(in(0)), dkv = new_grad(in(1));
+            const TensorId scratch =
+                g_.add_tensor({.name = "d." + g_.info(f.out[2]).name,
+                               .shape = {cross_backward_scratch_elems(cross_attention_shape(g_, f))},
+                               .dtype = DType::kF32,
+                               .layer = f.layer});
+            emit(f, OpCode::kCrossAttentionBackward, {grad(f.out[0]), in(0), in(1), f.out[0], f.out[1]},
+                 {dq, dkv, scratch});
             return;
         }
         case OpCode::kRmsNorm: {

@@ -25,6 +25,7 @@
 #include "comm/communicator.h"
 #include "engine/backends/backend.h"
 #include "engine/core/dtype.h"
+#include "engine/graph/cross_attention.h"
 #include "engine/graph/ring_attention.h"
 
 namespace ms::graph {
@@ -74,29 +75,32 @@ enum class Phase : uint8_t { kForward, kBackward };
 
 enum class OpCode : uint8_t {
     // forward
-    kEmbedding,      // in: tokens, table, pos (optional)          out: x                 attr: vocab_start, T
-    kLayerNorm,      // in: x, weight, bias                        out: y, mean, rstd     attr: eps
-    kMatmul,         // in: x, weight, bias (optional)             out: y
-    kGelu,           // in: x                                      out: y
-    kAttention,      // in: qkv                                    out: y, lse            attr: B, T, NH
-    kResidual,       // in: a, b, bias (optional)                  out: y = a + (b + bias)
-    kCrossEntropy,   // in: logits, targets, [row_max]             out: [row_max], [sums]  attr: ce_phase
-                     //   sums is (2, N): sum_exp then target_logit, so one all-reduce sums both
-    kLoss,           // in: row_max, sums                          out: losses = log(sum_exp) + max - target (host)
-    kLoadTokens,     //                                            out: tokens (host: the caller's ids, checked
-                     //                                              against vocab_valid, the real vocabulary)
-    kLoadTargets,    //                                            out: targets (host)
-    kLoadConstant,   //                                            out: the node's `constant` values (host, fp32)
-    kRmsNorm,        // in: x, weight                              out: y, rstd           attr: eps
-    kRope,           // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
-    kSwiGlu,         // in: x (N, 2F) rows [gate | up]             out: y (N, F)
-    kRingAttention,  // in: qkv                                   out: y, lse, scratch   attr: B, T, NH, NKV,
-                     //   causal: attention through the block ops (ring_attention.h): context parallelism's ring
-                     //   over the context group (T local rows), or on one rank the bidirectional attention of the
-                     //   image tower (causal false: every row sees every key of its sequence)
-    kLoadRows,       //                                            out: rows (host: the caller's row indices,
-                     //                                              checked against vocab_valid, the rows there are)
-    kGatherRows,     // in: x (N, C), rows (B)                     out: y (B, C) = x[rows]: a tower's pooled rows
+    kEmbedding,       // in: tokens, table, pos (optional)          out: x                 attr: vocab_start, T
+    kLayerNorm,       // in: x, weight, bias                        out: y, mean, rstd     attr: eps
+    kMatmul,          // in: x, weight, bias (optional)             out: y
+    kGelu,            // in: x                                      out: y
+    kAttention,       // in: qkv                                    out: y, lse            attr: B, T, NH
+    kResidual,        // in: a, b, bias (optional)                  out: y = a + (b + bias)
+    kCrossEntropy,    // in: logits, targets, [row_max]             out: [row_max], [sums]  attr: ce_phase
+                      //   sums is (2, N): sum_exp then target_logit, so one all-reduce sums both
+    kLoss,            // in: row_max, sums                          out: losses = log(sum_exp) + max - target (host)
+    kLoadTokens,      //                                            out: tokens (host: the caller's ids, checked
+                      //                                              against vocab_valid, the real vocabulary)
+    kLoadTargets,     //                                            out: targets (host)
+    kLoadConstant,    //                                            out: the node's `constant` values (host, fp32)
+    kRmsNorm,         // in: x, weight                              out: y, rstd           attr: eps
+    kRope,            // in: qkv, table                             out: qkv (in place)    attr: T, NH, NKV
+    kSwiGlu,          // in: x (N, 2F) rows [gate | up]             out: y (N, F)
+    kRingAttention,   // in: qkv                                   out: y, lse, scratch   attr: B, T, NH, NKV,
+                      //   causal: attention through the block ops (ring_attention.h): context parallelism's ring
+                      //   over the context group (T local rows), or on one rank the bidirectional attention of the
+                      //   image tower (causal false: every row sees every key of its sequence)
+    kLoadRows,        //                                            out: rows (host: the caller's row indices,
+                      //                                              checked against vocab_valid, the rows there are)
+    kGatherRows,      // in: x (N, C), rows (B)                     out: y (B, C) = x[rows]: a tower's pooled rows
+    kCrossAttention,  // in: q (B*T, NH*HS), kv (B*S, 2*NH*HS)    out: y, lse, scratch   attr: B, T, S, NH
+                      //   every query row of a sequence sees every key row of the same sequence of kv ([K | V]
+                      //   per row): CLIP's cross-modal layers, text rows attending to image rows (cross_attention.h)
     // fused forward (fusion.cpp)
     kResidualLayerNorm,  // in: a, b, bias, weight, ln_bias       out: sum, y, mean, rstd
     kMatmulGelu,         // in: x, weight, bias                   out: pre, y = gelu(pre)
@@ -104,19 +108,20 @@ enum class OpCode : uint8_t {
                   //   the head's matmul, cross-entropy and (with dloss) their backward, chunk by chunk over the rows
                   //   (Backend::lm_head_loss); runs in the forward, so dloss is made there too
     // backward
-    kEmbeddingBackward,      // in: tokens, dx                     out: dtable, dpos (optional)
-    kLayerNormBackward,      // in: dy, x, weight, mean, rstd      out: dx (accumulate), dweight, dbias
-    kMatmulBackward,         // in: dy, x, weight, [gelu_pre]      out: dx (accumulate; optional), dweight, dbias
-    kGeluBackward,           // in: x, dy                          out: dx
-    kAttentionBackward,      // in: dy, qkv, y, lse                out: dqkv
-    kRmsNormBackward,        // in: dy, x, weight, rstd            out: dx (accumulate), dweight
-    kRopeBackward,           // in: dqkv, table                    out: dqkv (in place: the inverse rotation)
-    kSwiGluBackward,         // in: dy, x                          out: dx
-    kRingAttentionBackward,  // in: dy, qkv, y, lse                out: dqkv, scratch
-    kBiasGradient,           // in: dy                             out: dbias (+= column sums of dy)
-    kGatherRowsBackward,     // in: rows, dy                       out: dx (accumulate): dy's rows at `rows`, 0 else
-    kLossGradient,           //                                    out: dloss = loss_scale / N (host, run-time scale)
-    kCrossEntropyBackward,   // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
+    kEmbeddingBackward,       // in: tokens, dx                     out: dtable, dpos (optional)
+    kLayerNormBackward,       // in: dy, x, weight, mean, rstd      out: dx (accumulate), dweight, dbias
+    kMatmulBackward,          // in: dy, x, weight, [gelu_pre]      out: dx (accumulate; optional), dweight, dbias
+    kGeluBackward,            // in: x, dy                          out: dx
+    kAttentionBackward,       // in: dy, qkv, y, lse                out: dqkv
+    kRmsNormBackward,         // in: dy, x, weight, rstd            out: dx (accumulate), dweight
+    kRopeBackward,            // in: dqkv, table                    out: dqkv (in place: the inverse rotation)
+    kSwiGluBackward,          // in: dy, x                          out: dx
+    kRingAttentionBackward,   // in: dy, qkv, y, lse                out: dqkv, scratch
+    kCrossAttentionBackward,  // in: dy, q, kv, y, lse             out: dq, dkv, scratch
+    kBiasGradient,            // in: dy                             out: dbias (+= column sums of dy)
+    kGatherRowsBackward,      // in: rows, dy                       out: dx (accumulate): dy's rows at `rows`, 0 else
+    kLossGradient,            //                                    out: dloss = loss_scale / N (host, run-time scale)
+    kCrossEntropyBackward,    // in: logits, targets, row_max, sums, dloss   out: logits (dlogits, in place)
     // tensor-parallel collectives (group tp); in-place ones write their input
     // Megatron's conjugate pair: kTpCopy is the identity forward whose backward all-reduces the gradient;
     // kAllReduce sums forward (in place) and is the identity backward.
@@ -137,6 +142,7 @@ struct Node {
     // attributes (those the op uses)
     float eps = 0.0f;
     int64_t B = 0, T = 0, NH = 0;                                // attention: batch, sequence, heads held; embedding: T
+    int64_t S = 0;                                               // cross-attention: key rows per sequence
     int64_t NKV = 0;                                             // attention, rope: key/value heads held (0: NH)
     int64_t vocab_start = 0, vocab_valid = 0;                    // embedding, cross-entropy
     int64_t chunk_rows = 0;                                      // kLmHeadLoss: rows per chunk
@@ -179,6 +185,8 @@ void derive_backward(Graph& g);
 
 // The shape of a kRingAttention op or its backward: its attributes, and the head size and dtype of its qkv.
 RingAttentionShape ring_attention_shape(const Graph& g, const Node& n);
+// The shape of a kCrossAttention op or its backward: its attributes, and the head size and dtype of its q.
+CrossAttentionShape cross_attention_shape(const Graph& g, const Node& n);
 
 // One line per op: "[fwd] h.0.c_attn  matmul  in: h.0.ln1 (256x64 fp32), ...  out: ..."; for plan --graph and tests.
 std::string describe(const Graph& g);

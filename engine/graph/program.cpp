@@ -212,6 +212,23 @@ Program::Step Compiler::step(const Node& n) {
             return {label,
                     [=](const RunArgs&) { ring_attention_backward(*be, *cp, s, dy, qkv, y, lse, dqkv, scratch); }};
         }
+        case OpCode::kCrossAttention:
+        case OpCode::kCrossAttentionBackward: {
+            const CrossAttentionShape s = cross_attention_shape(g_, n);
+            const int64_t B = n.B, T = n.T, S = n.S, C = s.NH * s.HS;
+            if (n.op == OpCode::kCrossAttention) {
+                const Tensor q = view(in(0), {B, T, C}), kv = view(in(1), {B, S, 2 * C}), y = view(out(0), {B, T, C}),
+                             lse = view(out(1), {B, s.NH, T});
+                float* scratch = static_cast<float*>(address(out(2)));
+                return {label, [=](const RunArgs&) { cross_attention_forward(*be, s, q, kv, y, lse, scratch); }};
+            }
+            const Tensor dy = view(in(0), {B, T, C}), q = view(in(1), {B, T, C}), kv = view(in(2), {B, S, 2 * C}),
+                         y = view(in(3), {B, T, C}), lse = view(in(4), {B, s.NH, T}), dq = view(out(0), {B, T, C}),
+                         dkv = view(out(1), {B, S, 2 * C});
+            float* scratch = static_cast<float*>(address(out(2)));
+            return {label,
+                    [=](const RunArgs&) { cross_attention_backward(*be, s, dy, q, kv, y, lse, dq, dkv, scratch); }};
+        }
         case OpCode::kResidual: {
             const int64_t count = g_.info(out(0)).numel();
             ResidualForwardArgs a{view(in(0), {count}), view(in(1), {count}), view(out(0), {count}), rows(in(2))};

@@ -1,6 +1,7 @@
-// clip_tower.cpp: CLIP's image and text towers (gpt.h's ModelArch::kClipVision / kClipText): their parameter tables
-// under Hugging Face's CLIPModel names and their graph builder (on chunk_builder.h). The model that pairs the towers
-// and trains them contrastively is engine/clip/clip_model.h.
+// clip_tower.cpp: CLIP's image and text towers (gpt.h's ModelArch::kClipVision / kClipText) and its optional
+// cross-modal layers (kClipFusion): their parameter tables (the towers' under Hugging Face's CLIPModel names) and
+// their graph builder (on chunk_builder.h). The model that pairs the towers and trains them contrastively is
+// engine/clip/clip_model.h.
 //
 // Image tower (a ViT), for B images of P = (image / patch)^2 patches, T = P + 1 rows each (the class token first):
 //   patches (B*T, 3*patch^2)   the host's flattened patches (channel, row, column within the patch); each image's
@@ -24,10 +25,23 @@
 //
 // The features are the chunk's output (role kOutput), and their gradient "dout" (kGradInput) is what the contrastive
 // loss hands back: the towers' backward starts there, as a pipeline stage's does from the next stage's gradient.
+// With GptShape::states (cross-modal layers on) the final norm runs on every row instead, "states" (B*T, C), a second
+// output whose gradient "d.states" the host writes (the cross-modal layers' input gradients, clip_model.h); the
+// pooled rows are gathered from it, so the features are the same, and the pooling's backward adds into d.states.
+//
+// Cross-modal layers, for B image-caption pairs (ALBEF's fusion encoder, pre-LN as the towers): the input "text"
+// (B*T, C) is the text tower's states of each pair's caption and "image" (B*S, cross_C) the image tower's states of
+// its image (S = its rows). Each layer is the text tower's causal self-attention block, then a cross-attention block
+// (layer_norm_cross, q_proj of the text rows, k_proj / v_proj of the image rows, cross_attention.h: every text row
+// sees every image row of its pair, out_proj), then the MLP block. The caption's end-of-text row, through
+// final_layer_norm, goes to itm_head (2, C) + bias: the matching logits, the chunk's output "logits", with gradient
+// "dout". Parameter names "fusion.layers.<l>.<as the towers'>", "fusion.final_layer_norm", "itm_head.*": ours, as
+// CLIPModel has none.
 //
 // Tensor parallelism: inside the blocks as GPT-2's (gpt.h): q/k/v and fc1 column-parallel (q, k and v packed
 // back to back per rank as Llama's are, weights and biases), out_proj and fc2 row-parallel with replicated biases
-// added after the reduction. The embeddings, norms and projections are replicated: every tensor-parallel rank
+// added after the reduction (the cross-attention's q/k/v and out_proj likewise; the image rows reach its k/v
+// through a tensor-parallel copy). The embeddings, norms and projections are replicated: every tensor-parallel rank
 // computes them whole (they are small), so the features are identical on every rank. Sequence parallelism is not
 // offered (the pooled rows would need a gather of their own).
 #include <fmt/format.h>
@@ -49,20 +63,28 @@ using graph::Role;
 using graph::TensorId;
 
 bool vision(const GptShape& s) { return s.arch == ModelArch::kClipVision; }
-std::string tower_prefix(const GptShape& s) { return vision(s) ? "vision_model." : "text_model."; }
-std::string layer_prefix(const GptShape& s, int l) { return fmt::format("{}encoder.layers.{}.", tower_prefix(s), l); }
+bool fusion(const GptShape& s) { return s.arch == ModelArch::kClipFusion; }
+std::string tower_prefix(const GptShape& s) {
+    return vision(s) ? "vision_model." : fusion(s) ? "fusion." : "text_model.";
+}
+std::string layer_prefix(const GptShape& s, int l) {
+    return fmt::format("{}{}layers.{}.", tower_prefix(s), fusion(s) ? "" : "encoder.", l);
+}
 std::string final_norm_name(const GptShape& s) {
     return tower_prefix(s) + (vision(s) ? "post_layernorm" : "final_layer_norm");
 }
 std::string projection_name(const GptShape& s) {
-    return vision(s) ? "visual_projection.weight" : "text_projection.weight";
+    return vision(s) ? "visual_projection.weight" : fusion(s) ? "itm_head.weight" : "text_projection.weight";
 }
 int64_t patch_width(const GptShape& s) { return 3 * int64_t{s.patch} * s.patch; }
+// The image rows of one image: its patches and the class token.
+int64_t image_rows(const GptShape& s) { return int64_t{s.image / s.patch} * (s.image / s.patch) + 1; }
 
 class ClipTowerBuilder : public ChunkBuilder {
   public:
     using ChunkBuilder::ChunkBuilder;
     GptGraph build_tower();
+    GptGraph build_fusion();
 
   private:
     void embedding(TensorId, TensorId) override {}  // build_tower() writes each tower's own
@@ -70,6 +92,12 @@ class ClipTowerBuilder : public ChunkBuilder {
     std::string final_norm() const override { return final_norm_name(s_.shape); }
 
     TensorId layer_norm(TensorId x, int64_t rows, const std::string& name, const std::string& param_prefix);
+    // The chunk's end: the rows at `pool_rows` (one per sequence) of the normed stream, projected to shape.proj
+    // columns ("features", or the matching head's "logits"), whose gradient "dout" the host writes.
+    void pool_and_project(TensorId res, TensorId bias);
+    GptGraph finish();
+
+    TensorId image_ = kNoTensor;  // kClipFusion: the image rows the cross-attention reads (all tp ranks' whole)
 };
 
 TensorId ClipTowerBuilder::layer_norm(TensorId x, int64_t rows, const std::string& name,
@@ -114,17 +142,83 @@ TensorId ClipTowerBuilder::layer(TensorId res, int l, bool) {
     const TensorId attn_partial = act(h + "self_attn.out_proj", N_, C);
     op(OpCode::kMatmul, h + "self_attn.out_proj", {atty, param(a + "out_proj.weight"), kNoTensor}, {attn_partial}, l);
     const TensorId attn_out = reduce_rows(attn_partial, h + "attn.out", l);
-    const TensorId res2 = act(h + "res2", N_, C);
+    TensorId res2 = act(h + "res2", N_, C);
     op(OpCode::kResidual, h + "attn.residual", {res, attn_out, param(a + "out_proj.bias")}, {res2}, l);
+    if (fusion(s)) {
+        // cross-attention: res2 += out_proj(attention(q_proj(layer_norm_cross(res2)), kv_proj(image))) + bias, the
+        // text rows of a pair seeing every image row of that pair; q and [K | V] column-parallel per head
+        const std::string c = p + "cross_attn.";
+        const TensorId xc = norm_to_columns(res2, h + "ln_cross", p + "layer_norm_cross", l);
+        const TensorId q = act(h + "cross_q", N_, C_local);
+        op(OpCode::kMatmul, h + "cross_attn.q_proj", {xc, param(c + "q_proj.weight"), param(c + "q_proj.bias")}, {q},
+           l);
+        const int64_t S = image_rows(s), M = S * s_.B;
+        const TensorId kv = act(h + "cross_kv", M, 2 * C_local);
+        op(OpCode::kMatmul, h + "cross_attn.kv_proj",
+           {image_, packed_params(c + "kv_proj.weight", {c + "k_proj.weight", c + "v_proj.weight"}),
+            packed_params(c + "kv_proj.bias", {c + "k_proj.bias", c + "v_proj.bias"})},
+           {kv}, l);
+        const TensorId cross = act(h + "cross_atty", N_, C_local);
+        const graph::CrossAttentionShape cs{
+            .B = s_.B, .T = s_.T, .S = S, .NH = NH_local, .HS = s.C / s.NH, .act = s_.act};
+        Node& ca = op(OpCode::kCrossAttention, h + "cross_attn", {q, kv},
+                      {cross, stat(h + "cross_lse", s_.B * NH_local * s_.T),
+                       stat(h + "cross_scratch", graph::cross_forward_scratch_elems(cs))},
+                      l);
+        ca.B = s_.B;
+        ca.T = s_.T;
+        ca.S = S;
+        ca.NH = NH_local;
+        const TensorId cross_partial = act(h + "cross_attn.out_proj", N_, C);
+        op(OpCode::kMatmul, h + "cross_attn.out_proj", {cross, param(c + "out_proj.weight"), kNoTensor},
+           {cross_partial}, l);
+        const TensorId cross_out = reduce_rows(cross_partial, h + "cross.out", l);
+        const TensorId res_cross = act(h + "res_cross", N_, C);
+        op(OpCode::kResidual, h + "cross.residual", {res2, cross_out, param(c + "out_proj.bias")}, {res_cross}, l);
+        res2 = res_cross;
+    }
     // MLP: res3 = res2 + fc2(gelu(fc1(layer_norm2(res2)))) + bias
     const TensorId res3 = gelu_mlp(res2, l, p, "layer_norm2", "mlp.fc1", "mlp.fc2");
     layer_ = -1;
     return res3;
 }
 
+void ClipTowerBuilder::pool_and_project(TensorId res, TensorId bias) {
+    const GptShape& s = s_.shape;
+    const int64_t B = s_.B;
+    const TensorId rows = stat("pool_rows", B, DType::kI32);
+    op(OpCode::kLoadRows, "pool_rows", {}, {rows}, -1).vocab_valid = N_;
+    const TensorId pooled = act("pooled", B, s.C);
+    TensorId normed = kNoTensor;
+    if (s.states) {  // every row normed, an output of its own; the pooled rows are among them
+        const TensorId states = layer_norm(res, N_, "states", final_norm());
+        g_.tensors[static_cast<size_t>(states)].role = Role::kOutput;
+        g_.grad_of[static_cast<size_t>(states)] = act("d.states", N_, s.C, Role::kGradInput);
+        op(OpCode::kGatherRows, "pool", {states, rows}, {pooled}, -1);
+        normed = pooled;
+    } else {  // the norm of the pooled rows alone: a row-wise norm, so the same values for B rows instead of B*T
+        op(OpCode::kGatherRows, "pool", {res, rows}, {pooled}, -1);
+        normed = layer_norm(pooled, B, "pooled_norm", final_norm());
+    }
+    const TensorId out = act(fusion(s) ? "logits" : "features", B, s.proj, Role::kOutput);
+    op(OpCode::kMatmul, "projection", {normed, param(projection_name(s)), bias}, {out}, -1);
+    g_.grad_of[static_cast<size_t>(out)] = act("dout", B, s.proj, Role::kGradInput);
+}
+
+GptGraph ClipTowerBuilder::finish() {
+    graph::derive_backward(g_);
+    GptGraph out{.g = std::move(g_), .recompute = {}, .fusion = {}};
+    out.recompute = graph::recompute(out.g, s_.options.recompute, 0);
+    if (s_.fuse) out.fusion = graph::fuse(out.g, {});
+    return out;
+}
+
+// every layer, or the memory plan's representative first ones (plan_gpt_memory)
+int num_layers(const GptGraphSpec& spec) { return spec.part.num_layers < 0 ? spec.shape.L : spec.part.num_layers; }
+
 GptGraph ClipTowerBuilder::build_tower() {
     const GptShape& s = s_.shape;
-    const int64_t C = s.C, B = s_.B;
+    const int64_t C = s.C;
     const std::string e = tower_prefix(s) + "embeddings.";
     const TensorId tokens = stat("tokens", N_, DType::kI32);
     op(OpCode::kLoadTokens, "tokens", {}, {tokens}, -1).vocab_valid = s.V;
@@ -149,21 +243,31 @@ GptGraph ClipTowerBuilder::build_tower() {
                       {tokens, param(e + "token_embedding.weight"), param(e + "position_embedding.weight")}, {res}, -1);
         te.T = s_.T;
     }
-    // every layer, or the memory plan's representative first ones (plan_gpt_memory)
-    const int num_layers = s_.part.num_layers < 0 ? s.L : s_.part.num_layers;
-    for (int l = 0; l < num_layers; ++l) res = layer(res, l, l == num_layers - 1);
-    const TensorId rows = stat("pool_rows", B, DType::kI32);
-    op(OpCode::kLoadRows, "pool_rows", {}, {rows}, -1).vocab_valid = N_;
-    const TensorId pooled = act("pooled", B, C);
-    op(OpCode::kGatherRows, "pool", {res, rows}, {pooled}, -1);
-    const TensorId normed = layer_norm(pooled, B, "pooled_norm", final_norm());
-    const TensorId features = act("features", B, s.proj, Role::kOutput);
-    op(OpCode::kMatmul, "projection", {normed, param(projection_name(s)), kNoTensor}, {features}, -1);
-    g_.grad_of[static_cast<size_t>(features)] = act("dout", B, s.proj, Role::kGradInput);
-    graph::derive_backward(g_);
-    GptGraph out{.g = std::move(g_), .recompute = {}, .fusion = {}};
-    out.recompute = graph::recompute(out.g, s_.options.recompute, 0);
-    if (s_.fuse) out.fusion = graph::fuse(out.g, {});
+    for (int l = 0; l < num_layers(s_); ++l) res = layer(res, l, l == num_layers(s_) - 1);
+    pool_and_project(res, kNoTensor);
+    return finish();
+}
+
+// The cross-modal layers of B pairs: "text" (B*T, C), the text tower's states of each pair's caption, and "image"
+// (B*S, cross_C), the image tower's states of its image, both inputs whose gradients ("d.text", "d.image") the host
+// reads after the backward; the output is the matching head's two logits per pair, read at the caption's
+// end-of-text row.
+GptGraph ClipTowerBuilder::build_fusion() {
+    const GptShape& s = s_.shape;
+    TensorId res = act("text", N_, s.C, Role::kInput);
+    const TensorId text = res;
+    image_ = g_.add_tensor(
+        {.name = "image", .shape = {image_rows(s) * s_.B, s.cross_C}, .dtype = s_.act, .role = Role::kInput});
+    const TensorId image = image_;
+    if (s_.tp_size > 1) op(OpCode::kTpCopy, "image", {image_}, {image_}, -1);  // column-parallel keys and values
+    for (int l = 0; l < num_layers(s_); ++l) res = layer(res, l, l == num_layers(s_) - 1);
+    pool_and_project(res, param("itm_head.bias"));
+    GptGraph out = finish();
+    for (TensorId input : {text, image}) {
+        graph::TensorInfo& d = out.g.tensors[static_cast<size_t>(out.g.grad_of[static_cast<size_t>(input)])];
+        d.role = Role::kGradInput;
+        if (input == image) d.layer = -1;  // every layer adds into it: the chunk's own
+    }
     return out;
 }
 
@@ -172,47 +276,65 @@ GptGraph ClipTowerBuilder::build_tower() {
 std::vector<ParamInfo> clip_tower_param_table(const GptShape& s, int tp) {
     MS_CHECK(is_clip_tower(s.arch), "clip_tower_param_table: not a CLIP tower");
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0,
-             "tensor-parallel size {} must divide the {} tower's heads {} and ffn {}", tp, vision(s) ? "image" : "text",
+             "tensor-parallel size {} must divide the {} tower's heads {} and ffn {}", tp,
+             vision(s)   ? "image"
+             : fusion(s) ? "cross-modal"
+                         : "text",
              s.NH, s.F);
     TableWriter w(tp);
     const float proj = std::sqrt(2.0f * static_cast<float>(s.L));  // the residual projections' init divisor
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
     const std::string e = tower_prefix(s) + "embeddings.";
+    // q, k and v (weights, then biases) of `a`, each column-parallel per head and packed back to back per rank; k and
+    // v read rows of kv_width
+    const auto attention_in = [&](const std::string& a, const std::vector<const char*>& parts, int64_t kv_width) {
+        for (bool weights : {true, false})
+            for (size_t i = 0; i < parts.size(); ++i) {
+                const std::string m = parts[i];
+                const int64_t in = m == "q_proj" ? C : kv_width;
+                w.add(a + m + (weights ? ".weight" : ".bias"),
+                      weights ? std::vector<int64_t>{C, in} : std::vector<int64_t>{C}, K::kRows, weights ? 1 : 0, 0);
+                if (i + 1 < parts.size()) w.pack();
+            }
+    };
+    const auto norm = [&](const std::string& name) {
+        w.add(name + ".weight", {C}, K::kReplicated, 0, 1);
+        w.add(name + ".bias", {C}, K::kReplicated, 0, 0);
+    };
+    const auto out_proj = [&](const std::string& a) {
+        w.add(a + "out_proj.weight", {C, C}, K::kCols, proj, 0);
+        w.add(a + "out_proj.bias", {C}, K::kReplicated, 0, 0);
+    };
     if (vision(s)) {
         w.add(e + "class_embedding", {1, C}, K::kReplicated, 1, 0).weight_decay = false;
         w.add(e + "patch_embedding.weight", {C, patch_width(s)}, K::kReplicated, 1, 0);
         w.add(e + "position_embedding.weight", {s.T, C}, K::kReplicated, 1, 0);
-        w.add(tower_prefix(s) + "pre_layrnorm.weight", {C}, K::kReplicated, 0, 1);
-        w.add(tower_prefix(s) + "pre_layrnorm.bias", {C}, K::kReplicated, 0, 0);
-    } else {
+        norm(tower_prefix(s) + "pre_layrnorm");
+    } else if (!fusion(s)) {
         w.add(e + "token_embedding.weight", {s.V, C}, K::kReplicated, 1, 0);
         w.add(e + "position_embedding.weight", {s.T, C}, K::kReplicated, 1, 0);
     }
     for (int l = 0; l < s.L; ++l) {
         const std::string p = layer_prefix(s, l), a = p + "self_attn.";
-        w.add(p + "layer_norm1.weight", {C}, K::kReplicated, 0, 1);
-        w.add(p + "layer_norm1.bias", {C}, K::kReplicated, 0, 0);
-        for (const char* m : {"q_proj", "k_proj", "v_proj"}) {
-            w.add(a + m + ".weight", {C, C}, K::kRows, 1, 0);
-            if (std::string(m) != "v_proj") w.pack();
+        norm(p + "layer_norm1");
+        attention_in(a, {"q_proj", "k_proj", "v_proj"}, C);
+        out_proj(a);
+        if (fusion(s)) {
+            norm(p + "layer_norm_cross");
+            attention_in(p + "cross_attn.", {"q_proj"}, C);
+            attention_in(p + "cross_attn.", {"k_proj", "v_proj"}, s.cross_C);
+            out_proj(p + "cross_attn.");
         }
-        for (const char* m : {"q_proj", "k_proj", "v_proj"}) {
-            w.add(a + m + ".bias", {C}, K::kRows, 0, 0);
-            if (std::string(m) != "v_proj") w.pack();
-        }
-        w.add(a + "out_proj.weight", {C, C}, K::kCols, proj, 0);
-        w.add(a + "out_proj.bias", {C}, K::kReplicated, 0, 0);
-        w.add(p + "layer_norm2.weight", {C}, K::kReplicated, 0, 1);
-        w.add(p + "layer_norm2.bias", {C}, K::kReplicated, 0, 0);
+        norm(p + "layer_norm2");
         w.add(p + "mlp.fc1.weight", {F, C}, K::kRows, 1, 0);
         w.add(p + "mlp.fc1.bias", {F}, K::kRows, 0, 0);
         w.add(p + "mlp.fc2.weight", {C, F}, K::kCols, proj, 0);
         w.add(p + "mlp.fc2.bias", {C}, K::kReplicated, 0, 0);
     }
-    w.add(final_norm_name(s) + ".weight", {C}, K::kReplicated, 0, 1);
-    w.add(final_norm_name(s) + ".bias", {C}, K::kReplicated, 0, 0);
+    norm(final_norm_name(s));
     w.add(projection_name(s), {s.proj, C}, K::kReplicated, 1, 0);
+    if (fusion(s)) w.add("itm_head.bias", {s.proj}, K::kReplicated, 0, 0);
     return w.take();
 }
 
@@ -224,7 +346,8 @@ GptGraph build_clip_tower_graph(const GptGraphSpec& spec, const std::vector<Para
              "a CLIP tower has no sequence parallelism: its pooled rows would need a gather of their own");
     MS_CHECK(spec.options.context_parallel == 1, "a CLIP tower has no context parallelism");
     MS_CHECK(spec.part.first_layer == 0 && spec.part.embedding, "a CLIP tower is one chunk: it has no pipeline parts");
-    return ClipTowerBuilder(spec, table).build_tower();
+    ClipTowerBuilder builder(spec, table);
+    return fusion(s) ? builder.build_fusion() : builder.build_tower();
 }
 
 }  // namespace ms

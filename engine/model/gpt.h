@@ -83,9 +83,13 @@ struct GptGraphOptions {
 //
 // CLIP's two towers (engine/model/clip_tower.cpp; the model that pairs them is engine/clip/clip_model.h) are chunks of
 // this shape too: GPT-2's pre-LayerNorm block under Hugging Face's CLIP names, the image tower's attention
-// bidirectional, each tower's output one pooled row per sample, normed and projected to `proj` columns.
-enum class ModelArch : uint8_t { kGpt, kLlama, kClipVision, kClipText };
-inline bool is_clip_tower(ModelArch a) { return a == ModelArch::kClipVision || a == ModelArch::kClipText; }
+// bidirectional, each tower's output one pooled row per sample, normed and projected to `proj` columns. So are CLIP's
+// optional cross-modal layers (kClipFusion): text rows attending to themselves and to their image's rows, ending in
+// the image-text matching head's `proj` = 2 logits per pair.
+enum class ModelArch : uint8_t { kGpt, kLlama, kClipVision, kClipText, kClipFusion };
+inline bool is_clip_tower(ModelArch a) {
+    return a == ModelArch::kClipVision || a == ModelArch::kClipText || a == ModelArch::kClipFusion;
+}
 
 struct GptShape {
     ModelArch arch = ModelArch::kGpt;
@@ -109,6 +113,11 @@ struct GptShape {
     // pixels, its rows T = (image / patch)^2 + 1 (the class token first) and its "vocabulary" V = 2 (clip_tower.cpp)
     int proj = 0;
     int image = 0, patch = 0;
+    // CLIP towers: also output every row normed ("states", the cross-modal layers' input), pooling from them
+    bool states = false;
+    // CLIP's cross-modal layers (kClipFusion): the width of the image rows their keys and values are made from; the
+    // image rows per pair are (image / patch)^2 + 1
+    int cross_C = 0;
     int kv_heads() const { return NKV > 0 ? NKV : NH; }
     // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not

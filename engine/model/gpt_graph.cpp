@@ -295,13 +295,18 @@ void* GptProgram::tensor(const std::string& name, int slot) const {
     return address(t, slot);
 }
 
+void* GptProgram::gradient(const std::string& name, int slot) const {
+    const graph::Graph& g = full_->graph.g;
+    const graph::TensorId t = g.find(name);
+    MS_CHECK(t != kNoTensor && g.grad_of[static_cast<size_t>(t)] != kNoTensor,
+             "GptProgram: this chunk has no gradient of '{}'", name);
+    return address(g.grad_of[static_cast<size_t>(t)], slot);
+}
+
 void* GptProgram::input(int slot) { return tensor(o_.part.embedding ? "encoded" : "input", slot); }
 const void* GptProgram::output(int slot) const { return address(output_, slot); }
 void* GptProgram::grad_output(int slot) { return tensor("dout", slot); }
-const void* GptProgram::grad_input(int slot) const {
-    const graph::Graph& g = full_->graph.g;
-    return address(g.grad_of[static_cast<size_t>(g.find("input"))], slot);
-}
+const void* GptProgram::grad_input(int slot) const { return gradient("input", slot); }
 Tensor GptProgram::logits_tensor() const {
     const Compiled& c = last_ != nullptr ? *last_ : *full_;
     const graph::TensorId t = c.graph.g.find("logits");

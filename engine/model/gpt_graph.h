@@ -97,6 +97,9 @@ class GptProgram {
     // The slot's memory of the full micro-batch's tensor `name` (fatal when there is none): a CLIP image tower's
     // "patches", which the host writes before the forward.
     void* tensor(const std::string& name, int slot) const;
+    // The slot's memory of the gradient of tensor `name` (whatever the backward named it): a CLIP chunk's input
+    // gradients and the states' gradient the host writes.
+    void* gradient(const std::string& name, int slot) const;
     const void* output(int slot) const;
     void* grad_output(int slot);
     const void* grad_input(int slot) const;

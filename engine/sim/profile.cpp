@@ -79,6 +79,10 @@ double attention_flops(int64_t B, int64_t T, int64_t NH, int64_t HS) {
            static_cast<double>(HS);
 }
 double attention_flops(const graph::Graph& g, const graph::Node& n, graph::TensorId qkv_id) {
+    if (n.op == OpCode::kCrossAttention || n.op == OpCode::kCrossAttentionBackward) {
+        const graph::CrossAttentionShape s = graph::cross_attention_shape(g, n);  // T query rows x S keys, no mask
+        return 4.0 * static_cast<double>(s.B * s.T * s.S * s.NH * s.HS);
+    }
     if (n.op == OpCode::kRingAttention || n.op == OpCode::kRingAttentionBackward) {
         const graph::RingAttentionShape s = graph::ring_attention_shape(g, n);
         return (s.causal ? 1.0 : 2.0) * attention_flops(s.B, s.T, s.NH, s.HS);  // no mask: every key
@@ -124,11 +128,13 @@ OpWork op_work(const graph::Graph& g, const graph::Node& n) {
         }
         case OpCode::kAttention:
         case OpCode::kRingAttention:
+        case OpCode::kCrossAttention:
             family(OpFamily::kAttentionForward);
             w.flops = attention_flops(g, n, n.in.at(0));
             break;
         case OpCode::kAttentionBackward:
         case OpCode::kRingAttentionBackward:
+        case OpCode::kCrossAttentionBackward:
             family(OpFamily::kAttentionBackward);
             w.flops = 2.0 * attention_flops(g, n, n.in.at(1));
             break;

@@ -23,6 +23,7 @@
 #include "comm/self_communicator.h"
 #include "engine/clip/contrastive_loss.h"
 #include "tests/comm/comm_test.h"
+#include "tests/common/contrastive_loss_grads.h"
 #include "tests/ops/op_test_util.h"
 
 namespace ms::test {
@@ -31,17 +32,8 @@ namespace {
 constexpr int64_t kN = 16, kD = 24;
 constexpr float kLogitScaleParam = 3.0f;
 
-struct LossRun {
-    clip::ContrastiveLossResult r;
-    std::vector<float> dimage, dtext;
-};
-
-LossRun run(const std::vector<float>& image, const std::vector<float>& text, int64_t b, Communicator& dp) {
-    LossRun out;
-    out.dimage.resize(image.size());
-    out.dtext.resize(text.size());
-    out.r = clip::contrastive_loss(image, text, b, kD, kLogitScaleParam, dp, out.dimage, out.dtext);
-    return out;
+ContrastiveLossGrads run(const std::vector<float>& image, const std::vector<float>& text, int64_t b, Communicator& dp) {
+    return contrastive_loss_grads(image, text, b, kD, kLogitScaleParam, dp);
 }
 
 // rows [first, first + rows) of v (., kD), times `factor`
@@ -63,7 +55,7 @@ double worst(const std::string& what, int dp, double err) {
 TEST(ContrastiveLossDp, EveryGroupSizeMatchesOneRankHoldingTheWholeBatch) {
     const std::vector<float> image = random_floats(kN * kD, 61), text = random_floats(kN * kD, 62);
     SelfCommunicator self("dp");
-    const LossRun whole = run(image, text, kN, self);
+    const ContrastiveLossGrads whole = run(image, text, kN, self);
     for (int dp = 1; dp <= world().size(); ++dp) {
         if (world().size() % dp != 0 || kN % dp != 0) continue;
         SCOPED_TRACE("dp " + std::to_string(dp));
@@ -71,7 +63,7 @@ TEST(ContrastiveLossDp, EveryGroupSizeMatchesOneRankHoldingTheWholeBatch) {
         const int64_t b = kN / dp, first = group->rank() * b;
         const std::vector<float> my_image(image.begin() + first * kD, image.begin() + (first + b) * kD);
         const std::vector<float> my_text(text.begin() + first * kD, text.begin() + (first + b) * kD);
-        const LossRun part = run(my_image, my_text, b, *group);
+        const ContrastiveLossGrads part = run(my_image, my_text, b, *group);
 
         float dlogit_mean = part.r.dlogit_scale_param;
         group->all_reduce(std::span<float>(&dlogit_mean, 1), ReduceOp::kAvg).wait();

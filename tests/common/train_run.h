@@ -24,6 +24,7 @@ namespace ms::test {
 
 struct TrainRun {
     std::vector<double> losses;                            // "lm loss" (or CLIP's "contrastive loss") of every step
+    std::vector<double> itm_losses;                        // CLIP with cross-modal layers: "itm loss" of every step
     std::map<std::string, std::vector<float>> grads;       // name -> global tensor after step 1's backward
     int64_t skipped_iterations = -1, nan_iterations = -1;  // of the last record (cumulative counts)
     std::vector<double> loss_scales;                       // fp16 only: "loss-scale" after every step
@@ -70,6 +71,7 @@ inline TrainRun run_train(const TrainCommand& c) {
                                                            : nullptr;
         if (key == nullptr) continue;
         r.losses.push_back(j[key].is_number() ? j[key].get<double>() : std::nan(""));
+        if (j.contains("itm loss")) r.itm_losses.push_back(j["itm loss"].get<double>());
         if (j.contains("skipped_iterations")) r.skipped_iterations = j["skipped_iterations"].get<int64_t>();
         if (j.contains("nan_iterations")) r.nan_iterations = j["nan_iterations"].get<int64_t>();
         if (j.contains("loss-scale")) r.loss_scales.push_back(j["loss-scale"].get<double>());

@@ -1,9 +1,14 @@
-// test_clip_cli.cpp: `train` and `plan` for model.arch: clip as a user runs them: WebDataset shards written here
-// (one of them with a bad sample) train or stop with a sentence naming the shard and the key; layouts CLIP cannot
-// run are refused with a sentence; plan prints the presets' sizes.
+// test_clip_cli.cpp: `train`, `eval` and `plan` for model.arch: clip as a user runs them: WebDataset shards written
+// here (one of them with a bad sample) train or stop with a sentence naming the shard and the key; layouts CLIP cannot
+// run are refused with a sentence; eval of a saved checkpoint gives the trainer's held-out numbers, and a config of
+// another model is refused naming what differs; plan prints the presets' sizes.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <array>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -115,6 +120,127 @@ TEST(ClipCli, LayoutsClipCannotRunAreRefusedWithASentence) {
         EXPECT_EQ(r.exit_code, 2) << set << "\n" << r.output;
         EXPECT_NE(r.output.find(words), std::string::npos) << set << "\n" << r.output;
     }
+}
+
+// A tiny CLIP trained 3 iterations on drawn shapes with a large constant learning rate (so that the held-out numbers
+// move between iterations), evaluated and saved after each; and a tiny GPT-2 trained one iteration and saved, for
+// the checkpoints of the other family. Trained once for the suite.
+class ClipEval : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        dir_ = std::make_unique<TempDir>("ms_clip_eval");
+        write_file(*dir_ / "empty.yaml", "");
+        write_file(*dir_ / "gpt.yaml",
+                   "schema_version: 1\n"
+                   "model: {num_layers: 1, hidden_size: 16, num_attention_heads: 2, seq_length: 16}\n"
+                   "training: {micro_batch_size: 2, global_batch_size: 2, train_iters: 1}\n"
+                   "lr_schedule: {lr_warmup_iters: 0}\n"
+                   "data: {source: synthetic, synthetic: {vocab_size: 32, num_tokens: 65536}}\n");
+        const CliResult clip = run_cli("train" + clip_config() + " --set run.output_dir=" + dir_->path() +
+                                       " --set checkpoint.save=" + clip_ckpt() +
+                                       " --set checkpoint.save_interval=1 --set checkpoint.keep_latest_k=0"
+                                       " --set eval.eval_interval=1");
+        ASSERT_EQ(clip.exit_code, 0) << clip.output;
+        clip_log_ = clip.output;
+        const CliResult gpt = run_cli("train --config " + gpt_config() + " --set run.output_dir=" + (*dir_ / "gpt") +
+                                      " --set checkpoint.save=" + gpt_ckpt());
+        ASSERT_EQ(gpt.exit_code, 0) << gpt.output;
+    }
+    static void TearDownTestSuite() { dir_.reset(); }
+
+    // The config of the CLIP run: the options after the command, for train and eval alike. With a cross-modal
+    // layer, so that the held-out matching accuracy is compared too.
+    static std::string clip_config() {
+        return " --config " + (*dir_ / "empty.yaml") + kTiny +
+               " --set data.source=shapes --set clip.eval_samples=32 --set optimizer.lr=0.02"
+               " --set clip.cross_modal_layers=1"
+               " --set lr_schedule.lr_warmup_iters=0 --set lr_schedule.lr_decay_style=constant";
+    }
+    static std::string clip_ckpt() { return *dir_ / "ckpt"; }
+    static std::string gpt_config() { return *dir_ / "gpt.yaml"; }
+    static std::string gpt_ckpt() { return *dir_ / "gpt/ckpt"; }
+
+    // The trainer's eval records (logging.metrics_file), by iteration.
+    static std::vector<nlohmann::json> trainer_records() {
+        std::vector<nlohmann::json> records;
+        std::ifstream f(*dir_ / "metrics.jsonl");
+        for (std::string line; std::getline(f, line);) {
+            const nlohmann::json j = nlohmann::json::parse(line);
+            if (j.contains("eval")) records.push_back(j);
+        }
+        return records;
+    }
+
+    // The line of `log` from "held-out" to its end, after the line's `prefix`.
+    static std::string held_out_line(const std::string& log, const std::string& prefix) {
+        const size_t at = log.find(prefix + "held-out");
+        if (at == std::string::npos) return "";
+        const size_t from = at + prefix.size();
+        return log.substr(from, log.find('\n', from) - from);
+    }
+
+    static std::unique_ptr<TempDir> dir_;
+    static std::string clip_log_;
+};
+
+std::unique_ptr<TempDir> ClipEval::dir_;
+std::string ClipEval::clip_log_;
+
+TEST_F(ClipEval, JsonIsTheTrainersEvalRecordOfEachCheckpoint) {
+    const std::vector<nlohmann::json> records = trainer_records();
+    ASSERT_EQ(records.size(), 3u);
+    for (const nlohmann::json& record : records) {
+        const std::string iter_dir = fmt::format("{}/iter_{:07d}", clip_ckpt(), record["iteration"].get<int>());
+        const CliStreams r = run_cli_streams("eval" + clip_config() + " --load " + iter_dir + " --json");
+        ASSERT_EQ(r.exit_code, 0) << r.errors;
+        nlohmann::json j = nlohmann::json::parse(r.output);  // the whole of stdout
+        EXPECT_EQ(j["checkpoint"], iter_dir);
+        j.erase("checkpoint");
+        EXPECT_EQ(j, record);                    // every key and value, exactly: the same model, samples and arithmetic
+        EXPECT_EQ(j.value("itm_pairs", 0), 96);  // 16 whole batches of 2 held-out samples, 3 pairs per sample
+    }
+    // the save directory: its latest checkpoint, and the trainer's line for it
+    const CliResult latest = run_cli("eval" + clip_config() + " --load " + clip_ckpt());
+    ASSERT_EQ(latest.exit_code, 0) << latest.output;
+    const std::string line = held_out_line(latest.output, "eval: iteration 3 | ");
+    EXPECT_NE(line, "") << latest.output;
+    EXPECT_EQ(line, held_out_line(clip_log_, "iteration       3/      3 | ")) << clip_log_;
+}
+
+TEST_F(ClipEval, ConfigOfAnotherClipModelIsRefusedNamingTheKey) {
+    const CliResult r =
+        run_cli("eval" + clip_config() + " --set clip.vision_layers=3 --set clip.text_width=32 --load " + clip_ckpt());
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("clip.vision_layers is 3 in the config but 1 in the checkpoint"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("clip.text_width is 32 in the config but 16 in the checkpoint"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("--set clip.text_width=16 --set clip.vision_layers=1"), std::string::npos) << r.output;
+}
+
+TEST_F(ClipEval, CheckpointOfTheOtherFamilyIsRefusedNamingBoth) {
+    const CliResult clip_with_gpt = run_cli("eval --config " + gpt_config() + " --load " + clip_ckpt());
+    EXPECT_EQ(clip_with_gpt.exit_code, 2) << clip_with_gpt.output;
+    EXPECT_NE(clip_with_gpt.output.find("describes a language model (model.arch gpt)"), std::string::npos)
+        << clip_with_gpt.output;
+    EXPECT_NE(clip_with_gpt.output.find("holds a CLIP model (model.arch clip)"), std::string::npos)
+        << clip_with_gpt.output;
+    EXPECT_NE(clip_with_gpt.output.find("iter_0000003/config.resolved.yaml"), std::string::npos)
+        << clip_with_gpt.output;
+
+    const CliResult gpt_with_clip = run_cli("eval" + clip_config() + " --load " + gpt_ckpt());
+    EXPECT_EQ(gpt_with_clip.exit_code, 2) << gpt_with_clip.output;
+    EXPECT_NE(gpt_with_clip.output.find("describes a CLIP model (model.arch clip)"), std::string::npos)
+        << gpt_with_clip.output;
+    EXPECT_NE(gpt_with_clip.output.find("holds a GPT-2 or Llama model"), std::string::npos) << gpt_with_clip.output;
+}
+
+TEST_F(ClipEval, LanguageModelFlagsAreRefused) {
+    const CliResult r = run_cli("eval" + clip_config() + " --load " + clip_ckpt() + " --split test --iters 2");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--split and --iters apply to GPT-2 and Llama checkpoints only"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("clip.eval_samples"), std::string::npos) << r.output;
 }
 
 // The presets' parameter counts, from the towers' own arithmetic: per block 4 C^2 + 4 C (attention) + 2 C F + F + C

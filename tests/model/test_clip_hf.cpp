@@ -22,14 +22,16 @@
 #include <vector>
 
 #include "comm/self_communicator.h"
-#include "engine/backends/backend.h"
 #include "engine/ckpt/safetensors.h"
 #include "engine/clip/clip_model.h"
 #include "engine/clip/hf_clip.h"
 #include "engine/core/check.h"
 #include "engine/core/philox.h"
+#include "tests/common/binary_files.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/tiny_clip.h"
 #include "tests/e2e/hf_checks.h"
+#include "tests/ops/op_test_util.h"
 
 namespace ms {
 namespace {
@@ -44,52 +46,27 @@ constexpr float kLogitScale = 3.1f;
 
 // Two layers per tower; heads of 8 (image) and 4 (text) columns; MLP widths that are not 4 * width (so
 // intermediate_size is read, not assumed); a 3 x 3 grid of 4 x 4 patches; projections of 12 columns.
-ClipShape tiny_clip() {
-    ClipConfig c;
-    c.preset = "none";
-    c.embed_dim = 12;
-    c.image_size = 12;
-    c.patch_size = 4;
-    c.vision_layers = 2;
-    c.vision_width = 24;
-    c.vision_heads = 3;
-    c.vision_mlp = 40;
-    c.context_length = 12;
-    c.text_layers = 2;
-    c.text_width = 16;
-    c.text_heads = 4;
-    c.text_mlp = 36;
-    return resolve_clip_shape(c);
-}
+constexpr test::TinyClipSizes kSizes{.embed_dim = 12,
+                                     .image_size = 12,
+                                     .vision_width = 24,
+                                     .vision_heads = 3,
+                                     .vision_mlp = 40,
+                                     .context_length = 12,
+                                     .text_heads = 4,
+                                     .text_mlp = 36};
 
 // Pixels ~ N(0, 1); captions of 1, 4, 7 and 15 bytes (the last cut to context - 1, its end-of-text the last row).
 ClipBatch random_batch(const ClipShape& s) {
-    ClipBatch batch;
-    batch.b = kB;
-    const int S = s.image_size(), T = s.text.T;
-    batch.pixels.resize(static_cast<size_t>(kB) * 3 * S * S);
-    for (size_t i = 0; i < batch.pixels.size(); ++i) batch.pixels[i] = philox_normal(kSeed, 1, i);
-    batch.tokens.resize(static_cast<size_t>(kB) * T);
-    batch.end_of_text.resize(kB);
     const int lengths[kB] = {1, 4, 7, 15};
-    for (int i = 0; i < kB; ++i) {
-        std::string caption;
-        for (int k = 0; k < lengths[i]; ++k) caption += static_cast<char>(' ' + (7 * i + 13 * k) % 95);
-        batch.end_of_text[static_cast<size_t>(i)] =
-            clip_tokenize(caption, T, batch.tokens.data() + static_cast<int64_t>(i) * T);
-    }
-    return batch;
+    std::vector<std::string> captions(kB);
+    for (int i = 0; i < kB; ++i)
+        for (int k = 0; k < lengths[i]; ++k) captions[i] += static_cast<char>(' ' + (7 * i + 13 * k) % 95);
+    return test::clip_batch(s, kSeed, captions);
 }
 
-struct TinyClip {
-    SelfCommunicator world{"world"};
-    ProcessGroups groups = make_process_groups(world, Topology{});
-    std::unique_ptr<Backend> backend = make_backend({});
-    ClipShape shape = tiny_clip();
-    ClipModel model{shape, *backend, groups, kB, DType::kF32};
-
+struct TinyClip : test::OneRankClip {
     // LayerNorm gains 1 + 0.1 n, biases 0.05 n (n ~ N(0, 1), a stream per tensor), logit_scale kLogitScale.
-    TinyClip() {
+    TinyClip() : OneRankClip(test::tiny_clip_shape(kSizes), kB) {
         model.init_weights(kSeed, kInitStd);
         for (const ParamInfo& p : model.params_info()) {
             float* w = model.params() + p.offset;
@@ -102,30 +79,6 @@ struct TinyClip {
         }
     }
 };
-
-void write_bin(const std::string& path, const void* data, size_t bytes) {
-    std::ofstream f(path, std::ios::binary);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    MS_CHECK(f.good(), "cannot write {}", path);
-}
-
-std::vector<double> read_f64(const std::string& path, size_t count) {
-    std::vector<double> v(count);
-    std::ifstream f(path, std::ios::binary);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(double)));
-    EXPECT_TRUE(f.good() && f.peek() == EOF) << path << " does not hold exactly " << count << " doubles";
-    return v;
-}
-
-// max |ours - ref| / max |ref|: scale-free.
-double rel_max_error(const std::vector<float>& ours, const std::vector<double>& ref) {
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-        diff = std::max(diff, std::abs(static_cast<double>(ours[i]) - ref[i]));
-        scale = std::max(scale, std::abs(ref[i]));
-    }
-    return diff / scale;
-}
 
 const ParamInfo& find(const std::vector<ParamInfo>& table, const std::string& name) {
     const auto it = std::find_if(table.begin(), table.end(), [&](const ParamInfo& p) { return p.name == name; });
@@ -198,19 +151,19 @@ TEST(ClipHf, TorchClipModelFromTheExportMatchesFeaturesAndLoss) {
 
     const test::TempDir dir("ms_clip_hf");
     write_hf_clip(s, c.model.params_info(), clip_flat_tensors(c.model.params()), dir / "hf");
-    write_bin(dir / "pixels.bin", batch.pixels.data(), batch.pixels.size() * sizeof(float));
-    write_bin(dir / "tokens.bin", batch.tokens.data(), batch.tokens.size() * sizeof(int32_t));
+    test::write_bin(dir / "pixels.bin", batch.pixels);
+    test::write_bin(dir / "tokens.bin", batch.tokens);
     const int rc = test::run_python(python, test::quoted(MS_SOURCE_DIR "/tests/e2e/hf_clip_reference.py") + " " +
                                                 test::quoted(dir / "hf") + " " + test::quoted(dir.path()));
     if (rc == 77) GTEST_SKIP() << "PyTorch and numpy are not importable by " << python << " (install python3-torch)";
     ASSERT_EQ(rc, 0) << "hf_clip_reference.py failed (its output is above)";
 
     const size_t n = static_cast<size_t>(kB) * s.embed_dim;
-    const std::vector<double> ref_image = read_f64(dir / "image_features.bin", n);
-    const std::vector<double> ref_text = read_f64(dir / "text_features.bin", n);
+    const std::vector<double> ref_image = test::read_bin<double>(dir / "image_features.bin", n);
+    const std::vector<double> ref_text = test::read_bin<double>(dir / "text_features.bin", n);
     double ref_loss = 0;
     std::ifstream(dir / "loss.txt") >> ref_loss;
-    const double e_image = rel_max_error(image, ref_image), e_text = rel_max_error(text, ref_text);
+    const double e_image = test::max_rel_error(image, ref_image), e_text = test::max_rel_error(text, ref_text);
     const double e_loss = std::abs(loss.loss - ref_loss) / ref_loss;
     std::printf("ClipHf vs float64 torch: image %.2e, text %.2e (of the largest feature), loss %.2e (of %.6f)\n",
                 e_image, e_text, e_loss, ref_loss);
@@ -241,21 +194,9 @@ TEST(ClipHf, RefusesATableThatIsNotTheClipShapes) {
     TinyClip c;
     const std::vector<ParamInfo>& table = c.model.params_info();
 
-    ClipConfig wider;  // the tiny shape with a wider image MLP
-    wider.preset = "none";
-    wider.embed_dim = 12;
-    wider.image_size = 12;
-    wider.patch_size = 4;
-    wider.vision_layers = 2;
-    wider.vision_width = 24;
-    wider.vision_heads = 3;
+    test::TinyClipSizes wider = kSizes;  // the tiny shape with a wider image MLP
     wider.vision_mlp = 48;
-    wider.context_length = 12;
-    wider.text_layers = 2;
-    wider.text_width = 16;
-    wider.text_heads = 4;
-    wider.text_mlp = 36;
-    const std::string shape_error = refusal(resolve_clip_shape(wider), table);
+    const std::string shape_error = refusal(test::tiny_clip_shape(wider), table);
     EXPECT_NE(shape_error.find("config error: the model to export is not the CLIP model the clip section describes "
                                "(embed_dim 12; image tower: 2 layers of width 24, 3 heads, MLP 48"),
               std::string::npos)

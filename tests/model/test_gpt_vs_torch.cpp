@@ -26,13 +26,16 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/binary_files.h"
 #include "tests/model/gpt_test_util.h"
 
 namespace ms {
 namespace {
 
 namespace fs = std::filesystem;
+using test::read_bin;
 using test::rel_max_error;
+using test::write_bin;
 
 constexpr int kB = 3;
 constexpr int kSteps = 10;
@@ -60,21 +63,6 @@ constexpr double kTolLoss = 2e-6;    // |dloss|
 constexpr double kTolGrad = 4e-6;    // per tensor: max |dgrad| / max |grad|
 constexpr double kTolLosses = 2e-6;  // max over the ten AdamW steps of |dloss|
 constexpr double kTolNorm = 1e-6;    // max over the ten AdamW steps of |dnorm| / norm
-
-void write_bin(const fs::path& path, const void* data, size_t bytes) {
-    std::ofstream f(path, std::ios::binary);
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    MS_CHECK(f.good(), "cannot write {}", path.string());
-}
-
-template <typename T>
-std::vector<T> read_bin(const fs::path& path, size_t count) {
-    std::vector<T> v(count);
-    std::ifstream f(path, std::ios::binary);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(count * sizeof(T)));
-    EXPECT_TRUE(f.good() && f.peek() == EOF) << path << " does not hold exactly " << count << " values";
-    return v;
-}
 
 std::vector<double> read_lines(const fs::path& path) {
     std::vector<double> v;

@@ -25,6 +25,7 @@
 #include "engine/ckpt/checkpoint.h"
 #include "engine/ckpt/save_dir.h"
 #include "engine/core/check.h"
+#include "tests/common/checkpoint_files.h"
 #include "tests/common/temp_dir.h"
 #include "tests/e2e/run_cli.h"
 
@@ -32,6 +33,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using ms::CheckpointReader;
+using ms::test::ckpt_sets;
+using ms::test::iter_dir;
 using ms::test::read_file;
 using ms::test::TempDir;
 
@@ -67,11 +70,6 @@ TrainRun train(int ranks, const std::string& out, int iters, const std::string& 
     return r;
 }
 
-std::string ckpt_sets(const std::string& save, const std::string& load, int interval = 0) {
-    return "--set checkpoint.save=" + save + " --set checkpoint.load=" + load +
-           " --set checkpoint.save_interval=" + std::to_string(interval);
-}
-
 struct Metrics {
     std::map<int64_t, double> loss, grad_norm, loss_scale;  // a non-finite grad norm (a skipped step) reads -1
 };
@@ -93,21 +91,11 @@ Metrics read_metrics(const std::string& dir) {
     return m;
 }
 
-std::string iter_dir(const std::string& save, int64_t it) { return save + "/" + ms::checkpoint_dir_name(it); }
-
-// Every model tensor and both optimizer states of two checkpoints agree bit for bit.
+// Every model tensor of tiny.yaml's 8 layers and both optimizer states of two checkpoints agree bit for bit.
 void expect_same_state(const std::string& a_dir, const std::string& b_dir) {
     const CheckpointReader a(a_dir), b(b_dir);
-    ASSERT_EQ(a.names(), b.names());
     ASSERT_EQ(a.names().size(), 2u + 12u * 8u + 2u);
-    for (const std::string& name : a.names()) {
-        EXPECT_EQ(a.tensor(name).data, b.tensor(name).data) << name;
-        for (const ms::OptimState s : {ms::OptimState::kExpAvg, ms::OptimState::kExpAvgSq})
-            EXPECT_EQ(a.optimizer_state(name, s).data, b.optimizer_state(name, s).data)
-                << ms::optim_state_name(s) << " of " << name;
-    }
-    EXPECT_EQ(a.train_state().consumed_samples, b.train_state().consumed_samples);
-    EXPECT_EQ(a.train_state().optimizer_step, b.train_state().optimizer_step);
+    ms::test::expect_same_state(a, b);
 }
 
 void copy_checkpoint(const std::string& from_save, int64_t it, const std::string& to_save) {
@@ -279,9 +267,7 @@ TEST(CheckpointResume, ModelOnlyCheckpointStartsTheOptimizerFresh) {
     const std::string dir = iter_dir(d / "model_only", 2);
     fs::remove_all(dir + "/optim");
     auto manifest = nlohmann::json::parse(read_file(dir + "/" + ms::kManifestFile));
-    std::vector<std::string> optim_files;
-    for (const auto& [rel, entry] : manifest["files"].items())
-        if (rel.rfind("optim/", 0) == 0) optim_files.push_back(rel);
+    const std::vector<std::string> optim_files = ms::test::manifest_files(manifest, "optim/");
     ASSERT_EQ(optim_files.size(), 1u);
     for (const std::string& rel : optim_files) manifest["files"].erase(rel);
     std::ofstream(dir + "/" + ms::kManifestFile) << manifest.dump(2);
@@ -336,13 +322,8 @@ TEST(CheckpointResume, Tp2Pp2Dp2Zero1ContinuesBitIdentically) {
     EXPECT_EQ(r.manifest()["pp"], 2);
     EXPECT_EQ(r.manifest()["dp"], 2);
     EXPECT_EQ(r.manifest()["zero_stage"], 1);
-    int model_files = 0, optim_files = 0;
-    for (const auto& [rel, entry] : r.manifest()["files"].items()) {
-        model_files += rel.rfind("model/", 0) == 0;
-        optim_files += rel.rfind("optim/", 0) == 0;
-    }
-    EXPECT_EQ(model_files, 4);
-    EXPECT_EQ(optim_files, 8);
+    EXPECT_EQ(ms::test::manifest_files(r.manifest(), "model/").size(), 4u);
+    EXPECT_EQ(ms::test::manifest_files(r.manifest(), "optim/").size(), 8u);
 }
 
 // Resharding: the iteration-4 checkpoint of the tp2 x pp2 x dp2 ZeRO-1 run resumed under other layouts continues like
@@ -454,15 +435,7 @@ TEST(CheckpointFailures, CorruptedFileFallsBackToThePreviousCheckpoint) {
     ASSERT_EQ(a.exit_code, 0) << a.output;
     const Metrics first = read_metrics(d.path());
     const std::string victim = iter_dir(save, 4) + "/model/tp00_pp000.safetensors";
-    {
-        std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekg(-64, std::ios::end);
-        char c = 0;
-        f.read(&c, 1);
-        c = static_cast<char>(c ^ 0x5a);
-        f.seekp(-64, std::ios::end);
-        f.write(&c, 1);
-    }
+    ms::test::flip_byte(victim);
     fs::remove(d / "metrics.jsonl");
     const TrainRun b = train(1, d.path(), 6, ckpt_sets(save, save));
     ASSERT_EQ(b.exit_code, 0) << b.output;

@@ -13,14 +13,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "engine/ckpt/atomic_dir.h"
 #include "engine/ckpt/checkpoint.h"
-#include "engine/ckpt/checkpoint_model.h"
+#include "tests/common/checkpoint_files.h"
+#include "tests/common/clip_train.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/train_run.h"
 #include "tests/e2e/run_cli.h"
@@ -38,14 +38,8 @@ constexpr const char* kDp2 = "--set training.micro_batch_size=4";
 
 // tiny-clip.yaml for `iters` steps on `ranks` processes; `sets` are more --set options.
 TrainRun run_clip(int ranks, int iters, const std::string& sets) {
-    return run_train({.binary = MS_BINARY_PATH,
-                      .config = MS_SOURCE_DIR "/tests/parallel/tiny-clip.yaml",
-                      .sets = "--set training.train_iters=" + std::to_string(iters) +
-                              " --set lr_schedule.lr_decay_iters=" + std::to_string(kTotalIters) + " " + sets,
-                      .ranks = ranks,
-                      .launcher = "mpiexec --oversubscribe --allow-run-as-root",
-                      .env = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive",
-                      .timeout_s = 120});
+    return run_tiny_clip(ranks, "--set training.train_iters=" + std::to_string(iters) +
+                                    " --set lr_schedule.lr_decay_iters=" + std::to_string(kTotalIters) + " " + sets);
 }
 
 // The same on one rank through run_cli, for runs that are meant to fail: their exit code and output.
@@ -55,32 +49,18 @@ CliResult run_clip_cli(int iters, const std::string& out, const std::string& set
                    " --set lr_schedule.lr_decay_iters=" + std::to_string(kTotalIters) + " " + sets);
 }
 
-std::string ckpt_sets(const std::string& save, const std::string& load, int interval = 0) {
-    return "--set checkpoint.save=" + save + " --set checkpoint.load=" + load +
-           " --set checkpoint.save_interval=" + std::to_string(interval);
-}
-
-std::string iter_dir(const std::string& save, int64_t it) { return save + "/" + checkpoint_dir_name(it); }
-
 std::vector<double> tail(const std::vector<double>& v, size_t from) {
     return from <= v.size() ? std::vector<double>(v.begin() + static_cast<std::ptrdiff_t>(from), v.end())
                             : std::vector<double>{};
 }
 
-// Every model tensor and both optimizer states of two checkpoints agree bit for bit.
-void expect_same_state(const std::string& a_dir, const std::string& b_dir) {
+// Every model tensor of a CLIP model (both towers and the logit scale) and both optimizer states of two checkpoints
+// agree bit for bit.
+void expect_same_clip_state(const std::string& a_dir, const std::string& b_dir) {
     const CheckpointReader a(a_dir), b(b_dir);
-    ASSERT_EQ(a.names(), b.names());
     ASSERT_TRUE(a.contains("logit_scale"));
     ASSERT_TRUE(a.contains("text_model.encoder.layers.1.mlp.fc2.weight"));
-    for (const std::string& name : a.names()) {
-        EXPECT_EQ(a.tensor(name).data, b.tensor(name).data) << name;
-        for (const OptimState s : {OptimState::kExpAvg, OptimState::kExpAvgSq})
-            EXPECT_EQ(a.optimizer_state(name, s).data, b.optimizer_state(name, s).data)
-                << optim_state_name(s) << " of " << name;
-    }
-    EXPECT_EQ(a.train_state().consumed_samples, b.train_state().consumed_samples);
-    EXPECT_EQ(a.train_state().optimizer_step, b.train_state().optimizer_step);
+    expect_same_state(a, b);
 }
 
 // 8 steps straight vs 4, save, auto-resume, 4 more under the same layout: the same losses and the same final
@@ -98,7 +78,7 @@ void expect_resume_is_exact(const TempDir& d, int ranks, const std::string& layo
 
     EXPECT_EQ(first.losses, std::vector<double>(straight.losses.begin(), straight.losses.begin() + kSplitAt));
     EXPECT_EQ(second.losses, tail(straight.losses, kSplitAt));
-    expect_same_state(iter_dir(d / "straight", kTotalIters), iter_dir(d / "split", kTotalIters));
+    expect_same_clip_state(iter_dir(d / "straight", kTotalIters), iter_dir(d / "split", kTotalIters));
     const CheckpointReader r(iter_dir(d / "split", kTotalIters));
     EXPECT_EQ(r.train_state().optimizer_step, kTotalIters);
     EXPECT_EQ(r.train_state().consumed_samples, kTotalIters * 8);
@@ -118,13 +98,27 @@ TEST(ClipCheckpointResume, Tp2Dp2Zero1ContinuesBitIdentically) {
     EXPECT_EQ(r.manifest()["tp"], 2);
     EXPECT_EQ(r.manifest()["dp"], 2);
     EXPECT_EQ(r.manifest()["zero_stage"], 1);
-    int model_files = 0, optim_files = 0;
-    for (const auto& [rel, entry] : r.manifest()["files"].items()) {
-        model_files += rel.rfind("model/", 0) == 0;
-        optim_files += rel.rfind("optim/", 0) == 0;
-    }
-    EXPECT_EQ(model_files, 2);
-    EXPECT_EQ(optim_files, 4);
+    EXPECT_EQ(manifest_files(r.manifest(), "model/").size(), 2u);
+    EXPECT_EQ(manifest_files(r.manifest(), "optim/").size(), 4u);
+}
+
+// With cross-modal layers the resume is exact too (the hard negatives are Philox draws of (seed, step, sample), no
+// state), the checkpoint holds the fusion's tensors and says how many layers it has, and `convert --to hf-clip`
+// exports the towers alone (CLIPModel has no cross-modal layers), the same bytes as a run without them would.
+TEST(ClipCheckpointResume, CrossModalLayersContinueBitIdentically) {
+    const TempDir d("clip_ckpt_itm");
+    expect_resume_is_exact(d, 1, "--set clip.cross_modal_layers=1");
+    const CheckpointReader r(iter_dir(d / "split", kTotalIters));
+    EXPECT_EQ(r.manifest()["model"]["cross_modal_layers"], 1);
+    EXPECT_TRUE(r.contains("fusion.layers.0.cross_attn.k_proj.weight"));
+    EXPECT_TRUE(r.contains("itm_head.weight"));
+    const CliResult c = run_cli("convert --to hf-clip --load " + (d / "split") + " --out " + (d / "hf"));
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    EXPECT_NE(c.output.find("the 1 layers and the matching head"), std::string::npos) << c.output;
+    const std::string weights = read_file(d / "hf/model.safetensors");
+    EXPECT_EQ(weights.find("fusion."), std::string::npos);
+    EXPECT_EQ(weights.find("itm_head"), std::string::npos);
+    EXPECT_NE(weights.find("text_model.encoder.layers.1.mlp.fc2.weight"), std::string::npos);
 }
 
 // Resharding: the iteration-4 checkpoint of a tp2 x dp2 ZeRO-1 run, resumed on one rank and on dp2, continues as the
@@ -203,16 +197,7 @@ TEST(ClipCheckpointConvert, OtherFamiliesAreRefused) {
         EXPECT_NE(r.output.find("export it with --to hf-clip"), std::string::npos) << r.output;
     }
     // A GPT-2 model-only checkpoint, written here.
-    Config gpt_cfg;
-    gpt_cfg.model.num_layers = 1;
-    gpt_cfg.model.hidden_size = 16;
-    gpt_cfg.model.num_attention_heads = 2;
-    gpt_cfg.model.seq_length = 8;
-    gpt_cfg.model.vocab_size = 32;
-    const GptShape gpt{.L = 1, .C = 16, .NH = 2, .T = 8, .V = 32, .Vp = 128, .F = 64};
-    const std::vector<ParamInfo> table = gpt_param_table(gpt);
-    const std::vector<float> zeros(static_cast<size_t>(table.back().offset + table.back().numel), 0.0f);
-    write_model_checkpoint(d / "gpt", gpt_cfg, gpt, zeros.data(), TrainState{}, nlohmann::json::object());
+    write_tiny_gpt2_checkpoint(d / "gpt");
     const CliResult r = run_cli("convert --to hf-clip --load " + (d / "gpt") + " --out " + (d / "x"));
     EXPECT_EQ(r.exit_code, kExitConfigError) << r.output;
     EXPECT_NE(r.output.find("holds a GPT-2 model (model.arch gpt), which --to hf-clip does not export"),
@@ -227,16 +212,6 @@ TEST(ClipCheckpointConvert, OtherFamiliesAreRefused) {
                                  "model has"),
               std::string::npos)
         << resume.output;
-}
-
-void flip_byte(const std::string& path) {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-64, std::ios::end);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x5a);
-    f.seekp(-64, std::ios::end);
-    f.write(&c, 1);
 }
 
 // A byte flipped in a model file, found by verify_on_load: full. With an older checkpoint the resume names the file,

@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "comm/self_communicator.h"
+#include "tests/common/binary_files.h"
+#include "tests/common/contrastive_loss_grads.h"
 #include "tests/common/temp_dir.h"
 #include "tests/ops/op_test_util.h"
 
@@ -35,6 +37,7 @@ namespace {
 
 using test::max_rel_error;
 using test::random_floats;
+using Grads = test::ContrastiveLossGrads;
 
 void expect_within(const std::string& what, double err, double tol) {
     if (std::getenv("MS_OP_TEST_VERBOSE")) std::printf("  %-44s err %.2e (tol %.0e)\n", what.c_str(), err, tol);
@@ -74,19 +77,11 @@ double reference_loss(const std::vector<double>& image, const std::vector<double
     return total / static_cast<double>(2 * N);
 }
 
-struct Grads {
-    ContrastiveLossResult r;
-    std::vector<float> dimage, dtext;
-};
-
+// The whole batch on one rank.
 Grads run(const std::vector<float>& image, const std::vector<float>& text, int64_t N, int64_t D, float p,
           float grad_scale = 1.0f) {
     SelfCommunicator self("dp");
-    Grads g;
-    g.dimage.resize(image.size());
-    g.dtext.resize(text.size());
-    g.r = contrastive_loss(image, text, N, D, p, self, g.dimage, g.dtext, grad_scale);
-    return g;
+    return test::contrastive_loss_grads(image, text, N, D, p, self, grad_scale);
 }
 
 std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
@@ -259,15 +254,6 @@ TEST(ContrastiveLoss, SameBitsForAnyThreadCountAndAcrossCalls) {
 
 // ---- against PyTorch ----
 
-template <typename T>
-std::vector<T> read_bin(const std::string& path, size_t n) {
-    std::vector<T> v(n);
-    std::ifstream f(path, std::ios::binary);
-    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
-    EXPECT_TRUE(f.good()) << path;
-    return v;
-}
-
 double read_number(const std::string& path) {
     std::ifstream f(path);
     double x = NAN;
@@ -287,10 +273,8 @@ TEST(ContrastiveLoss, MatchesOpenClipInPyTorch) {
     const std::vector<float> image = random_floats(N * D, 51, -2.0f, 2.0f),
                              text = random_floats(N * D, 52, -2.0f, 2.0f);
     test::TempDir dir("ms_clip_loss");
-    std::ofstream(dir / "image.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(image.data()), static_cast<std::streamsize>(image.size() * 4));
-    std::ofstream(dir / "text.bin", std::ios::binary)
-        .write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size() * 4));
+    test::write_bin(dir / "image.bin", image);
+    test::write_bin(dir / "text.bin", text);
     struct Case {
         float p;
         int world;
@@ -316,8 +300,8 @@ TEST(ContrastiveLoss, MatchesOpenClipInPyTorch) {
         const std::string k = std::to_string(c);
         const Grads g = run(image, text, N, D, cases[c].p);
         const double world = cases[c].world;
-        std::vector<double> dimage = read_bin<double>(dir / ("dimage_" + k + ".bin"), N * D);
-        std::vector<double> dtext = read_bin<double>(dir / ("dtext_" + k + ".bin"), N * D);
+        std::vector<double> dimage = test::read_bin<double>(dir / ("dimage_" + k + ".bin"), N * D);
+        std::vector<double> dtext = test::read_bin<double>(dir / ("dtext_" + k + ".bin"), N * D);
         for (double& v : dimage) v /= world;
         for (double& v : dtext) v /= world;
         const double loss = read_number(dir / ("loss_" + k + ".txt"));
