@@ -1,0 +1,127 @@
+// connect4.cpp: the Connect4 state (connect4.h): size checks, the move parser, moves, outcome, and its views.
+#include "engine/games/connect4.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "engine/core/check.h"
+
+namespace ms::games {
+
+void Connect4::check_size(int rows, int cols) {
+    std::string problem;
+    if (rows < kMinRows || rows > kMaxRows) {
+        problem = fmt::format("rows must be {}..{}", kMinRows, kMaxRows);
+    } else if (cols < kMinCols || cols > kMaxCols) {
+        problem = fmt::format("columns must be {}..{}", kMinCols, kMaxCols);
+    } else if ((rows + 1) * cols > 64) {
+        problem = fmt::format(
+            "(rows + 1) * columns = {} is over the 64 bits of the bitboard, which holds rows + 1 "
+            "bits per column",
+            (rows + 1) * cols);
+    } else {
+        return;
+    }
+    throw UserError(
+        fmt::format("game error: connect4 cannot be played on a board of {} rows x {} columns: {}; the "
+                    "largest boards are 8 x 7, 7 x 8 and 6 x 9, the standard one 6 x 7",
+                    rows, cols, problem));
+}
+
+uint64_t Connect4::bottom_mask(int rows, int cols) {
+    uint64_t bottom = 0;
+    for (int c = 0; c < cols; ++c) bottom |= uint64_t{1} << bit_index(rows, c, 0);
+    return bottom;
+}
+
+Connect4 Connect4::empty(int rows, int cols) {
+    check_size(rows, cols);
+    Connect4 state;
+    state.rows_ = static_cast<uint8_t>(rows);
+    state.cols_ = static_cast<uint8_t>(cols);
+    return state;
+}
+
+Connect4 Connect4::from_moves(int rows, int cols, std::string_view moves) {
+    Connect4 state = empty(rows, cols);
+    for (size_t i = 0; i < moves.size(); ++i) {
+        const char ch = moves[i];
+        const int col = ch - '1';
+        const auto refuse = [&](const std::string& why) {
+            throw UserError(fmt::format("game error: connect4 moves '{}': move {} ('{}') {}", moves, i + 1, ch, why));
+        };
+        if (col < 0 || col >= cols) refuse(fmt::format("is not a column of the {}-column board (1..{})", cols, cols));
+        if (state.last_mover_won()) {
+            refuse(fmt::format("comes after the game ended: {} completed four at move {}",
+                               state.side_to_move() == 0 ? 'O' : 'X', i));
+        }
+        if (!state.is_legal(col)) refuse(fmt::format("is into column {}, which is full", col + 1));
+        state.play(col);
+    }
+    return state;
+}
+
+uint64_t Connect4::legal_moves() const {
+    uint64_t legal = 0;
+    for (int c = 0; c < cols_; ++c) {
+        if (!(mask_ & top_cell(c))) legal |= uint64_t{1} << c;
+    }
+    return legal;
+}
+
+void Connect4::play(int col) {
+    MS_CHECK(is_legal(col), "connect4: move into column {} (0-based) of a {}-column board, which is not legal:\n{}",
+             col, cols_, to_string());
+    MS_CHECK(!last_mover_won(), "connect4: move after the game ended:\n{}", to_string());
+    current_ ^= mask_;
+    mask_ |= mask_ + (uint64_t{1} << bit_index(rows_, col, 0));
+    ++moves_;
+}
+
+Outcome Connect4::outcome() const {
+    if (last_mover_won()) return Outcome::kLoss;
+    return is_full() ? Outcome::kDraw : Outcome::kOngoing;
+}
+
+void Connect4::cells(std::span<int8_t> out) const {
+    MS_CHECK(out.size() == static_cast<size_t>(rows_) * cols_, "connect4: cells() needs {} x {} = {} codes, got {}",
+             rows_, cols_, rows_ * cols_, out.size());
+    for (int r = 0; r < rows_; ++r) {
+        for (int c = 0; c < cols_; ++c) {
+            const uint64_t cell = uint64_t{1} << bit_index(rows_, c, rows_ - 1 - r);
+            out[static_cast<size_t>(r) * cols_ + c] = !(mask_ & cell)     ? kCellEmpty
+                                                      : (current_ & cell) ? kCellToMove
+                                                                          : kCellOpponent;
+        }
+    }
+}
+
+Connect4 Connect4::mirrored() const {
+    Connect4 out = *this;
+    out.current_ = out.mask_ = 0;
+    const int height = rows_ + 1;
+    const uint64_t column = (uint64_t{1} << height) - 1;
+    for (int c = 0; c < cols_; ++c) {
+        const int from = bit_index(rows_, c, 0), to = bit_index(rows_, cols_ - 1 - c, 0);
+        out.current_ |= ((current_ >> from) & column) << to;
+        out.mask_ |= ((mask_ >> from) & column) << to;
+    }
+    return out;
+}
+
+std::string Connect4::to_string() const {
+    const uint64_t first = side_to_move() == 0 ? current_ : current_ ^ mask_;  // the stones of the side that began
+    std::string out;
+    out.reserve(static_cast<size_t>(rows_) * (cols_ + 1));
+    for (int r = rows_ - 1; r >= 0; --r) {
+        for (int c = 0; c < cols_; ++c) {
+            const uint64_t cell = uint64_t{1} << bit_index(rows_, c, r);
+            out += !(mask_ & cell) ? '.' : (first & cell) ? 'X' : 'O';
+        }
+        out += '\n';
+    }
+    return out;
+}
+
+}  // namespace ms::games
