@@ -11,6 +11,7 @@
 #include "engine/clip/clip_train.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "engine/selfplay/selfplay_train.h"
 #include "engine/train/plan.h"
 #include "engine/train/trainer.h"
 
@@ -48,7 +49,26 @@ Command add_train_command(CLI::App& parent) {
                     return kExitOk;
                 }
                 if (cfg.model.arch == "clip") return run_clip_train(cfg);
+                if (cfg.model.arch == "alphazero")
+                    throw UserError(
+                        "config error: model.arch: alphazero learns from its own games, not from data; hint: run "
+                        "`mindspeed-train selfplay --config ...` with this config");
                 return run_train(cfg);
+            }};
+}
+
+Command add_selfplay_command(CLI::App& parent) {
+    CLI::App* cmd = parent.add_subcommand(
+        "selfplay", "Train a policy-value network on its own games of tree search (model.arch: alphazero)");
+    auto args = std::make_shared<ConfigArgs>();
+    add_config_args(cmd, *args);
+    return {cmd, [args]() {
+                const Config cfg = load_config(args->config_path, args->overrides);
+                if (args->print_config) {
+                    std::cout << config_to_yaml(cfg) << std::flush;
+                    return kExitOk;
+                }
+                return selfplay::run_selfplay(cfg);
             }};
 }
 

@@ -14,6 +14,7 @@ struct Command {
 
 Command add_train_command(CLI::App& parent);       // cmd_train.cpp
 Command add_plan_command(CLI::App& parent);        // cmd_train.cpp
+Command add_selfplay_command(CLI::App& parent);    // cmd_train.cpp
 Command add_preprocess_command(CLI::App& parent);  // cmd_preprocess.cpp
 Command add_convert_command(CLI::App& parent);     // cmd_convert.cpp
 Command add_eval_command(CLI::App& parent);        // cmd_eval.cpp

@@ -1,5 +1,5 @@
 // main.cpp: mindspeed-train's command line -- `--version` and the train / plan / preprocess / convert / eval /
-// generate / report / calibrate subcommands.
+// generate / report / calibrate / selfplay subcommands.
 //
 // Exit codes (engine/core/check.h): a bad command line or a UserError (bad config, bad data) exits 2 with one
 // "error: ..." sentence on stderr before anything large is allocated; any other RunError exits with its own code
@@ -54,10 +54,10 @@ int main(int argc, char** argv) {
     CLI::App app{"mindspeed-train: trains GPT models with Megatron-style configs, on CPUs and NVIDIA GPUs"};
     app.set_version_flag("--version", std::string("mindspeed-train ") + MS_VERSION);
     app.require_subcommand(1);
-    const ms::app::Command commands[] = {ms::app::add_train_command(app),      ms::app::add_plan_command(app),
-                                         ms::app::add_preprocess_command(app), ms::app::add_convert_command(app),
-                                         ms::app::add_eval_command(app),       ms::app::add_generate_command(app),
-                                         ms::app::add_report_command(app),     ms::app::add_calibrate_command(app)};
+    const ms::app::Command commands[] = {
+        ms::app::add_train_command(app),   ms::app::add_plan_command(app),      ms::app::add_preprocess_command(app),
+        ms::app::add_convert_command(app), ms::app::add_eval_command(app),      ms::app::add_generate_command(app),
+        ms::app::add_report_command(app),  ms::app::add_calibrate_command(app), ms::app::add_selfplay_command(app)};
     try {
         app.parse(argc, argv);
         for (const ms::app::Command& c : commands) {

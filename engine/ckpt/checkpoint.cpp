@@ -256,6 +256,7 @@ void write_rank_files(const CheckpointContext& c, const TrainState& state, const
     if (g.world->rank() == 0) {
         write_file_atomic(tmp + "/" + kTrainStateFile, train_state_to_json(state).dump(2) + "\n");
         write_file_atomic(tmp + "/" + kResolvedConfigFile, config_to_yaml(c.cfg));
+        if (c.write_extra) c.write_extra(tmp);
     }
 }
 
@@ -374,6 +375,7 @@ nlohmann::json train_state_to_json(const TrainState& s) {
             {"skipped_iterations", s.skipped_iterations},
             {"nan_iterations", s.nan_iterations},
             {"optimizer_step", s.optimizer_step},
+            {"optimizer_steps_per_iteration", s.optimizer_steps_per_iteration},
             {"lr_schedule",
              {{"lr_decay_style", s.lr_decay_style},
               {"lr", s.lr},
@@ -397,6 +399,7 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& whe
         s.skipped_iterations = j.at("skipped_iterations").get<int64_t>();
         s.nan_iterations = j.at("nan_iterations").get<int64_t>();
         s.optimizer_step = j.at("optimizer_step").get<int64_t>();
+        s.optimizer_steps_per_iteration = j.value("optimizer_steps_per_iteration", int64_t{1});
         const json& lr = j.at("lr_schedule");
         s.lr_decay_style = lr.at("lr_decay_style").get<std::string>();
         s.lr = lr.at("lr").get<double>();
@@ -416,7 +419,8 @@ TrainState train_state_from_json(const nlohmann::json& j, const std::string& whe
     } catch (const json::exception& e) {
         fail(fmt::format("'{}' is not a train state: {}", where, e.what()));
     }
-    if (s.iteration < 0 || s.consumed_samples < 0 || s.optimizer_step < 0 || s.optimizer_step > s.iteration)
+    if (s.iteration < 0 || s.consumed_samples < 0 || s.optimizer_step < 0 || s.optimizer_steps_per_iteration < 1 ||
+        s.optimizer_step > s.iteration * s.optimizer_steps_per_iteration)
         fail(fmt::format("'{}': iteration {}, consumed_samples {}, optimizer_step {} are inconsistent", where,
                          s.iteration, s.consumed_samples, s.optimizer_step));
     return s;

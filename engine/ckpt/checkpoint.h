@@ -89,6 +89,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -118,6 +119,9 @@ struct TrainState {
     int64_t skipped_iterations = 0;
     int64_t nan_iterations = 0;
     int64_t optimizer_step = 0;  // AdamW steps taken (bias correction); < iteration when steps were skipped
+    // at most this many per iteration: 1 for a language model or CLIP, selfplay.train_steps for self-play (absent in
+    // older files: 1)
+    int64_t optimizer_steps_per_iteration = 1;
     // The lr schedule is a pure function of (config, iteration) (learning_rate() in adamw.h); these are the values
     // it was computed from, so that a resume under a changed schedule says so.
     std::string lr_decay_style;
@@ -164,6 +168,9 @@ struct CheckpointContext {
     const std::vector<ParamInfo>& params_info;  // this rank's table: canonical names, shards, flat offsets
     float* params;  // the flat fp32 parameter buffer the table indexes (sharded masters: lent, pipeline.h params())
     DistributedOptimizer& optimizer;
+    // Files of the model family's own state that world rank 0 writes into the checkpoint directory (given as the
+    // argument) with train_state.json: the commit lists and digests them with the rest (self-play's replay buffer).
+    std::function<void(const std::string& dir)> write_extra = {};
 };
 
 // Writes iteration `state.iteration` to cfg.checkpoint.save (see the top of this file), then applies

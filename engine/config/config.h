@@ -34,7 +34,7 @@ struct ModelConfig {
     // gpt: GPT-2 (LayerNorm, learned positions, GELU-tanh, biases, tied head); llama: RMSNorm (layernorm_epsilon),
     // rotary positions, grouped-query attention, SwiGLU (gate and up each ffn_hidden_size wide), no biases, untied
     // output layer
-    std::string arch = "gpt";  // gpt | llama | clip (the clip: section)
+    std::string arch = "gpt";  // gpt | llama | clip (the clip: section) | alphazero (the selfplay: section)
     int num_layers = 12;
     int hidden_size = 768;
     int num_attention_heads = 12;
@@ -252,6 +252,34 @@ struct ClipConfig {
     float itm_weight = 1.0f;
 };
 
+// model.arch: alphazero (engine/selfplay/, `mindspeed-train selfplay`): a policy/value network over a board's cells
+// (the model: section's layers, hidden size, heads and ffn), trained on its own games of tree search. Each iteration
+// plays games_per_iteration games, adds their positions to the replay buffer and takes train_steps optimizer steps on
+// training.global_batch_size positions drawn from it; training.train_iters counts iterations.
+struct SelfPlayConfig {
+    std::string game = "connect4";
+    // The stages, "<rows>x<cols>:<simulations per move>", boards growing: the run starts on the first and moves on
+    // when it scores promote_score against promote_against there
+    std::vector<std::string> curriculum = {"6x7:64"};
+    std::string max_board;  // the largest board the network embeds, "<rows>x<cols>" (empty: the curriculum's last)
+    int64_t games_per_iteration = 64;  // over all data-parallel ranks
+    int games_per_group = 32;          // games one batched search advances together: what one forward serves
+    int leaves_per_wave = 4;           // leaves one game's tree sends per wave, spread by virtual loss
+    float virtual_loss = 1.0f;
+    float c_puct = 1.5f;
+    float dirichlet_alpha = 1.0f;     // the root noise's concentration
+    float noise_fraction = 0.25f;     // of the root's priors replaced by the noise
+    int temperature_moves = 8;        // moves of a game chosen in proportion to the visits; the rest the most visited
+    int64_t replay_capacity = 50000;  // positions kept (the newest)
+    int train_steps = 20;             // optimizer steps per iteration
+    int eval_interval = 5;            // iterations between evaluations (0: at the end only)
+    int eval_games = 100;             // games per opponent, half with each colour
+    int eval_simulations = 64;        // the agent's search in evaluation games (no noise, the most visited move)
+    std::vector<std::string> eval_opponents = {"random", "alphabeta:4"};  // random | alphabeta:<depth>
+    std::string promote_against = "random";  // the opponent whose score advances the curriculum
+    float promote_score = 0.95f;             // wins plus half the draws, over the evaluation's games against it
+};
+
 struct Config {
     int schema_version = 1;
     RunConfig run;
@@ -269,6 +297,7 @@ struct Config {
     LinkModelConfig link_model;
     DebugConfig debug;
     ClipConfig clip;
+    SelfPlayConfig selfplay;
     // The keys the file and --set gave a value (an alias counts as its target), sorted; load_config fills it. Not a
     // key: neither config_to_yaml nor the hash sees it. parallel.auto keeps the layout keys among them.
     std::vector<std::string> explicit_keys;

@@ -117,7 +117,7 @@ std::vector<Field> config_fields(Config& c) {
          Constraint{.min = 0, .hint = "0 takes the nodes from the hosts the ranks run on; N > 0 simulates nodes of N "
                                       "consecutive ranks"}},
 
-        {"model.arch", &c.model.arch, one_of({"gpt", "llama", "clip"})},
+        {"model.arch", &c.model.arch, one_of({"gpt", "llama", "clip", "alphazero"})},
         {"model.num_layers", &c.model.num_layers, at_least(1)},
         {"model.hidden_size", &c.model.hidden_size, at_least(1)},
         {"model.num_attention_heads", &c.model.num_attention_heads, at_least(1)},
@@ -308,6 +308,26 @@ std::vector<Field> config_fields(Config& c) {
         {"clip.cross_modal_layers", &c.clip.cross_modal_layers,
          Constraint{.min = 0, .hint = "0 trains the towers contrastively alone"}},
         {"clip.itm_weight", &c.clip.itm_weight, Constraint{.min = 0, .hint = "the matching loss's weight in the total"}},
+
+        {"selfplay.game", &c.selfplay.game, one_of({"connect4"})},
+        {"selfplay.curriculum", &c.selfplay.curriculum, {}},
+        {"selfplay.max_board", &c.selfplay.max_board, {}},
+        {"selfplay.games_per_iteration", &c.selfplay.games_per_iteration, at_least(1)},
+        {"selfplay.games_per_group", &c.selfplay.games_per_group, at_least(1)},
+        {"selfplay.leaves_per_wave", &c.selfplay.leaves_per_wave, at_least(1)},
+        {"selfplay.virtual_loss", &c.selfplay.virtual_loss, Constraint{.min = 0}},
+        {"selfplay.c_puct", &c.selfplay.c_puct, positive()},
+        {"selfplay.dirichlet_alpha", &c.selfplay.dirichlet_alpha, positive()},
+        {"selfplay.noise_fraction", &c.selfplay.noise_fraction, Constraint{.min = 0, .max = 1}},
+        {"selfplay.temperature_moves", &c.selfplay.temperature_moves, Constraint{.min = 0}},
+        {"selfplay.replay_capacity", &c.selfplay.replay_capacity, at_least(1)},
+        {"selfplay.train_steps", &c.selfplay.train_steps, Constraint{.min = 0}},
+        {"selfplay.eval_interval", &c.selfplay.eval_interval, Constraint{.min = 0, .hint = "0 evaluates at the end only"}},
+        {"selfplay.eval_games", &c.selfplay.eval_games, at_least(2)},
+        {"selfplay.eval_simulations", &c.selfplay.eval_simulations, at_least(1)},
+        {"selfplay.eval_opponents", &c.selfplay.eval_opponents, {}},
+        {"selfplay.promote_against", &c.selfplay.promote_against, {}},
+        {"selfplay.promote_score", &c.selfplay.promote_score, Constraint{.min = 0, .max = 1}},
     };
     // clang-format on
 }

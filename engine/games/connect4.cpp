@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <bit>
 #include <string>
 
 #include "engine/core/check.h"
@@ -62,6 +64,42 @@ Connect4 Connect4::from_moves(int rows, int cols, std::string_view moves) {
     return state;
 }
 
+Connect4 Connect4::from_bitboards(int rows, int cols, uint64_t current, uint64_t all) {
+    Connect4 state = empty(rows, cols);
+    const auto refuse = [&](const std::string& why) {
+        throw UserError(fmt::format(
+            "game error: connect4 bitboards (current {:#x}, all {:#x}) on a {} x {} board are no position: {}", current,
+            all, rows, cols, why));
+    };
+    const uint64_t outside = all & ~board_mask(rows, cols);
+    if (outside) {
+        const int bit = std::countr_zero(outside);
+        refuse(fmt::format("bit {} holds a stone but is {} (a column holds rows + 1 = {} bits, the top one empty)", bit,
+                           bit >= (rows + 1) * cols ? "past the last column" : "a column's empty top bit", rows + 1));
+    }
+    // A column whose stones fill its cells from the bottom up gains exactly its next empty cell when its bottom bit
+    // is added (the carry stops at the first empty cell); a gap under a stone leaves that stone in the sum.
+    const uint64_t floating = (all + bottom_mask(rows, cols)) & all;
+    if (floating) {
+        const int bit = std::countr_zero(floating);
+        refuse(
+            fmt::format("the stone in column {}, row {} (from 1, the bottom row 1) is above an empty cell, but "
+                        "stones stack from the bottom",
+                        bit / (rows + 1) + 1, bit % (rows + 1) + 1));
+    }
+    if (current & ~all) refuse("the side to move has stones where `all` has none (current must be a subset of all)");
+    const int moves = std::popcount(all), mine = std::popcount(current);
+    if (mine != moves / 2) {  // the side that moved first has placed one stone more after an odd number of moves
+        refuse(fmt::format("the side to move has {} of the {} stones, where it must have {} (half, rounded down)", mine,
+                           moves, moves / 2));
+    }
+    if (has_four(current, rows)) refuse("the side to move has four in a line, so the game ended before the last move");
+    state.current_ = current;
+    state.mask_ = all;
+    state.moves_ = static_cast<uint8_t>(moves);
+    return state;
+}
+
 uint64_t Connect4::legal_moves() const {
     uint64_t legal = 0;
     for (int c = 0; c < cols_; ++c) {
@@ -95,6 +133,13 @@ void Connect4::cells(std::span<int8_t> out) const {
                                                                           : kCellOpponent;
         }
     }
+}
+
+int Connect4::action_cell(int col) const {
+    MS_CHECK(col >= 0 && col < cols_, "connect4: action_cell of column {} on a {}-column board", col, cols_);
+    const uint64_t column = (mask_ >> bit_index(rows_, col, 0)) & ((uint64_t{1} << rows_) - 1);
+    const int height = std::min(std::popcount(column), rows_ - 1);  // the landing row, from the bottom
+    return (rows_ - 1 - height) * cols_ + col;
 }
 
 Connect4 Connect4::mirrored() const {

@@ -36,6 +36,13 @@ class Connect4 {
     // of Pons' solver test sets). Throws UserError for a character that is no column of the board, a move into a
     // full column, or a move after the game has ended.
     static Connect4 from_moves(int rows, int cols, std::string_view moves);
+    // The position whose bitboards are `current` (the side to move's stones) and `all` (every stone), as
+    // current_stones() and all_stones() give them: the way back in for a file that stored them. The move count
+    // follows from the stones. Throws UserError for what a file can hold wrongly: a board size check_size refuses,
+    // a stone outside the board (a sentinel bit, a column past the last), a stone above an empty cell, a side-to-move
+    // stone that is not in `all`, stone counts that do not fit the side to move (it has placed moves / 2 stones), or
+    // four in a line for the side to move (the game would have ended before the other side's last move).
+    static Connect4 from_bitboards(int rows, int cols, uint64_t current, uint64_t all);
 
     // The bit of column `col`, row `row` (0 at the bottom): the layout above, in one place.
     static constexpr int bit_index(int rows, int col, int row) { return col * (rows + 1) + row; }
@@ -74,6 +81,9 @@ class Connect4 {
 
     // rows * cols cell codes (game.h), row-major, the top row first.
     void cells(std::span<int8_t> out) const;
+    // The cell (row-major index, top row first, as cells()) a stone dropped in column `col` lands on: the policy
+    // head's cell for the action. A full column (illegal) gives its top cell.
+    int action_cell(int col) const;
     uint64_t key() const { return current_ + mask_; }
     // The board reflected left to right (column c becomes cols - 1 - c): the game's one symmetry, for augmenting
     // training positions (the policy reflects the same way).

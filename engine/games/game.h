@@ -9,6 +9,8 @@
 //   outcome()              Outcome from the side to move's view (the one who just moved cannot have lost);
 //   cells(out)             rows * cols cell codes (kCellEmpty / kCellToMove / kCellOpponent), row-major with the
 //                          top row first: from the side to move's view, so one network plays both sides;
+//   action_cell(a)         the cell (an index into cells()) action a puts a stone on: where a network that
+//                          scores cells reads the action's logit;
 //   key()                  an exact key of the position among positions of the same board size;
 //   move_count(), to_string().
 // Games are concrete types, not virtual classes: what plays them is a template over the Game concept, dispatched
@@ -56,6 +58,7 @@ concept Game = std::is_trivially_copyable_v<G> && requires(const G game, G state
     { game.legal_moves() } -> std::same_as<uint64_t>;
     { game.outcome() } -> std::same_as<Outcome>;
     { game.key() } -> std::same_as<uint64_t>;
+    { game.action_cell(action) } -> std::same_as<int>;
     { game.to_string() } -> std::same_as<std::string>;
     game.cells(out);
     state.play(action);

@@ -142,6 +142,49 @@ TensorId ChunkBuilder::gelu_mlp(TensorId res2, int l, const std::string& p, cons
     return res3;
 }
 
+TensorId ChunkBuilder::encoder_attention(TensorId res, int l, const std::string& p, bool causal) {
+    const GptShape& s = s_.shape;
+    const int64_t tp = s_.tp_size, C = s.C, NH_local = s.NH / tp, C_local = NH_local * (s.C / s.NH);
+    const std::string h = fmt::format("h.{}.", l);
+    const TensorId x = norm_to_columns(res, h + "ln_1", p + "layer_norm1", l);
+    const std::string a = p + "self_attn.";
+    const TensorId qkv_w =
+        packed_params(a + "qkv_proj.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
+    const TensorId qkv_b =
+        packed_params(a + "qkv_proj.bias", {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
+    const TensorId qkv = act(h + "qkv", N_, 3 * C_local);
+    op(OpCode::kMatmul, h + "self_attn.qkv_proj", {x, qkv_w, qkv_b}, {qkv}, l);
+    const TensorId atty = act(h + "atty", N_, C_local);
+    const TensorId lse = stat(h + "lse", static_cast<int64_t>(s_.B) * NH_local * s_.T);
+    Node* attn = nullptr;
+    if (!causal) {
+        const int64_t scratch = graph::ring_forward_scratch_elems(
+            {.B = s_.B, .T = s_.T, .NH = NH_local, .NKV = NH_local, .HS = s.C / s.NH, .act = s_.act, .causal = false});
+        attn = &op(OpCode::kRingAttention, h + "attn", {qkv}, {atty, lse, stat(h + "attn_scratch", scratch)}, l);
+        attn->causal = false;
+    } else {
+        attn = &op(OpCode::kAttention, h + "attn", {qkv}, {atty, lse}, l);
+    }
+    attn->B = s_.B;
+    attn->T = s_.T;
+    attn->NH = NH_local;
+    const TensorId attn_partial = act(h + "self_attn.out_proj", N_, C);
+    op(OpCode::kMatmul, h + "self_attn.out_proj", {atty, param(a + "out_proj.weight"), kNoTensor}, {attn_partial}, l);
+    const TensorId attn_out = reduce_rows(attn_partial, h + "attn.out", l);
+    const TensorId res2 = act(h + "res2", N_, C);
+    op(OpCode::kResidual, h + "attn.residual", {res, attn_out, param(a + "out_proj.bias")}, {res2}, l);
+    return res2;
+}
+
+TensorId ChunkBuilder::layer_norm(TensorId x, int64_t rows, const std::string& name, const std::string& param_prefix) {
+    const TensorId y = act(name, rows, s_.shape.C);
+    const TensorId mean = stat(name + "_mean", rows), rstd = stat(name + "_rstd", rows);
+    op(OpCode::kLayerNorm, name, {x, param(param_prefix + ".weight"), param(param_prefix + ".bias")}, {y, mean, rstd},
+       layer_)
+        .eps = s_.shape.eps;
+    return y;
+}
+
 TensorId ChunkBuilder::head_weight() {
     const TensorId shared = param(output_weight_name(s_.shape));
     if (head_grad_bytes(s_.shape, s_.part, s_.tp_size, s_.options) == 0) return shared;

@@ -52,6 +52,15 @@ class ChunkBuilder {
     // "<p><fc>.weight", ..., tensors and labels "h.<l>.<fc>", ... Returns res3 ("h.<l>.res3").
     TensorId gelu_mlp(TensorId res2, int l, const std::string& p, const std::string& norm, const std::string& fc,
                       const std::string& proj);
+    // The encoder block's self-attention half of layer l under Hugging Face's CLIP names (CLIP's towers and the
+    // policy-value trunk; parameters param_table.h's add_encoder_attention_params): res2 = res +
+    // out_proj(attention(qkv_proj(layer_norm1(res)))) + out_proj.bias, q/k/v column-parallel per head, packed back
+    // to back per rank, out_proj row-parallel with its bias added after the reduction. Causal, or bidirectional (the
+    // block ops of a ring of one rank, ring_attention.h, without the mask). Returns res2 ("h.<l>.res2").
+    TensorId encoder_attention(TensorId res, int l, const std::string& p, bool causal);
+    // A LayerNorm of `rows` rows of x with parameters "<param_prefix>.weight" / ".bias", computed whole on every
+    // tensor-parallel rank (no sequence parallelism): a tower's final norm. The output is named `name`.
+    TensorId layer_norm(TensorId x, int64_t rows, const std::string& name, const std::string& param_prefix);
 
     const GptGraphSpec& s_;
     graph::Graph g_;

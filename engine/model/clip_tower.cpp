@@ -91,7 +91,6 @@ class ClipTowerBuilder : public ChunkBuilder {
     TensorId layer(TensorId res, int l, bool last) override;
     std::string final_norm() const override { return final_norm_name(s_.shape); }
 
-    TensorId layer_norm(TensorId x, int64_t rows, const std::string& name, const std::string& param_prefix);
     // The chunk's end: the rows at `pool_rows` (one per sequence) of the normed stream, projected to shape.proj
     // columns ("features", or the matching head's "logits"), whose gradient "dout" the host writes.
     void pool_and_project(TensorId res, TensorId bias);
@@ -100,50 +99,13 @@ class ClipTowerBuilder : public ChunkBuilder {
     TensorId image_ = kNoTensor;  // kClipFusion: the image rows the cross-attention reads (all tp ranks' whole)
 };
 
-TensorId ClipTowerBuilder::layer_norm(TensorId x, int64_t rows, const std::string& name,
-                                      const std::string& param_prefix) {
-    const TensorId y = act(name, rows, s_.shape.C);
-    const TensorId mean = stat(name + "_mean", rows), rstd = stat(name + "_rstd", rows);
-    op(OpCode::kLayerNorm, name, {x, param(param_prefix + ".weight"), param(param_prefix + ".bias")}, {y, mean, rstd},
-       layer_)
-        .eps = s_.shape.eps;
-    return y;
-}
-
 // Layer l's ops, tensors "h.<l>.<what>" as GPT-2's (the memory plan groups layers by them).
-TensorId ClipTowerBuilder::layer(TensorId res, int l, bool) {
+TensorId ClipTowerBuilder::layer(TensorId res, int l, bool last) {
     layer_ = l;
     const GptShape& s = s_.shape;
     const int64_t tp = s_.tp_size, C = s.C, NH_local = s.NH / tp, C_local = NH_local * (s.C / s.NH);
     const std::string h = fmt::format("h.{}.", l), p = layer_prefix(s, l);
-    // attention: res2 = res + out_proj(attention(qkv_proj(layer_norm1(res)))) + bias
-    const TensorId x = norm_to_columns(res, h + "ln_1", p + "layer_norm1", l);
-    const std::string a = p + "self_attn.";
-    const TensorId qkv_w =
-        packed_params(a + "qkv_proj.weight", {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"});
-    const TensorId qkv_b =
-        packed_params(a + "qkv_proj.bias", {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
-    const TensorId qkv = act(h + "qkv", N_, 3 * C_local);
-    op(OpCode::kMatmul, h + "self_attn.qkv_proj", {x, qkv_w, qkv_b}, {qkv}, l);
-    const TensorId atty = act(h + "atty", N_, C_local);
-    const TensorId lse = stat(h + "lse", static_cast<int64_t>(s_.B) * NH_local * s_.T);
-    Node* attn = nullptr;
-    if (vision(s)) {
-        const int64_t scratch = graph::ring_forward_scratch_elems(
-            {.B = s_.B, .T = s_.T, .NH = NH_local, .NKV = NH_local, .HS = s.C / s.NH, .act = s_.act, .causal = false});
-        attn = &op(OpCode::kRingAttention, h + "attn", {qkv}, {atty, lse, stat(h + "attn_scratch", scratch)}, l);
-        attn->causal = false;
-    } else {
-        attn = &op(OpCode::kAttention, h + "attn", {qkv}, {atty, lse}, l);
-    }
-    attn->B = s_.B;
-    attn->T = s_.T;
-    attn->NH = NH_local;
-    const TensorId attn_partial = act(h + "self_attn.out_proj", N_, C);
-    op(OpCode::kMatmul, h + "self_attn.out_proj", {atty, param(a + "out_proj.weight"), kNoTensor}, {attn_partial}, l);
-    const TensorId attn_out = reduce_rows(attn_partial, h + "attn.out", l);
-    TensorId res2 = act(h + "res2", N_, C);
-    op(OpCode::kResidual, h + "attn.residual", {res, attn_out, param(a + "out_proj.bias")}, {res2}, l);
+    TensorId res2 = encoder_attention(res, l, p, !vision(s));
     if (fusion(s)) {
         // cross-attention: res2 += out_proj(attention(q_proj(layer_norm_cross(res2)), kv_proj(image))) + bias, the
         // text rows of a pair seeing every image row of that pair; q and [K | V] column-parallel per head
@@ -179,6 +141,8 @@ TensorId ClipTowerBuilder::layer(TensorId res, int l, bool) {
     }
     // MLP: res3 = res2 + fc2(gelu(fc1(layer_norm2(res2)))) + bias
     const TensorId res3 = gelu_mlp(res2, l, p, "layer_norm2", "mlp.fc1", "mlp.fc2");
+    // the memory plan's representative graph (its first two layers) names the last layer's output gradient so
+    if (last) g_.tensors[static_cast<size_t>(res3)].grad_name = "d.output";
     layer_ = -1;
     return res3;
 }
@@ -286,53 +250,27 @@ std::vector<ParamInfo> clip_tower_param_table(const GptShape& s, int tp) {
     const int64_t C = s.C, F = s.F;
     using K = ShardKind;
     const std::string e = tower_prefix(s) + "embeddings.";
-    // q, k and v (weights, then biases) of `a`, each column-parallel per head and packed back to back per rank; k and
-    // v read rows of kv_width
-    const auto attention_in = [&](const std::string& a, const std::vector<const char*>& parts, int64_t kv_width) {
-        for (bool weights : {true, false})
-            for (size_t i = 0; i < parts.size(); ++i) {
-                const std::string m = parts[i];
-                const int64_t in = m == "q_proj" ? C : kv_width;
-                w.add(a + m + (weights ? ".weight" : ".bias"),
-                      weights ? std::vector<int64_t>{C, in} : std::vector<int64_t>{C}, K::kRows, weights ? 1 : 0, 0);
-                if (i + 1 < parts.size()) w.pack();
-            }
-    };
-    const auto norm = [&](const std::string& name) {
-        w.add(name + ".weight", {C}, K::kReplicated, 0, 1);
-        w.add(name + ".bias", {C}, K::kReplicated, 0, 0);
-    };
-    const auto out_proj = [&](const std::string& a) {
-        w.add(a + "out_proj.weight", {C, C}, K::kCols, proj, 0);
-        w.add(a + "out_proj.bias", {C}, K::kReplicated, 0, 0);
-    };
     if (vision(s)) {
         w.add(e + "class_embedding", {1, C}, K::kReplicated, 1, 0).weight_decay = false;
         w.add(e + "patch_embedding.weight", {C, patch_width(s)}, K::kReplicated, 1, 0);
         w.add(e + "position_embedding.weight", {s.T, C}, K::kReplicated, 1, 0);
-        norm(tower_prefix(s) + "pre_layrnorm");
+        add_layer_norm_params(w, tower_prefix(s) + "pre_layrnorm", C);
     } else if (!fusion(s)) {
         w.add(e + "token_embedding.weight", {s.V, C}, K::kReplicated, 1, 0);
         w.add(e + "position_embedding.weight", {s.T, C}, K::kReplicated, 1, 0);
     }
     for (int l = 0; l < s.L; ++l) {
-        const std::string p = layer_prefix(s, l), a = p + "self_attn.";
-        norm(p + "layer_norm1");
-        attention_in(a, {"q_proj", "k_proj", "v_proj"}, C);
-        out_proj(a);
+        const std::string p = layer_prefix(s, l);
+        add_encoder_attention_params(w, p, C, proj);
         if (fusion(s)) {
-            norm(p + "layer_norm_cross");
-            attention_in(p + "cross_attn.", {"q_proj"}, C);
-            attention_in(p + "cross_attn.", {"k_proj", "v_proj"}, s.cross_C);
-            out_proj(p + "cross_attn.");
+            add_layer_norm_params(w, p + "layer_norm_cross", C);
+            add_attention_input_params(w, p + "cross_attn.", {"q_proj"}, C, C);
+            add_attention_input_params(w, p + "cross_attn.", {"k_proj", "v_proj"}, C, s.cross_C);
+            add_out_proj_params(w, p + "cross_attn.", C, proj);
         }
-        norm(p + "layer_norm2");
-        w.add(p + "mlp.fc1.weight", {F, C}, K::kRows, 1, 0);
-        w.add(p + "mlp.fc1.bias", {F}, K::kRows, 0, 0);
-        w.add(p + "mlp.fc2.weight", {C, F}, K::kCols, proj, 0);
-        w.add(p + "mlp.fc2.bias", {C}, K::kReplicated, 0, 0);
+        add_encoder_mlp_params(w, p, C, F, proj);
     }
-    norm(final_norm_name(s));
+    add_layer_norm_params(w, final_norm_name(s), C);
     w.add(projection_name(s), {s.proj, C}, K::kReplicated, 1, 0);
     if (fusion(s)) w.add("itm_head.bias", {s.proj}, K::kReplicated, 0, 0);
     return w.take();

@@ -66,6 +66,11 @@ std::vector<ParamInfo> gpt_param_table(const GptShape& s, int tp, const GptPart&
         MS_CHECK(part.first_layer == 0 && part.embedding, "a CLIP tower is one chunk: it has no pipeline parts");
         return clip_tower_param_table(s, tp);
     }
+    if (s.arch == ModelArch::kPolicyValue) {
+        MS_CHECK(part.first_layer == 0 && part.embedding,
+                 "the policy-value network is one chunk: it has no pipeline parts");
+        return policy_value_param_table(s, tp);
+    }
     MS_CHECK(tp >= 1 && s.NH % tp == 0 && s.F % tp == 0 && s.Vp % tp == 0,
              "tensor-parallel size {} must divide heads {}, ffn {} and padded vocab {}", tp, s.NH, s.F, s.Vp);
     const int num_layers = part_layers(s, part);

@@ -86,7 +86,10 @@ struct GptGraphOptions {
 // bidirectional, each tower's output one pooled row per sample, normed and projected to `proj` columns. So are CLIP's
 // optional cross-modal layers (kClipFusion): text rows attending to themselves and to their image's rows, ending in
 // the image-text matching head's `proj` = 2 logits per pair.
-enum class ModelArch : uint8_t { kGpt, kLlama, kClipVision, kClipText, kClipFusion };
+//
+// The self-play network (kPolicyValue, engine/model/policy_value.h) is one too: a bidirectional encoder over a game
+// board's cells plus a summary row, with a policy logit per cell and a value head on the summary row.
+enum class ModelArch : uint8_t { kGpt, kLlama, kClipVision, kClipText, kClipFusion, kPolicyValue };
 inline bool is_clip_tower(ModelArch a) {
     return a == ModelArch::kClipVision || a == ModelArch::kClipText || a == ModelArch::kClipFusion;
 }
@@ -118,6 +121,8 @@ struct GptShape {
     // CLIP's cross-modal layers (kClipFusion): the width of the image rows their keys and values are made from; the
     // image rows per pair are (image / patch)^2 + 1
     int cross_C = 0;
+    // The policy-value network (kPolicyValue): the largest board it embeds (rows x cols cells; T = rows * cols + 1)
+    int board_rows = 0, board_cols = 0;
     int kv_heads() const { return NKV > 0 ? NKV : NH; }
     // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not
@@ -201,6 +206,8 @@ void init_params(const std::vector<ParamInfo>& table, float* params, uint64_t se
                  int tp_size, int64_t live_vocab_elems);
 // A CLIP tower's table (clip_tower.cpp), which gpt_param_table gives for those arches.
 std::vector<ParamInfo> clip_tower_param_table(const GptShape& s, int tp_size);
+// The policy-value network's table (policy_value.cpp), likewise.
+std::vector<ParamInfo> policy_value_param_table(const GptShape& s, int tp_size);
 int64_t gpt_num_params(const GptShape& s);
 // Forward+backward FLOPs per token of a training step at sequence length T (Megatron's formula), for MFU.
 double gpt_train_flops_per_token(const GptShape& s, int T);

@@ -74,6 +74,7 @@ GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>&
     MS_CHECK(spec.B >= 1 && spec.T >= 1, "gpt graph: batch {} x sequence {}", spec.B, spec.T);
     if (spec.shape.arch == ModelArch::kLlama) return build_llama_graph(spec, table);
     if (is_clip_tower(spec.shape.arch)) return build_clip_tower_graph(spec, table);
+    if (spec.shape.arch == ModelArch::kPolicyValue) return build_policy_value_graph(spec, table);
     MS_CHECK(spec.options.context_parallel == 1,
              "gpt graph: context parallelism ({} ranks) is built for Llama's rotary positions, not GPT's table",
              spec.options.context_parallel);

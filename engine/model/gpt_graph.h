@@ -45,10 +45,11 @@ struct GptGraph {
     graph::PassReport recompute, fusion;
 };
 // Dispatches on spec.shape.arch: GPT-2's builder here, Llama's in llama_graph.cpp (build_llama_graph), CLIP's towers
-// in clip_tower.cpp (build_clip_tower_graph).
+// in clip_tower.cpp (build_clip_tower_graph), the self-play network in policy_value.cpp (build_policy_value_graph).
 GptGraph build_gpt_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 GptGraph build_llama_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 GptGraph build_clip_tower_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
+GptGraph build_policy_value_graph(const GptGraphSpec& spec, const std::vector<ParamInfo>& table);
 
 // Where a chunk's activations live, for micro-batches of up to max_batch sequences of shape.seq(): what GptProgram
 // allocates and `plan` reports. Its cost does not grow with the layer count (memory_plan.h).

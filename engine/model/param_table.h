@@ -52,4 +52,21 @@ class TableWriter {
     std::vector<ParamInfo> t_;
 };
 
+// The pre-LayerNorm encoder block under Hugging Face's CLIP names, which CLIP's towers and the policy-value trunk
+// share (chunk_builder.h's encoder_attention and gelu_mlp build its ops). `proj` is the residual projections' init
+// divisor, sqrt(2 L).
+// A LayerNorm's "<name>.weight" (ones) and ".bias" (zeros), replicated.
+void add_layer_norm_params(TableWriter& w, const std::string& name, int64_t C);
+// The attention inputs `parts` of attention prefix `a` ("q_proj", "k_proj", "v_proj": each (C, in) with a bias),
+// weights then biases, each column-parallel per head and packed back to back per rank; q reads rows of width C,
+// the others rows of kv_width (a cross-attention's other side).
+void add_attention_input_params(TableWriter& w, const std::string& a, const std::vector<const char*>& parts, int64_t C,
+                                int64_t kv_width);
+// "<a>out_proj.weight" (row-parallel) and its replicated bias.
+void add_out_proj_params(TableWriter& w, const std::string& a, int64_t C, float proj);
+// Layer prefix p's self-attention half: layer_norm1, self_attn's q/k/v and out_proj.
+void add_encoder_attention_params(TableWriter& w, const std::string& p, int64_t C, float proj);
+// Layer prefix p's MLP half: layer_norm2, mlp.fc1 (column-parallel) and mlp.fc2 (row-parallel), with biases.
+void add_encoder_mlp_params(TableWriter& w, const std::string& p, int64_t C, int64_t F, float proj);
+
 }  // namespace ms

@@ -17,7 +17,9 @@ inline TrainRun run_tiny_clip(int ranks, const std::string& sets) {
                       .ranks = ranks,
                       .launcher = "mpiexec --oversubscribe --allow-run-as-root",
                       .env = "OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive",
-                      .timeout_s = 120});
+                      .timeout_s = 120,
+                      .command = "train",
+                      .output_dir = {}});
 }
 
 }  // namespace ms::test

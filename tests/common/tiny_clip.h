@@ -1,7 +1,7 @@
 // tiny_clip.h: a tiny CLIP model on one rank for the model tests (tests/model/test_clip_*.cpp): its shape, resolved
 // from a clip: section as the trainer resolves one (resolve_clip_shape, so every key a test does not set keeps its
-// default), a batch of given captions, the model on a SelfCommunicator and the CPU backend, and the check of its
-// gradients against central differences. Header-only.
+// default), a batch of given captions, the model on a SelfCommunicator and the CPU backend (its gradients are checked
+// with central_differences.h). Header-only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,6 +19,7 @@
 #include "engine/clip/clip_model.h"
 #include "engine/clip/clip_shape.h"
 #include "engine/core/philox.h"
+#include "tests/common/central_differences.h"
 
 namespace ms::test {
 
@@ -77,44 +78,5 @@ struct OneRankClip {
     OneRankClip(const ClipShape& s, int b, float itm_weight = 1.0f)
         : shape(s), model(shape, *backend, groups, b, DType::kF32, itm_weight) {}
 };
-
-// The step and the bound of expect_central_differences.
-struct CentralDifferences {
-    double h;        // the step added to and taken from a weight
-    double rel_tol;  // of the largest gradient checked
-    double abs_tol;
-};
-
-// The gradients the last step left in model.grads() against central differences (loss(w + h) - loss(w - h)) / 2h,
-// for elements 0, numel / 2 and numel - 1 of every parameter (each restored after): each within rel_tol of the
-// largest gradient checked, plus abs_tol, and that largest above 1e-3. `loss` runs the step again on the same batch
-// and returns the loss whose gradient it computed.
-inline void expect_central_differences(ClipModel& model, const std::function<double()>& loss,
-                                       const CentralDifferences& cd) {
-    const std::vector<float> grads(model.grads(), model.grads() + model.flat_size());
-    float* params = model.params();
-    struct Check {
-        std::string name;
-        double analytic, numeric;
-    };
-    std::vector<Check> checks;
-    double largest = 0;
-    for (const ParamInfo& p : model.params_info()) {
-        for (int64_t k : {int64_t{0}, p.numel / 2, p.numel - 1}) {
-            float& w = params[p.offset + k];
-            const float saved = w;
-            w = static_cast<float>(saved + cd.h);
-            const double up = loss();
-            w = static_cast<float>(saved - cd.h);
-            const double down = loss();
-            w = saved;
-            const double numeric = (up - down) / (2 * cd.h), analytic = grads[static_cast<size_t>(p.offset + k)];
-            checks.push_back({p.name + "[" + std::to_string(k) + "]", analytic, numeric});
-            largest = std::max(largest, std::abs(analytic));
-        }
-    }
-    ASSERT_GT(largest, 1e-3);
-    for (const Check& c : checks) EXPECT_NEAR(c.analytic, c.numeric, cd.rel_tol * largest + cd.abs_tol) << c.name;
-}
 
 }  // namespace ms::test

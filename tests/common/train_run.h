@@ -23,8 +23,8 @@
 namespace ms::test {
 
 struct TrainRun {
-    std::vector<double> losses;                            // "lm loss" (or CLIP's "contrastive loss") of every step
-    std::vector<double> itm_losses;                        // CLIP with cross-modal layers: "itm loss" of every step
+    std::vector<double> losses;      // "lm loss" (CLIP's "contrastive loss", self-play's "loss") of every step
+    std::vector<double> itm_losses;  // CLIP with cross-modal layers: "itm loss" of every step
     std::map<std::string, std::vector<float>> grads;       // name -> global tensor after step 1's backward
     int64_t skipped_iterations = -1, nan_iterations = -1;  // of the last record (cumulative counts)
     std::vector<double> loss_scales;                       // fp16 only: "loss-scale" after every step
@@ -40,16 +40,18 @@ struct TrainCommand {
     std::string launcher;  // e.g. "mpiexec --oversubscribe --allow-run-as-root"
     std::string env;       // prepended to the command, e.g. "OMP_NUM_THREADS=1 "
     int timeout_s = 150;
+    std::string command = "train";  // or "selfplay"
+    std::string output_dir;         // run.output_dir when set (kept after the run); else a directory of its own
 };
 
 // Runs the command in a fresh directory (run.output_dir), expects exit status 0, and reads what it wrote.
 inline TrainRun run_train(const TrainCommand& c) {
-    const TempDir dir("ms_train_run");
-    std::string cmd =
-        "MS_DUMP_GRADS=" + dir / "grads.bin" + " " + c.env + " timeout " + std::to_string(c.timeout_s) + " ";
+    const TempDir own("ms_train_run");
+    const std::string dir = c.output_dir.empty() ? own.path() : c.output_dir;
+    std::string cmd = "MS_DUMP_GRADS=" + dir + "/grads.bin " + c.env + " timeout " + std::to_string(c.timeout_s) + " ";
     if (c.ranks > 1) cmd += c.launcher + " -n " + std::to_string(c.ranks) + " ";
-    cmd += "'" + c.binary + "' train --config '" + c.config + "' --set run.output_dir=" + dir.path() + " " + c.sets +
-           " 2>&1";
+    cmd += "'" + c.binary + "' " + c.command + " --config '" + c.config + "' --set run.output_dir=" + dir + " " +
+           c.sets + " 2>&1";
     TrainRun r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) {
@@ -61,13 +63,15 @@ inline TrainRun run_train(const TrainCommand& c) {
     while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
     const int status = pclose(p);
     EXPECT_EQ(status, 0) << cmd << "\n" << r.output;
-    std::ifstream metrics(dir / "metrics.jsonl");
+    std::ifstream metrics(dir + "/metrics.jsonl");
     std::string line;
     while (std::getline(metrics, line)) {
         const auto j = nlohmann::json::parse(line);
-        // a language model's step record, or a CLIP model's (model.arch: clip); evaluation records have neither
+        // a language model's step record, a CLIP model's (model.arch: clip) or a self-play iteration's; evaluation
+        // records have none
         const char* key = j.contains("lm loss")            ? "lm loss"
                           : j.contains("contrastive loss") ? "contrastive loss"
+                          : j.contains("policy loss")      ? "loss"
                                                            : nullptr;
         if (key == nullptr) continue;
         r.losses.push_back(j[key].is_number() ? j[key].get<double>() : std::nan(""));
@@ -78,7 +82,7 @@ inline TrainRun run_train(const TrainCommand& c) {
         if (j.contains("bytes_per_step")) r.dp_bytes.push_back(j["bytes_per_step"].value("dp", int64_t{0}));
     }
     for (int stage = 0;; ++stage) {  // one dump per pipeline stage; the tied wte is on the first and the last
-        const std::string file = dir / ("grads.bin.stage" + std::to_string(stage));
+        const std::string file = dir + "/grads.bin.stage" + std::to_string(stage);
         std::ifstream index_file(file + ".json");
         if (!index_file) break;
         std::ifstream bin(file, std::ios::binary);

@@ -104,6 +104,18 @@ TEST(ClipCli, MissingCaptionAndTooSmallImageNameShardAndKey) {
     }
 }
 
+// Towers and cross-modal layers deeper than the memory plan's representative two layers (whose last layer's output
+// gradient must carry the name the plan extrapolates from) train.
+TEST(ClipCli, TowersOfThreeLayersTrain) {
+    const TempDir dir("ms_clip_cli");
+    const CliResult r = run_cli("train" + kTiny +
+                                " --set data.source=shapes --set clip.vision_layers=3 --set clip.text_layers=3"
+                                " --set clip.cross_modal_layers=3 --set training.train_iters=1 --set run.output_dir=" +
+                                dir.path());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("iteration       1/      1 | loss"), std::string::npos) << r.output;
+}
+
 TEST(ClipCli, LayoutsClipCannotRunAreRefusedWithASentence) {
     const TempDir dir("ms_clip_cli");
     const std::string base = "train" + kTiny + " --set data.source=shapes --set run.output_dir=" + dir.path();

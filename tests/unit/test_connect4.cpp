@@ -268,6 +268,24 @@ TEST(Connect4, CellsAreFromTheSideToMovesView) {
     EXPECT_EQ(standard, std::vector<int8_t>(42, e));
 }
 
+TEST(Connect4, ActionCellIsWhereTheStoneLands) {
+    // 4 x 5 after "3312": column 3 (0-based 2) holds two stones, columns 1 and 2 one each, the others none
+    const Connect4 state = Connect4::from_moves(4, 5, "3312");
+    EXPECT_EQ(state.action_cell(0), 2 * 5 + 0);  // on the stone in the bottom row
+    EXPECT_EQ(state.action_cell(2), 1 * 5 + 2);  // on the two stones
+    EXPECT_EQ(state.action_cell(4), 3 * 5 + 4);  // the bottom row
+    // each cell a move lands on is the cell cells() then shows the mover's stone in
+    for (int col = 0; col < 5; ++col) {
+        Connect4 next = state;
+        next.play(col);
+        std::vector<int8_t> cells(20);
+        next.cells(cells);
+        EXPECT_EQ(cells[static_cast<size_t>(state.action_cell(col))], ms::games::kCellOpponent) << col;
+    }
+    // a full column: its top cell
+    EXPECT_EQ(Connect4::from_moves(4, 5, "1111").action_cell(0), 0);
+}
+
 TEST(Connect4, KeyIsExact) {
     // Every position of the first 9 plies on 4 x 5: one key per board and one board per key.
     std::unordered_map<uint64_t, std::string> board_of;
@@ -543,6 +561,70 @@ TEST(AlphaBeta, DepthFourBeatsTheRandomPlayer) {
         wins += state.outcome() == Outcome::kLoss && state.side_to_move() != searcher;
     }
     EXPECT_EQ(wins, 20);
+}
+
+TEST(Connect4, BitboardsRoundTrip) {
+    // Every position of random games on every board comes back from its bitboards, move count included.
+    int positions = 0;
+    for (const auto& [rows, cols] : all_sizes()) {
+        for (uint64_t game = 0; game < 8; ++game) {
+            Connect4 state = Connect4::empty(rows, cols);
+            while (true) {
+                EXPECT_EQ(Connect4::from_bitboards(rows, cols, state.current_stones(), state.all_stones()), state)
+                    << rows << " x " << cols << "\n"
+                    << state.to_string();
+                ++positions;
+                if (state.is_terminal()) break;
+                state.play(ms::games::random_move(state, game));
+            }
+        }
+    }
+    EXPECT_GT(positions, 27 * 8 * 7);  // no game ends before its seventh stone
+}
+
+TEST(Connect4, BitboardsThatAreNoPositionAreRefused) {
+    const auto bit = [](int col, int row) { return uint64_t{1} << Connect4::bit_index(6, col, row); };
+    // "445" on 6 x 7: X in columns 4 and 5 (0-based 3, 4), O on top of X in column 4; O to move
+    const Connect4 state = Connect4::from_moves(6, 7, "445");
+    const uint64_t current = state.current_stones(), all = state.all_stones();
+    ASSERT_EQ(all, bit(3, 0) | bit(3, 1) | bit(4, 0));
+    ASSERT_EQ(current, bit(3, 1));
+    const auto refusal = [](int rows, int cols, uint64_t current, uint64_t all) {
+        return user_error([&] { Connect4::from_bitboards(rows, cols, current, all); });
+    };
+    EXPECT_EQ(refusal(3, 7, current, all),
+              "game error: connect4 cannot be played on a board of 3 rows x 7 columns: rows must be 4..8; the largest "
+              "boards are 8 x 7, 7 x 8 and 6 x 9, the standard one 6 x 7");
+    EXPECT_EQ(
+        refusal(6, 7, current, all | bit(2, 6)),
+        "game error: connect4 bitboards (current 0x400000, all 0x10700000) on a 6 x 7 board are no position: bit 20 "
+        "holds a stone but is a column's empty top bit (a column holds rows + 1 = 7 bits, the top one empty)");
+    EXPECT_EQ(
+        refusal(6, 7, current, all | bit(7, 0)),
+        "game error: connect4 bitboards (current 0x400000, all 0x2000010600000) on a 6 x 7 board are no position: "
+        "bit 49 holds a stone but is past the last column (a column holds rows + 1 = 7 bits, the top one "
+        "empty)");
+    EXPECT_EQ(
+        refusal(6, 7, current, all | bit(0, 1)),
+        "game error: connect4 bitboards (current 0x400000, all 0x10600002) on a 6 x 7 board are no position: the stone "
+        "in column 1, row 2 (from 1, the bottom row 1) is above an empty cell, but stones stack from the bottom");
+    EXPECT_EQ(
+        refusal(6, 7, current | bit(0, 0), all),
+        "game error: connect4 bitboards (current 0x400001, all 0x10600000) on a 6 x 7 board are no position: the side "
+        "to move has stones where `all` has none (current must be a subset of all)");
+    // the side to move holding X's two stones instead of O's one
+    EXPECT_EQ(
+        refusal(6, 7, current ^ all, all),
+        "game error: connect4 bitboards (current 0x10200000, all 0x10600000) on a 6 x 7 board are no position: the "
+        "side to move has 2 of the 3 stones, where it must have 1 (half, rounded down)");
+    // X (to move: 8 stones) has four in column 1 and O four in column 2: X's four would have ended the game
+    const uint64_t x = bit(0, 0) | bit(0, 1) | bit(0, 2) | bit(0, 3), o = x << 7;
+    EXPECT_EQ(refusal(6, 7, x, x | o),
+              "game error: connect4 bitboards (current 0xf, all 0x78f) on a 6 x 7 board are no position: the side "
+              "to move has four in a line, so the game ended before the last move");
+    // X's four with three O stones and O to move is a finished game, not an error
+    const uint64_t o3 = o & ~bit(1, 3);
+    EXPECT_TRUE(Connect4::from_bitboards(6, 7, o3, x | o3).last_mover_won());
 }
 
 }  // namespace

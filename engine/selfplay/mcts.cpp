@@ -1,0 +1,343 @@
+// mcts.cpp: the batched tree search (mcts.h): option checks, the Dirichlet noise, and BatchedSearch, instantiated for
+// games::Connect4.
+#include "engine/selfplay/mcts.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "engine/core/check.h"
+#include "engine/core/philox.h"
+
+namespace ms::selfplay {
+
+namespace {
+
+constexpr int kMaxSimulations = 1 << 20;
+constexpr int kMaxLeavesPerWave = 1 << 12;
+constexpr float kMaxWeight = 100.0f;  // the largest c_puct, dirichlet_alpha, virtual_loss, fpu_reduction
+// The index layout of draw_index: the counter's bits and the purpose's.
+constexpr int kCounterBits = 28;
+// The draws one Dirichlet entry may use: Marsaglia and Tsang's loop accepts more than 95% of its tries, so a gamma
+// variate needs more than a few draws with a vanishing probability.
+constexpr uint32_t kDrawsPerEntry = 1u << 16;
+
+template <typename T>
+void refuse(const std::string& key, T value, const std::string& allowed) {
+    throw UserError(fmt::format("config error: selfplay.{} = {} must be {}", key, value, allowed));
+}
+
+void check_range(const std::string& key, float value, float low, bool low_open, float high) {
+    if (!std::isfinite(value) || (low_open ? value <= low : value < low) || value > high) {
+        refuse(key, value, fmt::format("in {}{}, {}]", low_open ? "(" : "[", low, high));
+    }
+}
+
+// A uniform draw in (0, 1], so that its log is finite.
+double uniform_open(uint64_t seed, uint64_t game, uint64_t index) {
+    return 1.0 - philox_uniform_double(seed, game, index);
+}
+
+// log of a Gamma(alpha, 1) variate, drawn from the Philox indices of Dirichlet entry `entry`.
+double log_gamma_variate(double alpha, uint64_t seed, uint64_t game, int move, uint32_t entry) {
+    // Marsaglia and Tsang need a shape >= 1: Gamma(alpha) = Gamma(alpha + 1) * U^(1/alpha).
+    const double shape = alpha < 1.0 ? alpha + 1.0 : alpha;
+    const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
+    uint32_t counter = entry * kDrawsPerEntry;
+    const uint32_t end = counter + kDrawsPerEntry;
+    const auto next_index = [&] {
+        MS_CHECK(counter < end, "Dirichlet entry {}: more than {} draws for one gamma variate", entry, kDrawsPerEntry);
+        return draw_index(move, DrawPurpose::kDirichlet, counter++);
+    };
+    double log_gamma = 0.0;
+    for (;;) {
+        const double x = philox_normal(seed, game, next_index());
+        double v = 1.0 + c * x;
+        if (v <= 0.0) continue;
+        v = v * v * v;
+        const double u = uniform_open(seed, game, next_index());
+        if (u < 1.0 - 0.0331 * x * x * x * x || std::log(u) < 0.5 * x * x + d * (1.0 - v + std::log(v))) {
+            log_gamma = std::log(d * v);
+            break;
+        }
+    }
+    if (alpha < 1.0) log_gamma += std::log(uniform_open(seed, game, next_index())) / alpha;
+    return log_gamma;
+}
+
+}  // namespace
+
+void check_mcts_options(const MctsOptions& options) {
+    if (options.simulations < 1 || options.simulations > kMaxSimulations) {
+        refuse("simulations", options.simulations, fmt::format("in [1, {}]", kMaxSimulations));
+    }
+    if (options.leaves_per_wave < 1 || options.leaves_per_wave > kMaxLeavesPerWave) {
+        refuse("leaves_per_wave", options.leaves_per_wave, fmt::format("in [1, {}]", kMaxLeavesPerWave));
+    }
+    check_range("c_puct", options.c_puct, 0.0f, true, kMaxWeight);
+    check_range("noise_fraction", options.noise_fraction, 0.0f, false, 1.0f);
+    check_range("dirichlet_alpha", options.dirichlet_alpha, 0.0f, true, kMaxWeight);
+    check_range("virtual_loss", options.virtual_loss, 0.0f, false, kMaxWeight);
+    check_range("fpu_reduction", options.fpu_reduction, 0.0f, false, kMaxWeight);
+}
+
+uint64_t draw_index(int move, DrawPurpose purpose, uint32_t counter) {
+    MS_CHECK(move >= 0, "draw_index of move {}", move);
+    MS_CHECK(counter < (1u << kCounterBits), "draw_index: counter {} is over 2^{}", counter, kCounterBits);
+    return (static_cast<uint64_t>(move) << 32) | (static_cast<uint64_t>(purpose) << kCounterBits) | counter;
+}
+
+void dirichlet_noise(float alpha, uint64_t seed, uint64_t game, int move, std::span<double> out) {
+    MS_CHECK(alpha > 0.0f, "Dirichlet noise of alpha {}", alpha);
+    MS_CHECK(!out.empty() && out.size() <= (1u << kCounterBits) / kDrawsPerEntry, "Dirichlet noise over {} entries",
+             out.size());
+    double largest = -std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < out.size(); ++i) {
+        out[i] = log_gamma_variate(alpha, seed, game, move, static_cast<uint32_t>(i));
+        largest = std::max(largest, out[i]);
+    }
+    double sum = 0.0;
+    for (double& x : out) sum += x = std::exp(x - largest);  // the largest entry is 1, so sum >= 1
+    for (double& x : out) x /= sum;
+}
+
+template <games::Game G>
+BatchedSearch<G>::BatchedSearch(const MctsOptions& options, uint64_t seed) : options_(options), seed_(seed) {
+    check_mcts_options(options_);
+}
+
+template <games::Game G>
+std::vector<RootResult> BatchedSearch<G>::run(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots) {
+    if (roots.empty()) return {};
+    expand_roots(evaluator, roots);
+    // The waves: select in every unfinished tree, evaluate the new leaves of all of them, then expand and back up.
+    for (;;) {
+        rows_.clear();
+        bool selected = false;
+        for (Tree& tree : trees_) {
+            if (tree.simulations == options_.simulations) continue;
+            select_wave(tree);
+            selected = true;
+        }
+        if (!selected) break;
+        if (!rows_.empty()) evaluate_rows(evaluator);
+        for (Tree& tree : trees_) back_up_wave(tree);
+        ++counters_.waves;
+    }
+    std::vector<RootResult> results;
+    results.reserve(trees_.size());
+    for (const Tree& tree : trees_) results.push_back(result(tree));
+    counters_.searches += static_cast<int64_t>(trees_.size());
+    counters_.simulations += static_cast<int64_t>(trees_.size()) * options_.simulations;
+    return results;
+}
+
+template <games::Game G>
+void BatchedSearch<G>::expand_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots) {
+    const G& first = roots.front().state;
+    num_actions_ = first.num_actions();
+    trees_.resize(roots.size());
+    rows_.clear();
+    for (size_t t = 0; t < roots.size(); ++t) {
+        const G& state = roots[t].state;
+        MS_CHECK(state.rows() == first.rows() && state.cols() == first.cols(),
+                 "search roots of different boards ({} x {} and {} x {}) in one batch", first.rows(), first.cols(),
+                 state.rows(), state.cols());
+        MS_CHECK(state.outcome() == games::Outcome::kOngoing, "search from a finished game:\n{}", state.to_string());
+        Tree& tree = trees_[t];
+        tree.nodes.clear();
+        tree.paths.clear();
+        tree.selections.clear();
+        tree.game = roots[t].game;
+        tree.simulations = 0;
+        Node root;
+        root.state = state;
+        root.status = NodeStatus::kPending;
+        tree.nodes.push_back(root);
+        rows_.push_back(state);
+    }
+    evaluate_rows(evaluator);
+    const int32_t root_path[1] = {0};
+    for (size_t t = 0; t < roots.size(); ++t) {
+        Tree& tree = trees_[t];
+        expand(tree, 0, std::span<const float>(row_priors_).subspan(t * num_actions_, num_actions_));
+        if (options_.noise_fraction > 0.0f) add_noise(tree);
+        backup(tree, root_path, row_values_[t]);
+    }
+}
+
+template <games::Game G>
+void BatchedSearch<G>::select_wave(Tree& tree) {
+    const int selections = std::min(options_.leaves_per_wave, options_.simulations - tree.simulations);
+    for (int i = 0; i < selections; ++i) {
+        Selection s;
+        s.path_begin = static_cast<int32_t>(tree.paths.size());
+        int32_t node = 0;
+        tree.paths.push_back(node);
+        while (tree.nodes[node].status == NodeStatus::kExpanded) {
+            node = select_child(tree, node);
+            tree.paths.push_back(node);
+        }
+        s.path_end = static_cast<int32_t>(tree.paths.size());
+        for (int32_t p = s.path_begin; p < s.path_end; ++p) ++tree.nodes[tree.paths[p]].in_flight;
+        Node& leaf = tree.nodes[node];
+        if (leaf.outcome != games::Outcome::kOngoing) {
+            s.kind = SelectionKind::kTerminal;
+        } else if (leaf.status == NodeStatus::kPending) {
+            s.kind = SelectionKind::kCollision;
+        } else {
+            leaf.status = NodeStatus::kPending;
+            s.kind = SelectionKind::kNewLeaf;
+            s.row = static_cast<int32_t>(rows_.size());
+            rows_.push_back(leaf.state);
+        }
+        tree.selections.push_back(s);
+    }
+}
+
+template <games::Game G>
+void BatchedSearch<G>::back_up_wave(Tree& tree) {
+    for (const Selection& s : tree.selections) {
+        const std::span<const int32_t> path(tree.paths.data() + s.path_begin, s.path_end - s.path_begin);
+        for (const int32_t node : path) --tree.nodes[node].in_flight;
+        const int32_t leaf = path.back();
+        switch (s.kind) {
+            case SelectionKind::kNewLeaf:
+                expand(tree, leaf, std::span<const float>(row_priors_).subspan(s.row * num_actions_, num_actions_));
+                backup(tree, path, row_values_[s.row]);
+                ++tree.simulations;
+                break;
+            case SelectionKind::kTerminal:
+                backup(tree, path, games::outcome_value(tree.nodes[leaf].outcome));
+                ++tree.simulations;
+                break;
+            case SelectionKind::kCollision:
+                ++counters_.collisions;
+                break;
+        }
+    }
+    tree.selections.clear();
+    tree.paths.clear();
+}
+
+template <games::Game G>
+int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
+    const Node& parent = tree.nodes[node];
+    const double virtual_loss = options_.virtual_loss;
+    const double sqrt_parent = std::sqrt(parent.visits + virtual_loss * parent.in_flight);
+    const std::span<const Node> children(tree.nodes.data() + parent.first_child, parent.num_children);
+    double visited_policy = 0.0;
+    for (const Node& child : children) {
+        if (child.visits > 0) visited_policy += child.prior;
+    }
+    const bool noisy_root = node == 0 && options_.noise_fraction > 0.0f;
+    const double reduction = noisy_root ? 0.0 : options_.fpu_reduction;
+    // An expanded node has backed up its own evaluation, so visits >= 1.
+    const double fpu = -parent.value_sum / parent.visits - reduction * std::sqrt(visited_policy);
+    int32_t best = -1;
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < children.size(); ++i) {
+        const Node& child = children[i];
+        const double pending = virtual_loss * child.in_flight;
+        const double visits = child.visits + pending;
+        const double q = visits > 0.0 ? (child.value_sum - pending) / visits : fpu;
+        const double score = q + options_.c_puct * child.prior * sqrt_parent / (1.0 + visits);
+        if (score > best_score) {
+            best_score = score;
+            best = parent.first_child + static_cast<int32_t>(i);
+        }
+    }
+    MS_CHECK(best >= 0, "no child of an expanded node was selectable (a NaN prior or value?)");
+    return best;
+}
+
+template <games::Game G>
+void BatchedSearch<G>::expand(Tree& tree, int32_t node, std::span<const float> priors) {
+    const G state = tree.nodes[node].state;  // a copy: adding the children moves the nodes
+    uint64_t legal = state.legal_moves();
+    MS_CHECK(legal != 0, "expanding a position with no legal move:\n{}", state.to_string());
+    const int32_t first_child = static_cast<int32_t>(tree.nodes.size());
+    for (; legal != 0; legal &= legal - 1) {
+        const int action = std::countr_zero(legal);
+        Node child;
+        child.state = state;
+        child.state.play(action);
+        child.outcome = child.state.outcome();
+        child.prior = priors[action];
+        child.action = static_cast<int8_t>(action);
+        tree.nodes.push_back(child);
+    }
+    Node& parent = tree.nodes[node];
+    parent.first_child = first_child;
+    parent.num_children = static_cast<int8_t>(tree.nodes.size() - first_child);
+    parent.status = NodeStatus::kExpanded;
+}
+
+template <games::Game G>
+void BatchedSearch<G>::add_noise(Tree& tree) {
+    const Node& root = tree.nodes[0];
+    std::vector<double> noise(root.num_children);
+    dirichlet_noise(options_.dirichlet_alpha, seed_, tree.game, root.state.move_count(), noise);
+    const double fraction = options_.noise_fraction;
+    for (int i = 0; i < root.num_children; ++i) {
+        Node& child = tree.nodes[root.first_child + i];
+        child.prior = static_cast<float>((1.0 - fraction) * child.prior + fraction * noise[i]);
+    }
+}
+
+template <games::Game G>
+void BatchedSearch<G>::backup(Tree& tree, std::span<const int32_t> path, double leaf_value) {
+    // A node keeps its values from the view of the side that moved into it: the opposite of its side to move's.
+    double value = -leaf_value;
+    for (size_t p = path.size(); p-- > 0;) {
+        Node& node = tree.nodes[path[p]];
+        ++node.visits;
+        node.value_sum += value;
+        value = -value;
+    }
+}
+
+template <games::Game G>
+void BatchedSearch<G>::evaluate_rows(Evaluator<G>& evaluator) {
+    const size_t rows = rows_.size(), actions = static_cast<size_t>(num_actions_);
+    const size_t max_batch = static_cast<size_t>(evaluator.max_batch());
+    MS_CHECK(max_batch >= 1, "an evaluator with max_batch() = {}", max_batch);
+    row_priors_.assign(rows * actions, 0.0f);
+    row_values_.assign(rows, 0.0f);
+    for (size_t begin = 0; begin < rows; begin += max_batch) {
+        const size_t count = std::min(max_batch, rows - begin);
+        evaluator.evaluate(std::span<const G>(rows_).subspan(begin, count),
+                           std::span<float>(row_priors_).subspan(begin * actions, count * actions),
+                           std::span<float>(row_values_).subspan(begin, count));
+        ++counters_.evaluate_calls;
+    }
+    counters_.positions_evaluated += static_cast<int64_t>(rows);
+}
+
+template <games::Game G>
+RootResult BatchedSearch<G>::result(const Tree& tree) const {
+    RootResult r;
+    r.visits.assign(num_actions_, 0);
+    r.q.assign(num_actions_, 0.0f);
+    r.priors.assign(num_actions_, 0.0f);
+    const Node& root = tree.nodes[0];
+    MS_CHECK(root.visits == 1 + options_.simulations, "a root of {} visits after {} simulations", root.visits,
+             options_.simulations);
+    for (int i = 0; i < root.num_children; ++i) {
+        const Node& child = tree.nodes[root.first_child + i];
+        r.visits[child.action] = child.visits;
+        // The child's values are from the view of the side that moved into it: the root's side to move.
+        if (child.visits > 0) r.q[child.action] = static_cast<float>(child.value_sum / child.visits);
+        r.priors[child.action] = child.prior;
+    }
+    r.value = static_cast<float>(-root.value_sum / root.visits);
+    return r;
+}
+
+template class BatchedSearch<games::Connect4>;
+
+}  // namespace ms::selfplay

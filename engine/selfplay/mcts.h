@@ -1,0 +1,178 @@
+// mcts.h: Monte Carlo tree search (AlphaZero's PUCT) as a batched layer: the searches of many games run together,
+// and every wave of leaf positions of all of them goes to the network (evaluator.h) in batches of its size.
+//
+// One search (a tree per root position):
+//   - The root is evaluated and expanded first (not a simulation); with noise_fraction > 0 its priors are mixed with
+//     Dirichlet(dirichlet_alpha) noise: P' = (1 - noise_fraction) P + noise_fraction eta.
+//   - A simulation walks from the root, at each expanded node taking the child of the highest
+//       Q + U,   U = c_puct * P * sqrt(N_parent) / (1 + N_child)
+//     (ties: the lower action), to a leaf: a position never evaluated (expanded with the network's priors; its value
+//     is the network's) or a finished game (its exact value, games::outcome_value, without the network; it still
+//     counts as a simulation). The leaf's value, from its side to move's view, is added along the path, negated at
+//     every ply. A node's N counts its own evaluation too (Leela Zero's convention), so N_parent >= 1 at every
+//     expanded node and the root's children's visits sum to the simulations.
+//   - Q of a child is its mean value for the side choosing it. An unvisited child's Q is the first-play urgency
+//     (FPU) of Leela Zero and Leela Chess Zero: the parent's own Q for its side to move, less
+//     fpu_reduction * sqrt(sum of the priors of the visited children); at a root with noise the reduction is 0
+//     (Leela Zero), so the moves the noise favours get tried.
+//   - Waves: per wave every unfinished tree makes up to leaves_per_wave selections (no more than the simulations it
+//     has left). Each selection puts virtual loss on its path: until the wave's backup, every node on it counts
+//     virtual_loss more visits, each a loss for the side choosing it, so later selections of the wave spread out. A
+//     selection that reaches a leaf already selected in this wave (a collision) is no simulation: it keeps its
+//     virtual loss until the backup and then leaves the tree as it was (Leela Chess Zero's collisions). The new
+//     leaves of all trees, in tree order then selection order, go to evaluate() in calls of at most max_batch();
+//     then every tree expands and backs up its selections in selection order.
+// A tree depends only on its root, the options, the seed and the evaluator's rows for its own leaves, so the
+// search of a game inside a batch of many equals its search alone, bit for bit (the evaluator is row-independent).
+// Each search builds a fresh tree: nothing is kept between moves.
+//
+// Randomness is Philox (engine/core/philox.h): a draw is philox(seed, stream = global game index,
+// index = draw_index(move number, purpose, counter)), so it is a pure function of (seed, game, move, purpose).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/games/connect4.h"
+#include "engine/games/game.h"
+#include "engine/selfplay/evaluator.h"
+
+namespace ms::selfplay {
+
+struct MctsOptions {
+    int simulations = 200;         // per search (per move): leaves evaluated or finished games reached
+    float c_puct = 1.25f;          // the exploration weight of U (AlphaZero's c_init)
+    float dirichlet_alpha = 1.0f;  // the root noise's concentration (AlphaZero: about 10 / typical legal moves)
+    float noise_fraction = 0.25f;  // the noise's share of the root priors; 0: no noise (evaluation matches)
+    int leaves_per_wave = 8;       // selections per tree per wave
+    float virtual_loss = 1.0f;     // lost visits a pending selection adds to each node of its path
+    float fpu_reduction = 0.25f;   // an unvisited child's Q: the parent's Q less this * sqrt(visited priors)
+};
+
+// Throws UserError, naming the key (selfplay.<option>), its value and the allowed range, for an option out of range.
+void check_mcts_options(const MctsOptions& options);
+
+// What a draw is for: part of its Philox index, so that draws of different purposes never coincide.
+enum class DrawPurpose : uint8_t { kDirichlet, kTemperature, kPlayerSeed };
+
+// The Philox index of draw `counter` (< 2^28) for `purpose` at move `move` of a game: (move, purpose, counter) in
+// bits 32.., 28..31 and 0..27.
+uint64_t draw_index(int move, DrawPurpose purpose, uint32_t counter);
+
+// Dirichlet(alpha, ..., alpha) over out.size() entries (summing to 1), drawn for move `move` of game `game`: gamma
+// variates by Marsaglia and Tsang, alpha < 1 boosted from alpha + 1 by U^(1/alpha), normalised in log space so
+// that tiny alphas cannot underflow to a zero sum.
+void dirichlet_noise(float alpha, uint64_t seed, uint64_t game, int move, std::span<double> out);
+
+// A search to run: the root position (not over) and its game's global index (the noise's Philox stream); the move
+// number is the root's move_count().
+template <games::Game G>
+struct SearchRoot {
+    G state;
+    uint64_t game = 0;
+};
+
+// One root's search, per action (num_actions entries each; 0 for illegal actions).
+struct RootResult {
+    std::vector<int> visits;    // simulations through the action: they sum to the simulations
+    std::vector<float> q;       // the action's mean value for the side to move (0 when unvisited)
+    std::vector<float> priors;  // the priors the search used: the network's, mixed with the noise where on
+    float value = 0.0f;         // the root's mean value for the side to move, its own evaluation included
+};
+
+// Totals over a BatchedSearch's runs: the throughput a benchmark compares (batched vs one leaf at a time).
+struct SearchCounters {
+    int64_t searches = 0;
+    int64_t simulations = 0;
+    int64_t collisions = 0;           // selections that met a leaf already pending in their wave
+    int64_t waves = 0;                // rounds of selection, evaluation and backup (root expansions not counted)
+    int64_t positions_evaluated = 0;  // rows sent to evaluate()
+    int64_t evaluate_calls = 0;
+
+    SearchCounters& operator+=(const SearchCounters& other) {
+        searches += other.searches;
+        simulations += other.simulations;
+        collisions += other.collisions;
+        waves += other.waves;
+        positions_evaluated += other.positions_evaluated;
+        evaluate_calls += other.evaluate_calls;
+        return *this;
+    }
+};
+
+// The searches of many games, run together. Instantiated for games::Connect4 (mcts.cpp); another game adds its
+// line there.
+template <games::Game G>
+class BatchedSearch {
+  public:
+    // Checks the options (UserError). `seed`: the noise's.
+    BatchedSearch(const MctsOptions& options, uint64_t seed);
+
+    // One search per root, all roots of one board size, none over; the results in the roots' order.
+    std::vector<RootResult> run(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots);
+
+    const MctsOptions& options() const { return options_; }
+    const SearchCounters& counters() const { return counters_; }
+
+  private:
+    enum class NodeStatus : uint8_t { kLeaf, kPending, kExpanded };  // kPending: a leaf selected in this wave
+    struct Node {
+        G state;
+        double value_sum = 0.0;  // backed-up values, from the view of the side that moved into this node
+        float prior = 0.0f;
+        int32_t visits = 0;
+        int32_t in_flight = 0;  // this wave's selections through the node (virtual loss)
+        int32_t first_child = -1;
+        int8_t num_children = 0;
+        int8_t action = -1;  // the move into this node
+        NodeStatus status = NodeStatus::kLeaf;
+        games::Outcome outcome = games::Outcome::kOngoing;  // the node's state's, computed once
+    };
+    enum class SelectionKind : uint8_t { kNewLeaf, kTerminal, kCollision };
+    struct Selection {
+        int32_t path_begin = 0, path_end = 0;  // the path in Tree::paths, root first
+        int32_t row = -1;                      // kNewLeaf: the leaf's row in the wave's evaluation
+        SelectionKind kind = SelectionKind::kNewLeaf;
+    };
+    struct Tree {
+        std::vector<Node> nodes;  // nodes[0] the root; a node's children contiguous, in action order
+        std::vector<int32_t> paths;
+        std::vector<Selection> selections;  // this wave's
+        uint64_t game = 0;
+        int simulations = 0;  // done
+    };
+
+    // The roots' evaluation and expansion (noise included): one batch, no simulation.
+    void expand_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots);
+    void select_wave(Tree& tree);
+    // Expands the wave's new leaves and backs up its selections, in selection order, and removes their virtual loss.
+    void back_up_wave(Tree& tree);
+    int32_t select_child(const Tree& tree, int32_t node) const;
+    void expand(Tree& tree, int32_t node, std::span<const float> priors);
+    void add_noise(Tree& tree);
+    static void backup(Tree& tree, std::span<const int32_t> path, double leaf_value);
+    void evaluate_rows(Evaluator<G>& evaluator);
+    RootResult result(const Tree& tree) const;
+
+    MctsOptions options_;
+    uint64_t seed_;
+    int num_actions_ = 0;
+    SearchCounters counters_;
+    std::vector<Tree> trees_;  // kept between runs, for their storage
+    // The wave's leaves of all trees and the network's answers: (rows), (rows x num_actions), (rows).
+    std::vector<G> rows_;
+    std::vector<float> row_priors_;
+    std::vector<float> row_values_;
+};
+
+extern template class BatchedSearch<games::Connect4>;
+
+// One search alone: a BatchedSearch of one root.
+template <games::Game G>
+RootResult search(Evaluator<G>& evaluator, const MctsOptions& options, uint64_t seed, const SearchRoot<G>& root) {
+    BatchedSearch<G> batch(options, seed);
+    return batch.run(evaluator, std::span<const SearchRoot<G>>(&root, 1)).front();
+}
+
+}  // namespace ms::selfplay

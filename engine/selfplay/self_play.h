@@ -1,0 +1,60 @@
+// self_play.h: self-play games of Connect Four (games::Connect4 only: the one game there is), all advanced together
+// through one batched tree search (mcts.h) per move step, and how a move is chosen from a search's visit counts.
+//
+// Games are indexed globally: game g's draws (root noise, move sampling) are Philox of (seed, g, move number), so
+// play_games(first_game = 0, count = 4) equals play_games(0, 2) followed by play_games(2, 2) exactly, which is how
+// data-parallel ranks split a step's games.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/games/connect4.h"
+#include "engine/selfplay/evaluator.h"
+#include "engine/selfplay/mcts.h"
+
+namespace ms::selfplay {
+
+// The most visited action; ties: the higher prior (the one the search used), then the lower action.
+int most_visited(const RootResult& result);
+// An action drawn with probability visits / simulations (temperature 1), from (seed, game, move).
+int sample_by_visits(const RootResult& result, uint64_t seed, uint64_t game, int move);
+// The self-play move: sample_by_visits for the first `temperature_moves` moves of a game (move < temperature_moves),
+// most_visited after.
+int choose_move(const RootResult& result, int temperature_moves, uint64_t seed, uint64_t game, int move);
+
+struct SelfPlayOptions {
+    MctsOptions mcts;
+    int temperature_moves = 8;  // the moves of a game sampled from the visits; the rest take the most visited
+};
+
+// Throws UserError, naming the key, its value and the allowed range, for an option out of range (the search's
+// included).
+void check_self_play_options(const SelfPlayOptions& options);
+
+struct SelfPlayStats {
+    int64_t games = 0;
+    int64_t moves = 0;  // = the positions kept
+    int64_t first_player_wins = 0;
+    int64_t second_player_wins = 0;
+    int64_t draws = 0;
+    int64_t positions_evaluated = 0;  // rows sent to the evaluator
+    int64_t evaluate_calls = 0;
+    double mean_game_length = 0.0;  // moves / games
+};
+
+struct SelfPlayGames {
+    // Every position of every game, in game order then move order: the state, the normalised visit counts, and
+    // the game's outcome for the side to move there (+1 won, 0 drawn, -1 lost).
+    std::vector<TrainingPosition<games::Connect4>> positions;
+    std::vector<std::string> moves;  // per game, its moves in Pons' notation (1-based column digits)
+    SelfPlayStats stats;
+};
+
+// Games [first_game, first_game + count) on a rows x cols board, each from the empty board to its end. Throws
+// UserError for a board Connect Four cannot be played on or options out of range.
+SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int cols, const SelfPlayOptions& options,
+                         uint64_t seed, uint64_t first_game, int count);
+
+}  // namespace ms::selfplay

@@ -1,0 +1,291 @@
+// selfplay_train.cpp: the self-play training loop (selfplay_train.h).
+#include "engine/selfplay/selfplay_train.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "comm/bootstrap.h"
+#include "comm/process_groups.h"
+#include "engine/backends/backend.h"
+#include "engine/ckpt/atomic_dir.h"
+#include "engine/ckpt/checkpoint.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
+#include "engine/core/timer.h"
+#include "engine/model/policy_value.h"
+#include "engine/optim/adamw.h"
+#include "engine/optim/distributed_optimizer.h"
+#include "engine/selfplay/policy_value_net.h"
+#include "engine/selfplay/replay_buffer.h"
+#include "engine/selfplay/selfplay_layout.h"
+#include "engine/train/metrics_log.h"
+#include "engine/train/train_setup.h"
+
+namespace ms::selfplay {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The files of a checkpoint that are self-play's own (CheckpointContext::write_extra).
+constexpr const char* kStateFile = "selfplay_state.json";
+constexpr const char* kReplayFile = "selfplay_replay.bin";
+// The data identity of train_state.json: self-play generates its data, so the game and the seed are all there is.
+std::string data_id(const Config& cfg) { return fmt::format("selfplay:{}:seed{}", cfg.selfplay.game, cfg.run.seed); }
+
+// The evaluation matches' seeds: a stream of their own per iteration.
+uint64_t eval_seed(const Config& cfg, int64_t it) { return name_hash("selfplay evaluation") ^ (cfg.run.seed + it); }
+
+struct Evaluation {
+    std::string opponent;
+    MatchResult match;
+    double score() const {
+        const Tally& t = match.total;
+        return (t.wins + 0.5 * t.draws) / static_cast<double>(t.games());
+    }
+};
+
+// The agent against each of the stage's opponents (and promote_against, when it is not among them).
+std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, const Stage& stage, PolicyValueNet& net,
+                                 int64_t it) {
+    std::vector<Opponent> opponents = l.eval_opponents;
+    bool has_promote = false;
+    for (const Opponent& o : opponents) has_promote |= o.spec == l.promote_against.spec;
+    if (!has_promote && l.stages.size() > 1) opponents.push_back(l.promote_against);
+    std::vector<Evaluation> out;
+    const Player agent = Player::agent(net, l.eval_options(cfg));
+    for (const Opponent& o : opponents)
+        out.push_back(
+            {o.spec, play_match(agent, o.player, stage.rows, stage.cols, cfg.selfplay.eval_games, eval_seed(cfg, it))});
+    return out;
+}
+
+struct Checkpoints {
+    std::unique_ptr<SaveDirLock> save_lock;
+    std::optional<TrainState> resumed;
+};
+
+}  // namespace
+
+int run_selfplay(const Config& cfg) {
+    const double t_start = now_seconds();
+    MpiRuntime mpi;
+    Communicator& world = mpi.world();
+    const SelfPlayLayout l = selfplay_layout(cfg, world.size());
+    ProcessGroups groups = make_process_groups(world, Topology{.tp = l.tp, .dp = l.dp, .pp = 1});
+    BackendOptions bo;
+    bo.num_threads = cfg.run.num_threads;
+    bo.local_rank = mpi.local_rank();
+    std::unique_ptr<Backend> backend = make_backend(bo);
+    const SelfPlayConfig& c = cfg.selfplay;
+    const int max_batch = std::max(l.b, c.games_per_group * c.leaves_per_wave);
+    PolicyValueNet net(l.shape, *backend, groups, max_batch);
+    net.init_weights(cfg.run.seed, cfg.model.init_method_std);
+    DistributedOptimizer optimizer(net.params_info(), net.flat_size(), net.params(), net.grads(), cfg.optimizer,
+                                   cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank);
+    log_selfplay_layout(cfg, l);
+
+    int stage = 0;
+    ReplayBuffer buffer(l.stages[0].rows, l.stages[0].cols, c.replay_capacity);
+    CheckpointModel model{.whole_table = policy_value_param_table(l.shape, 1),
+                          .manifest = {{"arch", "alphazero"},
+                                       {"num_layers", l.shape.L},
+                                       {"hidden_size", l.shape.C},
+                                       {"num_attention_heads", l.shape.NH},
+                                       {"ffn_hidden_size", l.shape.F},
+                                       {"board_rows", l.shape.board_rows},
+                                       {"board_cols", l.shape.board_cols},
+                                       {"vocab_size", 0}},
+                          .vocab_size = 0};
+    CheckpointContext ckpt{.cfg = cfg,
+                           .model = std::move(model),
+                           .groups = groups,
+                           .params_info = net.params_info(),
+                           .params = net.params(),
+                           .optimizer = optimizer};
+    ckpt.write_extra = [&](const std::string& dir) {
+        buffer.save(dir + "/" + kReplayFile);
+        write_file_atomic(dir + "/" + kStateFile, json{{"stage", stage}, {"game", c.game}}.dump(2) + "\n");
+    };
+    Checkpoints checkpoints;
+    on_every_rank_or_none(world, "use checkpoint.save", [&] { checkpoints.save_lock = open_save_dir(ckpt); });
+    checkpoints.resumed = load_checkpoint(ckpt, data_id(cfg));
+    const std::optional<TrainState>& resumed = checkpoints.resumed;
+    on_every_rank_or_none(world, "use checkpoint.save",
+                          [&] { check_no_newer_checkpoint(ckpt, resumed ? resumed->iteration : 0); });
+    if (resumed) {
+        const std::string dir = (fs::path(cfg.checkpoint.load) / checkpoint_dir_name(resumed->iteration)).string();
+        on_every_rank_or_none(world, "read the checkpoint's self-play state", [&] {
+            const std::string state_path = dir + "/" + kStateFile;
+            std::ifstream in(state_path);
+            if (!in)
+                throw UserError(
+                    fmt::format("checkpoint '{}' holds no {}: it was not saved by `mindspeed-train "
+                                "selfplay`; hint: point checkpoint.load at a self-play run's checkpoints",
+                                dir, kStateFile));
+            const json j = json::parse(in, nullptr, false);
+            if (j.is_discarded() || !j.contains("stage") || !j["stage"].is_number_integer())
+                throw UserError(
+                    fmt::format("'{}' is not a self-play state (a JSON object with \"stage\")", state_path));
+            stage = j["stage"].get<int>();
+            if (stage < 0 || stage >= static_cast<int>(l.stages.size()))
+                throw UserError(fmt::format("'{}' is at curriculum stage {}, but selfplay.curriculum has {} stages",
+                                            state_path, stage + 1, l.stages.size()));
+            buffer = ReplayBuffer::load(dir + "/" + kReplayFile);
+            const Stage& s = l.stages[static_cast<size_t>(stage)];
+            if (buffer.rows() != s.rows || buffer.cols() != s.cols || buffer.capacity() != c.replay_capacity)
+                throw UserError(fmt::format(
+                    "the checkpoint's replay buffer holds {} x {} positions up to {}, but stage "
+                    "{} of selfplay.curriculum is {} x {} and selfplay.replay_capacity is {}",
+                    buffer.rows(), buffer.cols(), buffer.capacity(), stage + 1, s.rows, s.cols, c.replay_capacity));
+        });
+        log_info("selfplay: resumed at iteration {}, curriculum stage {} ({}), {} positions in the replay buffer",
+                 resumed->iteration, stage + 1, l.stages[static_cast<size_t>(stage)].name(), buffer.size());
+    }
+
+    const bool writer = world.rank() == 0;
+    std::ofstream metrics;
+    if (writer && !cfg.logging.metrics_file.empty()) {
+        const fs::path path(cfg.logging.metrics_file);
+        if (path.has_parent_path()) fs::create_directories(path.parent_path());
+        if (resumed) trim_metrics_log(path.string(), resumed->iteration);
+        metrics.open(path, resumed ? std::ios::app : std::ios::trunc);
+        if (!metrics) throw UserError(fmt::format("cannot write logging.metrics_file '{}'", path.string()));
+    }
+    const int64_t iters = cfg.training.train_iters, total_steps = iters * c.train_steps;
+    const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
+    ReplayBatch batch;
+    for (int64_t it = first_it; it <= iters; ++it) {
+        const Stage& s = l.stages[static_cast<size_t>(stage)];
+        // self-play: this rank's groups, games numbered over the whole run
+        const double t0 = now_seconds();
+        const SelfPlayOptions options = l.play_options(cfg, stage);
+        std::vector<TrainingPosition<games::Connect4>> mine;
+        SelfPlayStats stats;
+        for (int g = 0; g < l.groups_per_rank; ++g) {
+            const uint64_t first_game =
+                static_cast<uint64_t>((it - 1) * c.games_per_iteration +
+                                      (int64_t{groups.dp_rank} * l.groups_per_rank + g) * c.games_per_group);
+            SelfPlayGames played =
+                play_games(net, s.rows, s.cols, options, cfg.run.seed, first_game, c.games_per_group);
+            mine.insert(mine.end(), played.positions.begin(), played.positions.end());
+            stats.games += played.stats.games;
+            stats.moves += played.stats.moves;
+            stats.first_player_wins += played.stats.first_player_wins;
+            stats.draws += played.stats.draws;
+            stats.positions_evaluated += played.stats.positions_evaluated;
+        }
+        buffer.add_from_all_ranks(*groups.dp, mine);
+        const double t_play = now_seconds() - t0;
+        // the logged counts: every rank's games
+        int32_t counts[5] = {static_cast<int32_t>(stats.games), static_cast<int32_t>(stats.moves),
+                             static_cast<int32_t>(stats.first_player_wins), static_cast<int32_t>(stats.draws),
+                             static_cast<int32_t>(stats.positions_evaluated)};
+        groups.dp->all_reduce(std::span<int32_t>(counts), ReduceOp::kSum).wait();
+        stats.games = counts[0];
+        stats.moves = counts[1];
+        stats.first_player_wins = counts[2];
+        stats.draws = counts[3];
+        stats.positions_evaluated = counts[4];
+
+        // learning: steps numbered over the whole run, each rank its slice of the step's global batch
+        PolicyValueLoss loss;
+        double grad_norm = 0;
+        for (int k = 0; k < c.train_steps; ++k) {
+            const int64_t step = (it - 1) * c.train_steps + k + 1;
+            buffer.fill_batch(buffer.sample_slice(cfg.run.seed, step, int64_t{groups.dp_rank} * l.b, l.b), batch);
+            loss = net.train_step(batch.states, batch.policies, batch.outcomes);
+            const float lr = learning_rate(cfg.optimizer, cfg.lr_schedule, total_steps, step);
+            const OptimizerStepResult r = optimizer.step(lr, cfg.training.clip_grad);
+            if (!std::isfinite(loss.loss) || !r.stepped)
+                throw RunError(
+                    fmt::format("iteration {}, step {}: the loss ({}) or the gradient norm ({}) is not finite", it,
+                                step, loss.loss, r.grad_norm),
+                    kExitNumerical);
+            grad_norm = r.grad_norm;
+        }
+        // the logged loss: the mean over dp of the last step's
+        float logged[3] = {loss.loss, loss.policy_loss, loss.value_loss};
+        groups.dp->all_reduce(std::span<float>(logged), ReduceOp::kSum).wait();
+        for (float& v : logged) v /= static_cast<float>(l.dp);
+        const double t_iter = now_seconds() - t0;
+        log_info(
+            " iteration {:>5}/{:>5} | stage {} ({} x {}) | {} games, {} positions, buffer {} | first player won "
+            "{}, drew {} | loss {:.4f} (policy {:.4f}, value {:.4f}) | grad norm {:.3f} | {:.0f} positions "
+            "evaluated/s over the ranks | {:.1f} s (play {:.1f} s)",
+            it, iters, stage + 1, s.rows, s.cols, stats.games, stats.moves, buffer.size(), stats.first_player_wins,
+            stats.draws, logged[0], logged[1], logged[2], grad_norm,
+            static_cast<double>(stats.positions_evaluated) / t_play, t_iter, t_play);
+        if (writer && metrics.is_open())
+            metrics << json{{"iteration", it},
+                            {"stage", stage + 1},
+                            {"board", fmt::format("{}x{}", s.rows, s.cols)},
+                            {"loss", logged[0]},
+                            {"policy loss", logged[1]},
+                            {"value loss", logged[2]},
+                            {"grad-norm", grad_norm},
+                            {"games", stats.games},
+                            {"positions", stats.moves},
+                            {"replay positions", buffer.size()},
+                            {"first player wins", stats.first_player_wins},
+                            {"draws", stats.draws},
+                            {"positions evaluated per second", static_cast<double>(stats.positions_evaluated) / t_play},
+                            {"seconds", t_iter}}
+                           .dump()
+                    << '\n';
+
+        if ((c.eval_interval > 0 && it % c.eval_interval == 0) || it == iters) {
+            const double te = now_seconds();
+            const std::vector<Evaluation> evals = evaluate(cfg, l, s, net, it);
+            json record = {{"iteration", it}, {"stage", stage + 1}, {"board", fmt::format("{}x{}", s.rows, s.cols)}};
+            double promote_score = -1;
+            for (const Evaluation& e : evals) {
+                const Tally& t = e.match.total;
+                log_info(
+                    " iteration {:>5}/{:>5} | evaluation on {} x {} vs {}: won {}, drew {}, lost {} of {} (score "
+                    "{:.3f}; first {}/{}, second {}/{} won; {} distinct games)",
+                    it, iters, s.rows, s.cols, e.opponent, t.wins, t.draws, t.losses, t.games(), e.score(),
+                    e.match.as_first.wins, e.match.as_first.games(), e.match.as_second.wins, e.match.as_second.games(),
+                    e.match.distinct_games);
+                record["vs " + e.opponent] = {
+                    {"wins", t.wins},     {"draws", t.draws},
+                    {"losses", t.losses}, {"win rate", static_cast<double>(t.wins) / t.games()},
+                    {"score", e.score()}, {"distinct games", e.match.distinct_games}};
+                if (e.opponent == l.promote_against.spec) promote_score = e.score();
+            }
+            record["seconds"] = now_seconds() - te;
+            if (writer && metrics.is_open()) metrics << record.dump() << '\n';
+            if (stage + 1 < static_cast<int>(l.stages.size()) && promote_score >= c.promote_score) {
+                ++stage;
+                const Stage& next = l.stages[static_cast<size_t>(stage)];
+                buffer.clear_for(next.rows, next.cols);
+                log_info("selfplay: curriculum stage {} ({}) after scoring {:.3f} against {} on {} x {}", stage + 1,
+                         next.name(), promote_score, l.promote_against.spec, s.rows, s.cols);
+            }
+        }
+        if (!cfg.checkpoint.save.empty() &&
+            ((cfg.checkpoint.save_interval > 0 && it % cfg.checkpoint.save_interval == 0) || it == iters)) {
+            if (metrics.is_open()) metrics.flush();
+            TrainState t;
+            t.iteration = it;
+            t.consumed_samples = buffer.total_added();
+            t.last_lr = learning_rate(cfg.optimizer, cfg.lr_schedule, total_steps, it * c.train_steps);
+            t.seed = cfg.run.seed;
+            t.optimizer_steps_per_iteration = std::max(c.train_steps, 1);
+            t.data_fingerprint = data_id(cfg);
+            t.data_describe = "self-play games";
+            save_checkpoint(ckpt, t);
+        }
+    }
+    log_info("done: {} iterations in {:.1f} s; metrics in {}", iters, now_seconds() - t_start,
+             cfg.logging.metrics_file);
+    return kExitOk;
+}
+
+}  // namespace ms::selfplay

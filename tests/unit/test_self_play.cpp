@@ -1,0 +1,196 @@
+// test_self_play.cpp: engine/selfplay/self_play -- move choice from visit counts (the most visited and its ties,
+// sampling by visits and its frequencies), self-play games: split by global game index they equal the whole, their
+// positions replay the games, outcomes agree with the final positions, policies are distributions, the statistics
+// add up, and the randomness is a pure function of the seed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/core/check.h"
+#include "engine/games/connect4.h"
+#include "engine/selfplay/self_play.h"
+#include "tests/common/selfplay_evaluators.h"
+
+namespace {
+
+using ms::games::Connect4;
+using ms::games::Outcome;
+using ms::selfplay::play_games;
+using ms::selfplay::RootResult;
+using ms::selfplay::SelfPlayGames;
+using ms::selfplay::SelfPlayOptions;
+using ms::test::RolloutEvaluator;
+using ms::test::UniformEvaluator;
+
+SelfPlayOptions small_options() {
+    SelfPlayOptions options;
+    options.mcts.simulations = 24;
+    options.mcts.leaves_per_wave = 4;
+    options.temperature_moves = 4;
+    return options;
+}
+
+RootResult result_of(std::vector<int> visits, std::vector<float> priors) {
+    RootResult r;
+    r.q.assign(visits.size(), 0.0f);
+    r.visits = std::move(visits);
+    r.priors = std::move(priors);
+    return r;
+}
+
+void expect_same_games(const SelfPlayGames& a, const SelfPlayGames& b) {
+    EXPECT_EQ(a.moves, b.moves);
+    ASSERT_EQ(a.positions.size(), b.positions.size());
+    for (size_t i = 0; i < a.positions.size(); ++i) {
+        EXPECT_EQ(a.positions[i].state, b.positions[i].state) << i;
+        EXPECT_EQ(a.positions[i].policy, b.positions[i].policy) << i;
+        EXPECT_EQ(a.positions[i].outcome, b.positions[i].outcome) << i;
+    }
+}
+
+TEST(MoveChoice, MostVisitedBreaksTiesByPriorThenAction) {
+    EXPECT_EQ(ms::selfplay::most_visited(result_of({3, 5, 2, 0}, {0.4f, 0.1f, 0.3f, 0.2f})), 1);
+    EXPECT_EQ(ms::selfplay::most_visited(result_of({3, 5, 5, 0}, {0.1f, 0.2f, 0.3f, 0.4f})), 2);
+    EXPECT_EQ(ms::selfplay::most_visited(result_of({5, 5, 5, 0}, {0.3f, 0.3f, 0.1f, 0.3f})), 0);
+    // An unvisited action is never the choice, whatever its prior.
+    EXPECT_EQ(ms::selfplay::most_visited(result_of({0, 1, 0}, {0.9f, 0.05f, 0.05f})), 1);
+}
+
+TEST(MoveChoice, SamplesByVisitsFromSeedGameAndMove) {
+    const RootResult r = result_of({1, 0, 3, 6}, {0.25f, 0.25f, 0.25f, 0.25f});
+    constexpr int kDraws = 20000;
+    std::vector<int> picks(4, 0);
+    for (int game = 0; game < kDraws; ++game) ++picks[ms::selfplay::sample_by_visits(r, 3, game, 5)];
+    EXPECT_EQ(picks[1], 0);
+    for (const int a : {0, 2, 3}) {
+        const double p = r.visits[a] / 10.0;
+        // 5 standard errors of a frequency over kDraws draws.
+        EXPECT_NEAR(picks[a] / static_cast<double>(kDraws), p, 5.0 * std::sqrt(p * (1.0 - p) / kDraws)) << a;
+    }
+    // A pure function of (seed, game, move): the same arguments draw the same, others (almost always) not.
+    int differ_seed = 0, differ_move = 0;
+    for (int game = 0; game < 100; ++game) {
+        const int pick = ms::selfplay::sample_by_visits(r, 3, game, 5);
+        EXPECT_EQ(ms::selfplay::sample_by_visits(r, 3, game, 5), pick);
+        differ_seed += ms::selfplay::sample_by_visits(r, 4, game, 5) != pick;
+        differ_move += ms::selfplay::sample_by_visits(r, 3, game, 6) != pick;
+    }
+    EXPECT_GT(differ_seed, 20);
+    EXPECT_GT(differ_move, 20);
+    // choose_move samples before move `temperature_moves`, then plays the most visited.
+    int sampled_not_most = 0;
+    for (int game = 0; game < 100; ++game) {
+        EXPECT_EQ(ms::selfplay::choose_move(r, 4, 3, game, 3), ms::selfplay::sample_by_visits(r, 3, game, 3));
+        EXPECT_EQ(ms::selfplay::choose_move(r, 4, 3, game, 4), 3);
+        sampled_not_most += ms::selfplay::choose_move(r, 4, 3, game, 3) != 3;
+    }
+    EXPECT_GT(sampled_not_most, 20);
+}
+
+TEST(SelfPlay, SplitByGameIndexEqualsTheWhole) {
+    // How data-parallel ranks split a step's games: games [0, 4) at once, or [0, 2) and [2, 4) apart.
+    RolloutEvaluator evaluator(16);
+    const SelfPlayOptions options = small_options();
+    const SelfPlayGames whole = play_games(evaluator, 4, 5, options, 7, 0, 4);
+    SelfPlayGames first = play_games(evaluator, 4, 5, options, 7, 0, 2);
+    const SelfPlayGames second = play_games(evaluator, 4, 5, options, 7, 2, 2);
+    EXPECT_EQ(first.stats.positions_evaluated + second.stats.positions_evaluated, whole.stats.positions_evaluated);
+    EXPECT_EQ(first.stats.moves + second.stats.moves, whole.stats.moves);
+    EXPECT_EQ(first.stats.first_player_wins + second.stats.first_player_wins, whole.stats.first_player_wins);
+    EXPECT_EQ(first.stats.draws + second.stats.draws, whole.stats.draws);
+    first.positions.insert(first.positions.end(), second.positions.begin(), second.positions.end());
+    first.moves.insert(first.moves.end(), second.moves.begin(), second.moves.end());
+    expect_same_games(first, whole);
+    // One game alone, from the middle.
+    const SelfPlayGames third = play_games(evaluator, 4, 5, options, 7, 2, 1);
+    EXPECT_EQ(third.moves.front(), whole.moves[2]);
+}
+
+TEST(SelfPlay, PositionsReplayTheGamesAndOutcomesAgreeWithTheirEnds) {
+    RolloutEvaluator evaluator;
+    const SelfPlayGames out = play_games(evaluator, 4, 5, small_options(), 11, 30, 12);
+    ASSERT_EQ(out.moves.size(), 12u);
+    size_t next = 0;  // the first position of the game
+    int wins[2] = {0, 0}, draws = 0;
+    for (const std::string& moves : out.moves) {
+        SCOPED_TRACE(moves);
+        const Connect4 end = Connect4::from_moves(4, 5, moves);
+        ASSERT_NE(end.outcome(), Outcome::kOngoing);
+        const bool drawn = end.outcome() == Outcome::kDraw;
+        const int winner = (end.move_count() - 1) & 1;  // the side that moved last
+        drawn ? ++draws : ++wins[winner];
+        for (size_t m = 0; m < moves.size(); ++m) {
+            ASSERT_LT(next + m, out.positions.size());
+            const auto& p = out.positions[next + m];
+            EXPECT_EQ(p.state, Connect4::from_moves(4, 5, moves.substr(0, m)));
+            EXPECT_EQ(p.outcome, drawn ? 0.0f : static_cast<int>(m & 1) == winner ? 1.0f : -1.0f) << m;
+            ASSERT_EQ(p.policy.size(), 5u);
+            float total = 0.0f;
+            for (int a = 0; a < 5; ++a) {
+                if (!p.state.is_legal(a)) {
+                    EXPECT_EQ(p.policy[a], 0.0f);
+                }
+                total += p.policy[a];
+            }
+            // Visits / 24 in float, 5 terms: a few float ulps off 1.
+            EXPECT_NEAR(total, 1.0f, 1e-6f);
+            EXPECT_GT(p.policy[moves[m] - '1'], 0.0f);  // the move played was searched
+        }
+        next += moves.size();
+    }
+    EXPECT_EQ(next, out.positions.size());
+    const ms::selfplay::SelfPlayStats& s = out.stats;
+    EXPECT_EQ(s.games, 12);
+    EXPECT_EQ(s.moves, static_cast<int64_t>(out.positions.size()));
+    EXPECT_EQ(s.first_player_wins, wins[0]);
+    EXPECT_EQ(s.second_player_wins, wins[1]);
+    EXPECT_EQ(s.draws, draws);
+    EXPECT_EQ(s.mean_game_length, static_cast<double>(s.moves) / 12);
+    EXPECT_EQ(s.positions_evaluated, evaluator.rows());
+    EXPECT_EQ(s.evaluate_calls, evaluator.calls());
+}
+
+TEST(SelfPlay, RandomnessIsAPureFunctionOfTheSeed) {
+    UniformEvaluator evaluator;
+    SelfPlayOptions options = small_options();
+    // Without noise or sampling every game is the same game: the search is deterministic.
+    options.mcts.noise_fraction = 0.0f;
+    options.temperature_moves = 0;
+    const SelfPlayGames fixed = play_games(evaluator, 4, 5, options, 1, 0, 6);
+    for (const std::string& moves : fixed.moves) EXPECT_EQ(moves, fixed.moves.front());
+    EXPECT_EQ(play_games(evaluator, 4, 5, options, 2, 0, 1).moves.front(), fixed.moves.front());
+
+    // Sampling alone, then noise alone: the games differ from one another, and replay from the seed.
+    for (const bool sampling : {true, false}) {
+        SCOPED_TRACE(sampling ? "temperature" : "noise");
+        options.temperature_moves = sampling ? 4 : 0;
+        options.mcts.noise_fraction = sampling ? 0.0f : 0.25f;
+        const SelfPlayGames a = play_games(evaluator, 4, 5, options, 1, 0, 6);
+        expect_same_games(play_games(evaluator, 4, 5, options, 1, 0, 6), a);
+        EXPECT_NE(play_games(evaluator, 4, 5, options, 2, 0, 6).moves, a.moves);
+        int distinct = 0;
+        for (size_t g = 0; g < a.moves.size(); ++g) distinct += a.moves[g] != a.moves[0];
+        EXPECT_GT(distinct, 0);
+    }
+}
+
+TEST(SelfPlay, RefusesBadOptionsWithASentence) {
+    UniformEvaluator evaluator;
+    SelfPlayOptions options = small_options();
+    options.temperature_moves = -1;
+    try {
+        play_games(evaluator, 4, 5, options, 0, 0, 1);
+        ADD_FAILURE() << "no UserError";
+    } catch (const ms::UserError& e) {
+        EXPECT_STREQ(e.what(), "config error: selfplay.temperature_moves = -1 must be in [0, 65536]");
+    }
+    EXPECT_THROW(play_games(evaluator, 3, 5, small_options(), 0, 0, 1), ms::UserError);  // no 3-row board
+    options = small_options();
+    options.mcts.simulations = 0;
+    EXPECT_THROW(play_games(evaluator, 4, 5, options, 0, 0, 1), ms::UserError);
+}
+
+}  // namespace
