@@ -1,5 +1,6 @@
 // cmd_train.cpp: `train` and `plan`, which share the config options: --config FILE, repeatable
 // --set section.key=value and --print-config (print the resolved YAML and exit 0).
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -36,25 +37,32 @@ void add_config_args(CLI::App* cmd, ConfigArgs& args) {
     cmd->add_flag("--print-config", args.print_config, "Print the resolved config as YAML and exit");
 }
 
+// The command's run: the config loaded, printed instead with --print-config, else given to `run`.
+std::function<int()> run_with_config(std::shared_ptr<ConfigArgs> args, std::function<int(const Config&)> run) {
+    return [args, run]() {
+        const Config cfg = load_config(args->config_path, args->overrides);
+        if (args->print_config) {
+            std::cout << config_to_yaml(cfg) << std::flush;
+            return kExitOk;
+        }
+        return run(cfg);
+    };
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand("train", "Train a model as configured (GPT, Llama or CLIP: model.arch)");
     auto args = std::make_shared<ConfigArgs>();
     add_config_args(cmd, *args);
-    return {cmd, [args]() {
-                const Config cfg = load_config(args->config_path, args->overrides);
-                if (args->print_config) {
-                    std::cout << config_to_yaml(cfg) << std::flush;
-                    return kExitOk;
-                }
+    return {cmd, run_with_config(args, [](const Config& cfg) {
                 if (cfg.model.arch == "clip") return run_clip_train(cfg);
                 if (cfg.model.arch == "alphazero")
                     throw UserError(
                         "config error: model.arch: alphazero learns from its own games, not from data; hint: run "
                         "`mindspeed-train selfplay --config ...` with this config");
                 return run_train(cfg);
-            }};
+            })};
 }
 
 Command add_selfplay_command(CLI::App& parent) {
@@ -62,14 +70,7 @@ Command add_selfplay_command(CLI::App& parent) {
         "selfplay", "Train a policy-value network on its own games of tree search (model.arch: alphazero)");
     auto args = std::make_shared<ConfigArgs>();
     add_config_args(cmd, *args);
-    return {cmd, [args]() {
-                const Config cfg = load_config(args->config_path, args->overrides);
-                if (args->print_config) {
-                    std::cout << config_to_yaml(cfg) << std::flush;
-                    return kExitOk;
-                }
-                return selfplay::run_selfplay(cfg);
-            }};
+    return {cmd, run_with_config(args, selfplay::run_selfplay)};
 }
 
 Command add_plan_command(CLI::App& parent) {

@@ -275,6 +275,8 @@ struct SelfPlayConfig {
     int eval_interval = 5;            // iterations between evaluations (0: at the end only)
     int eval_games = 100;             // games per opponent, half with each colour
     int eval_simulations = 64;        // the agent's search in evaluation games (no noise, the most visited move)
+    int final_eval_games = 0;         // the last iteration's evaluation (0: eval_games)
+    int final_eval_simulations = 0;   // and its search (0: eval_simulations)
     std::vector<std::string> eval_opponents = {"random", "alphabeta:4"};  // random | alphabeta:<depth>
     std::string promote_against = "random";  // the opponent whose score advances the curriculum
     float promote_score = 0.95f;             // wins plus half the draws, over the evaluation's games against it

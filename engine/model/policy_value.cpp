@@ -23,16 +23,17 @@ std::string layer_prefix(int l) { return fmt::format("trunk.layers.{}.", l); }
 constexpr const char* kFinalNorm = "trunk.final_layer_norm";
 
 // The feature columns, in one place: [codes | rows from the bottom | rows from the top | columns from the left |
-// columns from the right | summary].
+// columns from the right | summary | first player to move, second player to move].
 struct FeatureColumns {
-    int rows_bottom, rows_top, cols_left, cols_right, summary, width;
+    int rows_bottom, rows_top, cols_left, cols_right, summary, turn, width;
     explicit FeatureColumns(const GptShape& s)
         : rows_bottom(3),
           rows_top(rows_bottom + s.board_rows),
           cols_left(rows_top + s.board_rows),
           cols_right(cols_left + s.board_cols),
           summary(cols_right + s.board_cols),
-          width(summary + 1) {}
+          turn(summary + 1),
+          width(turn + 2) {}
 };
 
 class PolicyValueBuilder : public ChunkBuilder {
@@ -114,7 +115,8 @@ GptShape policy_value_shape(const PolicyValueSizes& z) {
 
 int policy_value_input_width(const GptShape& s) { return FeatureColumns(s).width; }
 
-void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells, std::span<float> out) {
+void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells, int moves_played,
+                          std::span<float> out) {
     const FeatureColumns f(s);
     MS_CHECK(rows >= 1 && cols >= 1 && rows <= s.board_rows && cols <= s.board_cols,
              "write_board_features: a {} x {} board on a network of boards up to {} x {}", rows, cols, s.board_rows,
@@ -124,6 +126,8 @@ void write_board_features(const GptShape& s, int rows, int cols, std::span<const
              cells.size(), out.size(), rows, cols);
     std::fill(out.begin(), out.end(), 0.0f);
     out[static_cast<size_t>(f.summary)] = 1.0f;
+    const int turn = f.turn + (moves_played & 1);
+    for (size_t row = 0; row < T; ++row) out[row * width + static_cast<size_t>(turn)] = 1.0f;
     for (int r = 0; r < rows; ++r)
         for (int c = 0; c < cols; ++c) {
             const size_t cell = static_cast<size_t>(r) * cols + c;

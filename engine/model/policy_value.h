@@ -9,7 +9,9 @@
 //   the cell's code (empty, the side to move's stone, the opponent's),
 //   its row counted from the bottom and from the top, its column counted from the left and from the right (2-D
 //   positions that mean the same on every board: the bottom row, the centre columns' distances to both edges),
-//   or, on the summary row, only the summary feature.
+//   or, on the summary row, the summary feature;
+//   and on every row whose turn it is: the first player's or the second's (the stones' parity, which decides the
+//   odd and even threats of Connect Four, is otherwise a count the attention would have to learn).
 // Trunk: encoded = cells @ trunk.embedding^T; L pre-LayerNorm encoder blocks (CLIP's, bidirectional);
 // states = trunk.final_layer_norm(every row).
 // Policy head: policy = states @ policy_head.weight^T + bias, one logit per row (B*T, 1); the host reads the logits of
@@ -37,12 +39,13 @@ struct PolicyValueSizes {
 GptShape policy_value_shape(const PolicyValueSizes& sizes);
 
 // Columns of the "cells" input: 3 codes, board_rows rows from the bottom and as many from the top, board_cols columns
-// from the left and as many from the right, the summary feature.
+// from the left and as many from the right, the summary feature, and the two sides to move.
 int policy_value_input_width(const GptShape& s);
 
 // One board's T = rows * cols + 1 input rows (T x policy_value_input_width(s) floats at out) from its cell codes
-// (rows * cols, Game::cells' order). rows and cols at most the shape's board (MS_CHECK: the caller checks the board
-// once against the network, with a sentence).
-void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells, std::span<float> out);
+// (rows * cols, Game::cells' order) and the stones played (whose turn it is). rows and cols at most the shape's board
+// (MS_CHECK: the caller checks the board once against the network, with a sentence).
+void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells, int moves_played,
+                          std::span<float> out);
 
 }  // namespace ms

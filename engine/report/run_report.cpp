@@ -38,9 +38,11 @@ struct RunFiles {
     std::string dir, name, metrics_path;
     std::vector<json> train;  // metrics.jsonl records with "lm loss" (one per log interval)
     std::vector<json> valid;  // records with "validation lm loss"
-    int64_t unreadable = 0;   // lines that are not JSON objects with an "iteration" (a line torn by a crash)
-    json matrix;              // comm_matrix.json, or null
-    json exit_status;         // exit_status.json, or null
+    // `selfplay` runs: iteration records ("policy loss") and evaluation matches (keys "vs <opponent>")
+    std::vector<json> selfplay, matches;
+    int64_t unreadable = 0;  // lines that are not JSON objects with an "iteration" (a line torn by a crash)
+    json matrix;             // comm_matrix.json, or null
+    json exit_status;        // exit_status.json, or null
 };
 
 json read_json(const fs::path& path) {
@@ -91,6 +93,11 @@ RunFiles read_run(const std::string& run_dir) {
             r.train.push_back(std::move(j));
         } else if (j.contains("validation lm loss")) {
             r.valid.push_back(std::move(j));
+        } else if (j.contains("policy loss")) {
+            r.selfplay.push_back(std::move(j));
+        } else if (std::any_of(j.items().begin(), j.items().end(),
+                               [](const auto& kv) { return kv.key().starts_with("vs "); })) {
+            r.matches.push_back(std::move(j));
         }
     }
     r.matrix = read_json(dir / "comm_matrix.json");
@@ -155,6 +162,21 @@ std::string summary(const RunFiles& r) {
         s += summary_row("last validation loss",
                          format_value(value(r.valid.back(), "validation lm loss"), ValueFormat::kPlain));
     }
+    if (!r.selfplay.empty()) {
+        s += summary_row("self-play iterations",
+                         format_value(value(r.selfplay.back(), "iteration"), ValueFormat::kPlain));
+        if (!r.matches.empty()) {
+            const json& last = r.matches.back();
+            for (const auto& kv : last.items()) {
+                if (!kv.key().starts_with("vs ")) continue;
+                s += summary_row(
+                    "last evaluation " + kv.key(),
+                    fmt::format("won {} drew {} lost {} (iteration {}, {} board)", kv.value().value("wins", 0),
+                                kv.value().value("draws", 0), kv.value().value("losses", 0),
+                                last.value("iteration", int64_t{0}), last.value("board", std::string())));
+            }
+        }
+    }
     if (r.matrix.is_object()) s += summary_row("world size", std::to_string(r.matrix.value("world_size", 0)));
     if (r.exit_status.is_object()) {
         s += summary_row("exit", fmt::format("code {} at iteration {} ({}): {}", r.exit_status.value("code", -1),
@@ -179,12 +201,61 @@ std::string loss_section(const RunFiles& r) {
     return "<section id=\"loss\"><h2>Loss</h2>\n" + render_line_chart(c) + notes + "</section>\n";
 }
 
-// One chart of one key of the training records, in a section of its own.
-std::string line_section(const RunFiles& r, const std::string& id, const std::string& title, const char* key,
-                         const std::string& y_label, const char* colour, ValueFormat format, double factor = 1) {
-    const LineChart c{"chart-" + id, title, "iteration", y_label, {series(r.train, key, y_label, colour, factor)},
+// One chart of one key of `records`, in a section of its own.
+std::string line_section_of(const std::vector<json>& records, const std::string& id, const std::string& title,
+                            const char* key, const std::string& y_label, const char* colour, ValueFormat format,
+                            double factor = 1) {
+    const LineChart c{"chart-" + id, title, "iteration", y_label, {series(records, key, y_label, colour, factor)},
                       format,        true};
     return "<section id=\"" + id + "\"><h2>" + escape(title) + "</h2>\n" + render_line_chart(c) + "</section>\n";
+}
+// ... of the training records.
+std::string line_section(const RunFiles& r, const std::string& id, const std::string& title, const char* key,
+                         const std::string& y_label, const char* colour, ValueFormat format, double factor = 1) {
+    return line_section_of(r.train, id, title, key, y_label, colour, format, factor);
+}
+
+// A self-play run (`mindspeed-train selfplay`): its losses, the evaluation matches' win rate per opponent, and the
+// search's throughput.
+std::string selfplay_sections(const RunFiles& r) {
+    LineChart loss{"chart-selfplay-loss", "Self-play loss", "iteration", "loss", {}, ValueFormat::kPlain, true};
+    loss.series.push_back(series(r.selfplay, "loss", "total", kBlue));
+    loss.series.push_back(series(r.selfplay, "policy loss", "policy", kOrange));
+    loss.series.push_back(series(r.selfplay, "value loss", "value", kGreen));
+    LineChart wins{
+        "chart-win-rate", "Evaluation: win rate", "iteration", "games won (%)", {}, ValueFormat::kPlain, true};
+    const char* colours[] = {kBlue, kRed, kPurple, kGreen, kOrange};
+    std::vector<std::string> opponents;
+    for (const json& m : r.matches)
+        for (const auto& kv : m.items())
+            if (kv.key().starts_with("vs ") &&
+                std::find(opponents.begin(), opponents.end(), kv.key()) == opponents.end())
+                opponents.push_back(kv.key());
+    for (size_t i = 0; i < opponents.size(); ++i) {
+        Series w{opponents[i], {}, {}, colours[i % std::size(colours)]};
+        for (const json& m : r.matches) {
+            w.x.push_back(value(m, "iteration"));
+            const auto it = m.find(opponents[i]);
+            w.y.push_back(it != m.end() ? value(*it, "win rate", 100) : kNaN);
+        }
+        wins.series.push_back(std::move(w));
+    }
+    std::string s = "<div class=\"row\">\n<section id=\"selfplay-loss\"><h2>Self-play loss</h2>\n" +
+                    render_line_chart(loss) + "</section>\n<section id=\"win-rate\"><h2>Evaluation matches</h2>\n";
+    if (r.matches.empty()) {
+        s += missing("win-rate",
+                     "No evaluation matches in metrics.jsonl (selfplay.eval_interval is 0 and the run "
+                     "ended before its last iteration).");
+    } else {
+        s += render_line_chart(wins);
+        s += "<p class=\"note\">The agent's share of games won against each opponent, half of them with each "
+             "colour; the board is the curriculum stage's at that iteration.</p>\n";
+    }
+    s += "</section>\n</div>\n<div class=\"row\">\n" +
+         line_section_of(r.selfplay, "selfplay-throughput", "Search throughput", "positions evaluated per second",
+                         "positions evaluated/s", kBlue, ValueFormat::kSi) +
+         "</div>\n";
+    return s;
 }
 
 std::string communication_section(const RunFiles& r) {
@@ -296,7 +367,9 @@ std::string render_run_report(const std::string& run_dir) {
                        escape(title) + "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n<h1>" +
                        escape(title) + "</h1>\n";
     page += summary(r);
-    if (r.train.empty()) {
+    if (!r.selfplay.empty()) {
+        page += selfplay_sections(r);
+    } else if (r.train.empty()) {
         page += missing("training",
                         "metrics.jsonl has no training records (\"lm loss\"): the run ended before its "
                         "first log interval.");

@@ -79,7 +79,7 @@ void PolicyValueNet::forward(std::span<const games::Connect4> positions, float l
         const games::Connect4& p = positions[static_cast<size_t>(std::min(i, n - 1))];  // padding repeats the last
         MS_CHECK(p.rows() == rows_ && p.cols() == cols_, "PolicyValueNet: boards of two sizes in one batch");
         p.cells(cells_);
-        write_board_features(shape_, rows_, cols_, cells_,
+        write_board_features(shape_, rows_, cols_, cells_, p.move_count(),
                              std::span<float>(features_).subspan(static_cast<size_t>(i) * board, board));
         summary_rows_[static_cast<size_t>(i)] = i * T;
     }

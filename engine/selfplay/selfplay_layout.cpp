@@ -61,11 +61,17 @@ SelfPlayOptions SelfPlayLayout::play_options(const Config& cfg, int s) const {
     return o;
 }
 
-MctsOptions SelfPlayLayout::eval_options(const Config& cfg) const {
+MctsOptions SelfPlayLayout::eval_options(const Config& cfg, bool final) const {
+    const SelfPlayConfig& c = cfg.selfplay;
     MctsOptions o = play_options(cfg, 0).mcts;
-    o.simulations = cfg.selfplay.eval_simulations;
+    o.simulations = final && c.final_eval_simulations > 0 ? c.final_eval_simulations : c.eval_simulations;
     o.noise_fraction = 0.0f;
     return o;
+}
+
+int SelfPlayLayout::eval_games(const Config& cfg, bool final) const {
+    const SelfPlayConfig& c = cfg.selfplay;
+    return final && c.final_eval_games > 0 ? c.final_eval_games : c.eval_games;
 }
 
 SelfPlayLayout selfplay_layout(const Config& cfg, int world_size) {

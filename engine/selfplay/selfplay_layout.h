@@ -36,8 +36,9 @@ struct SelfPlayLayout {
     Opponent promote_against;
     // The self-play options of stage s: the config's search with the stage's simulations.
     SelfPlayOptions play_options(const Config& cfg, int s) const;
-    // The evaluation agent's search on stage s.
-    MctsOptions eval_options(const Config& cfg) const;
+    // The evaluation agent's search, and the games per opponent: the final evaluation's when `final`.
+    MctsOptions eval_options(const Config& cfg, bool final) const;
+    int eval_games(const Config& cfg, bool final) const;
 };
 
 SelfPlayLayout selfplay_layout(const Config& cfg, int world_size);

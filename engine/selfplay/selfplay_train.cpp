@@ -53,16 +53,16 @@ struct Evaluation {
 
 // The agent against each of the stage's opponents (and promote_against, when it is not among them).
 std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, const Stage& stage, PolicyValueNet& net,
-                                 int64_t it) {
+                                 int64_t it, bool final) {
     std::vector<Opponent> opponents = l.eval_opponents;
     bool has_promote = false;
     for (const Opponent& o : opponents) has_promote |= o.spec == l.promote_against.spec;
     if (!has_promote && l.stages.size() > 1) opponents.push_back(l.promote_against);
     std::vector<Evaluation> out;
-    const Player agent = Player::agent(net, l.eval_options(cfg));
+    const Player agent = Player::agent(net, l.eval_options(cfg, final));
     for (const Opponent& o : opponents)
-        out.push_back(
-            {o.spec, play_match(agent, o.player, stage.rows, stage.cols, cfg.selfplay.eval_games, eval_seed(cfg, it))});
+        out.push_back({o.spec, play_match(agent, o.player, stage.rows, stage.cols, l.eval_games(cfg, final),
+                                          eval_seed(cfg, it))});
     return out;
 }
 
@@ -238,12 +238,15 @@ int run_selfplay(const Config& cfg) {
                             {"positions evaluated per second", static_cast<double>(stats.positions_evaluated) / t_play},
                             {"seconds", t_iter}}
                            .dump()
-                    << '\n';
+                    << std::endl;  // flushed: a watcher (report, a plot) sees each iteration as it ends
 
         if ((c.eval_interval > 0 && it % c.eval_interval == 0) || it == iters) {
             const double te = now_seconds();
-            const std::vector<Evaluation> evals = evaluate(cfg, l, s, net, it);
-            json record = {{"iteration", it}, {"stage", stage + 1}, {"board", fmt::format("{}x{}", s.rows, s.cols)}};
+            const std::vector<Evaluation> evals = evaluate(cfg, l, s, net, it, it == iters);
+            json record = {{"iteration", it},
+                           {"stage", stage + 1},
+                           {"board", fmt::format("{}x{}", s.rows, s.cols)},
+                           {"simulations", l.eval_options(cfg, it == iters).simulations}};
             double promote_score = -1;
             for (const Evaluation& e : evals) {
                 const Tally& t = e.match.total;
@@ -260,7 +263,7 @@ int run_selfplay(const Config& cfg) {
                 if (e.opponent == l.promote_against.spec) promote_score = e.score();
             }
             record["seconds"] = now_seconds() - te;
-            if (writer && metrics.is_open()) metrics << record.dump() << '\n';
+            if (writer && metrics.is_open()) metrics << record.dump() << std::endl;
             if (stage + 1 < static_cast<int>(l.stages.size()) && promote_score >= c.promote_score) {
                 ++stage;
                 const Stage& next = l.stages[static_cast<size_t>(stage)];

@@ -54,25 +54,33 @@ std::vector<Connect4> random_positions(int rows, int cols, int n, uint64_t seed)
 TEST(PolicyValueFeatures, EachCellIsItsCodeAndItsDistancesToTheEdges) {
     const GptShape s = policy_value_shape({.board_rows = 6, .board_cols = 7});
     const int width = policy_value_input_width(s);
-    EXPECT_EQ(width, 3 + 6 + 6 + 7 + 7 + 1);
+    EXPECT_EQ(width, 3 + 6 + 6 + 7 + 7 + 1 + 2);
     // 4 x 5 after "3312": X to move; the bottom row is X . X O . from the first player's side
     const Connect4 state = Connect4::from_moves(4, 5, "3312");
     std::vector<int8_t> cells(20);
     state.cells(cells);
     std::vector<float> f(static_cast<size_t>(21 * width));
-    write_board_features(s, 4, 5, cells, f);
+    write_board_features(s, 4, 5, cells, state.move_count(), f);
     const auto ones = [&](int row) {
         std::vector<int> at;
         for (int k = 0; k < width; ++k)
             if (f[static_cast<size_t>(row * width + k)] != 0.0f) at.push_back(k);
         return at;
     };
-    EXPECT_EQ(ones(0), std::vector<int>{width - 1});  // the summary row
+    const int first_to_move = width - 2;  // 4 stones played: the first player's turn, on every row
+    EXPECT_EQ(ones(0), (std::vector<int>{width - 3, first_to_move}));  // the summary row
     // cell (row 3 from the top = the bottom row, column 0): the side to move's stone; row 0 from the bottom, 3 from
     // the top, column 0 from the left, 4 from the right
-    EXPECT_EQ(ones(1 + 3 * 5 + 0), (std::vector<int>{1, 3 + 0, 9 + 3, 15 + 0, 22 + 4}));
+    EXPECT_EQ(ones(1 + 3 * 5 + 0), (std::vector<int>{1, 3 + 0, 9 + 3, 15 + 0, 22 + 4, first_to_move}));
     // cell (top row, column 4): empty, row 3 from the bottom, 0 from the top, column 4 from the left, 0 from the right
-    EXPECT_EQ(ones(1 + 0 * 5 + 4), (std::vector<int>{0, 3 + 3, 9 + 0, 15 + 4, 22 + 0}));
+    EXPECT_EQ(ones(1 + 0 * 5 + 4), (std::vector<int>{0, 3 + 3, 9 + 0, 15 + 4, 22 + 0, first_to_move}));
+    // after a fifth stone, the second player's turn
+    std::vector<float> g(f.size());
+    const Connect4 next = Connect4::from_moves(4, 5, "33121");
+    next.cells(cells);
+    write_board_features(s, 4, 5, cells, next.move_count(), g);
+    EXPECT_EQ(g[static_cast<size_t>(width - 1)], 1.0f);
+    EXPECT_EQ(g[static_cast<size_t>(width - 2)], 0.0f);
     for (float v : f) EXPECT_TRUE(v == 0.0f || v == 1.0f);
 }
 

@@ -75,6 +75,31 @@ TEST(SelfPlay, ResumeContinuesBitIdentically) {
     EXPECT_EQ(replay_file(stopped.path(), 3), replay_file(straight.path(), 3));
 }
 
+// `report` on a self-play run (with a final evaluation of its own size): its losses, the evaluation matches' win rate
+// per opponent (one point per evaluation) and the search's throughput, charted.
+TEST(SelfPlay, ReportChartsTheWinRatePerIteration) {
+    const TempDir dir("ms_selfplay");
+    const TrainRun run = run_selfplay(
+        1, dir.path(),
+        "--set 'selfplay.eval_opponents=[\"random\", \"alphabeta:2\"]' --set selfplay.final_eval_games=6 --set "
+        "selfplay.final_eval_simulations=16");
+    ASSERT_EQ(run.losses.size(), 3u) << run.output;
+    // the last iteration's evaluation is the final one: its own games and search
+    EXPECT_NE(run.output.find("iteration     3/    3 | evaluation on 4 x 5 vs random: won"), std::string::npos);
+    EXPECT_NE(run.output.find(" of 6 (score"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("iteration     2/    3 | evaluation on 4 x 5 vs random: won"), std::string::npos);
+    const CliResult report = run_cli("report " + dir.path());
+    ASSERT_EQ(report.exit_code, 0) << report.output;
+    const std::string html = file_bytes(dir.path() + "/report.html");
+    for (const char* chart : {"chart-selfplay-loss", "chart-win-rate", "chart-selfplay-throughput"})
+        EXPECT_NE(html.find(std::string("id=\"") + chart + "\""), std::string::npos) << chart;
+    for (const char* series :
+         {"data-series=\"vs random\" data-points=\"3\"", "data-series=\"vs alphabeta:2\" data-points=\"3\"",
+          "data-series=\"policy\" data-points=\"3\""})
+        EXPECT_NE(html.find(series), std::string::npos) << series;
+    EXPECT_NE(html.find("last evaluation vs random"), std::string::npos);
+}
+
 TEST(SelfPlay, BadConfigsAreRefusedWithASentence) {
     const TempDir dir("ms_selfplay");
     const std::string base = "selfplay --config " + kConfig + " --set run.output_dir=" + dir.path();
