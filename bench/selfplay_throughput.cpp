@@ -2,7 +2,7 @@
 // games advancing together, several leaves per tree per wave under virtual loss) against one leaf at a time (one
 // game, one leaf per wave: a forward per simulation), measured side by side in one run on the same network.
 //   build/selfplay_throughput [layers hidden heads ffn] [rows cols] [simulations] [threads]
-// Defaults: configs/alphazero-connect4.yaml's network (3 layers, 64 wide, 4 heads, ffn 128) on 6 x 7, 64
+// Defaults: configs/alphazero-connect4.yaml's network (2 layers, 64 wide, 4 heads, ffn 128) on 6 x 7, 64
 // simulations per move, the backend's default threads. Each mode plays whole self-play games (play_games) and
 // reports positions evaluated per second and the forwards it took; the batched mode plays 32 games with 4 leaves
 // per wave, the serial one as many moves as it takes to run for a comparable time.
@@ -22,7 +22,7 @@
 int main(int argc, char** argv) {
     using namespace ms;
     const auto arg = [&](int i, int fallback) { return argc > i ? std::atoi(argv[i]) : fallback; };
-    const PolicyValueSizes sizes{.layers = arg(1, 3),
+    const PolicyValueSizes sizes{.layers = arg(1, 2),
                                  .hidden = arg(2, 64),
                                  .heads = arg(3, 4),
                                  .ffn = arg(4, 128),

@@ -277,6 +277,7 @@ struct SelfPlayConfig {
     int eval_simulations = 64;        // the agent's search in evaluation games (no noise, the most visited move)
     int final_eval_games = 0;         // the last iteration's evaluation (0: eval_games)
     int final_eval_simulations = 0;   // and its search (0: eval_simulations)
+    int eval_opening_moves = 2;       // random first plies of each pair of evaluation games, one game per colour
     std::vector<std::string> eval_opponents = {"random", "alphabeta:4"};  // random | alphabeta:<depth>
     std::string promote_against = "random";  // the opponent whose score advances the curriculum
     float promote_score = 0.95f;             // wins plus half the draws, over the evaluation's games against it

@@ -328,6 +328,8 @@ std::vector<Field> config_fields(Config& c) {
         {"selfplay.final_eval_games", &c.selfplay.final_eval_games, Constraint{.min = 0, .hint = "0 means eval_games"}},
         {"selfplay.final_eval_simulations", &c.selfplay.final_eval_simulations,
          Constraint{.min = 0, .hint = "0 means eval_simulations"}},
+        {"selfplay.eval_opening_moves", &c.selfplay.eval_opening_moves,
+         Constraint{.min = 0, .max = 8, .hint = "0 starts every evaluation game from the empty board"}},
         {"selfplay.eval_opponents", &c.selfplay.eval_opponents, {}},
         {"selfplay.promote_against", &c.selfplay.promote_against, {}},
         {"selfplay.promote_score", &c.selfplay.promote_score, Constraint{.min = 0, .max = 1}},

@@ -49,8 +49,8 @@ std::string Player::name() const {
     MS_UNREACHABLE("player kind {}", static_cast<int>(kind));
 }
 
-MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count,
-                       uint64_t seed) {
+MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed,
+                       int opening_moves) {
     if (game_count < 1) {
         throw UserError(fmt::format(
             "config error: selfplay.eval_games = {} must be >= 1: an evaluation match plays at least one game",
@@ -90,6 +90,10 @@ MatchResult play_match(const Player& player, const Player& opponent, int rows, i
             const games::Connect4& state = states[g];
             if (state.outcome() != games::Outcome::kOngoing) continue;
             ongoing = true;
+            if (state.move_count() < opening_moves) {  // the pair's opening: one seed for games 2i and 2i + 1
+                play(g, games::random_move(state, player_seed(seed, static_cast<uint64_t>(g / 2), 2)));
+                continue;
+            }
             const int s = side_to_move(g);
             Side& side = sides[s];
             switch (side.player->kind) {

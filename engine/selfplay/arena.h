@@ -53,6 +53,10 @@ struct MatchResult {
 
 // `game_count` games of `player` against `opponent` on a rows x cols board. Throws UserError for a board Connect
 // Four cannot be played on, game_count < 1, or search options out of range.
-MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed);
+// opening_moves: the first plies of every game are random moves, the same for games 2i and 2i + 1 (paired openings:
+// each opening is played once with each colour), so that deterministic players meet in varied positions and a
+// match measures more than the one or two lines two such players would otherwise repeat.
+MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed,
+                       int opening_moves = 0);
 
 }  // namespace ms::selfplay

@@ -62,7 +62,7 @@ std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, con
     const Player agent = Player::agent(net, l.eval_options(cfg, final));
     for (const Opponent& o : opponents)
         out.push_back({o.spec, play_match(agent, o.player, stage.rows, stage.cols, l.eval_games(cfg, final),
-                                          eval_seed(cfg, it))});
+                                          eval_seed(cfg, it), cfg.selfplay.eval_opening_moves)});
     return out;
 }
 

@@ -137,6 +137,28 @@ TEST(Match, AgentSearchesEveryGameInOneBatchWithoutNoise) {
     EXPECT_EQ(both.search.searches, static_cast<int64_t>(moves));  // every move a search
 }
 
+TEST(Match, PairedOpeningsVaryTheGamesAndSwapColours) {
+    // The two deterministic searchers above, with 2 random opening plies: games 2i and 2i + 1 start alike (the
+    // colours swapped), the pairs differ, and the searches begin after the opening.
+    UniformEvaluator evaluator(1024);
+    ms::test::RolloutEvaluator other(1024);
+    const Player agent = Player::agent(evaluator, with_simulations(40));
+    const MatchResult r = play_match(agent, Player::agent(other, with_simulations(30)), 4, 5, 12, 2, 2);
+    expect_tallies_agree_with_games(r, 4, 5, 12);
+    std::set<std::string> openings;
+    size_t moves = 0;
+    for (size_t g = 0; g < 12; g += 2) {
+        EXPECT_EQ(r.moves[g].substr(0, 2), r.moves[g + 1].substr(0, 2)) << g;
+        openings.insert(r.moves[g].substr(0, 2));
+        moves += r.moves[g].size() + r.moves[g + 1].size();
+    }
+    EXPECT_GE(openings.size(), 3u);
+    EXPECT_GT(r.distinct_games, 2);
+    EXPECT_EQ(r.search.searches, static_cast<int64_t>(moves) - 12 * 2);
+    // no opening: the two lines of the test above
+    EXPECT_EQ(play_match(agent, Player::agent(other, with_simulations(30)), 4, 5, 12, 2).distinct_games, 2);
+}
+
 TEST(Match, NamesAndRefusals) {
     UniformEvaluator evaluator;
     EXPECT_EQ(Player::random().name(), "random");
