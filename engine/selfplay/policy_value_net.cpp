@@ -72,7 +72,10 @@ void PolicyValueNet::forward(std::span<const games::Connect4> positions, float l
     batch_ = loss_scale == 0.0f ? padded_batch(n, max_batch_) : n;
     const int T = rows_ * cols_ + 1, A = cols_;
     const size_t width = static_cast<size_t>(policy_value_input_width(shape_)), board = static_cast<size_t>(T) * width;
-    features_.resize(static_cast<size_t>(batch_) * board);
+    backend_.synchronize();  // an earlier step's ops may still read the input
+    // the features go straight into the program's input (host memory: run.backend cpu)
+    const std::span<float> features(static_cast<float*>(program_->tensor("cells", 0)),
+                                    static_cast<size_t>(batch_) * board);
     summary_rows_.resize(static_cast<size_t>(batch_));
     cells_.resize(static_cast<size_t>(T - 1));
     for (int i = 0; i < batch_; ++i) {
@@ -80,11 +83,9 @@ void PolicyValueNet::forward(std::span<const games::Connect4> positions, float l
         MS_CHECK(p.rows() == rows_ && p.cols() == cols_, "PolicyValueNet: boards of two sizes in one batch");
         p.cells(cells_);
         write_board_features(shape_, rows_, cols_, cells_, p.move_count(),
-                             std::span<float>(features_).subspan(static_cast<size_t>(i) * board, board));
+                             features.subspan(static_cast<size_t>(i) * board, board));
         summary_rows_[static_cast<size_t>(i)] = i * T;
     }
-    backend_.synchronize();  // an earlier step's ops may still read the input
-    std::copy(features_.begin(), features_.end(), static_cast<float*>(program_->tensor("cells", 0)));
     program_->forward(nullptr, nullptr, batch_, T, 0, loss_scale, summary_rows_.data());
     backend_.synchronize();
     const float* policy = static_cast<const float*>(program_->tensor("policy", 0));

@@ -77,7 +77,6 @@ class PolicyValueNet final : public Evaluator<games::Connect4> {
     graph::GradPlacement grad_placement_;
     std::unique_ptr<GptProgram> program_;
     int batch_ = 0, rows_ = 0, cols_ = 0;  // of the last forward (batch_: padded)
-    std::vector<float> features_;          // (batch, T, input width) staging
     std::vector<int32_t> summary_rows_;    // (batch) b * T
     std::vector<float> policy_out_, value_out_, action_logits_, raw_values_;
     std::vector<float> dpolicy_, dvalue_;
