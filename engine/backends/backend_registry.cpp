@@ -1,10 +1,13 @@
 // backend_registry.cpp: make_backend(), the registered CUDA backend and its debug options (backend.h).
 #include <memory>
+#include <string>
 
 #include "engine/backends/backend.h"
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/probe.h"
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "engine/core/log.h"
 #include "memory/arena_memory.h"
 
 namespace ms {
@@ -55,7 +58,16 @@ CudaDebugOptions cuda_debug_options(const DebugConfig& debug) {
 }
 
 std::unique_ptr<Backend> make_backend(const BackendOptions& options) {
-    if (options.kind == BackendKind::kCPU) return cpu::make_cpu_backend(options);
+    if (options.kind == BackendKind::kCPU) {
+        // Every command's CPU runs go through here: the one place that says when OpenBLAS picked a slow kernel.
+        static const bool warned = [] {
+            const std::string w = cpu::blas_kernel_warning();
+            if (!w.empty()) log_warn("{}", w);
+            return true;
+        }();
+        (void)warned;
+        return cpu::make_cpu_backend(options);
+    }
     const CudaRegistration& r = cuda_registration();
     MS_CHECK(r.make != nullptr,
              "backend kind cuda: this binary registered no CUDA backend (link ms_cuda_backend or ms_cuda_emu and "

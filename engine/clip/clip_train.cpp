@@ -68,22 +68,6 @@ ClipCheckpoints open_checkpoints(const CheckpointContext& ckpt, Communicator& wo
     return c;
 }
 
-// logging.metrics_file on the writing rank: a resume continues it, without the lines logged past the checkpoint.
-std::ofstream open_metrics(const Config& cfg, const std::optional<TrainState>& resumed) {
-    std::ofstream metrics;
-    const std::filesystem::path path(cfg.logging.metrics_file);
-    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-    if (resumed) {
-        const MetricsTrim trim = trim_metrics_log(path.string(), resumed->iteration);
-        if (trim.dropped > 0)
-            log_info("metrics: dropped {} line(s) of {} logged after iteration {} (they are trained again)",
-                     trim.dropped, path.string(), resumed->iteration);
-    }
-    metrics.open(path, resumed ? std::ios::app : std::ios::trunc);
-    if (!metrics) throw UserError(fmt::format("cannot write logging.metrics_file '{}'", path.string()));
-    return metrics;
-}
-
 }  // namespace
 
 int run_clip_train(const Config& cfg) {
@@ -125,7 +109,9 @@ int run_clip_train(const Config& cfg) {
 
     const bool writer = world.rank() == 0;
     std::ofstream metrics;
-    if (writer && !cfg.logging.metrics_file.empty()) metrics = open_metrics(cfg, resumed);
+    if (writer && !cfg.logging.metrics_file.empty())
+        metrics = open_metrics_log(cfg.logging.metrics_file,
+                                   resumed ? std::optional<int64_t>(resumed->iteration) : std::nullopt);
     ClipBatch batch = empty_clip_batch(l.shape, l.b);
     ImageTextSample sample;
     const int64_t iters = cfg.training.train_iters;

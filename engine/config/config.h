@@ -270,6 +270,7 @@ struct SelfPlayConfig {
     float dirichlet_alpha = 1.0f;     // the root noise's concentration
     float noise_fraction = 0.25f;     // of the root's priors replaced by the noise
     int temperature_moves = 8;        // moves of a game chosen in proportion to the visits; the rest the most visited
+    float value_from_search = 0.0f;   // w: a position's value target is (1 - w) * outcome + w * its search's value
     int64_t replay_capacity = 50000;  // positions kept (the newest)
     int train_steps = 20;             // optimizer steps per iteration
     int eval_interval = 5;            // iterations between evaluations (0: at the end only)

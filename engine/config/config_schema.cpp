@@ -320,6 +320,8 @@ std::vector<Field> config_fields(Config& c) {
         {"selfplay.dirichlet_alpha", &c.selfplay.dirichlet_alpha, positive()},
         {"selfplay.noise_fraction", &c.selfplay.noise_fraction, Constraint{.min = 0, .max = 1}},
         {"selfplay.temperature_moves", &c.selfplay.temperature_moves, Constraint{.min = 0}},
+        {"selfplay.value_from_search", &c.selfplay.value_from_search,
+         Constraint{.min = 0, .max = 1, .hint = "0 learns the game's outcome alone (AlphaZero)"}},
         {"selfplay.replay_capacity", &c.selfplay.replay_capacity, at_least(1)},
         {"selfplay.train_steps", &c.selfplay.train_steps, Constraint{.min = 0}},
         {"selfplay.eval_interval", &c.selfplay.eval_interval, Constraint{.min = 0, .hint = "0 evaluates at the end only"}},

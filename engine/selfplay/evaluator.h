@@ -26,13 +26,14 @@ class Evaluator {
 };
 
 // One position a self-play game passed through, as the network learns from it: the state (the side to move's view),
-// the search's visit distribution over the actions (num_actions values summing to 1), and the game's final outcome
-// for the side to move then (+1 won, 0 drawn, -1 lost).
+// the search's visit distribution over the actions (num_actions values summing to 1), and the value target for the
+// side to move then: the game's final outcome (+1 won, 0 drawn, -1 lost), or that mixed with the search's value
+// (SelfPlayOptions::value_from_search).
 template <games::Game G>
 struct TrainingPosition {
     G state;
     std::vector<float> policy;
-    float outcome = 0.0f;
+    float value = 0.0f;
 };
 
 }  // namespace ms::selfplay

@@ -178,14 +178,14 @@ void BatchedSearch<G>::select_wave(Tree& tree) {
         s.path_begin = static_cast<int32_t>(tree.paths.size());
         int32_t node = 0;
         tree.paths.push_back(node);
-        while (tree.nodes[node].status == NodeStatus::kExpanded) {
+        while (tree.nodes[node].status == NodeStatus::kExpanded && (node == 0 || tree.nodes[node].proven == 0)) {
             node = select_child(tree, node);
             tree.paths.push_back(node);
         }
         s.path_end = static_cast<int32_t>(tree.paths.size());
         for (int32_t p = s.path_begin; p < s.path_end; ++p) ++tree.nodes[tree.paths[p]].in_flight;
         Node& leaf = tree.nodes[node];
-        if (leaf.outcome != games::Outcome::kOngoing) {
+        if (leaf.outcome != games::Outcome::kOngoing || (node != 0 && leaf.proven != 0)) {
             s.kind = SelectionKind::kTerminal;
         } else if (leaf.status == NodeStatus::kPending) {
             s.kind = SelectionKind::kCollision;
@@ -208,13 +208,18 @@ void BatchedSearch<G>::back_up_wave(Tree& tree) {
         switch (s.kind) {
             case SelectionKind::kNewLeaf:
                 expand(tree, leaf, std::span<const float>(row_priors_).subspan(s.row * num_actions_, num_actions_));
-                backup(tree, path, row_values_[s.row]);
+                prove(tree, path);
+                // A leaf its own children prove backs up its exact value rather than the network's.
+                backup(tree, path, tree.nodes[leaf].proven != 0 ? -tree.nodes[leaf].proven : row_values_[s.row]);
                 ++tree.simulations;
                 break;
-            case SelectionKind::kTerminal:
-                backup(tree, path, games::outcome_value(tree.nodes[leaf].outcome));
+            case SelectionKind::kTerminal: {
+                // The exact value for the leaf's side to move: a proof's (a won game is proven too), else the draw's.
+                const Node& node = tree.nodes[leaf];
+                backup(tree, path, node.proven != 0 ? -node.proven : games::outcome_value(node.outcome));
                 ++tree.simulations;
                 break;
+            }
             case SelectionKind::kCollision:
                 ++counters_.collisions;
                 break;
@@ -234,6 +239,13 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
     for (const Node& child : children) {
         if (child.visits > 0) visited_policy += child.prior;
     }
+    // Proofs: a child proven won for the side choosing is taken (the first); proven-lost ones are passed over while
+    // any child is unproven.
+    bool any_unproven = false;
+    for (size_t i = 0; i < children.size(); ++i) {
+        if (children[i].proven > 0) return parent.first_child + static_cast<int32_t>(i);
+        any_unproven |= children[i].proven == 0;
+    }
     const bool noisy_root = node == 0 && options_.noise_fraction > 0.0f;
     const double reduction = noisy_root ? 0.0 : options_.fpu_reduction;
     // An expanded node has backed up its own evaluation, so visits >= 1.
@@ -242,6 +254,7 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
     double best_score = -std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < children.size(); ++i) {
         const Node& child = children[i];
+        if (any_unproven && child.proven < 0) continue;
         const double pending = virtual_loss * child.in_flight;
         const double visits = child.visits + pending;
         const double q = visits > 0.0 ? (child.value_sum - pending) / visits : fpu;
@@ -267,6 +280,7 @@ void BatchedSearch<G>::expand(Tree& tree, int32_t node, std::span<const float> p
         child.state = state;
         child.state.play(action);
         child.outcome = child.state.outcome();
+        child.proven = child.outcome == games::Outcome::kLoss ? 1 : 0;  // its side to move lost: the mover won
         child.prior = priors[action];
         child.action = static_cast<int8_t>(action);
         tree.nodes.push_back(child);
@@ -302,6 +316,28 @@ void BatchedSearch<G>::backup(Tree& tree, std::span<const int32_t> path, double 
 }
 
 template <games::Game G>
+void BatchedSearch<G>::prove(Tree& tree, std::span<const int32_t> path) {
+    for (size_t p = path.size(); p-- > 0;) {
+        Node& node = tree.nodes[path[p]];
+        if (node.proven != 0) return;  // the root, proven by an earlier simulation
+        const std::span<const Node> children(tree.nodes.data() + node.first_child, node.num_children);
+        bool all_lost = true, one_won = false;
+        for (const Node& child : children) {
+            one_won |= child.proven > 0;
+            all_lost &= child.proven < 0;
+        }
+        // A child's proof is for the node's side to move, the opposite of the side that moved into the node.
+        if (one_won) {
+            node.proven = -1;
+        } else if (all_lost) {
+            node.proven = 1;
+        } else {
+            return;
+        }
+    }
+}
+
+template <games::Game G>
 void BatchedSearch<G>::evaluate_rows(Evaluator<G>& evaluator) {
     const size_t rows = rows_.size(), actions = static_cast<size_t>(num_actions_);
     const size_t max_batch = static_cast<size_t>(evaluator.max_batch());
@@ -324,6 +360,7 @@ RootResult BatchedSearch<G>::result(const Tree& tree) const {
     r.visits.assign(num_actions_, 0);
     r.q.assign(num_actions_, 0.0f);
     r.priors.assign(num_actions_, 0.0f);
+    r.proven.assign(num_actions_, 0);
     const Node& root = tree.nodes[0];
     MS_CHECK(root.visits == 1 + options_.simulations, "a root of {} visits after {} simulations", root.visits,
              options_.simulations);
@@ -333,6 +370,7 @@ RootResult BatchedSearch<G>::result(const Tree& tree) const {
         // The child's values are from the view of the side that moved into it: the root's side to move.
         if (child.visits > 0) r.q[child.action] = static_cast<float>(child.value_sum / child.visits);
         r.priors[child.action] = child.prior;
+        r.proven[child.action] = child.proven;
     }
     r.value = static_cast<float>(-root.value_sum / root.visits);
     return r;

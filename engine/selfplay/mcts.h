@@ -15,6 +15,11 @@
 //     (FPU) of Leela Zero and Leela Chess Zero: the parent's own Q for its side to move, less
 //     fpu_reduction * sqrt(sum of the priors of the visited children); at a root with noise the reduction is 0
 //     (Leela Zero), so the moves the noise favours get tried.
+//   - Proofs (MCTS-solver, Winands, Bjornsson and Saito 2008): a child whose move wins the game is proven won for
+//     the side choosing it; a node with a child proven won is proven lost for the side that moved into it, and a
+//     node whose children are all proven lost is proven won. Proofs are propagated up a selection's path when its
+//     leaf is expanded. Selection takes a proven-won child, passes over proven-lost ones while any other remains,
+//     and stops at a proven node below the root as at a finished game, backing up its exact value (+-1).
 //   - Waves: per wave every unfinished tree makes up to leaves_per_wave selections (no more than the simulations it
 //     has left). Each selection puts virtual loss on its path: until the wave's backup, every node on it counts
 //     virtual_loss more visits, each a loss for the side choosing it, so later selections of the wave spread out. A
@@ -75,10 +80,11 @@ struct SearchRoot {
 
 // One root's search, per action (num_actions entries each; 0 for illegal actions).
 struct RootResult {
-    std::vector<int> visits;    // simulations through the action: they sum to the simulations
-    std::vector<float> q;       // the action's mean value for the side to move (0 when unvisited)
-    std::vector<float> priors;  // the priors the search used: the network's, mixed with the noise where on
-    float value = 0.0f;         // the root's mean value for the side to move, its own evaluation included
+    std::vector<int> visits;     // simulations through the action: they sum to the simulations
+    std::vector<float> q;        // the action's mean value for the side to move (0 when unvisited)
+    std::vector<float> priors;   // the priors the search used: the network's, mixed with the noise where on
+    std::vector<int8_t> proven;  // +1: the search proved the action wins for the side to move, -1: loses, 0: neither
+    float value = 0.0f;          // the root's mean value for the side to move, its own evaluation included
 };
 
 // Totals over a BatchedSearch's runs: the throughput a benchmark compares (batched vs one leaf at a time).
@@ -126,6 +132,7 @@ class BatchedSearch {
         int32_t first_child = -1;
         int8_t num_children = 0;
         int8_t action = -1;  // the move into this node
+        int8_t proven = 0;   // +1: won for the side that moved into this node, -1: lost, 0: not proven
         NodeStatus status = NodeStatus::kLeaf;
         games::Outcome outcome = games::Outcome::kOngoing;  // the node's state's, computed once
     };
@@ -152,6 +159,8 @@ class BatchedSearch {
     void expand(Tree& tree, int32_t node, std::span<const float> priors);
     void add_noise(Tree& tree);
     static void backup(Tree& tree, std::span<const int32_t> path, double leaf_value);
+    // Proves what the children of the path's nodes now prove, from the leaf up, stopping at the first node unproven.
+    static void prove(Tree& tree, std::span<const int32_t> path);
     void evaluate_rows(Evaluator<G>& evaluator);
     RootResult result(const Tree& tree) const;
 

@@ -152,7 +152,7 @@ void ReplayBuffer::push(const Connect4& state, std::span<const float> policy, fl
 }
 
 void ReplayBuffer::add(std::span<const Position> positions) {
-    for (const Position& p : positions) push(p.state, p.policy, p.outcome);
+    for (const Position& p : positions) push(p.state, p.policy, p.value);
 }
 
 void ReplayBuffer::add_from_all_ranks(Communicator& dp, std::span<const Position> mine) {
@@ -180,7 +180,7 @@ void ReplayBuffer::add_from_all_ranks(Communicator& dp, std::span<const Position
     for (size_t j = 0; j < mine.size(); ++j) {
         const Position& p = mine[j];
         check_position(rows_, cols_, p.state, p.policy);
-        encode_record(p.state, p.policy, p.outcome, reinterpret_cast<std::byte*>(&send[j * words]));
+        encode_record(p.state, p.policy, p.value, reinterpret_cast<std::byte*>(&send[j * words]));
     }
     dp.all_gather(std::span<const int32_t>(send), std::span<int32_t>(gathered)).wait();
 
@@ -224,7 +224,7 @@ void ReplayBuffer::copy_out(int64_t index, Mirror mirror, Connect4& state, std::
 ReplayBuffer::Position ReplayBuffer::get(int64_t index, Mirror mirror) const {
     Position p;
     p.policy.resize(static_cast<size_t>(cols_));
-    copy_out(index, mirror, p.state, p.policy, p.outcome);
+    copy_out(index, mirror, p.state, p.policy, p.value);
     return p;
 }
 

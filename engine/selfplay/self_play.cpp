@@ -21,6 +21,7 @@ constexpr int kMaxTemperatureMoves = 1 << 16;
 struct GameInProgress {
     games::Connect4 state;
     std::vector<TrainingPosition<games::Connect4>> positions;
+    std::vector<float> search_values;  // per position, its search's root value
     std::string moves;
 };
 
@@ -33,12 +34,26 @@ std::vector<float> visit_distribution(const RootResult& result) {
     return policy;
 }
 
+// The actions a move may be chosen among: those the search proved won, if any; else those not proven lost, if any;
+// else every action (a lost position still has to move). Bit a: action a.
+uint64_t candidates(const RootResult& result) {
+    uint64_t won = 0, open = 0, visited = 0;
+    for (size_t a = 0; a < result.visits.size(); ++a) {
+        if (result.visits[a] == 0 && result.proven[a] <= 0) continue;
+        visited |= uint64_t{1} << a;
+        if (result.proven[a] > 0) won |= uint64_t{1} << a;
+        if (result.proven[a] == 0) open |= uint64_t{1} << a;
+    }
+    return won != 0 ? won : open != 0 ? open : visited;
+}
+
 }  // namespace
 
 int most_visited(const RootResult& result) {
+    const uint64_t allowed = candidates(result);
     int best = -1;
     for (int a = 0; a < static_cast<int>(result.visits.size()); ++a) {
-        if (result.visits[a] == 0) continue;
+        if (!(allowed >> a & 1)) continue;
         if (best < 0 || result.visits[a] > result.visits[best] ||
             (result.visits[a] == result.visits[best] && result.priors[a] > result.priors[best])) {
             best = a;
@@ -49,12 +64,14 @@ int most_visited(const RootResult& result) {
 }
 
 int sample_by_visits(const RootResult& result, uint64_t seed, uint64_t game, int move) {
+    const uint64_t allowed = candidates(result);
     int64_t total = 0;
-    for (const int v : result.visits) total += v;
-    MS_CHECK(total > 0, "sample_by_visits of a search result without visits");
+    for (int a = 0; a < static_cast<int>(result.visits.size()); ++a) total += (allowed >> a & 1) ? result.visits[a] : 0;
+    if (total == 0) return most_visited(result);  // a proven win no simulation went through yet
     const double u = philox_uniform_double(seed, game, draw_index(move, DrawPurpose::kTemperature, 0));
     int64_t pick = std::min(total - 1, static_cast<int64_t>(u * static_cast<double>(total)));
     for (int a = 0; a < static_cast<int>(result.visits.size()); ++a) {
+        if (!(allowed >> a & 1)) continue;
         if (pick < result.visits[a]) return a;
         pick -= result.visits[a];
     }
@@ -67,6 +84,10 @@ int choose_move(const RootResult& result, int temperature_moves, uint64_t seed, 
 
 void check_self_play_options(const SelfPlayOptions& options) {
     check_mcts_options(options.mcts);
+    if (!(options.value_from_search >= 0.0f && options.value_from_search <= 1.0f)) {
+        throw UserError(
+            fmt::format("config error: selfplay.value_from_search = {} must be in [0, 1]", options.value_from_search));
+    }
     if (options.temperature_moves < 0 || options.temperature_moves > kMaxTemperatureMoves) {
         throw UserError(fmt::format("config error: selfplay.temperature_moves = {} must be in [0, {}]",
                                     options.temperature_moves, kMaxTemperatureMoves));
@@ -77,7 +98,7 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
                          uint64_t seed, uint64_t first_game, int count) {
     check_self_play_options(options);
     MS_CHECK(count >= 0, "play_games of {} games", count);
-    std::vector<GameInProgress> in_progress(count, GameInProgress{games::Connect4::empty(rows, cols), {}, {}});
+    std::vector<GameInProgress> in_progress(count, GameInProgress{games::Connect4::empty(rows, cols), {}, {}, {}});
     BatchedSearch<games::Connect4> search(options.mcts, seed);
 
     // One move of every unfinished game per step, their searches batched together.
@@ -97,6 +118,7 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
             GameInProgress& game = in_progress[playing[i]];
             const int move = game.state.move_count();
             game.positions.push_back({game.state, visit_distribution(results[i]), 0.0f});
+            game.search_values.push_back(results[i].value);
             const int action = choose_move(results[i], options.temperature_moves, seed, roots[i].game, move);
             game.state.play(action);
             game.moves += static_cast<char>('1' + action);
@@ -109,8 +131,11 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
         // A finished game's side to move has lost or drawn: the winner, if any, is the side that moved last.
         const bool drawn = game.state.outcome() == games::Outcome::kDraw;
         const int winner_parity = (game.state.move_count() - 1) & 1;
-        for (TrainingPosition<games::Connect4>& p : game.positions) {
-            p.outcome = drawn ? 0.0f : (p.state.move_count() & 1) == winner_parity ? 1.0f : -1.0f;
+        const float w = options.value_from_search;
+        for (size_t i = 0; i < game.positions.size(); ++i) {
+            TrainingPosition<games::Connect4>& p = game.positions[i];
+            const float z = drawn ? 0.0f : (p.state.move_count() & 1) == winner_parity ? 1.0f : -1.0f;
+            p.value = (1.0f - w) * z + w * game.search_values[i];
         }
         stats.draws += drawn;
         stats.first_player_wins += !drawn && winner_parity == 0;

@@ -16,9 +16,11 @@
 
 namespace ms::selfplay {
 
-// The most visited action; ties: the higher prior (the one the search used), then the lower action.
+// Moves are chosen among the actions the search proved won, if any, else among those it did not prove lost (all,
+// when every action is).
+// The most visited of them; ties: the higher prior (the one the search used), then the lower action.
 int most_visited(const RootResult& result);
-// An action drawn with probability visits / simulations (temperature 1), from (seed, game, move).
+// One of them drawn with probability proportional to its visits (temperature 1), from (seed, game, move).
 int sample_by_visits(const RootResult& result, uint64_t seed, uint64_t game, int move);
 // The self-play move: sample_by_visits for the first `temperature_moves` moves of a game (move < temperature_moves),
 // most_visited after.
@@ -27,6 +29,10 @@ int choose_move(const RootResult& result, int temperature_moves, uint64_t seed, 
 struct SelfPlayOptions {
     MctsOptions mcts;
     int temperature_moves = 8;  // the moves of a game sampled from the visits; the rest take the most visited
+    // w: a position's value target is (1 - w) z + w q, z the game's outcome and q the root value of the position's
+    // search, both for the side to move (the average of the two, w = 1/2, learns faster than z alone: z is one
+    // noisy sample of the position's value, and q depends on the moves the game did not play).
+    float value_from_search = 0.0f;
 };
 
 // Throws UserError, naming the key, its value and the allowed range, for an option out of range (the search's
@@ -42,11 +48,25 @@ struct SelfPlayStats {
     int64_t positions_evaluated = 0;  // rows sent to the evaluator
     int64_t evaluate_calls = 0;
     double mean_game_length = 0.0;  // moves / games
+
+    // The stats of both sets of games together.
+    SelfPlayStats& operator+=(const SelfPlayStats& other) {
+        games += other.games;
+        moves += other.moves;
+        first_player_wins += other.first_player_wins;
+        second_player_wins += other.second_player_wins;
+        draws += other.draws;
+        positions_evaluated += other.positions_evaluated;
+        evaluate_calls += other.evaluate_calls;
+        mean_game_length = games > 0 ? static_cast<double>(moves) / static_cast<double>(games) : 0.0;
+        return *this;
+    }
 };
 
 struct SelfPlayGames {
     // Every position of every game, in game order then move order: the state, the normalised visit counts, and
-    // the game's outcome for the side to move there (+1 won, 0 drawn, -1 lost).
+    // the value target for the side to move there: the game's outcome (+1 won, 0 drawn, -1 lost), mixed with the
+    // search's root value by SelfPlayOptions::value_from_search.
     std::vector<TrainingPosition<games::Connect4>> positions;
     std::vector<std::string> moves;  // per game, its moves in Pons' notation (1-based column digits)
     SelfPlayStats stats;

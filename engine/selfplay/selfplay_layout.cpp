@@ -58,6 +58,7 @@ SelfPlayOptions SelfPlayLayout::play_options(const Config& cfg, int s) const {
     o.mcts.leaves_per_wave = c.leaves_per_wave;
     o.mcts.virtual_loss = c.virtual_loss;
     o.temperature_moves = c.temperature_moves;
+    o.value_from_search = c.value_from_search;
     return o;
 }
 

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,6 +65,27 @@ std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, con
         out.push_back({o.spec, play_match(agent, o.player, stage.rows, stage.cols, l.eval_games(cfg, final),
                                           eval_seed(cfg, it), cfg.selfplay.eval_opening_moves)});
     return out;
+}
+
+// The stats of every rank's games: each rank's summed over `dp`.
+SelfPlayStats sum_over_ranks(Communicator& dp, const SelfPlayStats& mine) {
+    std::array<int32_t, 7> counts = {static_cast<int32_t>(mine.games),
+                                     static_cast<int32_t>(mine.moves),
+                                     static_cast<int32_t>(mine.first_player_wins),
+                                     static_cast<int32_t>(mine.second_player_wins),
+                                     static_cast<int32_t>(mine.draws),
+                                     static_cast<int32_t>(mine.positions_evaluated),
+                                     static_cast<int32_t>(mine.evaluate_calls)};
+    dp.all_reduce(std::span<int32_t>(counts), ReduceOp::kSum).wait();
+    SelfPlayStats all;
+    all += SelfPlayStats{.games = counts[0],
+                         .moves = counts[1],
+                         .first_player_wins = counts[2],
+                         .second_player_wins = counts[3],
+                         .draws = counts[4],
+                         .positions_evaluated = counts[5],
+                         .evaluate_calls = counts[6]};
+    return all;
 }
 
 struct Checkpoints {
@@ -151,13 +173,9 @@ int run_selfplay(const Config& cfg) {
 
     const bool writer = world.rank() == 0;
     std::ofstream metrics;
-    if (writer && !cfg.logging.metrics_file.empty()) {
-        const fs::path path(cfg.logging.metrics_file);
-        if (path.has_parent_path()) fs::create_directories(path.parent_path());
-        if (resumed) trim_metrics_log(path.string(), resumed->iteration);
-        metrics.open(path, resumed ? std::ios::app : std::ios::trunc);
-        if (!metrics) throw UserError(fmt::format("cannot write logging.metrics_file '{}'", path.string()));
-    }
+    if (writer && !cfg.logging.metrics_file.empty())
+        metrics = open_metrics_log(cfg.logging.metrics_file,
+                                   resumed ? std::optional<int64_t>(resumed->iteration) : std::nullopt);
     const int64_t iters = cfg.training.train_iters, total_steps = iters * c.train_steps;
     const int64_t first_it = resumed ? resumed->iteration + 1 : 1;
     ReplayBatch batch;
@@ -175,24 +193,11 @@ int run_selfplay(const Config& cfg) {
             SelfPlayGames played =
                 play_games(net, s.rows, s.cols, options, cfg.run.seed, first_game, c.games_per_group);
             mine.insert(mine.end(), played.positions.begin(), played.positions.end());
-            stats.games += played.stats.games;
-            stats.moves += played.stats.moves;
-            stats.first_player_wins += played.stats.first_player_wins;
-            stats.draws += played.stats.draws;
-            stats.positions_evaluated += played.stats.positions_evaluated;
+            stats += played.stats;
         }
         buffer.add_from_all_ranks(*groups.dp, mine);
         const double t_play = now_seconds() - t0;
-        // the logged counts: every rank's games
-        int32_t counts[5] = {static_cast<int32_t>(stats.games), static_cast<int32_t>(stats.moves),
-                             static_cast<int32_t>(stats.first_player_wins), static_cast<int32_t>(stats.draws),
-                             static_cast<int32_t>(stats.positions_evaluated)};
-        groups.dp->all_reduce(std::span<int32_t>(counts), ReduceOp::kSum).wait();
-        stats.games = counts[0];
-        stats.moves = counts[1];
-        stats.first_player_wins = counts[2];
-        stats.draws = counts[3];
-        stats.positions_evaluated = counts[4];
+        stats = sum_over_ranks(*groups.dp, stats);  // the logged counts: every rank's games
 
         // learning: steps numbered over the whole run, each rank its slice of the step's global batch
         PolicyValueLoss loss;

@@ -1,11 +1,15 @@
 // metrics_log.cpp: trim_metrics_log (metrics_log.h).
 #include "engine/train/metrics_log.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/ckpt/atomic_dir.h"
+#include "engine/core/check.h"
+#include "engine/core/log.h"
 
 namespace ms {
 
@@ -39,6 +43,20 @@ MetricsTrim trim_metrics_log(const std::string& path, int64_t last_iteration) {
     in.close();
     if (trim.dropped > 0) write_file_atomic(path, kept);
     return trim;
+}
+
+std::ofstream open_metrics_log(const std::string& path, std::optional<int64_t> resumed_iteration) {
+    const std::filesystem::path file(path);
+    if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+    if (resumed_iteration) {
+        const MetricsTrim trim = trim_metrics_log(path, *resumed_iteration);
+        if (trim.dropped > 0)
+            log_info("metrics: dropped {} line(s) of {} logged after iteration {} (they are trained again)",
+                     trim.dropped, path, *resumed_iteration);
+    }
+    std::ofstream metrics(file, resumed_iteration ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw UserError(fmt::format("cannot write logging.metrics_file '{}'", path));
+    return metrics;
 }
 
 }  // namespace ms

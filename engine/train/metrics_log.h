@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
+#include <optional>
 #include <string>
 
 namespace ms {
@@ -19,5 +21,10 @@ struct MetricsTrim {
 // Rewrites `path` (atomically: a crash leaves the old or the new file) with its lines whose "iteration" is at most
 // last_iteration. A missing file is an empty one; nothing is written when nothing is dropped.
 MetricsTrim trim_metrics_log(const std::string& path, int64_t last_iteration);
+
+// Opens the metrics log `path` (logging.metrics_file, on the writing rank) to write, its folder created: from empty
+// for a fresh run, appended after trim_metrics_log for a run resumed at `resumed_iteration` (the lines dropped are
+// logged). Throws UserError, naming the file, when it cannot be written.
+std::ofstream open_metrics_log(const std::string& path, std::optional<int64_t> resumed_iteration);
 
 }  // namespace ms

@@ -74,7 +74,6 @@ double mfu_peak(const Config& cfg, const Backend& backend) {
         const double peak = cpu::sgemm_peak_flops();
         log_info("peak: {:.1f} GFLOP/s fp32 (measured by an sgemm probe; OpenBLAS kernel {}) is the MFU denominator",
                  peak / 1e9, cpu::blas_kernel_name());
-        if (const std::string w = cpu::blas_kernel_warning(); !w.empty()) log_warn("{}", w);
         return peak;
     }
     if (backend.name() == "cuda-emulated") {

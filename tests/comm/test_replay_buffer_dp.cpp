@@ -38,7 +38,7 @@ Position position(int k) {
         p.state.play(games::random_move(p.state, static_cast<uint64_t>(k)));
     }
     for (int c = 0; c < kCols; ++c) p.policy.push_back(static_cast<float>((k * 13 + c) % 1000) / 1000.0f);
-    p.outcome = static_cast<float>(k % 3 - 1);
+    p.value = static_cast<float>(k % 3 - 1);
     return p;
 }
 

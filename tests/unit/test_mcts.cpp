@@ -73,6 +73,7 @@ void expect_same(const RootResult& a, const RootResult& b) {
     EXPECT_EQ(a.visits, b.visits);
     EXPECT_EQ(a.q, b.q);  // bit for bit
     EXPECT_EQ(a.priors, b.priors);
+    EXPECT_EQ(a.proven, b.proven);
     EXPECT_EQ(a.value, b.value);
 }
 
@@ -98,6 +99,9 @@ TEST(Mcts, TakesAnImmediateWin) {
         const RootResult r = search_alone(evaluator, quiet(64), 0, state);
         EXPECT_EQ(most_visited(r), 3);
         EXPECT_EQ(r.q[3], 1.0f);  // every simulation through it ends at the win
+        // The winning move is proven from the start, so every simulation takes it.
+        EXPECT_EQ(r.proven[3], 1);
+        EXPECT_EQ(r.visits[3], 64);
         EXPECT_GT(r.value, 0.5f);
     }
 }
@@ -113,8 +117,48 @@ TEST(Mcts, BlocksAnImmediateThreat) {
     for (int a = 0; a < 7; ++a) {
         if (a != 3) {
             EXPECT_LT(r.q[a], 0.0f) << a;
+            EXPECT_EQ(r.proven[a], -1) << a;  // O completes the row in reply: proven at its first visit
+            EXPECT_EQ(r.visits[a], 1) << a;
         }
     }
+    EXPECT_EQ(r.proven[3], 0);
+}
+
+TEST(Mcts, ProofsAgreeWithTheSolver) {
+    // Every action a search proves won or lost, on random 4 x 5 positions, is so by alpha-beta's full solve; the
+    // searches prove some of each.
+    AlphaBeta solver(18);
+    int won = 0, lost = 0;
+    for (const Connect4& state : random_positions(4, 5, 200, 3)) {
+        RolloutEvaluator evaluator;
+        const RootResult r = search_alone(evaluator, quiet(300), 0, state);
+        for (int a = 0; a < state.num_actions(); ++a) {
+            if (r.proven[a] == 0) continue;
+            Connect4 after = state;
+            after.play(a);
+            const bool wins =
+                after.last_mover_won() || (after.outcome() == Outcome::kOngoing &&
+                                           solver.search(after, {0, TieBreak::kCentre, 0}).score < -kWinScore);
+            const bool loses = after.outcome() == Outcome::kOngoing &&
+                               solver.search(after, {0, TieBreak::kCentre, 0}).score > kWinScore;
+            EXPECT_TRUE(r.proven[a] > 0 ? wins : loses) << state.to_string() << "action " << a;
+            (r.proven[a] > 0 ? won : lost)++;
+        }
+        // A proven win is the move, and a move is never one proven lost while another is not.
+        const int move = most_visited(r);
+        bool any_won = false, any_open = false;
+        for (int a = 0; a < state.num_actions(); ++a) {
+            any_won |= r.proven[a] > 0;
+            any_open |= state.is_legal(a) && r.proven[a] == 0;
+        }
+        if (any_won) {
+            EXPECT_EQ(r.proven[move], 1);
+        } else if (any_open) {
+            EXPECT_EQ(r.proven[move], 0);
+        }
+    }
+    EXPECT_GE(won, 10);
+    EXPECT_GE(lost, 10);
 }
 
 TEST(Mcts, FindsForcedWinsAFewPliesDeep) {

@@ -40,7 +40,7 @@ Position position(int rows, int cols, int k) {
         p.state.play(ms::games::random_move(p.state, static_cast<uint64_t>(k)));
     }
     for (int c = 0; c < cols; ++c) p.policy.push_back(static_cast<float>((k * 13 + c) % 1000) / 1000.0f);
-    p.outcome = static_cast<float>(k % 3 - 1);
+    p.value = static_cast<float>(k % 3 - 1);
     return p;
 }
 
@@ -53,7 +53,7 @@ std::vector<Position> positions(int rows, int cols, int first, int count) {
 void expect_same(const Position& a, const Position& b) {
     EXPECT_EQ(a.state, b.state);
     EXPECT_EQ(a.policy, b.policy);
-    EXPECT_EQ(a.outcome, b.outcome);
+    EXPECT_EQ(a.value, b.value);
 }
 
 // The buffer holds positions first .. first + count - 1, oldest first.
@@ -163,7 +163,7 @@ TEST(ReplayBuffer, MirrorReflectsStateAndPolicy) {
     expect_same(as_played, p);
     EXPECT_EQ(mirrored.state, Connect4::from_moves(4, 5, "5543"));
     EXPECT_EQ(mirrored.policy, (std::vector<float>{0.0625f, 0.0625f, 0.125f, 0.25f, 0.5f}));
-    EXPECT_EQ(mirrored.outcome, -1.0f);
+    EXPECT_EQ(mirrored.value, -1.0f);
     // every position: the reflection of a reflection is the position
     for (int i = 0; i < buffer.size(); ++i) {
         const Position m = buffer.get(i, Mirror::kMirrored);
@@ -253,7 +253,7 @@ TEST(ReplayBuffer, FillBatchHoldsTheSampledPositions) {
                                      batch.policies.begin() + static_cast<int64_t>(k * 6 + 6)),
                   want.policy)
             << k;
-        EXPECT_EQ(batch.outcomes[k], want.outcome) << k;
+        EXPECT_EQ(batch.outcomes[k], want.value) << k;
     }
     buffer.fill_batch(buffer.sample(3, 17, 3), batch);  // a smaller batch into the same storage
     EXPECT_EQ(batch.states.size(), 3u);
@@ -295,7 +295,7 @@ TEST(ReplayBuffer, FileLayoutIsTheDocumentedOne) {
         EXPECT_EQ(field<uint64_t>(bytes, at), p.state.current_stones()) << i;
         EXPECT_EQ(field<uint64_t>(bytes, at + 8), p.state.all_stones()) << i;
         for (int c = 0; c < 6; ++c) EXPECT_EQ(field<float>(bytes, at + 16 + 4 * c), p.policy[c]) << i;
-        EXPECT_EQ(field<float>(bytes, at + 40), p.outcome) << i;
+        EXPECT_EQ(field<float>(bytes, at + 40), p.value) << i;
     }
     EXPECT_EQ(field<uint64_t>(bytes, bytes.size() - 8), ms::xxh64(bytes.data(), bytes.size() - 8));
 }

@@ -33,9 +33,11 @@ SelfPlayOptions small_options() {
     return options;
 }
 
-RootResult result_of(std::vector<int> visits, std::vector<float> priors) {
+RootResult result_of(std::vector<int> visits, std::vector<float> priors, std::vector<int8_t> proven = {}) {
     RootResult r;
     r.q.assign(visits.size(), 0.0f);
+    if (proven.empty()) proven.assign(visits.size(), 0);
+    r.proven = std::move(proven);
     r.visits = std::move(visits);
     r.priors = std::move(priors);
     return r;
@@ -47,7 +49,7 @@ void expect_same_games(const SelfPlayGames& a, const SelfPlayGames& b) {
     for (size_t i = 0; i < a.positions.size(); ++i) {
         EXPECT_EQ(a.positions[i].state, b.positions[i].state) << i;
         EXPECT_EQ(a.positions[i].policy, b.positions[i].policy) << i;
-        EXPECT_EQ(a.positions[i].outcome, b.positions[i].outcome) << i;
+        EXPECT_EQ(a.positions[i].value, b.positions[i].value) << i;
     }
 }
 
@@ -57,6 +59,24 @@ TEST(MoveChoice, MostVisitedBreaksTiesByPriorThenAction) {
     EXPECT_EQ(ms::selfplay::most_visited(result_of({5, 5, 5, 0}, {0.3f, 0.3f, 0.1f, 0.3f})), 0);
     // An unvisited action is never the choice, whatever its prior.
     EXPECT_EQ(ms::selfplay::most_visited(result_of({0, 1, 0}, {0.9f, 0.05f, 0.05f})), 1);
+}
+
+TEST(MoveChoice, TakesAProvenWinAndAvoidsProvenLosses) {
+    using ms::selfplay::most_visited;
+    using ms::selfplay::sample_by_visits;
+    const std::vector<float> priors = {0.25f, 0.25f, 0.25f, 0.25f};
+    // A proven win is played however few visits it has; of two, the more visited.
+    EXPECT_EQ(most_visited(result_of({9, 2, 5, 0}, priors, {0, 1, 0, 0})), 1);
+    EXPECT_EQ(most_visited(result_of({9, 2, 5, 0}, priors, {0, 1, 1, 0})), 2);
+    // A proven loss is passed over while another move is open, however many visits it has.
+    EXPECT_EQ(most_visited(result_of({9, 2, 5, 0}, priors, {-1, 0, -1, 0})), 1);
+    // When every move loses, the most visited.
+    EXPECT_EQ(most_visited(result_of({9, 2, 5, 0}, priors, {-1, -1, -1, 0})), 0);
+    for (int game = 0; game < 200; ++game) {
+        EXPECT_EQ(sample_by_visits(result_of({9, 2, 5, 1}, priors, {0, 0, 1, 0}), 3, game, 0), 2);
+        const int pick = sample_by_visits(result_of({9, 2, 5, 1}, priors, {-1, 0, -1, 0}), 3, game, 0);
+        EXPECT_TRUE(pick == 1 || pick == 3) << pick;
+    }
 }
 
 TEST(MoveChoice, SamplesByVisitsFromSeedGameAndMove) {
@@ -88,6 +108,32 @@ TEST(MoveChoice, SamplesByVisitsFromSeedGameAndMove) {
         sampled_not_most += ms::selfplay::choose_move(r, 4, 3, game, 3) != 3;
     }
     EXPECT_GT(sampled_not_most, 20);
+}
+
+TEST(SelfPlay, ValueTargetsMixTheOutcomeWithTheSearchValue) {
+    // The same games whatever the mix (it changes targets, not moves); w = 1/2 is the average of w = 0 (the
+    // outcome) and w = 1 (the root value), to the float rounding of (1 - w) z + w q.
+    RolloutEvaluator evaluator;
+    SelfPlayOptions options = small_options();
+    const SelfPlayGames outcome = play_games(evaluator, 4, 5, options, 5, 0, 6);
+    options.value_from_search = 1.0f;
+    const SelfPlayGames search = play_games(evaluator, 4, 5, options, 5, 0, 6);
+    options.value_from_search = 0.5f;
+    const SelfPlayGames half = play_games(evaluator, 4, 5, options, 5, 0, 6);
+    EXPECT_EQ(outcome.moves, search.moves);
+    EXPECT_EQ(outcome.moves, half.moves);
+    ASSERT_EQ(outcome.positions.size(), half.positions.size());
+    int differ = 0;
+    for (size_t i = 0; i < half.positions.size(); ++i) {
+        const float z = outcome.positions[i].value, q = search.positions[i].value;
+        EXPECT_TRUE(z == -1.0f || z == 0.0f || z == 1.0f) << z;
+        EXPECT_LE(std::abs(q), 1.0f);
+        EXPECT_EQ(half.positions[i].value, 0.5f * z + 0.5f * q) << i;
+        differ += q != z;
+    }
+    EXPECT_GT(differ, static_cast<int>(half.positions.size()) / 2);  // the search's values are not the outcomes
+    options.value_from_search = 1.5f;
+    EXPECT_THROW(play_games(evaluator, 4, 5, options, 5, 0, 1), ms::UserError);
 }
 
 TEST(SelfPlay, SplitByGameIndexEqualsTheWhole) {
@@ -126,7 +172,7 @@ TEST(SelfPlay, PositionsReplayTheGamesAndOutcomesAgreeWithTheirEnds) {
             ASSERT_LT(next + m, out.positions.size());
             const auto& p = out.positions[next + m];
             EXPECT_EQ(p.state, Connect4::from_moves(4, 5, moves.substr(0, m)));
-            EXPECT_EQ(p.outcome, drawn ? 0.0f : static_cast<int>(m & 1) == winner ? 1.0f : -1.0f) << m;
+            EXPECT_EQ(p.value, drawn ? 0.0f : static_cast<int>(m & 1) == winner ? 1.0f : -1.0f) << m;
             ASSERT_EQ(p.policy.size(), 5u);
             float total = 0.0f;
             for (int a = 0; a < 5; ++a) {

@@ -121,13 +121,19 @@ void block_forward(const AttentionBlockForwardArgs& a, const BlockShape& s, OpMo
         const float* k0 = kv + b * s.Tk * s.Wkv + s.kv_column + j * s.HS;
         const float* v0 = kv + b * s.Tk * s.Wkv + s.kv_column + (s.NKV + j) * s.HS;
         std::vector<double> pd, od;
-        std::vector<float> pf, of;
+        // The fast path's per-thread scratch: the head's keys transposed (HS x kv_rows, so that a query row's scores
+        // are HS vector updates over the keys rather than a short dot product per key), the scores, the output row.
+        thread_local std::vector<float> kt, pf, of;
         if (reference) {
             pd.resize(static_cast<size_t>(s.kv_rows));
             od.resize(static_cast<size_t>(s.HS));
         } else {
+            kt.resize(static_cast<size_t>(s.HS * s.kv_rows));
             pf.resize(static_cast<size_t>(s.kv_rows));
             of.resize(static_cast<size_t>(s.HS));
+            for (int64_t u = 0; u < s.kv_rows; ++u) {
+                for (int64_t d = 0; d < s.HS; ++d) kt[d * s.kv_rows + u] = k0[u * s.Wkv + d];
+            }
         }
         for (int64_t t = s.q_begin; t < s.q_begin + s.q_rows; ++t) {
             const float* q = q0 + t * s.W;
@@ -154,19 +160,18 @@ void block_forward(const AttentionBlockForwardArgs& a, const BlockShape& s, OpMo
                 merge_row<double>(a.merge, od.data(), row_lse, acc_row, lse_row, s.HS);
             } else {
                 const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-                float max = -std::numeric_limits<float>::infinity();
-                for (int64_t u = 0; u < n; ++u) {
-                    pf[u] = dot_f32(q, k0 + u * s.Wkv, s.HS) * scale;
-                    max = std::max(max, pf[u]);
-                }
+                float* p = pf.data();
+                std::fill_n(p, n, 0.0f);
+                for (int64_t d = 0; d < s.HS; ++d) axpy_f32(q[d] * scale, kt.data() + d * s.kv_rows, p, n);
+                const float max = max_f32(p, n);
                 float sum = 0.0f;
                 for (int64_t u = 0; u < n; ++u) {
-                    pf[u] = exp_approx(pf[u] - max);
-                    sum += pf[u];
+                    p[u] = exp_approx(p[u] - max);
+                    sum += p[u];
                 }
                 const float inv_sum = 1.0f / sum;
-                std::fill(of.begin(), of.end(), 0.0f);
-                for (int64_t u = 0; u < n; ++u) axpy_f32(pf[u] * inv_sum, v0 + u * s.Wkv, of.data(), s.HS);
+                for (int64_t u = 0; u < n; ++u) p[u] *= inv_sum;
+                weighted_rows(p, n, v0, s.Wkv, s.HS, of.data());
                 merge_row<float>(a.merge, of.data(), max + std::log(sum), acc_row, lse_row, s.HS);
             }
         }

@@ -57,4 +57,41 @@ inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
     for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
 }
 
+// The largest of n >= 1 floats, in 16 lanes (a vector register, which a scalar running max is not).
+inline float max_f32(const float* x, int64_t n) {
+    constexpr int64_t kLanes = 16;
+    float lanes[kLanes];
+    for (int64_t k = 0; k < kLanes; ++k) lanes[k] = x[0];
+    int64_t u = 0;
+    for (; u + kLanes <= n; u += kLanes) {
+        for (int64_t k = 0; k < kLanes; ++k) lanes[k] = lanes[k] < x[u + k] ? x[u + k] : lanes[k];
+    }
+    for (; u < n; ++u) lanes[0] = lanes[0] < x[u] ? x[u] : lanes[0];
+    float m = lanes[0];
+    for (int64_t k = 1; k < kLanes; ++k) m = m < lanes[k] ? lanes[k] : m;
+    return m;
+}
+
+// out (cols) = sum over r < n of w[r] * rows[r * stride, r * stride + cols): each 16-column slice summed in a local
+// accumulator the compiler keeps in registers, rather than through memory once per row.
+inline void weighted_rows(const float* w, int64_t n, const float* rows, int64_t stride, int64_t cols, float* out) {
+    constexpr int64_t kLanes = 16;
+    int64_t c0 = 0;
+    for (; c0 + kLanes <= cols; c0 += kLanes) {
+        float acc[kLanes] = {};
+        for (int64_t r = 0; r < n; ++r) {
+            const float* row = rows + r * stride + c0;
+            const float wr = w[r];
+#pragma omp simd
+            for (int64_t k = 0; k < kLanes; ++k) acc[k] += wr * row[k];
+        }
+        for (int64_t k = 0; k < kLanes; ++k) out[c0 + k] = acc[k];
+    }
+    for (; c0 < cols; ++c0) {
+        float acc = 0.0f;
+        for (int64_t r = 0; r < n; ++r) acc += w[r] * rows[r * stride + c0];
+        out[c0] = acc;
+    }
+}
+
 }  // namespace ms::cpu
