@@ -235,16 +235,15 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
     const double virtual_loss = options_.virtual_loss;
     const double sqrt_parent = std::sqrt(parent.visits + virtual_loss * parent.in_flight);
     const std::span<const Node> children(tree.nodes.data() + parent.first_child, parent.num_children);
-    double visited_policy = 0.0;
-    for (const Node& child : children) {
-        if (child.visits > 0) visited_policy += child.prior;
-    }
     // Proofs: a child proven won for the side choosing is taken (the first); proven-lost ones are passed over while
     // any child is unproven.
+    double visited_policy = 0.0;
     bool any_unproven = false;
     for (size_t i = 0; i < children.size(); ++i) {
-        if (children[i].proven > 0) return parent.first_child + static_cast<int32_t>(i);
-        any_unproven |= children[i].proven == 0;
+        const Node& child = children[i];
+        if (child.proven > 0) return parent.first_child + static_cast<int32_t>(i);
+        any_unproven |= child.proven == 0;
+        if (child.visits > 0) visited_policy += child.prior;
     }
     const bool noisy_root = node == 0 && options_.noise_fraction > 0.0f;
     const double reduction = noisy_root ? 0.0 : options_.fpu_reduction;
