@@ -486,8 +486,9 @@ CudaDebugOptions cuda_debug_options(const DebugConfig& debug);
 struct BackendOptions {
     BackendKind kind = BackendKind::kCPU;
     OpMode mode = OpMode::kFast;  // kReference: naive loops, the executable spec, for tests
-    int num_threads = 0;          // 0: OpenMP's default
+    int num_threads = 0;          // 0: OMP_NUM_THREADS if set, else this node's cores shared among its local_size ranks
     int local_rank = 0;           // kCUDA: this rank runs on device local_rank % (devices visible)
+    int local_size = 1;           // the ranks on this node
     CudaDebugOptions cuda;        // kCUDA only
 };
 

@@ -83,6 +83,7 @@ int run_clip_train(const Config& cfg) {
     BackendOptions bo;
     bo.num_threads = cfg.run.num_threads;
     bo.local_rank = mpi.local_rank();
+    bo.local_size = mpi.local_size();
     std::unique_ptr<Backend> backend = make_backend(bo);
 
     const std::unique_ptr<ImageTextSource> train = open_clip_source(cfg, l.shape, ClipSplit::kTrain);

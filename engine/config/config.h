@@ -25,7 +25,7 @@ struct RunConfig {
     uint64_t seed = 1234;
     std::string backend = "cpu";  // cpu | cuda
     std::string comm = "auto";    // auto | mpi | nccl (auto: nccl on cuda when this binary has NCCL, else mpi)
-    int num_threads = 0;          // CPU backend threads; 0 = OpenMP default (OMP_NUM_THREADS or all cores)
+    int num_threads = 0;          // CPU backend threads; 0: OMP_NUM_THREADS, else the node's cores over its ranks
     double memory_limit_gb = 0;   // GiB per rank train checks its plan against; 0 = physical memory / ranks on node
     int ranks_per_node = 0;       // 0 = the ranks sharing a host form a node; N = nodes of N consecutive ranks
 };
@@ -266,6 +266,7 @@ struct SelfPlayConfig {
     int games_per_group = 32;          // games one batched search advances together: what one forward serves
     int leaves_per_wave = 4;           // leaves one game's tree sends per wave, spread by virtual loss
     float virtual_loss = 1.0f;
+    bool reuse_tree = true;  // a move's search starts from the subtree the game's previous search built under it
     float c_puct = 1.5f;
     float dirichlet_alpha = 1.0f;     // the root noise's concentration
     float noise_fraction = 0.25f;     // of the root's priors replaced by the noise

@@ -50,12 +50,15 @@ std::string Player::name() const {
 }
 
 MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed,
-                       int opening_moves) {
+                       int opening_moves, GameRange games) {
     if (game_count < 1) {
         throw UserError(fmt::format(
             "config error: selfplay.eval_games = {} must be >= 1: an evaluation match plays at least one game",
             game_count));
     }
+    const int begin = games.begin, end = games.end < 0 ? game_count : games.end;
+    MS_CHECK(0 <= begin && begin <= end && end <= game_count, "games [{}, {}) of a match of {}", begin, end,
+             game_count);
     const games::Connect4 empty = games::Connect4::empty(rows, cols);
     std::array<Side, 2> sides;
     sides[0].player = &player;
@@ -75,19 +78,20 @@ MatchResult play_match(const Player& player, const Player& opponent, int rows, i
         }
     }
 
-    std::vector<games::Connect4> states(game_count, empty);
+    // Game g of the match is states[g - begin].
+    std::vector<games::Connect4> states(end - begin, empty);
     MatchResult result;
-    result.moves.resize(game_count);
+    result.moves.resize(end - begin);
     const auto play = [&](int g, int action) {
-        states[g].play(action);
-        result.moves[g] += static_cast<char>('1' + action);
+        states[g - begin].play(action);
+        result.moves[g - begin] += static_cast<char>('1' + action);
     };
     // `player` (side 0) moves first in even games: at move m of game g the side to move is (m + g) & 1.
-    const auto side_to_move = [&](int g) { return (states[g].move_count() + g) & 1; };
+    const auto side_to_move = [&](int g) { return (states[g - begin].move_count() + g) & 1; };
     for (;;) {
         bool ongoing = false;
-        for (int g = 0; g < game_count; ++g) {
-            const games::Connect4& state = states[g];
+        for (int g = begin; g < end; ++g) {
+            const games::Connect4& state = states[g - begin];
             if (state.outcome() != games::Outcome::kOngoing) continue;
             ongoing = true;
             if (state.move_count() < opening_moves) {  // the pair's opening: one seed for games 2i and 2i + 1
@@ -121,8 +125,8 @@ MatchResult play_match(const Player& player, const Player& opponent, int rows, i
         }
     }
 
-    for (int g = 0; g < game_count; ++g) {
-        const games::Connect4& state = states[g];
+    for (int g = begin; g < end; ++g) {
+        const games::Connect4& state = states[g - begin];
         Tally& colour = g % 2 == 0 ? result.as_first : result.as_second;
         // A finished game's side to move has lost or drawn; that side is `player` when side_to_move(g) is 0.
         if (state.outcome() == games::Outcome::kDraw) {

@@ -56,7 +56,12 @@ struct MatchResult {
 // opening_moves: the first plies of every game are random moves, the same for games 2i and 2i + 1 (paired openings:
 // each opening is played once with each colour), so that deterministic players meet in varied positions and a
 // match measures more than the one or two lines two such players would otherwise repeat.
+// games: the match's games [begin, end) alone (end < 0: to game_count), each played exactly as in the whole match,
+// so that ranks can share a match: the tallies, moves and counters are of those games.
+struct GameRange {
+    int begin = 0, end = -1;
+};
 MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed,
-                       int opening_moves = 0);
+                       int opening_moves = 0, GameRange games = {});
 
 }  // namespace ms::selfplay

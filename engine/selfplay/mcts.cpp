@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <unordered_map>
 
 #include "engine/core/check.h"
 #include "engine/core/philox.h"
@@ -113,7 +114,7 @@ BatchedSearch<G>::BatchedSearch(const MctsOptions& options, uint64_t seed) : opt
 template <games::Game G>
 std::vector<RootResult> BatchedSearch<G>::run(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots) {
     if (roots.empty()) return {};
-    expand_roots(evaluator, roots);
+    plant_roots(evaluator, roots);
     // The waves: select in every unfinished tree, evaluate the new leaves of all of them, then expand and back up.
     for (;;) {
         rows_.clear();
@@ -130,18 +131,26 @@ std::vector<RootResult> BatchedSearch<G>::run(Evaluator<G>& evaluator, std::span
     }
     std::vector<RootResult> results;
     results.reserve(trees_.size());
-    for (const Tree& tree : trees_) results.push_back(result(tree));
+    for (const Tree& tree : trees_) {
+        results.push_back(result(tree));
+        counters_.simulations += options_.simulations - tree.reused;
+        counters_.reused += tree.reused;
+    }
     counters_.searches += static_cast<int64_t>(trees_.size());
-    counters_.simulations += static_cast<int64_t>(trees_.size()) * options_.simulations;
     return results;
 }
 
 template <games::Game G>
-void BatchedSearch<G>::expand_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots) {
+void BatchedSearch<G>::plant_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots) {
     const G& first = roots.front().state;
     num_actions_ = first.num_actions();
+    std::swap(trees_, previous_);
+    std::unordered_map<uint64_t, size_t> kept;  // game -> its tree in previous_
+    if (options_.reuse_tree)
+        for (size_t t = 0; t < previous_.size(); ++t) kept.emplace(previous_[t].game, t);
     trees_.resize(roots.size());
     rows_.clear();
+    std::vector<int32_t> fresh;  // the trees whose roots are rows_, in order
     for (size_t t = 0; t < roots.size(); ++t) {
         const G& state = roots[t].state;
         MS_CHECK(state.rows() == first.rows() && state.cols() == first.cols(),
@@ -149,24 +158,67 @@ void BatchedSearch<G>::expand_roots(Evaluator<G>& evaluator, std::span<const Sea
                  state.rows(), state.cols());
         MS_CHECK(state.outcome() == games::Outcome::kOngoing, "search from a finished game:\n{}", state.to_string());
         Tree& tree = trees_[t];
-        tree.nodes.clear();
         tree.paths.clear();
         tree.selections.clear();
         tree.game = roots[t].game;
-        tree.simulations = 0;
+        const auto old = kept.find(tree.game);
+        const int32_t top = old == kept.end() ? -1 : find_expanded(previous_[old->second], state);
+        if (top >= 0) {
+            copy_subtree(previous_[old->second], top, tree);
+            tree.simulations = tree.reused = tree.nodes[0].visits - 1;  // the root's own evaluation is no simulation
+            MS_CHECK(tree.reused < options_.simulations, "a reused root of {} visits for a search of {} simulations",
+                     tree.nodes[0].visits, options_.simulations);
+            continue;
+        }
+        tree.nodes.clear();
+        tree.simulations = tree.reused = 0;
         Node root;
         root.state = state;
         root.status = NodeStatus::kPending;
         tree.nodes.push_back(root);
         rows_.push_back(state);
+        fresh.push_back(static_cast<int32_t>(t));
     }
-    evaluate_rows(evaluator);
+    if (!rows_.empty()) evaluate_rows(evaluator);
     const int32_t root_path[1] = {0};
-    for (size_t t = 0; t < roots.size(); ++t) {
-        Tree& tree = trees_[t];
-        expand(tree, 0, std::span<const float>(row_priors_).subspan(t * num_actions_, num_actions_));
-        if (options_.noise_fraction > 0.0f) add_noise(tree);
-        backup(tree, root_path, row_values_[t]);
+    for (size_t r = 0; r < fresh.size(); ++r) {
+        Tree& tree = trees_[static_cast<size_t>(fresh[r])];
+        expand(tree, 0, std::span<const float>(row_priors_).subspan(r * num_actions_, num_actions_));
+        backup(tree, root_path, row_values_[r]);
+    }
+    if (options_.noise_fraction > 0.0f)
+        for (Tree& tree : trees_) add_noise(tree);
+}
+
+template <games::Game G>
+int32_t BatchedSearch<G>::find_expanded(const Tree& tree, const G& state) {
+    if (tree.nodes.empty() || tree.nodes[0].status != NodeStatus::kExpanded) return -1;
+    const auto children = [&](const Node& node) {
+        return std::span<const Node>(tree.nodes.data() + node.first_child, node.num_children);
+    };
+    const int moves = state.move_count() - tree.nodes[0].state.move_count();
+    if (moves != 1 && moves != 2) return -1;
+    for (const Node& child : children(tree.nodes[0])) {
+        if (child.status != NodeStatus::kExpanded) continue;
+        if (moves == 1 && child.state == state) return static_cast<int32_t>(&child - tree.nodes.data());
+        if (moves == 2)
+            for (const Node& grandchild : children(child))
+                if (grandchild.status == NodeStatus::kExpanded && grandchild.state == state)
+                    return static_cast<int32_t>(&grandchild - tree.nodes.data());
+    }
+    return -1;
+}
+
+template <games::Game G>
+void BatchedSearch<G>::copy_subtree(const Tree& from, int32_t top, Tree& to) {
+    to.nodes.clear();
+    to.nodes.push_back(from.nodes[top]);
+    // Breadth first: each copied node's children are appended together, so they stay contiguous.
+    for (size_t i = 0; i < to.nodes.size(); ++i) {
+        if (to.nodes[i].status != NodeStatus::kExpanded) continue;
+        const int32_t old_first = to.nodes[i].first_child;
+        to.nodes[i].first_child = static_cast<int32_t>(to.nodes.size());
+        for (int c = 0; c < to.nodes[i].num_children; ++c) to.nodes.push_back(from.nodes[old_first + c]);
     }
 }
 

@@ -27,9 +27,15 @@
 //     virtual loss until the backup and then leaves the tree as it was (Leela Chess Zero's collisions). The new
 //     leaves of all trees, in tree order then selection order, go to evaluate() in calls of at most max_batch();
 //     then every tree expands and backs up its selections in selection order.
-// A tree depends only on its root, the options, the seed and the evaluator's rows for its own leaves, so the
-// search of a game inside a batch of many equals its search alone, bit for bit (the evaluator is row-independent).
-// Each search builds a fresh tree: nothing is kept between moves.
+//   - Tree reuse (reuse_tree): a BatchedSearch keeps each game's tree (by SearchRoot::game) until its next run. When
+//     the game's new root is a position one or two plies below the kept tree's root that the tree has expanded (the
+//     move it chose, or that move and the opponent's reply), the search starts from that subtree, its visits,
+//     values and proofs included, with the noise mixed into its root's priors afresh, and runs only the simulations
+//     that bring the root's children's visits up to `simulations` (Leela Zero's and KataGo's total-visit budget).
+//     Otherwise, and without reuse_tree, it builds a fresh tree.
+// A tree depends only on its root, the trees its game kept, the options, the seed and the evaluator's rows for its
+// own leaves, so the search of a game inside a batch of many equals its search alone, bit for bit (the evaluator
+// is row-independent).
 //
 // Randomness is Philox (engine/core/philox.h): a draw is philox(seed, stream = global game index,
 // index = draw_index(move number, purpose, counter)), so it is a pure function of (seed, game, move, purpose).
@@ -53,6 +59,7 @@ struct MctsOptions {
     int leaves_per_wave = 8;       // selections per tree per wave
     float virtual_loss = 1.0f;     // lost visits a pending selection adds to each node of its path
     float fpu_reduction = 0.25f;   // an unvisited child's Q: the parent's Q less this * sqrt(visited priors)
+    bool reuse_tree = false;       // start from the game's previous tree where it holds the new root (above)
 };
 
 // Throws UserError, naming the key (selfplay.<option>), its value and the allowed range, for an option out of range.
@@ -80,7 +87,7 @@ struct SearchRoot {
 
 // One root's search, per action (num_actions entries each; 0 for illegal actions).
 struct RootResult {
-    std::vector<int> visits;     // simulations through the action: they sum to the simulations
+    std::vector<int> visits;     // simulations through the action, reused ones included: they sum to the simulations
     std::vector<float> q;        // the action's mean value for the side to move (0 when unvisited)
     std::vector<float> priors;   // the priors the search used: the network's, mixed with the noise where on
     std::vector<int8_t> proven;  // +1: the search proved the action wins for the side to move, -1: loses, 0: neither
@@ -90,7 +97,8 @@ struct RootResult {
 // Totals over a BatchedSearch's runs: the throughput a benchmark compares (batched vs one leaf at a time).
 struct SearchCounters {
     int64_t searches = 0;
-    int64_t simulations = 0;
+    int64_t simulations = 0;          // run by these searches (reused ones not counted)
+    int64_t reused = 0;               // simulations the searches' roots kept from their games' previous trees
     int64_t collisions = 0;           // selections that met a leaf already pending in their wave
     int64_t waves = 0;                // rounds of selection, evaluation and backup (root expansions not counted)
     int64_t positions_evaluated = 0;  // rows sent to evaluate()
@@ -99,6 +107,7 @@ struct SearchCounters {
     SearchCounters& operator+=(const SearchCounters& other) {
         searches += other.searches;
         simulations += other.simulations;
+        reused += other.reused;
         collisions += other.collisions;
         waves += other.waves;
         positions_evaluated += other.positions_evaluated;
@@ -147,11 +156,17 @@ class BatchedSearch {
         std::vector<int32_t> paths;
         std::vector<Selection> selections;  // this wave's
         uint64_t game = 0;
-        int simulations = 0;  // done
+        int simulations = 0;  // done, the reused ones included
+        int reused = 0;       // kept from the game's previous tree
     };
 
-    // The roots' evaluation and expansion (noise included): one batch, no simulation.
-    void expand_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots);
+    // The roots' trees: each from its game's previous tree where reuse_tree finds it there, else a fresh one,
+    // evaluated and expanded (all fresh roots in one batch, no simulation); then the roots' noise.
+    void plant_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots);
+    // The node of `tree` one or two plies below its root whose state is `state`, expanded; -1 if none.
+    static int32_t find_expanded(const Tree& tree, const G& state);
+    // `to` becomes the subtree of `from` under node `top`, top its root, children kept contiguous.
+    static void copy_subtree(const Tree& from, int32_t top, Tree& to);
     void select_wave(Tree& tree);
     // Expands the wave's new leaves and backs up its selections, in selection order, and removes their virtual loss.
     void back_up_wave(Tree& tree);
@@ -168,7 +183,8 @@ class BatchedSearch {
     uint64_t seed_;
     int num_actions_ = 0;
     SearchCounters counters_;
-    std::vector<Tree> trees_;  // kept between runs, for their storage
+    std::vector<Tree> trees_;     // this run's; kept until the next, for reuse_tree and for their storage
+    std::vector<Tree> previous_;  // the last run's, during plant_roots
     // The wave's leaves of all trees and the network's answers: (rows), (rows x num_actions), (rows).
     std::vector<G> rows_;
     std::vector<float> row_priors_;

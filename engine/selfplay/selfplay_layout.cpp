@@ -57,6 +57,7 @@ SelfPlayOptions SelfPlayLayout::play_options(const Config& cfg, int s) const {
     o.mcts.noise_fraction = c.noise_fraction;
     o.mcts.leaves_per_wave = c.leaves_per_wave;
     o.mcts.virtual_loss = c.virtual_loss;
+    o.mcts.reuse_tree = c.reuse_tree;
     o.temperature_moves = c.temperature_moves;
     o.value_from_search = c.value_from_search;
     return o;

@@ -10,6 +10,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "comm/bootstrap.h"
 #include "comm/process_groups.h"
@@ -52,18 +54,68 @@ struct Evaluation {
     }
 };
 
-// The agent against each of the stage's opponents (and promote_against, when it is not among them).
-std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, const Stage& stage, PolicyValueNet& net,
-                                 int64_t it, bool final) {
+// The games of an evaluation match that data-parallel rank `rank` of `ranks` plays: whole pairs (one opening with
+// each colour), the pairs split as evenly as they go.
+GameRange share_of(int games, int rank, int ranks) {
+    const int pairs = (games + 1) / 2;
+    return {std::min(games, 2 * (pairs * rank / ranks)), std::min(games, 2 * (pairs * (rank + 1) / ranks))};
+}
+
+// The whole match from every rank's share of it (share_of): the tallies summed, the games' moves gathered in game
+// order for the distinct count. `search` stays this rank's own.
+MatchResult gather_match(Communicator& dp, const MatchResult& mine, int games, int cells) {
+    const int ranks = dp.size();
+    std::array<int32_t, 6> tallies = {mine.as_first.wins,  mine.as_first.draws,  mine.as_first.losses,
+                                      mine.as_second.wins, mine.as_second.draws, mine.as_second.losses};
+    dp.all_reduce(std::span<int32_t>(tallies), ReduceOp::kSum).wait();
+    MatchResult all;
+    all.as_first = {tallies[0], tallies[1], tallies[2]};
+    all.as_second = {tallies[3], tallies[4], tallies[5]};
+    all.total = {tallies[0] + tallies[3], tallies[1] + tallies[4], tallies[2] + tallies[5]};
+    all.search = mine.search;
+    // Each rank's games as columns + 1, a game per `cells` slots, 0 after its last move.
+    int slot_games = 0;  // the largest share
+    for (int r = 0; r < ranks; ++r) {
+        const GameRange share = share_of(games, r, ranks);
+        slot_games = std::max(slot_games, share.end - share.begin);
+    }
+    std::vector<int32_t> slot(static_cast<size_t>(slot_games) * cells, 0), gathered(slot.size() * ranks);
+    for (size_t g = 0; g < mine.moves.size(); ++g)
+        for (size_t m = 0; m < mine.moves[g].size(); ++m) slot[g * cells + m] = mine.moves[g][m] - '0';
+    dp.all_gather(std::span<const int32_t>(slot), std::span<int32_t>(gathered)).wait();
+    for (int r = 0; r < ranks; ++r) {
+        const GameRange share = share_of(games, r, ranks);
+        for (int g = 0; g < share.end - share.begin; ++g) {
+            std::string moves;
+            for (int m = 0; m < cells; ++m) {
+                const int32_t column = gathered[(static_cast<size_t>(r) * slot_games + g) * cells + m];
+                if (column == 0) break;
+                moves += static_cast<char>('0' + column);
+            }
+            all.moves.push_back(std::move(moves));
+        }
+    }
+    all.distinct_games = static_cast<int>(std::set<std::string>(all.moves.begin(), all.moves.end()).size());
+    return all;
+}
+
+// The agent against each of the stage's opponents (and promote_against, when it is not among them), each match's
+// games shared by the data-parallel ranks.
+std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, const ProcessGroups& groups,
+                                 const Stage& stage, PolicyValueNet& net, int64_t it, bool final) {
     std::vector<Opponent> opponents = l.eval_opponents;
     bool has_promote = false;
     for (const Opponent& o : opponents) has_promote |= o.spec == l.promote_against.spec;
     if (!has_promote && l.stages.size() > 1) opponents.push_back(l.promote_against);
     std::vector<Evaluation> out;
     const Player agent = Player::agent(net, l.eval_options(cfg, final));
-    for (const Opponent& o : opponents)
-        out.push_back({o.spec, play_match(agent, o.player, stage.rows, stage.cols, l.eval_games(cfg, final),
-                                          eval_seed(cfg, it), cfg.selfplay.eval_opening_moves)});
+    const int games = l.eval_games(cfg, final);
+    const GameRange share = share_of(games, groups.dp_rank, l.dp);
+    for (const Opponent& o : opponents) {
+        const MatchResult mine = play_match(agent, o.player, stage.rows, stage.cols, games, eval_seed(cfg, it),
+                                            cfg.selfplay.eval_opening_moves, share);
+        out.push_back({o.spec, gather_match(*groups.dp, mine, games, stage.rows * stage.cols)});
+    }
     return out;
 }
 
@@ -104,6 +156,7 @@ int run_selfplay(const Config& cfg) {
     BackendOptions bo;
     bo.num_threads = cfg.run.num_threads;
     bo.local_rank = mpi.local_rank();
+    bo.local_size = mpi.local_size();
     std::unique_ptr<Backend> backend = make_backend(bo);
     const SelfPlayConfig& c = cfg.selfplay;
     const int max_batch = std::max(l.b, c.games_per_group * c.leaves_per_wave);
@@ -247,7 +300,7 @@ int run_selfplay(const Config& cfg) {
 
         if ((c.eval_interval > 0 && it % c.eval_interval == 0) || it == iters) {
             const double te = now_seconds();
-            const std::vector<Evaluation> evals = evaluate(cfg, l, s, net, it, it == iters);
+            const std::vector<Evaluation> evals = evaluate(cfg, l, groups, s, net, it, it == iters);
             json record = {{"iteration", it},
                            {"stage", stage + 1},
                            {"board", fmt::format("{}x{}", s.rows, s.cols)},

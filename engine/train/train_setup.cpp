@@ -373,6 +373,7 @@ void setup_backend(TrainRun& r) {
     bo.kind = r.layout.backend;
     bo.num_threads = r.cfg.run.num_threads;
     bo.local_rank = r.mpi.local_rank();
+    bo.local_size = r.mpi.local_size();
     bo.cuda = cuda_debug_options(r.cfg.debug);
     on_every_rank_or_none(r.world, "start its backend", [&] { r.backend = make_backend(bo); });
     check_memory_fits(r.cfg, r.stages, r.world, r.mpi.local_size(), r.backend->device_memory());

@@ -7,7 +7,12 @@
 // (MS_OP_TEST_VERBOSE=1 ./test_ops prints them). The numeric side's error is dominated by the float rounding of
 // the outputs divided by the 2e-3 step (~1e-7 / 2e-3); both modes measure the same, which says the analytic
 // gradients agree far better than the check can resolve.
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "tests/ops/op_test_util.h"
 
@@ -373,6 +378,36 @@ MS_OP_TEST(OpExact, EmbeddingRows, kExact, OpKind::kEmbeddingForward) {
                                                    .T = T});
         EXPECT_EQ(out, expected) << mode_name(mode);
     }
+}
+
+TEST(CpuBackend, TheRanksOfANodeShareItsCores) {
+    // run.num_threads 0 and no OMP_NUM_THREADS: each of a node's local_size ranks takes cores / local_size threads
+    // (at least one); OMP_NUM_THREADS, when set, and run.num_threads stand. ctest sets OMP_NUM_THREADS for this
+    // binary, so the test takes it away for the first case and puts it back.
+    const int saved = omp_get_max_threads();
+    const char* env = std::getenv("OMP_NUM_THREADS");
+    const std::string omp_num_threads = env != nullptr ? env : "";
+    const auto threads_after = [&](int local_size, int num_threads) {
+        omp_set_num_threads(saved);
+        BackendOptions options;
+        options.local_size = local_size;
+        options.num_threads = num_threads;
+        make_backend(options);
+        return omp_get_max_threads();
+    };
+    unsetenv("OMP_NUM_THREADS");
+    EXPECT_EQ(threads_after(1, 0), saved);
+    EXPECT_EQ(threads_after(2, 0), std::max(1, omp_get_num_procs() / 2));
+    EXPECT_EQ(threads_after(1024, 0), 1);
+    EXPECT_EQ(threads_after(2, 3), 3);
+    setenv("OMP_NUM_THREADS", "2", 1);
+    EXPECT_EQ(threads_after(4, 0), saved);
+    if (env != nullptr) {
+        setenv("OMP_NUM_THREADS", omp_num_threads.c_str(), 1);
+    } else {
+        unsetenv("OMP_NUM_THREADS");
+    }
+    omp_set_num_threads(saved);
 }
 
 }  // namespace

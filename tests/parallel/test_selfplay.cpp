@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,21 @@ TEST(SelfPlay, DataAndTensorParallelRunsPlayTheSameGamesAsOneRank) {
         ASSERT_EQ(r->losses.size(), 3u) << r->output;
         for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(r->losses[i], base.losses[i], 1e-5 * base.losses[i]) << i;
     }
+    // The evaluation after iteration 1 shares its games over the dp ranks (tp2: one share) and gathers the result:
+    // the same record as one rank's, but for the time it took.
+    const auto first_evaluation = [](const std::string& dir) {
+        std::ifstream in(dir + "/metrics.jsonl");
+        for (std::string line; std::getline(in, line);) {
+            nlohmann::json record = nlohmann::json::parse(line);
+            if (!record.contains("vs random")) continue;
+            record.erase("seconds");
+            return record;
+        }
+        return nlohmann::json();
+    };
+    EXPECT_EQ(first_evaluation(one.path()).dump(), first_evaluation(dp2.path()).dump());
+    EXPECT_EQ(first_evaluation(one.path()).dump(), first_evaluation(tp2.path()).dump());
+    EXPECT_EQ(first_evaluation(one.path())["vs random"]["distinct games"], 4) << first_evaluation(one.path());
     // the curriculum moved to 4 x 5 after the first evaluation (promote_score 0) on every layout
     for (const TrainRun* r : {&base, &dp, &tp})
         EXPECT_NE(r->output.find("curriculum stage 2 (4 x 5, 12 simulations)"), std::string::npos) << r->output;

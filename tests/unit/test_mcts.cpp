@@ -403,6 +403,64 @@ TEST(Mcts, BatchesTheLeavesOfAllTreesAndCountsThem) {
     EXPECT_EQ(one.counters().collisions, 0);
 }
 
+TEST(Mcts, ReusesTheSubtreeUnderTheNewRoot) {
+    // One ply on (self-play: the chosen move) and two plies on (a match: the agent's move and the reply). With one
+    // leaf per wave and no noise, a subtree grows exactly as a search rooted at its top would (the same selections
+    // in the same order), so a search that reuses it equals a fresh search of the new root, bit for bit, while
+    // evaluating only the simulations the subtree did not hold.
+    std::vector<SearchRoot<Connect4>> roots;
+    for (const Connect4& state : random_positions(6, 7, 8, 60)) roots.push_back({state, 10 + roots.size()});
+    MctsOptions options = quiet(200);
+    options.leaves_per_wave = 1;
+    options.reuse_tree = true;
+    RolloutEvaluator evaluator(64);
+    BatchedSearch<Connect4> search(options, 3);
+    const std::vector<RootResult> first = search.run(evaluator, roots);
+    EXPECT_EQ(search.counters().reused, 0);
+
+    std::vector<SearchRoot<Connect4>> next;
+    int64_t kept = 0;  // what the one-ply roots carry: their visits less their own evaluation
+    int two_ply = 0;
+    for (size_t i = 0; i < roots.size(); ++i) {
+        Connect4 state = roots[i].state;
+        const int move = most_visited(first[i]);
+        if (first[i].proven[move] != 0) continue;  // a proven node stops the selections through it
+        state.play(move);
+        if (i % 2 == 0) {
+            kept += first[i].visits[move] - 1;
+        } else {
+            // A reply: 200 simulations on 6 x 7 visit every reply to the most visited move.
+            state.play(ms::games::random_move(state, i));
+            if (state.outcome() != Outcome::kOngoing) continue;
+            ++two_ply;
+        }
+        next.push_back({state, roots[i].game});
+    }
+    ASSERT_GE(next.size(), 6u);
+    ASSERT_GT(two_ply, 0);
+    const int64_t evaluated = search.counters().positions_evaluated;
+    const std::vector<RootResult> second = search.run(evaluator, next);
+    const ms::selfplay::SearchCounters& c = search.counters();
+    for (size_t i = 0; i < next.size(); ++i) {
+        SCOPED_TRACE(next[i].state.to_string());
+        EXPECT_EQ(sum(second[i].visits), 200);
+        RolloutEvaluator fresh_evaluator(64);
+        expect_same(second[i], search_alone(fresh_evaluator, options, 3, next[i].state, next[i].game));
+    }
+    EXPECT_GE(c.reused, kept + two_ply);  // every two-ply root was expanded, so kept at one visit or more
+    EXPECT_EQ(c.simulations, static_cast<int64_t>(roots.size() + next.size()) * 200 - c.reused);
+    // No root was evaluated again: only new leaves (a finished game is not one) went to the evaluator.
+    EXPECT_LE(c.positions_evaluated - evaluated, static_cast<int64_t>(next.size()) * 200 - c.reused);
+
+    // Without reuse_tree, the same roots build fresh trees.
+    options.reuse_tree = false;
+    BatchedSearch<Connect4> fresh(options, 3);
+    fresh.run(evaluator, roots);
+    fresh.run(evaluator, next);
+    EXPECT_EQ(fresh.counters().reused, 0);
+    EXPECT_EQ(fresh.counters().simulations, static_cast<int64_t>(roots.size() + next.size()) * 200);
+}
+
 TEST(Mcts, OptionsOutOfRangeAreRefusedWithASentence) {
     const auto refusal = [](auto change) {
         MctsOptions options;

@@ -6,6 +6,8 @@
 
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/core/check.h"
 #include "engine/games/connect4.h"
@@ -157,6 +159,35 @@ TEST(Match, PairedOpeningsVaryTheGamesAndSwapColours) {
     EXPECT_EQ(r.search.searches, static_cast<int64_t>(moves) - 12 * 2);
     // no opening: the two lines of the test above
     EXPECT_EQ(play_match(agent, Player::agent(other, with_simulations(30)), 4, 5, 12, 2).distinct_games, 2);
+}
+
+TEST(Match, APartOfTheGamesPlaysThemAsTheWholeMatchDoes) {
+    // How data-parallel ranks share an evaluation: games [0, 4), [4, 10) and [10, 12) apart equal the match of 12
+    // (the agent reusing its trees over its moves and the opponent's replies, a row-independent evaluator).
+    ms::test::RolloutEvaluator evaluator(1024);
+    MctsOptions options = with_simulations(40);
+    options.reuse_tree = true;
+    const Player agent = Player::agent(evaluator, options);
+    const MatchResult whole = play_match(agent, Player::alpha_beta(2), 5, 6, 12, 8, 2);
+    EXPECT_GT(whole.search.reused, 0);
+    Tally first, second;
+    std::vector<std::string> moves;
+    for (const auto& [begin, end] : std::vector<std::pair<int, int>>{{0, 4}, {4, 10}, {10, 12}}) {
+        const MatchResult part = play_match(agent, Player::alpha_beta(2), 5, 6, 12, 8, 2, {begin, end});
+        ASSERT_EQ(part.moves.size(), static_cast<size_t>(end - begin));
+        moves.insert(moves.end(), part.moves.begin(), part.moves.end());
+        for (auto [sum, add] : {std::pair{&first, part.as_first}, std::pair{&second, part.as_second}}) {
+            sum->wins += add.wins;
+            sum->draws += add.draws;
+            sum->losses += add.losses;
+        }
+    }
+    EXPECT_EQ(moves, whole.moves);
+    EXPECT_EQ(first.wins, whole.as_first.wins);
+    EXPECT_EQ(first.draws, whole.as_first.draws);
+    EXPECT_EQ(second.wins, whole.as_second.wins);
+    EXPECT_EQ(second.losses, whole.as_second.losses);
+    EXPECT_EQ(first.games() + second.games(), 12);
 }
 
 TEST(Match, NamesAndRefusals) {

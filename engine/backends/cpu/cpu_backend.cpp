@@ -1,6 +1,8 @@
 // cpu_backend.cpp: the CPU Backend: dispatches every op to cpu/ops/<op>.cpp in the configured mode.
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "engine/backends/cpu/ops.h"
@@ -11,7 +13,13 @@ namespace {
 class CpuBackend final : public Backend {
   public:
     explicit CpuBackend(const BackendOptions& o) : mode_(o.mode) {
-        if (o.num_threads > 0) omp_set_num_threads(o.num_threads);
+        // Ranks of one node that each took every core would oversubscribe it local_size times (torchrun sets
+        // OMP_NUM_THREADS=1 for the same reason). OMP_NUM_THREADS is OpenMP's own variable: set, it stands.
+        if (o.num_threads > 0) {
+            omp_set_num_threads(o.num_threads);
+        } else if (o.local_size > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+            omp_set_num_threads(std::max(1, omp_get_num_procs() / o.local_size));
+        }
     }
     std::string_view name() const override { return mode_ == OpMode::kFast ? "cpu" : "cpu-reference"; }
     // Every op computes on fp32, bf16 or fp16 (the precision contract in backend.h: parameter gradients are fp32 or
