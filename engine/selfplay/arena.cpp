@@ -49,6 +49,10 @@ std::string Player::name() const {
     MS_UNREACHABLE("player kind {}", static_cast<int>(kind));
 }
 
+int count_distinct(const std::vector<std::string>& moves) {
+    return static_cast<int>(std::set<std::string>(moves.begin(), moves.end()).size());
+}
+
 MatchResult play_match(const Player& player, const Player& opponent, int rows, int cols, int game_count, uint64_t seed,
                        int opening_moves, GameRange games) {
     if (game_count < 1) {
@@ -137,9 +141,8 @@ MatchResult play_match(const Player& player, const Player& opponent, int rows, i
             ++colour.wins;
         }
     }
-    result.total = {result.as_first.wins + result.as_second.wins, result.as_first.draws + result.as_second.draws,
-                    result.as_first.losses + result.as_second.losses};
-    result.distinct_games = static_cast<int>(std::set<std::string>(result.moves.begin(), result.moves.end()).size());
+    result.total = result.as_first + result.as_second;
+    result.distinct_games = count_distinct(result.moves);
     for (const Side& side : sides) {
         if (side.search) result.search += side.search->counters();
     }

@@ -40,6 +40,13 @@ struct Player {
 struct Tally {
     int wins = 0, draws = 0, losses = 0;
     int games() const { return wins + draws + losses; }
+    Tally& operator+=(const Tally& other) {
+        wins += other.wins;
+        draws += other.draws;
+        losses += other.losses;
+        return *this;
+    }
+    friend Tally operator+(Tally a, const Tally& b) { return a += b; }
 };
 
 struct MatchResult {
@@ -58,6 +65,9 @@ struct MatchResult {
 // match measures more than the one or two lines two such players would otherwise repeat.
 // games: the match's games [begin, end) alone (end < 0: to game_count), each played exactly as in the whole match,
 // so that ranks can share a match: the tallies, moves and counters are of those games.
+// The number of different move sequences among `moves`: MatchResult::distinct_games.
+int count_distinct(const std::vector<std::string>& moves);
+
 struct GameRange {
     int begin = 0, end = -1;
 };

@@ -193,16 +193,13 @@ void BatchedSearch<G>::plant_roots(Evaluator<G>& evaluator, std::span<const Sear
 template <games::Game G>
 int32_t BatchedSearch<G>::find_expanded(const Tree& tree, const G& state) {
     if (tree.nodes.empty() || tree.nodes[0].status != NodeStatus::kExpanded) return -1;
-    const auto children = [&](const Node& node) {
-        return std::span<const Node>(tree.nodes.data() + node.first_child, node.num_children);
-    };
     const int moves = state.move_count() - tree.nodes[0].state.move_count();
     if (moves != 1 && moves != 2) return -1;
-    for (const Node& child : children(tree.nodes[0])) {
+    for (const Node& child : children(tree, tree.nodes[0])) {
         if (child.status != NodeStatus::kExpanded) continue;
         if (moves == 1 && child.state == state) return static_cast<int32_t>(&child - tree.nodes.data());
         if (moves == 2)
-            for (const Node& grandchild : children(child))
+            for (const Node& grandchild : children(tree, child))
                 if (grandchild.status == NodeStatus::kExpanded && grandchild.state == state)
                     return static_cast<int32_t>(&grandchild - tree.nodes.data());
     }
@@ -286,13 +283,13 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
     const Node& parent = tree.nodes[node];
     const double virtual_loss = options_.virtual_loss;
     const double sqrt_parent = std::sqrt(parent.visits + virtual_loss * parent.in_flight);
-    const std::span<const Node> children(tree.nodes.data() + parent.first_child, parent.num_children);
+    const std::span<const Node> kids = children(tree, parent);
     // Proofs: a child proven won for the side choosing is taken (the first); proven-lost ones are passed over while
     // any child is unproven.
     double visited_policy = 0.0;
     bool any_unproven = false;
-    for (size_t i = 0; i < children.size(); ++i) {
-        const Node& child = children[i];
+    for (size_t i = 0; i < kids.size(); ++i) {
+        const Node& child = kids[i];
         if (child.proven > 0) return parent.first_child + static_cast<int32_t>(i);
         any_unproven |= child.proven == 0;
         if (child.visits > 0) visited_policy += child.prior;
@@ -303,8 +300,8 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
     const double fpu = -parent.value_sum / parent.visits - reduction * std::sqrt(visited_policy);
     int32_t best = -1;
     double best_score = -std::numeric_limits<double>::infinity();
-    for (size_t i = 0; i < children.size(); ++i) {
-        const Node& child = children[i];
+    for (size_t i = 0; i < kids.size(); ++i) {
+        const Node& child = kids[i];
         if (any_unproven && child.proven < 0) continue;
         const double pending = virtual_loss * child.in_flight;
         const double visits = child.visits + pending;
@@ -371,9 +368,8 @@ void BatchedSearch<G>::prove(Tree& tree, std::span<const int32_t> path) {
     for (size_t p = path.size(); p-- > 0;) {
         Node& node = tree.nodes[path[p]];
         if (node.proven != 0) return;  // the root, proven by an earlier simulation
-        const std::span<const Node> children(tree.nodes.data() + node.first_child, node.num_children);
         bool all_lost = true, one_won = false;
-        for (const Node& child : children) {
+        for (const Node& child : children(tree, node)) {
             one_won |= child.proven > 0;
             all_lost &= child.proven < 0;
         }

@@ -160,6 +160,10 @@ class BatchedSearch {
         int reused = 0;       // kept from the game's previous tree
     };
 
+    // A node's children, contiguous in tree.nodes.
+    static std::span<const Node> children(const Tree& tree, const Node& node) {
+        return {tree.nodes.data() + node.first_child, static_cast<size_t>(node.num_children)};
+    }
     // The roots' trees: each from its game's previous tree where reuse_tree finds it there, else a fresh one,
     // evaluated and expanded (all fresh roots in one batch, no simulation); then the roots' noise.
     void plant_roots(Evaluator<G>& evaluator, std::span<const SearchRoot<G>> roots);

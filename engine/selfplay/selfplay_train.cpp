@@ -10,7 +10,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "comm/bootstrap.h"
@@ -71,7 +70,7 @@ MatchResult gather_match(Communicator& dp, const MatchResult& mine, int games, i
     MatchResult all;
     all.as_first = {tallies[0], tallies[1], tallies[2]};
     all.as_second = {tallies[3], tallies[4], tallies[5]};
-    all.total = {tallies[0] + tallies[3], tallies[1] + tallies[4], tallies[2] + tallies[5]};
+    all.total = all.as_first + all.as_second;
     all.search = mine.search;
     // Each rank's games as columns + 1, a game per `cells` slots, 0 after its last move.
     int slot_games = 0;  // the largest share
@@ -95,7 +94,7 @@ MatchResult gather_match(Communicator& dp, const MatchResult& mine, int games, i
             all.moves.push_back(std::move(moves));
         }
     }
-    all.distinct_games = static_cast<int>(std::set<std::string>(all.moves.begin(), all.moves.end()).size());
+    all.distinct_games = count_distinct(all.moves);
     return all;
 }
 

@@ -176,11 +176,8 @@ TEST(Match, APartOfTheGamesPlaysThemAsTheWholeMatchDoes) {
         const MatchResult part = play_match(agent, Player::alpha_beta(2), 5, 6, 12, 8, 2, {begin, end});
         ASSERT_EQ(part.moves.size(), static_cast<size_t>(end - begin));
         moves.insert(moves.end(), part.moves.begin(), part.moves.end());
-        for (auto [sum, add] : {std::pair{&first, part.as_first}, std::pair{&second, part.as_second}}) {
-            sum->wins += add.wins;
-            sum->draws += add.draws;
-            sum->losses += add.losses;
-        }
+        first += part.as_first;
+        second += part.as_second;
     }
     EXPECT_EQ(moves, whole.moves);
     EXPECT_EQ(first.wins, whole.as_first.wins);
