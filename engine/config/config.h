@@ -267,10 +267,14 @@ struct SelfPlayConfig {
     int leaves_per_wave = 4;           // leaves one game's tree sends per wave, spread by virtual loss
     float virtual_loss = 1.0f;
     bool reuse_tree = true;  // a move's search starts from the subtree the game's previous search built under it
+    // How self-play's searches choose at the root: puct (AlphaZero: Dirichlet noise, moves and policy targets from
+    // the visit counts) | gumbel (Gumbel AlphaZero: sequential halving, the search's move, completed-Q policy
+    // targets; the noise and temperature keys are not used). Evaluation matches always search with PUCT.
+    std::string search = "puct";
     float c_puct = 1.5f;
-    float dirichlet_alpha = 1.0f;     // the root noise's concentration
-    float noise_fraction = 0.25f;     // of the root's priors replaced by the noise
-    int temperature_moves = 8;        // moves of a game chosen in proportion to the visits; the rest the most visited
+    float dirichlet_alpha = 1.0f;  // the root noise's concentration (search: puct)
+    float noise_fraction = 0.25f;  // of the root's priors replaced by the noise (search: puct)
+    int temperature_moves = 8;     // (search: puct) moves chosen in proportion to the visits; the rest the most visited
     float value_from_search = 0.0f;   // w: a position's value target is (1 - w) * outcome + w * its search's value
     int64_t replay_capacity = 50000;  // positions kept (the newest)
     int train_steps = 20;             // optimizer steps per iteration

@@ -317,6 +317,7 @@ std::vector<Field> config_fields(Config& c) {
         {"selfplay.leaves_per_wave", &c.selfplay.leaves_per_wave, at_least(1)},
         {"selfplay.virtual_loss", &c.selfplay.virtual_loss, Constraint{.min = 0}},
         {"selfplay.reuse_tree", &c.selfplay.reuse_tree, {}},
+        {"selfplay.search", &c.selfplay.search, one_of({"puct", "gumbel"})},
         {"selfplay.c_puct", &c.selfplay.c_puct, positive()},
         {"selfplay.dirichlet_alpha", &c.selfplay.dirichlet_alpha, positive()},
         {"selfplay.noise_fraction", &c.selfplay.noise_fraction, Constraint{.min = 0, .max = 1}},

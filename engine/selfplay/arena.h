@@ -27,9 +27,10 @@ struct Player {
 
     static Player random() { return {}; }
     static Player alpha_beta(int depth) { return {PlayerKind::kAlphaBeta, depth, nullptr, {}}; }
-    // The agent, for evaluation: the options as given but without root noise.
+    // The agent, for evaluation: the options as given but PUCT at the root, without noise.
     static Player agent(Evaluator<games::Connect4>& evaluator, MctsOptions options) {
         options.noise_fraction = 0.0f;
+        options.root = RootSelection::kPuct;
         return {PlayerKind::kAgent, 0, &evaluator, options};
     }
     // "random", "alpha-beta depth 4", "alpha-beta solver", "mcts 200 simulations": for logs.

@@ -26,8 +26,8 @@ class Evaluator {
 };
 
 // One position a self-play game passed through, as the network learns from it: the state (the side to move's view),
-// the search's visit distribution over the actions (num_actions values summing to 1), and the value target for the
-// side to move then: the game's final outcome (+1 won, 0 drawn, -1 lost), or that mixed with the search's value
+// the search's policy over the actions (RootResult::policy: num_actions values summing to 1), and the value target for
+// the side to move then: the game's final outcome (+1 won, 0 drawn, -1 lost), or that mixed with the search's value
 // (SelfPlayOptions::value_from_search).
 template <games::Game G>
 struct TrainingPosition {

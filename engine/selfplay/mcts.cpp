@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -26,6 +27,8 @@ constexpr int kCounterBits = 28;
 // The draws one Dirichlet entry may use: Marsaglia and Tsang's loop accepts more than 95% of its tries, so a gamma
 // variate needs more than a few draws with a vanishing probability.
 constexpr uint32_t kDrawsPerEntry = 1u << 16;
+// The most children a node has: a game's actions are the bits of a uint64_t (games::Game's legal_moves()).
+constexpr int kMaxChildren = 64;
 
 template <typename T>
 void refuse(const std::string& key, T value, const std::string& allowed) {
@@ -84,6 +87,8 @@ void check_mcts_options(const MctsOptions& options) {
     check_range("dirichlet_alpha", options.dirichlet_alpha, 0.0f, true, kMaxWeight);
     check_range("virtual_loss", options.virtual_loss, 0.0f, false, kMaxWeight);
     check_range("fpu_reduction", options.fpu_reduction, 0.0f, false, kMaxWeight);
+    if (options.root == RootSelection::kGumbel && options.noise_fraction != 0.0f)
+        refuse("noise_fraction", options.noise_fraction, "0 with selfplay.search: gumbel (its root noise is Gumbel's)");
 }
 
 uint64_t draw_index(int move, DrawPurpose purpose, uint32_t counter) {
@@ -104,6 +109,70 @@ void dirichlet_noise(float alpha, uint64_t seed, uint64_t game, int move, std::s
     double sum = 0.0;
     for (double& x : out) sum += x = std::exp(x - largest);  // the largest entry is 1, so sum >= 1
     for (double& x : out) x /= sum;
+}
+
+void gumbel_noise(uint64_t seed, uint64_t game, int move, std::span<double> out) {
+    MS_CHECK(out.size() <= (1u << kCounterBits), "Gumbel noise over {} entries", out.size());
+    for (size_t a = 0; a < out.size(); ++a) {
+        // u in (0, 1): 1 - [0, 1) is in (0, 1], and 1 itself is moved to the double below it.
+        const double u =
+            std::min(uniform_open(seed, game, draw_index(move, DrawPurpose::kGumbel, a)), std::nextafter(1.0, 0.0));
+        out[a] = -std::log(-std::log(u));
+    }
+}
+
+std::vector<int32_t> considered_visits(int actions, int simulations) {
+    MS_CHECK(actions >= 1 && simulations >= 0, "considered_visits of {} actions and {} simulations", actions,
+             simulations);
+    std::vector<int32_t> schedule;
+    schedule.reserve(static_cast<size_t>(simulations));
+    if (actions == 1) {
+        for (int i = 0; i < simulations; ++i) schedule.push_back(i);
+        return schedule;
+    }
+    const int log2_actions = std::bit_width(static_cast<unsigned>(actions - 1));  // ceil(log2(actions))
+    std::vector<int32_t> visits(static_cast<size_t>(actions), 0);
+    for (int considered = actions; static_cast<int>(schedule.size()) < simulations;
+         considered = std::max(2, considered / 2)) {
+        const int rounds = std::max(1, simulations / (log2_actions * considered));
+        for (int r = 0; r < rounds; ++r)
+            for (int a = 0; a < considered; ++a) schedule.push_back(visits[static_cast<size_t>(a)]++);
+    }
+    schedule.resize(static_cast<size_t>(simulations));
+    return schedule;
+}
+
+void completed_q_sigma(std::span<const float> priors, std::span<const int32_t> visits, std::span<const double> q,
+                       double network_value, std::span<double> sigma) {
+    const size_t n = priors.size();
+    MS_CHECK(visits.size() == n && q.size() == n && sigma.size() == n && n > 0,
+             "completed_q_sigma of {} priors, {} visits, {} values into {}", n, visits.size(), q.size(), sigma.size());
+    int64_t total = 0;
+    int32_t most = 0;
+    double visited_prior = 0.0, visited_pq = 0.0;
+    for (size_t a = 0; a < n; ++a) {
+        total += visits[a];
+        most = std::max(most, visits[a]);
+        if (visits[a] > 0) {
+            // mctx floors the priors at the smallest normal float, so a visited child always has weight.
+            const double p = std::max<double>(priors[a], std::numeric_limits<float>::min());
+            visited_prior += p;
+            visited_pq += p * q[a];
+        }
+    }
+    const double mixed = total > 0 ? (network_value + static_cast<double>(total) * visited_pq / visited_prior) /
+                                         static_cast<double>(total + 1)
+                                   : network_value;
+    double low = std::numeric_limits<double>::infinity(), high = -low;
+    for (size_t a = 0; a < n; ++a) {
+        sigma[a] = visits[a] > 0 ? q[a] : mixed;
+        low = std::min(low, sigma[a]);
+        high = std::max(high, sigma[a]);
+    }
+    // mctx divides by max(high - low, 1e-8).
+    const double range = std::max(high - low, 1e-8);
+    const double scale = (kGumbelVisitOffset + most) * kGumbelValueScale;
+    for (double& s : sigma) s = scale * (s - low) / range;
 }
 
 template <games::Game G>
@@ -183,11 +252,95 @@ void BatchedSearch<G>::plant_roots(Evaluator<G>& evaluator, std::span<const Sear
     const int32_t root_path[1] = {0};
     for (size_t r = 0; r < fresh.size(); ++r) {
         Tree& tree = trees_[static_cast<size_t>(fresh[r])];
-        expand(tree, 0, std::span<const float>(row_priors_).subspan(r * num_actions_, num_actions_));
+        expand(tree, 0, std::span<const float>(row_priors_).subspan(r * num_actions_, num_actions_), row_values_[r]);
         backup(tree, root_path, row_values_[r]);
     }
     if (options_.noise_fraction > 0.0f)
         for (Tree& tree : trees_) add_noise(tree);
+    if (options_.root == RootSelection::kGumbel)
+        for (Tree& tree : trees_) plant_gumbel(tree);
+}
+
+template <games::Game G>
+void BatchedSearch<G>::plant_gumbel(Tree& tree) const {
+    const Node& root = tree.nodes[0];
+    const std::span<const Node> kids = children(tree, root);
+    tree.root_scores.resize(kids.size());
+    gumbel_noise(seed_, tree.game, root.state.move_count(), tree.root_scores);
+    tree.root_kept_visits.resize(kids.size());
+    for (size_t i = 0; i < kids.size(); ++i) {
+        // log P, floored as mctx floors the priors (a prior of 0 still gets a finite score)
+        tree.root_scores[i] += std::log(std::max(kids[i].prior, std::numeric_limits<float>::min()));
+        tree.root_kept_visits[i] = kids[i].visits;
+    }
+    tree.schedule = considered_visits(static_cast<int>(kids.size()), options_.simulations - tree.reused);
+}
+
+template <games::Game G>
+void BatchedSearch<G>::root_sigma(const Tree& tree, std::span<double> sigma) {
+    const Node& root = tree.nodes[0];
+    const std::span<const Node> kids = children(tree, root);
+    std::array<float, kMaxChildren> priors;
+    std::array<int32_t, kMaxChildren> visits;
+    std::array<double, kMaxChildren> q;
+    for (size_t i = 0; i < kids.size(); ++i) {
+        priors[i] = kids[i].prior;
+        visits[i] = kids[i].visits;
+        q[i] = kids[i].visits > 0 ? kids[i].value_sum / kids[i].visits : 0.0;
+    }
+    const size_t n = kids.size();
+    completed_q_sigma(std::span(priors).first(n), std::span(visits).first(n), std::span(q).first(n), root.network_value,
+                      sigma);
+}
+
+template <games::Game G>
+int32_t BatchedSearch<G>::select_root_gumbel(const Tree& tree) const {
+    const Node& root = tree.nodes[0];
+    const std::span<const Node> kids = children(tree, root);
+    // Proofs as in select_child: a proven win is taken, proven losses are passed over while any child is unproven.
+    bool any_unproven = false;
+    std::array<int32_t, kMaxChildren> fresh;  // this search's visits, the pending selections included
+    int32_t done = 0;
+    for (size_t i = 0; i < kids.size(); ++i) {
+        if (kids[i].proven > 0) return root.first_child + static_cast<int32_t>(i);
+        any_unproven |= kids[i].proven == 0;
+        fresh[i] = kids[i].visits + kids[i].in_flight - tree.root_kept_visits[i];
+        done += fresh[i];
+    }
+    MS_CHECK(done < static_cast<int32_t>(tree.schedule.size()), "Gumbel root selection past its {} simulations",
+             tree.schedule.size());
+    const int32_t considered = tree.schedule[static_cast<size_t>(done)];
+    // The children holding `considered` visits; when proofs or collisions left none of them selectable, those
+    // holding the fewest.
+    bool exact = false;
+    int32_t fewest = std::numeric_limits<int32_t>::max();
+    for (size_t i = 0; i < kids.size(); ++i) {
+        if (any_unproven && kids[i].proven < 0) continue;
+        exact |= fresh[i] == considered;
+        fewest = std::min(fewest, fresh[i]);
+    }
+    return root.first_child +
+           best_gumbel_child(tree, std::span(fresh).first(kids.size()), exact ? considered : fewest, any_unproven);
+}
+
+template <games::Game G>
+int32_t BatchedSearch<G>::best_gumbel_child(const Tree& tree, std::span<const int32_t> fresh, int32_t wanted,
+                                            bool any_unproven) {
+    const std::span<const Node> kids = children(tree, tree.nodes[0]);
+    std::array<double, kMaxChildren> sigma;
+    root_sigma(tree, std::span(sigma).first(kids.size()));
+    int32_t best = -1;
+    double best_score = -std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < kids.size(); ++i) {
+        if ((any_unproven && kids[i].proven < 0) || fresh[i] != wanted) continue;
+        const double score = tree.root_scores[i] + sigma[i];
+        if (best < 0 || score > best_score) {
+            best_score = score;
+            best = static_cast<int32_t>(i);
+        }
+    }
+    MS_CHECK(best >= 0, "no root child was selectable (a NaN prior or value?)");
+    return best;
 }
 
 template <games::Game G>
@@ -228,7 +381,8 @@ void BatchedSearch<G>::select_wave(Tree& tree) {
         int32_t node = 0;
         tree.paths.push_back(node);
         while (tree.nodes[node].status == NodeStatus::kExpanded && (node == 0 || tree.nodes[node].proven == 0)) {
-            node = select_child(tree, node);
+            node = node == 0 && options_.root == RootSelection::kGumbel ? select_root_gumbel(tree)
+                                                                        : select_child(tree, node);
             tree.paths.push_back(node);
         }
         s.path_end = static_cast<int32_t>(tree.paths.size());
@@ -256,7 +410,8 @@ void BatchedSearch<G>::back_up_wave(Tree& tree) {
         const int32_t leaf = path.back();
         switch (s.kind) {
             case SelectionKind::kNewLeaf:
-                expand(tree, leaf, std::span<const float>(row_priors_).subspan(s.row * num_actions_, num_actions_));
+                expand(tree, leaf, std::span<const float>(row_priors_).subspan(s.row * num_actions_, num_actions_),
+                       row_values_[s.row]);
                 prove(tree, path);
                 // A leaf its own children prove backs up its exact value rather than the network's.
                 backup(tree, path, tree.nodes[leaf].proven != 0 ? -tree.nodes[leaf].proven : row_values_[s.row]);
@@ -317,7 +472,7 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
 }
 
 template <games::Game G>
-void BatchedSearch<G>::expand(Tree& tree, int32_t node, std::span<const float> priors) {
+void BatchedSearch<G>::expand(Tree& tree, int32_t node, std::span<const float> priors, float network_value) {
     const G state = tree.nodes[node].state;  // a copy: adding the children moves the nodes
     uint64_t legal = state.legal_moves();
     MS_CHECK(legal != 0, "expanding a position with no legal move:\n{}", state.to_string());
@@ -337,6 +492,7 @@ void BatchedSearch<G>::expand(Tree& tree, int32_t node, std::span<const float> p
     parent.first_child = first_child;
     parent.num_children = static_cast<int8_t>(tree.nodes.size() - first_child);
     parent.status = NodeStatus::kExpanded;
+    parent.network_value = network_value;
 }
 
 template <games::Game G>
@@ -420,6 +576,39 @@ RootResult BatchedSearch<G>::result(const Tree& tree) const {
         r.proven[child.action] = child.proven;
     }
     r.value = static_cast<float>(-root.value_sum / root.visits);
+    r.network_value = root.network_value;
+    r.policy.assign(num_actions_, 0.0f);
+    if (options_.root == RootSelection::kPuct) {
+        for (int a = 0; a < num_actions_; ++a) r.policy[a] = static_cast<float>(r.visits[a]) / options_.simulations;
+        return r;
+    }
+    // kGumbel: softmax(log P + sigma) over the children, and the move.
+    const std::span<const Node> kids = children(tree, root);
+    std::array<double, kMaxChildren> logits;
+    root_sigma(tree, std::span(logits).first(kids.size()));
+    double largest = -std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < kids.size(); ++i) {
+        logits[i] += std::log(std::max(kids[i].prior, std::numeric_limits<float>::min()));
+        largest = std::max(largest, logits[i]);
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < kids.size(); ++i) sum += logits[i] = std::exp(logits[i] - largest);
+    for (size_t i = 0; i < kids.size(); ++i) r.policy[kids[i].action] = static_cast<float>(logits[i] / sum);
+    bool any_unproven = false;
+    std::array<int32_t, kMaxChildren> fresh;
+    int32_t most = 0;
+    for (size_t i = 0; i < kids.size(); ++i) {
+        if (kids[i].proven > 0) {
+            r.chosen = kids[i].action;
+            return r;
+        }
+        any_unproven |= kids[i].proven == 0;
+    }
+    for (size_t i = 0; i < kids.size(); ++i) {
+        fresh[i] = kids[i].visits - tree.root_kept_visits[i];
+        if (!any_unproven || kids[i].proven == 0) most = std::max(most, fresh[i]);
+    }
+    r.chosen = kids[best_gumbel_child(tree, std::span(fresh).first(kids.size()), most, any_unproven)].action;
     return r;
 }
 

@@ -33,6 +33,15 @@
 //     values and proofs included, with the noise mixed into its root's priors afresh, and runs only the simulations
 //     that bring the root's children's visits up to `simulations` (Leela Zero's and KataGo's total-visit budget).
 //     Otherwise, and without reuse_tree, it builds a fresh tree.
+//   - Gumbel root selection (root = kGumbel; Danihelka, Guez, Schrittwieser and Silver 2022, "Policy improvement by
+//     planning with Gumbel", as DeepMind's mctx implements it): the root draws a Gumbel(0, 1) variate g(a) per legal
+//     action instead of the Dirichlet noise, and a simulation's root child is chosen by sequential halving:
+//     considered_visits() lists, per simulation of this search, the visits (of this search) the chosen action must
+//     hold, and of the actions holding that many the one of the highest g(a) + log P(a) + sigma(a) is taken,
+//     sigma = completed_q_sigma() (its Q completed and scaled). Below the root, PUCT as above. The search's move is
+//     that score's best among the actions this search visited most (proofs first, as for the visit counts), and its
+//     policy target softmax(log P + sigma) over the legal actions, which improves on the prior even when few actions
+//     were visited (visit counts of a small search do not).
 // A tree depends only on its root, the trees its game kept, the options, the seed and the evaluator's rows for its
 // own leaves, so the search of a game inside a batch of many equals its search alone, bit for bit (the evaluator
 // is row-independent).
@@ -51,6 +60,16 @@
 
 namespace ms::selfplay {
 
+// How a simulation chooses the root's child (above).
+enum class RootSelection : uint8_t {
+    kPuct,    // as at every node, the priors mixed with the Dirichlet noise where noise_fraction > 0
+    kGumbel,  // sequential halving over Gumbel-perturbed priors and completed Q; no Dirichlet noise
+};
+
+// sigma's constants (mctx's qtransform_completed_by_mix_value defaults): (c_visit + max_a N(a)) * c_scale * Q01.
+constexpr double kGumbelVisitOffset = 50.0;  // c_visit
+constexpr double kGumbelValueScale = 0.1;    // c_scale
+
 struct MctsOptions {
     int simulations = 200;         // per search (per move): leaves evaluated or finished games reached
     float c_puct = 1.25f;          // the exploration weight of U (AlphaZero's c_init)
@@ -60,13 +79,14 @@ struct MctsOptions {
     float virtual_loss = 1.0f;     // lost visits a pending selection adds to each node of its path
     float fpu_reduction = 0.25f;   // an unvisited child's Q: the parent's Q less this * sqrt(visited priors)
     bool reuse_tree = false;       // start from the game's previous tree where it holds the new root (above)
+    RootSelection root = RootSelection::kPuct;
 };
 
 // Throws UserError, naming the key (selfplay.<option>), its value and the allowed range, for an option out of range.
 void check_mcts_options(const MctsOptions& options);
 
 // What a draw is for: part of its Philox index, so that draws of different purposes never coincide.
-enum class DrawPurpose : uint8_t { kDirichlet, kTemperature, kPlayerSeed };
+enum class DrawPurpose : uint8_t { kDirichlet, kTemperature, kPlayerSeed, kGumbel };
 
 // The Philox index of draw `counter` (< 2^28) for `purpose` at move `move` of a game: (move, purpose, counter) in
 // bits 32.., 28..31 and 0..27.
@@ -76,6 +96,23 @@ uint64_t draw_index(int move, DrawPurpose purpose, uint32_t counter);
 // variates by Marsaglia and Tsang, alpha < 1 boosted from alpha + 1 by U^(1/alpha), normalised in log space so
 // that tiny alphas cannot underflow to a zero sum.
 void dirichlet_noise(float alpha, uint64_t seed, uint64_t game, int move, std::span<double> out);
+
+// g(a) of Gumbel root selection for each of the `out.size()` actions a (draw counter a), drawn for move `move` of game
+// `game`: -log(-log u), u uniform in (0, 1).
+void gumbel_noise(uint64_t seed, uint64_t game, int move, std::span<double> out);
+
+// Sequential halving's schedule for `actions` considered actions and `simulations` simulations (mctx's
+// get_sequence_of_considered_visits): entry i is the visits the action that simulation i goes to holds before it.
+// Rounds of max(1, floor(simulations / (ceil(log2 actions) * k))) visits to each of k actions, k = actions first,
+// then halved (to no fewer than 2) after each round; with one action, 0, 1, 2, ...
+std::vector<int32_t> considered_visits(int actions, int simulations);
+
+// sigma over a node's children (legal actions), mctx's completed-by-mix-value transform: an unvisited child's Q is
+// v_mix = (v + N * sum_visited(P Q) / sum_visited(P)) / (N + 1), v the network's value of the node and N its
+// children's visits; the completed Qs are rescaled to [0, 1] by their minimum and maximum (when they differ), then
+// multiplied by (c_visit + the most visits of a child) * c_scale. Q and v are for the node's side to move.
+void completed_q_sigma(std::span<const float> priors, std::span<const int32_t> visits, std::span<const double> q,
+                       double network_value, std::span<double> sigma);
 
 // A search to run: the root position (not over) and its game's global index (the noise's Philox stream); the move
 // number is the root's move_count().
@@ -91,7 +128,12 @@ struct RootResult {
     std::vector<float> q;        // the action's mean value for the side to move (0 when unvisited)
     std::vector<float> priors;   // the priors the search used: the network's, mixed with the noise where on
     std::vector<int8_t> proven;  // +1: the search proved the action wins for the side to move, -1: loses, 0: neither
+    // The policy the network learns from: the visit distribution (kPuct), or softmax(log P + sigma) over the legal
+    // actions (kGumbel).
+    std::vector<float> policy;
     float value = 0.0f;          // the root's mean value for the side to move, its own evaluation included
+    float network_value = 0.0f;  // the network's value of the root position
+    int chosen = -1;             // kGumbel: the search's move; kPuct: -1 (the caller chooses from the visits)
 };
 
 // Totals over a BatchedSearch's runs: the throughput a benchmark compares (batched vs one leaf at a time).
@@ -140,8 +182,9 @@ class BatchedSearch {
         int32_t in_flight = 0;  // this wave's selections through the node (virtual loss)
         int32_t first_child = -1;
         int8_t num_children = 0;
-        int8_t action = -1;  // the move into this node
-        int8_t proven = 0;   // +1: won for the side that moved into this node, -1: lost, 0: not proven
+        int8_t action = -1;          // the move into this node
+        int8_t proven = 0;           // +1: won for the side that moved into this node, -1: lost, 0: not proven
+        float network_value = 0.0f;  // expanded: the network's value for the node's side to move
         NodeStatus status = NodeStatus::kLeaf;
         games::Outcome outcome = games::Outcome::kOngoing;  // the node's state's, computed once
     };
@@ -158,6 +201,11 @@ class BatchedSearch {
         uint64_t game = 0;
         int simulations = 0;  // done, the reused ones included
         int reused = 0;       // kept from the game's previous tree
+        // kGumbel, per root child in child order: g + log P, and its visits kept from the previous tree; and the
+        // schedule of this search's simulations (considered_visits).
+        std::vector<double> root_scores;
+        std::vector<int32_t> root_kept_visits;
+        std::vector<int32_t> schedule;
     };
 
     // A node's children, contiguous in tree.nodes.
@@ -175,8 +223,19 @@ class BatchedSearch {
     // Expands the wave's new leaves and backs up its selections, in selection order, and removes their virtual loss.
     void back_up_wave(Tree& tree);
     int32_t select_child(const Tree& tree, int32_t node) const;
-    void expand(Tree& tree, int32_t node, std::span<const float> priors);
+    void expand(Tree& tree, int32_t node, std::span<const float> priors, float network_value);
     void add_noise(Tree& tree);
+    // kGumbel: the root's draws and schedule.
+    void plant_gumbel(Tree& tree) const;
+    // kGumbel: the root child the next simulation takes.
+    int32_t select_root_gumbel(const Tree& tree) const;
+    // kGumbel: among the root's children that proofs allow (any_unproven: passing over proven losses) and that this
+    // search visited `wanted` times (fresh, in child order), the one of the highest g + log P + sigma (the first of
+    // equals); its child index.
+    static int32_t best_gumbel_child(const Tree& tree, std::span<const int32_t> fresh, int32_t wanted,
+                                     bool any_unproven);
+    // kGumbel: sigma of the root's children (completed_q_sigma), in child order.
+    static void root_sigma(const Tree& tree, std::span<double> sigma);
     static void backup(Tree& tree, std::span<const int32_t> path, double leaf_value);
     // Proves what the children of the path's nodes now prove, from the leaf up, stopping at the first node unproven.
     static void prove(Tree& tree, std::span<const int32_t> path);

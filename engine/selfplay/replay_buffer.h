@@ -9,7 +9,7 @@
 // Storage: a ring of at most `capacity` slots, flat. Positions are named by age: index 0 is the oldest held,
 // size() - 1 the newest; when the ring is full, each new position replaces the oldest.
 //   states_    (size)                 the positions
-//   policies_  (size, num_actions)    the search's visit distribution, a row per position
+//   policies_  (size, num_actions)    the search's policy (its visit distribution, or Gumbel's), a row per position
 //   outcomes_  (size)                 +1 won, 0 drawn, -1 lost, for the side to move
 //
 // Sampling: draw i of training step `step` is a position index and a reflection, each a pure function of

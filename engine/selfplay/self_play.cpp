@@ -25,15 +25,6 @@ struct GameInProgress {
     std::string moves;
 };
 
-std::vector<float> visit_distribution(const RootResult& result) {
-    int64_t total = 0;
-    for (const int v : result.visits) total += v;
-    MS_CHECK(total > 0, "a search result without visits");
-    std::vector<float> policy(result.visits.size());
-    for (size_t a = 0; a < policy.size(); ++a) policy[a] = static_cast<float>(result.visits[a]) / total;
-    return policy;
-}
-
 // The actions a move may be chosen among: those the search proved won, if any; else those not proven lost, if any;
 // else every action (a lost position still has to move). Bit a: action a.
 uint64_t candidates(const RootResult& result) {
@@ -79,6 +70,7 @@ int sample_by_visits(const RootResult& result, uint64_t seed, uint64_t game, int
 }
 
 int choose_move(const RootResult& result, int temperature_moves, uint64_t seed, uint64_t game, int move) {
+    if (result.chosen >= 0) return result.chosen;
     return move < temperature_moves ? sample_by_visits(result, seed, game, move) : most_visited(result);
 }
 
@@ -117,7 +109,7 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
         for (size_t i = 0; i < playing.size(); ++i) {
             GameInProgress& game = in_progress[playing[i]];
             const int move = game.state.move_count();
-            game.positions.push_back({game.state, visit_distribution(results[i]), 0.0f});
+            game.positions.push_back({game.state, results[i].policy, 0.0f});
             game.search_values.push_back(results[i].value);
             const int action = choose_move(results[i], options.temperature_moves, seed, roots[i].game, move);
             game.state.play(action);

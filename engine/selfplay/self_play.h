@@ -22,8 +22,8 @@ namespace ms::selfplay {
 int most_visited(const RootResult& result);
 // One of them drawn with probability proportional to its visits (temperature 1), from (seed, game, move).
 int sample_by_visits(const RootResult& result, uint64_t seed, uint64_t game, int move);
-// The self-play move: sample_by_visits for the first `temperature_moves` moves of a game (move < temperature_moves),
-// most_visited after.
+// The self-play move: the search's own (RootResult::chosen, Gumbel root selection's), else sample_by_visits for the
+// first `temperature_moves` moves of a game (move < temperature_moves), most_visited after.
 int choose_move(const RootResult& result, int temperature_moves, uint64_t seed, uint64_t game, int move);
 
 struct SelfPlayOptions {
@@ -64,7 +64,7 @@ struct SelfPlayStats {
 };
 
 struct SelfPlayGames {
-    // Every position of every game, in game order then move order: the state, the normalised visit counts, and
+    // Every position of every game, in game order then move order: the state, the search's policy (RootResult), and
     // the value target for the side to move there: the game's outcome (+1 won, 0 drawn, -1 lost), mixed with the
     // search's root value by SelfPlayOptions::value_from_search.
     std::vector<TrainingPosition<games::Connect4>> positions;

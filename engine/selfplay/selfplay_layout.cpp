@@ -54,7 +54,8 @@ SelfPlayOptions SelfPlayLayout::play_options(const Config& cfg, int s) const {
     o.mcts.simulations = stages.at(static_cast<size_t>(s)).simulations;
     o.mcts.c_puct = c.c_puct;
     o.mcts.dirichlet_alpha = c.dirichlet_alpha;
-    o.mcts.noise_fraction = c.noise_fraction;
+    o.mcts.root = c.search == "gumbel" ? RootSelection::kGumbel : RootSelection::kPuct;
+    o.mcts.noise_fraction = o.mcts.root == RootSelection::kGumbel ? 0.0f : c.noise_fraction;
     o.mcts.leaves_per_wave = c.leaves_per_wave;
     o.mcts.virtual_loss = c.virtual_loss;
     o.mcts.reuse_tree = c.reuse_tree;

@@ -77,6 +77,21 @@ TEST(SelfPlay, DataAndTensorParallelRunsPlayTheSameGamesAsOneRank) {
         EXPECT_NE(r->output.find("curriculum stage 2 (4 x 5, 12 simulations)"), std::string::npos) << r->output;
 }
 
+// selfplay.search: gumbel (Gumbel root selection, completed-Q policy targets) through the command: dp2's first
+// iteration puts the same positions and targets into the buffer as one rank's, and other ones than PUCT's.
+TEST(SelfPlay, GumbelSearchPlaysTheSameGamesOnDp2AsOneRank) {
+    const TempDir one("ms_selfplay"), dp2("ms_selfplay");
+    const std::string gumbel = "--set selfplay.search=gumbel --set training.train_iters=1";
+    const TrainRun base = run_selfplay(1, one.path(), gumbel);
+    const TrainRun dp = run_selfplay(2, dp2.path(), gumbel);
+    ASSERT_EQ(base.losses.size(), 1u) << base.output;
+    ASSERT_EQ(dp.losses.size(), 1u) << dp.output;
+    EXPECT_EQ(replay_file(one.path(), 1), replay_file(dp2.path(), 1));
+    const TrainRun puct = run_selfplay(1, dp2.path() + "/puct", "--set training.train_iters=1");
+    ASSERT_EQ(puct.losses.size(), 1u) << puct.output;
+    EXPECT_NE(replay_file(one.path(), 1), replay_file(dp2.path() + "/puct", 1));
+}
+
 // A run stopped after iteration 2 and resumed (network, AdamW moments, replay buffer, curriculum stage) continues
 // as the straight run does, bit for bit: the same loss and the same replay buffer after iteration 3.
 TEST(SelfPlay, ResumeContinuesBitIdentically) {
@@ -130,6 +145,7 @@ TEST(SelfPlay, BadConfigsAreRefusedWithASentence) {
         {" --set 'selfplay.eval_opponents=[\"minimax\"]'", "unknown opponent 'minimax'"},
         {" --set selfplay.games_per_iteration=6", "must be a multiple of selfplay.games_per_group 4"},
         {" --set model.arch=gpt", "selfplay trains model.arch: alphazero"},
+        {" --set selfplay.search=alphazero", "selfplay.search"},
     };
     for (const auto& [set, words] : cases) {
         const CliResult r = run_cli(base + set);

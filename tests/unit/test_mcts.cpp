@@ -5,6 +5,7 @@
 // option refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -31,6 +32,7 @@ using ms::selfplay::Evaluator;
 using ms::selfplay::MctsOptions;
 using ms::selfplay::most_visited;
 using ms::selfplay::RootResult;
+using ms::selfplay::RootSelection;
 using ms::selfplay::SearchRoot;
 using ms::test::RolloutEvaluator;
 using ms::test::SolverEvaluator;
@@ -74,7 +76,40 @@ void expect_same(const RootResult& a, const RootResult& b) {
     EXPECT_EQ(a.q, b.q);  // bit for bit
     EXPECT_EQ(a.priors, b.priors);
     EXPECT_EQ(a.proven, b.proven);
+    EXPECT_EQ(a.policy, b.policy);
     EXPECT_EQ(a.value, b.value);
+    EXPECT_EQ(a.network_value, b.network_value);
+    EXPECT_EQ(a.chosen, b.chosen);
+}
+
+// The options of a self-play search with Gumbel root selection.
+MctsOptions gumbel(int simulations, int leaves_per_wave) {
+    MctsOptions options = quiet(simulations);
+    options.root = RootSelection::kGumbel;
+    options.leaves_per_wave = leaves_per_wave;
+    return options;
+}
+
+// softmax(log P + sigma) of a result, sigma from its own visits, Q and network value: what its policy must be.
+std::vector<double> gumbel_policy_of(const RootResult& r) {
+    std::vector<float> priors;
+    std::vector<int32_t> visits;
+    std::vector<double> q;
+    std::vector<int> actions;
+    for (size_t a = 0; a < r.priors.size(); ++a) {
+        if (r.priors[a] == 0.0f && r.visits[a] == 0) continue;  // illegal
+        priors.push_back(r.priors[a]);
+        visits.push_back(r.visits[a]);
+        q.push_back(r.q[a]);
+        actions.push_back(static_cast<int>(a));
+    }
+    std::vector<double> sigma(priors.size());
+    ms::selfplay::completed_q_sigma(priors, visits, q, r.network_value, sigma);
+    double sum = 0.0;
+    for (size_t i = 0; i < sigma.size(); ++i) sum += sigma[i] = std::exp(std::log(priors[i]) + sigma[i]);
+    std::vector<double> policy(r.priors.size(), 0.0);
+    for (size_t i = 0; i < sigma.size(); ++i) policy[static_cast<size_t>(actions[i])] = sigma[i] / sum;
+    return policy;
 }
 
 // The UserError text of f(), or "" when it does not throw one.
@@ -343,6 +378,136 @@ TEST(Mcts, NoiseMixesTheRootPriorsPerSeedAndGame) {
     EXPECT_NE(search_alone(evaluator, options, 5, state, 4).priors, noisy.priors);
 }
 
+TEST(Mcts, SequentialHalvingSchedule) {
+    using ms::selfplay::considered_visits;
+    // One action: every simulation goes to it.
+    EXPECT_EQ(considered_visits(1, 5), (std::vector<int32_t>{0, 1, 2, 3, 4}));
+    // Two actions, ceil(log2 2) = 1: rounds of 6 / (1 * 2) = 3.
+    EXPECT_EQ(considered_visits(2, 6), (std::vector<int32_t>{0, 0, 1, 1, 2, 2}));
+    // Four: 16 / (2 * 4) = 2 rounds over 4, then 16 / (2 * 2) = 4 over 2.
+    EXPECT_EQ(considered_visits(4, 16), (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5}));
+    // Connect Four's 7 at self-play's 48: 2 rounds over 7 (14), 5 over 3 (15), 8 over 2 (16), then 3 of the next.
+    std::vector<int32_t> expected;
+    for (int v = 0; v < 2; ++v) expected.insert(expected.end(), 7, v);
+    for (int v = 2; v < 7; ++v) expected.insert(expected.end(), 3, v);
+    for (int v = 7; v < 15; ++v) expected.insert(expected.end(), 2, v);
+    expected.insert(expected.end(), {15, 15, 16});
+    EXPECT_EQ(considered_visits(7, 48), expected);
+    // Fewer simulations than actions: one round, cut short.
+    EXPECT_EQ(considered_visits(7, 3), (std::vector<int32_t>{0, 0, 0}));
+}
+
+TEST(Mcts, CompletedQSigmaByHand) {
+    // P = (1/2, 1/4, 1/4), N = (2, 1, 0), Q = (1/2, -1/2, -), v = 0.2:
+    // v_mix = (0.2 + 3 * (1/2 * 1/2 + 1/4 * -1/2) / (3/4)) / 4 = 0.175; completed (0.5, -0.5, 0.175), rescaled to
+    // (1, 0, 0.675), times (50 + 2) * 0.1 = 5.2.
+    const std::vector<float> priors = {0.5f, 0.25f, 0.25f};
+    const std::vector<int32_t> visits = {2, 1, 0};
+    const std::vector<double> q = {0.5, -0.5, 0.0};
+    std::vector<double> sigma(3);
+    ms::selfplay::completed_q_sigma(priors, visits, q, 0.2, sigma);
+    EXPECT_NEAR(sigma[0], 5.2, 1e-12);
+    EXPECT_NEAR(sigma[1], 0.0, 1e-12);
+    EXPECT_NEAR(sigma[2], 0.675 * 5.2, 1e-12);
+    // Nothing visited: every completed Q is v, and equal ones rescale to 0.
+    ms::selfplay::completed_q_sigma(priors, std::vector<int32_t>{0, 0, 0}, q, 0.7, sigma);
+    EXPECT_EQ(sigma, (std::vector<double>{0.0, 0.0, 0.0}));
+}
+
+TEST(Mcts, GumbelNoiseIsAPureFunctionOfSeedGameAndMove) {
+    std::vector<double> a(7), b(7), c(7), d(7);
+    ms::selfplay::gumbel_noise(1, 2, 3, a);
+    ms::selfplay::gumbel_noise(1, 2, 3, b);
+    ms::selfplay::gumbel_noise(1, 2, 4, c);
+    ms::selfplay::gumbel_noise(1, 5, 3, d);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a, c);
+    EXPECT_NE(a, d);
+    // Gumbel(0, 1): mean Euler's gamma, variance pi^2 / 6.
+    std::vector<double> many(4096);
+    double mean = 0.0, square = 0.0;
+    for (uint64_t game = 0; game < 16; ++game) {
+        ms::selfplay::gumbel_noise(9, game, 0, many);
+        for (const double g : many) {
+            mean += g;
+            square += g * g;
+        }
+    }
+    const double n = 16.0 * 4096.0;
+    mean /= n;
+    const double variance = square / n - mean * mean;
+    // Standard errors: sqrt(1.645 / n) = 0.005 for the mean, about 0.02 for the variance.
+    EXPECT_NEAR(mean, 0.5772, 0.025);
+    EXPECT_NEAR(variance, 1.6449, 0.1);
+}
+
+TEST(Mcts, GumbelSearchHalvesTheActionsAndLearnsTheCompletedPolicy) {
+    // One leaf per wave: the visits follow the schedule exactly, so on a board with 7 moves and no proofs within
+    // reach they are 2 each, 7 for the best 3, 15 for the best 2 and 16 and 17 for the last two (the schedule
+    // above). The move is the one of 17; the policy is softmax(log P + sigma) of the result's own numbers.
+    // Positions of at most 4 stones: no child of the root can be proven within the search (a proof there needs a
+    // side with 3 stones).
+    for (const char* moves : {"", "4", "44", "34", "4453"}) {
+        SCOPED_TRACE(moves);
+        const Connect4 state = Connect4::from_moves(6, 7, moves);
+        RolloutEvaluator evaluator;
+        const RootResult r = search_alone(evaluator, gumbel(48, 1), 4, state, 9);
+        std::vector<int> sorted = r.visits;
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(sorted, (std::vector<int>{2, 2, 2, 2, 7, 16, 17}));
+        ASSERT_GE(r.chosen, 0);
+        EXPECT_EQ(r.visits[static_cast<size_t>(r.chosen)], 17);
+        const std::vector<double> expected = gumbel_policy_of(r);
+        double total = 0.0;
+        for (size_t a = 0; a < expected.size(); ++a) {
+            EXPECT_NEAR(r.policy[a], expected[a], 1e-6) << a;  // Q rounded to float in the result
+            total += r.policy[a];
+        }
+        EXPECT_NEAR(total, 1.0, 1e-6);
+    }
+    // Uniform priors and values of 0 make every sigma 0: each halving keeps the actions of the highest g, and the
+    // move is the argmax of the game's g.
+    std::vector<int> chosen;
+    for (uint64_t game = 0; game < 8; ++game) {
+        UniformEvaluator evaluator;
+        chosen.push_back(search_alone(evaluator, gumbel(48, 1), 4, Connect4::empty(6, 7), game).chosen);
+        std::vector<double> g(7);
+        ms::selfplay::gumbel_noise(4, game, 0, g);
+        EXPECT_EQ(chosen.back(), std::max_element(g.begin(), g.end()) - g.begin()) << game;
+    }
+    EXPECT_LT(std::count(chosen.begin(), chosen.end(), chosen.front()), 8);
+    // Several leaves per wave: the visits still sum to the simulations, whatever the collisions did.
+    for (const Connect4& state : random_positions(5, 6, 6, 71)) {
+        RolloutEvaluator evaluator;
+        const RootResult r = search_alone(evaluator, gumbel(40, 8), 4, state, 2);
+        EXPECT_EQ(sum(r.visits), 40);
+        ASSERT_GE(r.chosen, 0);
+        EXPECT_TRUE(state.is_legal(r.chosen));
+    }
+}
+
+TEST(Mcts, GumbelSearchTakesTheWinAndBlocksTheThreat) {
+    UniformEvaluator evaluator;
+    const RootResult win = search_alone(evaluator, gumbel(48, 4), 0, Connect4::from_moves(6, 7, "112233"));
+    EXPECT_EQ(win.chosen, 3);
+    EXPECT_EQ(win.proven[3], 1);
+    const RootResult block = search_alone(evaluator, gumbel(48, 4), 0, Connect4::from_moves(6, 7, "717263"));
+    EXPECT_EQ(block.chosen, 3);
+    for (int a = 0; a < 7; ++a) {
+        if (a != 3) {
+            EXPECT_EQ(block.proven[a], -1) << a;
+        }
+    }
+    // Forced wins a few plies deep (4 x 5, from FindsForcedWinsAFewPliesDeep): the move keeps the win.
+    const std::array<std::pair<const char*, uint64_t>, 3> deep = {
+        {{"2233", 0b01000}, {"41133115", 0b11110}, {"14422324", 0b10000}}};
+    for (const auto& [moves, winning] : deep) {
+        SCOPED_TRACE(moves);
+        const RootResult r = search_alone(evaluator, gumbel(800, 4), 0, Connect4::from_moves(4, 5, moves));
+        EXPECT_TRUE(winning >> r.chosen & 1) << r.chosen;
+    }
+}
+
 TEST(Mcts, OneGameInABatchEqualsItsSearchAlone) {
     // Trees are independent and the evaluator row-independent, so neither the other games of the batch nor how
     // the leaves are cut into evaluate() calls may change a search.
@@ -356,20 +521,30 @@ TEST(Mcts, OneGameInABatchEqualsItsSearchAlone) {
     roots.push_back({Connect4::from_moves(6, 7, "112233"), game++});
     for (const int leaves : {1, 3, 8, 32}) {
         for (const int max_batch : {1, 5, 64}) {
-            SCOPED_TRACE(testing::Message() << "leaves_per_wave " << leaves << ", max_batch " << max_batch);
-            MctsOptions options;
-            options.simulations = 60;
-            options.leaves_per_wave = leaves;
-            RolloutEvaluator batched_evaluator(max_batch);
-            BatchedSearch<Connect4> batched(options, 17);
-            const std::vector<RootResult> together = batched.run(batched_evaluator, roots);
-            ASSERT_EQ(together.size(), roots.size());
-            for (size_t i = 0; i < roots.size(); ++i) {
-                RolloutEvaluator alone_evaluator(64);
-                expect_same(together[i], search_alone(alone_evaluator, options, 17, roots[i].state, roots[i].game));
+            for (const RootSelection root : {RootSelection::kPuct, RootSelection::kGumbel}) {
+                SCOPED_TRACE(testing::Message() << "leaves_per_wave " << leaves << ", max_batch " << max_batch
+                                                << (root == RootSelection::kGumbel ? ", Gumbel" : ", PUCT"));
+                MctsOptions options;
+                options.simulations = 60;
+                options.leaves_per_wave = leaves;
+                options.root = root;
+                if (root == RootSelection::kGumbel) options.noise_fraction = 0.0f;
+                RolloutEvaluator batched_evaluator(max_batch);
+                BatchedSearch<Connect4> batched(options, 17);
+                const std::vector<RootResult> together = batched.run(batched_evaluator, roots);
+                ASSERT_EQ(together.size(), roots.size());
+                for (size_t i = 0; i < roots.size(); ++i) {
+                    RolloutEvaluator alone_evaluator(64);
+                    expect_same(together[i], search_alone(alone_evaluator, options, 17, roots[i].state, roots[i].game));
+                }
+                expect_same(together[3], together[10]);
+                // Another game draws other noise: Dirichlet's mixes into the priors, Gumbel's leaves them alone.
+                if (root == RootSelection::kPuct) {
+                    EXPECT_NE(together[3].priors, together[11].priors);
+                } else {
+                    EXPECT_EQ(together[3].priors, together[11].priors);
+                }
             }
-            expect_same(together[3], together[10]);
-            EXPECT_NE(together[3].priors, together[11].priors);
         }
     }
 }
@@ -482,6 +657,9 @@ TEST(Mcts, OptionsOutOfRangeAreRefusedWithASentence) {
               "config error: selfplay.virtual_loss = -1 must be in [0, 100]");
     EXPECT_EQ(refusal([](MctsOptions& o) { o.fpu_reduction = NAN; }),
               "config error: selfplay.fpu_reduction = nan must be in [0, 100]");
+    EXPECT_EQ(refusal([](MctsOptions& o) { o.root = RootSelection::kGumbel; }),
+              "config error: selfplay.noise_fraction = 0.25 must be 0 with selfplay.search: gumbel (its root noise "
+              "is Gumbel's)");
     UniformEvaluator evaluator;
     EXPECT_NE(user_error([&] { BatchedSearch<Connect4>(quiet(0), 0); }), "");
 }

@@ -20,6 +20,7 @@ using ms::games::Connect4;
 using ms::games::Outcome;
 using ms::selfplay::play_games;
 using ms::selfplay::RootResult;
+using ms::selfplay::RootSelection;
 using ms::selfplay::SelfPlayGames;
 using ms::selfplay::SelfPlayOptions;
 using ms::test::RolloutEvaluator;
@@ -139,29 +140,35 @@ TEST(SelfPlay, ValueTargetsMixTheOutcomeWithTheSearchValue) {
 TEST(SelfPlay, SplitByGameIndexEqualsTheWhole) {
     // How data-parallel ranks split a step's games: games [0, 4) at once, or [0, 2) and [2, 4) apart; with fresh
     // trees and with each game's tree reused from move to move.
-    int64_t evaluated[2] = {0, 0};
-    for (const bool reuse : {false, true}) {
-        SCOPED_TRACE(reuse ? "reuse_tree" : "fresh trees");
-        RolloutEvaluator evaluator(16);
-        SelfPlayOptions options = small_options();
-        options.mcts.reuse_tree = reuse;
-        const SelfPlayGames whole = play_games(evaluator, 4, 5, options, 7, 0, 4);
-        SelfPlayGames first = play_games(evaluator, 4, 5, options, 7, 0, 2);
-        const SelfPlayGames second = play_games(evaluator, 4, 5, options, 7, 2, 2);
-        EXPECT_EQ(first.stats.positions_evaluated + second.stats.positions_evaluated, whole.stats.positions_evaluated);
-        EXPECT_EQ(first.stats.moves + second.stats.moves, whole.stats.moves);
-        EXPECT_EQ(first.stats.first_player_wins + second.stats.first_player_wins, whole.stats.first_player_wins);
-        EXPECT_EQ(first.stats.draws + second.stats.draws, whole.stats.draws);
-        first.positions.insert(first.positions.end(), second.positions.begin(), second.positions.end());
-        first.moves.insert(first.moves.end(), second.moves.begin(), second.moves.end());
-        expect_same_games(first, whole);
-        // One game alone, from the middle.
-        const SelfPlayGames third = play_games(evaluator, 4, 5, options, 7, 2, 1);
-        EXPECT_EQ(third.moves.front(), whole.moves[2]);
-        evaluated[reuse] = whole.stats.positions_evaluated / whole.stats.moves;
+    for (const RootSelection root : {RootSelection::kPuct, RootSelection::kGumbel}) {
+        int64_t evaluated[2] = {0, 0};
+        for (const bool reuse : {false, true}) {
+            SCOPED_TRACE(testing::Message() << (reuse ? "reuse_tree" : "fresh trees")
+                                            << (root == RootSelection::kGumbel ? ", Gumbel" : ", PUCT"));
+            RolloutEvaluator evaluator(16);
+            SelfPlayOptions options = small_options();
+            options.mcts.reuse_tree = reuse;
+            options.mcts.root = root;
+            if (root == RootSelection::kGumbel) options.mcts.noise_fraction = 0.0f;
+            const SelfPlayGames whole = play_games(evaluator, 4, 5, options, 7, 0, 4);
+            SelfPlayGames first = play_games(evaluator, 4, 5, options, 7, 0, 2);
+            const SelfPlayGames second = play_games(evaluator, 4, 5, options, 7, 2, 2);
+            EXPECT_EQ(first.stats.positions_evaluated + second.stats.positions_evaluated,
+                      whole.stats.positions_evaluated);
+            EXPECT_EQ(first.stats.moves + second.stats.moves, whole.stats.moves);
+            EXPECT_EQ(first.stats.first_player_wins + second.stats.first_player_wins, whole.stats.first_player_wins);
+            EXPECT_EQ(first.stats.draws + second.stats.draws, whole.stats.draws);
+            first.positions.insert(first.positions.end(), second.positions.begin(), second.positions.end());
+            first.moves.insert(first.moves.end(), second.moves.begin(), second.moves.end());
+            expect_same_games(first, whole);
+            // One game alone, from the middle.
+            const SelfPlayGames third = play_games(evaluator, 4, 5, options, 7, 2, 1);
+            EXPECT_EQ(third.moves.front(), whole.moves[2]);
+            evaluated[reuse] = whole.stats.positions_evaluated / whole.stats.moves;
+        }
+        // Each move's search starts from the visits its previous move's search spent below it.
+        EXPECT_LT(evaluated[1], evaluated[0]);
     }
-    // Each move's search starts from the visits its previous move's search spent below it.
-    EXPECT_LT(evaluated[1], evaluated[0]);
 }
 
 TEST(SelfPlay, PositionsReplayTheGamesAndOutcomesAgreeWithTheirEnds) {
