@@ -36,4 +36,6 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 labels='^(unit|ops)$'
 [ "$fuzz" = ON ] && labels='^(unit|ops|fuzz)$'
-ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -L "$labels"
+# As in scripts/test.sh, one job per core: the fuzz targets and the emulated CUDA kernels (one OS thread each) run
+# two at a time on 2 cores, every other test alone.
+ctest --test-dir "$build_dir" --output-on-failure --timeout 900 --parallel "${MS_JOBS:-$(nproc)}" -L "$labels"

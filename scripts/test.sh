@@ -11,7 +11,9 @@ scripts/setup.sh build
 scripts/check-format.sh  # docs/style.md: one .clang-format, checked here
 # Tests share 2 cores with each other's processes: threads that spin while waiting only steal time there.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-(cd build && ctest --output-on-failure --timeout 900 "$@")
+# One job per core (MS_JOBS overrides): only the tests that run on one OS thread share the cores; every other test
+# is RUN_SERIAL and runs alone (tests/CMakeLists.txt).
+(cd build && ctest --output-on-failure --timeout 900 --parallel "${MS_JOBS:-$(nproc)}" "$@")
 if [ "${MS_TEST_SANITIZERS:-$(($# == 0))}" = 1 ]; then
   scripts/test-sanitizers.sh
 fi

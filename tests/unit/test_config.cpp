@@ -3,7 +3,6 @@
 // Errors are checked by the exact substrings a user would read: the location, the key path, the value, the
 // constraint and the suggestion. Every error must be an ms::UserError with exit code 2.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +14,7 @@
 
 #include "engine/config/config.h"
 #include "engine/core/check.h"
+#include "tests/common/temp_dir.h"
 
 namespace {
 
@@ -22,11 +22,11 @@ using ms::Config;
 using ms::load_config;
 using ms::validate_config;
 
-// Writes `text` to a fresh file in the test temp dir and returns its path.
+// Writes `text` to a fresh file in this process's temp dir (removed at exit) and returns its path.
 std::string write_yaml(const std::string& text) {
+    static const ms::test::TempDir dir("ms_config_test");
     static int counter = 0;
-    const std::string path =
-        testing::TempDir() + "ms_config_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".yaml";
+    const std::string path = dir / (std::to_string(counter++) + ".yaml");
     std::ofstream(path) << text;
     return path;
 }
