@@ -1,5 +1,6 @@
-// cmd_eval.cpp: `eval` -- the loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data, or
-// the held-out zero-shot accuracy and recall of a CLIP checkpoint (model.arch: clip, engine/clip/clip_eval.h), on one
+// cmd_eval.cpp: `eval` -- the loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data,
+// the held-out zero-shot accuracy and recall of a CLIP checkpoint (model.arch: clip, engine/clip/clip_eval.h), or a
+// self-play checkpoint's final evaluation matches (model.arch: alphazero, engine/selfplay/selfplay_eval.h), on one
 // rank.
 //
 // The model is built whole (tp 1, pp 1) from the checkpoint's canonical tensors, whatever layout saved it, and must
@@ -7,8 +8,10 @@
 // of the split in the sampler's order, in micro-batches of training.micro_batch_size, so `--split valid --iters
 // eval.eval_iters` covers the samples of the trainer's validation at any data-parallel size, and the loss is averaged
 // the same way (the mean of the micro-batch means). CLIP: the trainer's evaluation on clip.eval_samples held-out
-// samples; --split and --iters, which pick a language model's samples, are refused. With --json the result is one
-// JSON line alone on stdout (`eval ... --json | jq`): the log goes to stderr.
+// samples; --split and --iters, which pick a language model's samples, are refused, for self-play as for CLIP.
+// Self-play: the trainer's final evaluation on the board of the checkpoint's curriculum stage, so the run's own
+// final checkpoint and config give the run's final record. With --json the result is one JSON line alone on stdout
+// (`eval ... --json | jq`): the log goes to stderr.
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -28,6 +31,7 @@
 #include "engine/core/log.h"
 #include "engine/data/dataset.h"
 #include "engine/model/gpt.h"
+#include "engine/selfplay/selfplay_eval.h"
 #include "engine/train/plan.h"
 #include "engine/train/reliability.h"
 
@@ -42,19 +46,31 @@ struct EvalArgs {
     std::vector<std::string> language_model_flags;  // --split and --iters when given: refused for CLIP
 };
 
+// What `eval` calls a model of this model.arch (a config's, or a checkpoint manifest's "arch"): the families it
+// evaluates differently.
+std::string model_family(const std::string& arch) {
+    if (arch == "clip") return "a CLIP model";
+    if (arch == "alphazero") return "a self-play policy-value network";
+    return "a GPT-2 or Llama model";
+}
+
 // The checkpoint `load` names, verified and opened. Its model family must be the config's: a CLIP checkpoint with a
-// GPT-2 or Llama config, or the reverse, is refused naming both, before either reads the other's tensors.
+// GPT-2 or Llama config, or any other pair of families, is refused naming both, before either reads the other's
+// tensors.
 CheckpointReader open_checkpoint(const EvalArgs& a, const Config& cfg) {
     CheckpointReader reader(resolve_checkpoint(a.load));
-    const bool saved_clip = reader.manifest().at("model").value("arch", "") == "clip";  // the reader requires "model"
-    const bool configured_clip = cfg.model.arch == "clip";
-    if (saved_clip != configured_clip)
+    const std::string saved_arch = reader.manifest().at("model").value("arch", "");  // the reader requires "model"
+    const std::string saved = model_family(saved_arch), configured = model_family(cfg.model.arch);
+    if (saved != configured) {
+        const std::string configured_words =
+            cfg.model.arch == "clip" || cfg.model.arch == "alphazero" ? configured : std::string("a language model");
         throw UserError(fmt::format(
-            "config error: the config {} describes {} (model.arch {}), but '{}' holds {}\n---> HINT: evaluate it "
+            "config error: the config {} describes {} (model.arch {}), but '{}' holds {}{}\n---> HINT: evaluate it "
             "with the config of the run that saved it (--config {}/{}), or pass a checkpoint of a model.arch {} run",
-            a.config_path, configured_clip ? "a CLIP model" : "a language model", cfg.model.arch, reader.dir(),
-            saved_clip ? "a CLIP model (model.arch clip)" : "a GPT-2 or Llama model", reader.dir(), kResolvedConfigFile,
-            cfg.model.arch));
+            a.config_path, configured_words, cfg.model.arch, reader.dir(), saved,
+            saved_arch == "clip" || saved_arch == "alphazero" ? " (model.arch " + saved_arch + ")" : "", reader.dir(),
+            kResolvedConfigFile, cfg.model.arch));
+    }
     return reader;
 }
 
@@ -130,6 +146,16 @@ int run_eval(const EvalArgs& a) {
                 flags, a.language_model_flags.size() == 1 ? "applies to" : "apply to", a.config_path, flags));
         }
         result = run_clip_eval(cfg, open_checkpoint(a, cfg), a.config_path);
+    } else if (cfg.model.arch == "alphazero") {
+        if (!a.language_model_flags.empty())
+            throw UserError(fmt::format(
+                "command line error: {} {} GPT-2 and Llama checkpoints only; a self-play network (model.arch "
+                "alphazero in {}) is evaluated by playing the final evaluation's matches\n---> HINT: drop {}; --set "
+                "selfplay.final_eval_games=N and --set selfplay.final_eval_simulations=N set the games and the search",
+                fmt::join(a.language_model_flags, " and "),
+                a.language_model_flags.size() == 1 ? "applies to" : "apply to", a.config_path,
+                fmt::join(a.language_model_flags, " and ")));
+        result = selfplay::run_selfplay_eval(cfg, open_checkpoint(a, cfg), a.config_path);
     } else {
         result = eval_language_model(cfg, a);
     }
@@ -143,9 +169,9 @@ int run_eval(const EvalArgs& a) {
 Command add_eval_command(CLI::App& parent) {
     CLI::App* cmd = parent.add_subcommand(
         "eval",
-        "Loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data, or zero-shot accuracy "
-        "and recall of a CLIP checkpoint on its held-out samples (one process, the CPU backend, the whole model "
-        "whatever layout saved it)");
+        "Loss and perplexity of a GPT-2 or Llama checkpoint on a split of the config's data, zero-shot accuracy "
+        "and recall of a CLIP checkpoint on its held-out samples, or a self-play checkpoint's final evaluation "
+        "matches (one process, the CPU backend, the whole model whatever layout saved it)");
     auto a = std::make_shared<EvalArgs>();
     cmd->add_option("-c,--config", a->config_path, "YAML config: the model (must match the checkpoint) and the data")
         ->required()

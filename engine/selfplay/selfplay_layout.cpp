@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <string_view>
 
@@ -166,6 +167,7 @@ SelfPlayLayout selfplay_layout(const Config& cfg, int world_size) {
         refuse(fmt::format("training.global_batch_size {} must be a positive multiple of the {} data-parallel ranks",
                            global, l.dp));
     l.b = static_cast<int>(global / l.dp);
+    l.max_batch = std::max(l.b, c.games_per_group * c.leaves_per_wave);
     for (size_t i = 0; i < c.eval_opponents.size(); ++i)
         l.eval_opponents.push_back(parse_opponent(fmt::format("selfplay.eval_opponents[{}]", i), c.eval_opponents[i]));
     l.promote_against = parse_opponent("selfplay.promote_against", c.promote_against);

@@ -32,6 +32,7 @@ struct SelfPlayLayout {
     int tp = 1, dp = 1;
     int groups_per_rank = 1;  // self-play groups (games_per_group games each) per data-parallel rank and iteration
     int b = 1;                // training positions per rank and optimizer step: global_batch_size / dp
+    int max_batch = 1;        // the network's largest forward: a training batch or a group's wave of leaves
     std::vector<Opponent> eval_opponents;
     Opponent promote_against;
     // The self-play options of stage s: the config's search with the stage's simulations.

@@ -25,6 +25,7 @@
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/selfplay/policy_value_net.h"
 #include "engine/selfplay/replay_buffer.h"
+#include "engine/selfplay/selfplay_eval.h"
 #include "engine/selfplay/selfplay_layout.h"
 #include "engine/train/metrics_log.h"
 #include "engine/train/train_setup.h"
@@ -35,88 +36,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The files of a checkpoint that are self-play's own (CheckpointContext::write_extra).
-constexpr const char* kStateFile = "selfplay_state.json";
-constexpr const char* kReplayFile = "selfplay_replay.bin";
 // The data identity of train_state.json: self-play generates its data, so the game and the seed are all there is.
 std::string data_id(const Config& cfg) { return fmt::format("selfplay:{}:seed{}", cfg.selfplay.game, cfg.run.seed); }
-
-// The evaluation matches' seeds: a stream of their own per iteration.
-uint64_t eval_seed(const Config& cfg, int64_t it) { return name_hash("selfplay evaluation") ^ (cfg.run.seed + it); }
-
-struct Evaluation {
-    std::string opponent;
-    MatchResult match;
-    double score() const {
-        const Tally& t = match.total;
-        return (t.wins + 0.5 * t.draws) / static_cast<double>(t.games());
-    }
-};
-
-// The games of an evaluation match that data-parallel rank `rank` of `ranks` plays: whole pairs (one opening with
-// each colour), the pairs split as evenly as they go.
-GameRange share_of(int games, int rank, int ranks) {
-    const int pairs = (games + 1) / 2;
-    return {std::min(games, 2 * (pairs * rank / ranks)), std::min(games, 2 * (pairs * (rank + 1) / ranks))};
-}
-
-// The whole match from every rank's share of it (share_of): the tallies summed, the games' moves gathered in game
-// order for the distinct count. `search` stays this rank's own.
-MatchResult gather_match(Communicator& dp, const MatchResult& mine, int games, int cells) {
-    const int ranks = dp.size();
-    std::array<int32_t, 6> tallies = {mine.as_first.wins,  mine.as_first.draws,  mine.as_first.losses,
-                                      mine.as_second.wins, mine.as_second.draws, mine.as_second.losses};
-    dp.all_reduce(std::span<int32_t>(tallies), ReduceOp::kSum).wait();
-    MatchResult all;
-    all.as_first = {tallies[0], tallies[1], tallies[2]};
-    all.as_second = {tallies[3], tallies[4], tallies[5]};
-    all.total = all.as_first + all.as_second;
-    all.search = mine.search;
-    // Each rank's games as columns + 1, a game per `cells` slots, 0 after its last move.
-    int slot_games = 0;  // the largest share
-    for (int r = 0; r < ranks; ++r) {
-        const GameRange share = share_of(games, r, ranks);
-        slot_games = std::max(slot_games, share.end - share.begin);
-    }
-    std::vector<int32_t> slot(static_cast<size_t>(slot_games) * cells, 0), gathered(slot.size() * ranks);
-    for (size_t g = 0; g < mine.moves.size(); ++g)
-        for (size_t m = 0; m < mine.moves[g].size(); ++m) slot[g * cells + m] = mine.moves[g][m] - '0';
-    dp.all_gather(std::span<const int32_t>(slot), std::span<int32_t>(gathered)).wait();
-    for (int r = 0; r < ranks; ++r) {
-        const GameRange share = share_of(games, r, ranks);
-        for (int g = 0; g < share.end - share.begin; ++g) {
-            std::string moves;
-            for (int m = 0; m < cells; ++m) {
-                const int32_t column = gathered[(static_cast<size_t>(r) * slot_games + g) * cells + m];
-                if (column == 0) break;
-                moves += static_cast<char>('0' + column);
-            }
-            all.moves.push_back(std::move(moves));
-        }
-    }
-    all.distinct_games = count_distinct(all.moves);
-    return all;
-}
-
-// The agent against each of the stage's opponents (and promote_against, when it is not among them), each match's
-// games shared by the data-parallel ranks.
-std::vector<Evaluation> evaluate(const Config& cfg, const SelfPlayLayout& l, const ProcessGroups& groups,
-                                 const Stage& stage, PolicyValueNet& net, int64_t it, bool final) {
-    std::vector<Opponent> opponents = l.eval_opponents;
-    bool has_promote = false;
-    for (const Opponent& o : opponents) has_promote |= o.spec == l.promote_against.spec;
-    if (!has_promote && l.stages.size() > 1) opponents.push_back(l.promote_against);
-    std::vector<Evaluation> out;
-    const Player agent = Player::agent(net, l.eval_options(cfg, final));
-    const int games = l.eval_games(cfg, final);
-    const GameRange share = share_of(games, groups.dp_rank, l.dp);
-    for (const Opponent& o : opponents) {
-        const MatchResult mine = play_match(agent, o.player, stage.rows, stage.cols, games, eval_seed(cfg, it),
-                                            cfg.selfplay.eval_opening_moves, share);
-        out.push_back({o.spec, gather_match(*groups.dp, mine, games, stage.rows * stage.cols)});
-    }
-    return out;
-}
 
 // The stats of every rank's games: each rank's summed over `dp`.
 SelfPlayStats sum_over_ranks(Communicator& dp, const SelfPlayStats& mine) {
@@ -158,8 +79,7 @@ int run_selfplay(const Config& cfg) {
     bo.local_size = mpi.local_size();
     std::unique_ptr<Backend> backend = make_backend(bo);
     const SelfPlayConfig& c = cfg.selfplay;
-    const int max_batch = std::max(l.b, c.games_per_group * c.leaves_per_wave);
-    PolicyValueNet net(l.shape, *backend, groups, max_batch);
+    PolicyValueNet net(l.shape, *backend, groups, l.max_batch);
     net.init_weights(cfg.run.seed, cfg.model.init_method_std);
     DistributedOptimizer optimizer(net.params_info(), net.flat_size(), net.params(), net.grads(), cfg.optimizer,
                                    cfg.parallel.zero_stage, *backend, *groups.dp, *groups.mp, groups.tp_rank);
@@ -167,18 +87,8 @@ int run_selfplay(const Config& cfg) {
 
     int stage = 0;
     ReplayBuffer buffer(l.stages[0].rows, l.stages[0].cols, c.replay_capacity);
-    CheckpointModel model{.whole_table = policy_value_param_table(l.shape, 1),
-                          .manifest = {{"arch", "alphazero"},
-                                       {"num_layers", l.shape.L},
-                                       {"hidden_size", l.shape.C},
-                                       {"num_attention_heads", l.shape.NH},
-                                       {"ffn_hidden_size", l.shape.F},
-                                       {"board_rows", l.shape.board_rows},
-                                       {"board_cols", l.shape.board_cols},
-                                       {"vocab_size", 0}},
-                          .vocab_size = 0};
     CheckpointContext ckpt{.cfg = cfg,
-                           .model = std::move(model),
+                           .model = selfplay_checkpoint_model(l.shape),
                            .groups = groups,
                            .params_info = net.params_info(),
                            .params = net.params(),
@@ -196,21 +106,7 @@ int run_selfplay(const Config& cfg) {
     if (resumed) {
         const std::string dir = (fs::path(cfg.checkpoint.load) / checkpoint_dir_name(resumed->iteration)).string();
         on_every_rank_or_none(world, "read the checkpoint's self-play state", [&] {
-            const std::string state_path = dir + "/" + kStateFile;
-            std::ifstream in(state_path);
-            if (!in)
-                throw UserError(
-                    fmt::format("checkpoint '{}' holds no {}: it was not saved by `mindspeed-train "
-                                "selfplay`; hint: point checkpoint.load at a self-play run's checkpoints",
-                                dir, kStateFile));
-            const json j = json::parse(in, nullptr, false);
-            if (j.is_discarded() || !j.contains("stage") || !j["stage"].is_number_integer())
-                throw UserError(
-                    fmt::format("'{}' is not a self-play state (a JSON object with \"stage\")", state_path));
-            stage = j["stage"].get<int>();
-            if (stage < 0 || stage >= static_cast<int>(l.stages.size()))
-                throw UserError(fmt::format("'{}' is at curriculum stage {}, but selfplay.curriculum has {} stages",
-                                            state_path, stage + 1, l.stages.size()));
+            stage = read_checkpoint_stage(dir, static_cast<int>(l.stages.size()));
             buffer = ReplayBuffer::load(dir + "/" + kReplayFile);
             const Stage& s = l.stages[static_cast<size_t>(stage)];
             if (buffer.rows() != s.rows || buffer.cols() != s.cols || buffer.capacity() != c.replay_capacity)
@@ -300,25 +196,11 @@ int run_selfplay(const Config& cfg) {
         if ((c.eval_interval > 0 && it % c.eval_interval == 0) || it == iters) {
             const double te = now_seconds();
             const std::vector<Evaluation> evals = evaluate(cfg, l, groups, s, net, it, it == iters);
-            json record = {{"iteration", it},
-                           {"stage", stage + 1},
-                           {"board", fmt::format("{}x{}", s.rows, s.cols)},
-                           {"simulations", l.eval_options(cfg, it == iters).simulations}};
+            json record = log_evaluations(evals, fmt::format(" iteration {:>5}/{:>5} |", it, iters), it, stage, s,
+                                          l.eval_options(cfg, it == iters).simulations);
             double promote_score = -1;
-            for (const Evaluation& e : evals) {
-                const Tally& t = e.match.total;
-                log_info(
-                    " iteration {:>5}/{:>5} | evaluation on {} x {} vs {}: won {}, drew {}, lost {} of {} (score "
-                    "{:.3f}; first {}/{}, second {}/{} won; {} distinct games)",
-                    it, iters, s.rows, s.cols, e.opponent, t.wins, t.draws, t.losses, t.games(), e.score(),
-                    e.match.as_first.wins, e.match.as_first.games(), e.match.as_second.wins, e.match.as_second.games(),
-                    e.match.distinct_games);
-                record["vs " + e.opponent] = {
-                    {"wins", t.wins},     {"draws", t.draws},
-                    {"losses", t.losses}, {"win rate", static_cast<double>(t.wins) / t.games()},
-                    {"score", e.score()}, {"distinct games", e.match.distinct_games}};
+            for (const Evaluation& e : evals)
                 if (e.opponent == l.promote_against.spec) promote_score = e.score();
-            }
             record["seconds"] = now_seconds() - te;
             if (writer && metrics.is_open()) metrics << record.dump() << std::endl;
             if (stage + 1 < static_cast<int>(l.stages.size()) && promote_score >= c.promote_score) {

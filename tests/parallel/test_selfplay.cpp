@@ -131,6 +131,64 @@ TEST(SelfPlay, ReportChartsTheWinRatePerIteration) {
     EXPECT_NE(html.find("last evaluation vs random"), std::string::npos);
 }
 
+// `eval` of a self-play checkpoint plays the trainer's final evaluation on one rank: with the run's config, the
+// final checkpoint of a dp2 run (the evaluation's games shared over two ranks and gathered) gives the run's own final
+// record, every count equal; another budget (--set selfplay.final_eval_simulations) plays other games. A checkpoint of
+// another model family, --iters, and a network of another shape are refused with a sentence.
+TEST(SelfPlay, EvalOfTheFinalCheckpointIsTheRunsFinalEvaluation) {
+    const TempDir dir("ms_selfplay");
+    const std::string final_eval =
+        "--set 'selfplay.eval_opponents=[\"random\", \"alphabeta:2\"]' --set "
+        "selfplay.final_eval_games=6 --set selfplay.final_eval_simulations=16";
+    const TrainRun run = run_selfplay(2, dir.path(), final_eval);
+    ASSERT_EQ(run.losses.size(), 3u) << run.output;
+    nlohmann::json trained;
+    std::ifstream metrics(dir.path() + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) {
+        const nlohmann::json record = nlohmann::json::parse(line);
+        if (record.contains("vs alphabeta:2")) trained = record;  // the last one: the final evaluation
+    }
+    ASSERT_EQ(trained["iteration"], 3) << trained;
+    ASSERT_EQ(trained["simulations"], 16) << trained;
+    const std::string eval = "eval --json --config " + kConfig + " --load " + dir.path() + "/ckpt " + final_eval;
+    const CliStreams same = run_cli_streams(eval);
+    ASSERT_EQ(same.exit_code, 0) << same.errors;
+    nlohmann::json evaluated = nlohmann::json::parse(same.output);
+    EXPECT_EQ(evaluated["checkpoint"], dir.path() + "/ckpt/iter_0000003") << evaluated;
+    for (nlohmann::json* record : {&trained, &evaluated}) {
+        record->erase("seconds");
+        record->erase("checkpoint");
+    }
+    EXPECT_EQ(evaluated.dump(), trained.dump());
+    EXPECT_EQ(evaluated["vs alphabeta:2"]["wins"].get<int>() + evaluated["vs alphabeta:2"]["draws"].get<int>() +
+                  evaluated["vs alphabeta:2"]["losses"].get<int>(),
+              6)
+        << evaluated;
+    EXPECT_NE(same.errors.find("eval: iteration 3 | evaluation on 4 x 5 vs alphabeta:2: won"), std::string::npos)
+        << same.errors;
+
+    const CliStreams longer = run_cli_streams(eval + " --set selfplay.final_eval_simulations=32");
+    ASSERT_EQ(longer.exit_code, 0) << longer.errors;
+    const nlohmann::json deeper = nlohmann::json::parse(longer.output);
+    EXPECT_EQ(deeper["simulations"], 32) << deeper;
+
+    const std::string load = " --load " + dir.path() + "/ckpt";
+    const std::vector<std::pair<std::string, std::string>> refused = {
+        {"eval --config " MS_SOURCE_DIR "/tests/parallel/tiny.yaml" + load,
+         "holds a self-play policy-value network (model.arch alphazero)"},
+        {"eval --config " + kConfig + load + " --iters 2", "--iters applies to GPT-2 and Llama checkpoints only"},
+        {"eval --config " + kConfig + load + " --set model.hidden_size=32",
+         "has global shape [16,24] (vocabulary 0) in '" + dir.path() +
+             "/ckpt/iter_0000003', but the network of the "
+             "config"},
+    };
+    for (const auto& [command, words] : refused) {
+        const CliResult r = run_cli(command);
+        EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+        EXPECT_NE(r.output.find(words), std::string::npos) << command << "\n" << r.output;
+    }
+}
+
 TEST(SelfPlay, BadConfigsAreRefusedWithASentence) {
     const TempDir dir("ms_selfplay");
     const std::string base = "selfplay --config " + kConfig + " --set run.output_dir=" + dir.path();
