@@ -579,7 +579,12 @@ RootResult BatchedSearch<G>::result(const Tree& tree) const {
     r.network_value = root.network_value;
     r.policy.assign(num_actions_, 0.0f);
     if (options_.root == RootSelection::kPuct) {
-        for (int a = 0; a < num_actions_; ++a) r.policy[a] = static_cast<float>(r.visits[a]) / options_.simulations;
+        // The children's visits sum to the simulations but where a reused root was proven in the previous search:
+        // the visits that stopped at it (a proven node is a leaf there) reach none of its children.
+        int64_t total = 0;
+        for (const int v : r.visits) total += v;
+        MS_CHECK(total > 0, "a search result without visits below its root");
+        for (int a = 0; a < num_actions_; ++a) r.policy[a] = static_cast<float>(r.visits[a]) / total;
         return r;
     }
     // kGumbel: softmax(log P + sigma) over the children, and the move.

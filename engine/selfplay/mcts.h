@@ -124,7 +124,9 @@ struct SearchRoot {
 
 // One root's search, per action (num_actions entries each; 0 for illegal actions).
 struct RootResult {
-    std::vector<int> visits;     // simulations through the action, reused ones included: they sum to the simulations
+    // Simulations through the action, reused ones included. They sum to the simulations, or fewer when the root was
+    // reused from a search that had proven it: the visits that stopped at the proven node reached no child.
+    std::vector<int> visits;
     std::vector<float> q;        // the action's mean value for the side to move (0 when unvisited)
     std::vector<float> priors;   // the priors the search used: the network's, mixed with the noise where on
     std::vector<int8_t> proven;  // +1: the search proved the action wins for the side to move, -1: loses, 0: neither

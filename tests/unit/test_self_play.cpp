@@ -171,48 +171,56 @@ TEST(SelfPlay, SplitByGameIndexEqualsTheWhole) {
     }
 }
 
+// With tree reuse too: a reused root that the previous search had proven holds visits that stopped at it (a proven
+// node is a leaf to the search), so its children's visits sum to fewer than the simulations, and the policy target
+// is their distribution, not visits / simulations.
 TEST(SelfPlay, PositionsReplayTheGamesAndOutcomesAgreeWithTheirEnds) {
-    RolloutEvaluator evaluator;
-    const SelfPlayGames out = play_games(evaluator, 4, 5, small_options(), 11, 30, 12);
-    ASSERT_EQ(out.moves.size(), 12u);
-    size_t next = 0;  // the first position of the game
-    int wins[2] = {0, 0}, draws = 0;
-    for (const std::string& moves : out.moves) {
-        SCOPED_TRACE(moves);
-        const Connect4 end = Connect4::from_moves(4, 5, moves);
-        ASSERT_NE(end.outcome(), Outcome::kOngoing);
-        const bool drawn = end.outcome() == Outcome::kDraw;
-        const int winner = (end.move_count() - 1) & 1;  // the side that moved last
-        drawn ? ++draws : ++wins[winner];
-        for (size_t m = 0; m < moves.size(); ++m) {
-            ASSERT_LT(next + m, out.positions.size());
-            const auto& p = out.positions[next + m];
-            EXPECT_EQ(p.state, Connect4::from_moves(4, 5, moves.substr(0, m)));
-            EXPECT_EQ(p.value, drawn ? 0.0f : static_cast<int>(m & 1) == winner ? 1.0f : -1.0f) << m;
-            ASSERT_EQ(p.policy.size(), 5u);
-            float total = 0.0f;
-            for (int a = 0; a < 5; ++a) {
-                if (!p.state.is_legal(a)) {
-                    EXPECT_EQ(p.policy[a], 0.0f);
+    for (const bool reuse : {false, true}) {
+        SCOPED_TRACE(reuse ? "reuse_tree" : "fresh trees");
+        RolloutEvaluator evaluator;
+        SelfPlayOptions options = small_options();
+        options.mcts.reuse_tree = reuse;
+        const SelfPlayGames out = play_games(evaluator, 4, 5, options, 11, 30, 12);
+        ASSERT_EQ(out.moves.size(), 12u);
+        size_t next = 0;  // the first position of the game
+        int wins[2] = {0, 0}, draws = 0;
+        for (const std::string& moves : out.moves) {
+            SCOPED_TRACE(moves);
+            const Connect4 end = Connect4::from_moves(4, 5, moves);
+            ASSERT_NE(end.outcome(), Outcome::kOngoing);
+            const bool drawn = end.outcome() == Outcome::kDraw;
+            const int winner = (end.move_count() - 1) & 1;  // the side that moved last
+            drawn ? ++draws : ++wins[winner];
+            for (size_t m = 0; m < moves.size(); ++m) {
+                ASSERT_LT(next + m, out.positions.size());
+                const auto& p = out.positions[next + m];
+                EXPECT_EQ(p.state, Connect4::from_moves(4, 5, moves.substr(0, m)));
+                EXPECT_EQ(p.value, drawn ? 0.0f : static_cast<int>(m & 1) == winner ? 1.0f : -1.0f) << m;
+                ASSERT_EQ(p.policy.size(), 5u);
+                float total = 0.0f;
+                for (int a = 0; a < 5; ++a) {
+                    if (!p.state.is_legal(a)) {
+                        EXPECT_EQ(p.policy[a], 0.0f);
+                    }
+                    total += p.policy[a];
                 }
-                total += p.policy[a];
+                // Visits / their sum in float, 5 terms: a few float ulps off 1.
+                EXPECT_NEAR(total, 1.0f, 1e-6f) << m;
+                EXPECT_GT(p.policy[moves[m] - '1'], 0.0f);  // the move played was searched
             }
-            // Visits / 24 in float, 5 terms: a few float ulps off 1.
-            EXPECT_NEAR(total, 1.0f, 1e-6f);
-            EXPECT_GT(p.policy[moves[m] - '1'], 0.0f);  // the move played was searched
+            next += moves.size();
         }
-        next += moves.size();
+        EXPECT_EQ(next, out.positions.size());
+        const ms::selfplay::SelfPlayStats& s = out.stats;
+        EXPECT_EQ(s.games, 12);
+        EXPECT_EQ(s.moves, static_cast<int64_t>(out.positions.size()));
+        EXPECT_EQ(s.first_player_wins, wins[0]);
+        EXPECT_EQ(s.second_player_wins, wins[1]);
+        EXPECT_EQ(s.draws, draws);
+        EXPECT_EQ(s.mean_game_length, static_cast<double>(s.moves) / 12);
+        EXPECT_EQ(s.positions_evaluated, evaluator.rows());
+        EXPECT_EQ(s.evaluate_calls, evaluator.calls());
     }
-    EXPECT_EQ(next, out.positions.size());
-    const ms::selfplay::SelfPlayStats& s = out.stats;
-    EXPECT_EQ(s.games, 12);
-    EXPECT_EQ(s.moves, static_cast<int64_t>(out.positions.size()));
-    EXPECT_EQ(s.first_player_wins, wins[0]);
-    EXPECT_EQ(s.second_player_wins, wins[1]);
-    EXPECT_EQ(s.draws, draws);
-    EXPECT_EQ(s.mean_game_length, static_cast<double>(s.moves) / 12);
-    EXPECT_EQ(s.positions_evaluated, evaluator.rows());
-    EXPECT_EQ(s.evaluate_calls, evaluator.calls());
 }
 
 TEST(SelfPlay, RandomnessIsAPureFunctionOfTheSeed) {
