@@ -28,6 +28,7 @@ cmake -S . -B "$build_dir" -G Ninja "${compiler[@]}" \
 targets=(test_unit test_ops)
 [ "$fuzz" = ON ] && targets+=(fuzzers)
 cmake --build "$build_dir" -j "${MS_JOBS:-$(nproc)}" --target "${targets[@]}"
+echo "test-sanitizers: configured and built in $SECONDS s"
 
 # Every report is fatal (-fno-sanitize-recover=all, CMakeLists.txt); UBSan also prints the stack. LeakSanitizer
 # is on, and needs no suppressions: OpenBLAS and OpenMP leave nothing it reports. No check is exempted anywhere.
