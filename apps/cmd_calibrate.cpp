@@ -426,17 +426,22 @@ std::string cpu_model() {
     return "unknown CPU";
 }
 
-// The 1-minute load average, and a warning when other work wants the cores the ops will run on: a busy machine's
-// measurements include waits for it.
-std::string machine_load(int threads, std::string& warning) {
+// The 1-minute load average.
+double read_load_average() {
     double load = 0;
     std::ifstream("/proc/loadavg") >> load;
+    return load;
+}
+
+// The load for the profile's source, and a warning when other work wants the cores the ops will run on (`threads`
+// over all the ranks): a busy machine's measurements include waits for it.
+std::string machine_load(double load, int threads, std::string& warning) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     if (threads > 0 && load > cores - threads + 0.5) {
         warning = fmt::format(
             "calibrate: WARNING: the machine is busy (load average {:.1f} on {} cores, and the ops want {} of them): "
             "the times will include waits for other work\n---> HINT: calibrate on an idle machine, or with fewer "
-            "--threads",
+            "--threads or ranks",
             load, cores, threads);
     }
     return fmt::format("load average {:.1f} on {} cores at the start", load, cores);
@@ -454,13 +459,17 @@ void set_links(sim::Profile& p, const sim::LinkProbe* probe) {
     if (probe != nullptr) {
         set_links(p, nullptr);
         p.intra_node = probe->link;
-        std::string samples;
-        for (const sim::LinkSample& s : probe->samples)
-            samples += fmt::format("{}{:.0f} B {:.2f} us", samples.empty() ? "" : ", ", s.bytes, s.one_way_s * 1e6);
+        const auto list = [](const std::vector<sim::LinkSample>& samples) {
+            std::string out;
+            for (const sim::LinkSample& s : samples)
+                out += fmt::format("{}{:.0f} B {:.2f} us", out.empty() ? "" : ", ", s.bytes, s.one_way_s * 1e6);
+            return out;
+        };
         p.links_source = fmt::format(
             "intra_node measured: MPI ping-pong between two ranks of this host, one way {} (alpha: the smallest, "
-            "bytes/s: the slope to the largest); inter_node {}",
-            samples, p.links_source);
+            "bytes/s: the slope to the largest); fp32 all-reduces over the {} ranks {} (reduce_bytes_per_s: what "
+            "they took beyond the ring's transfers, per byte each rank adds; absent: no longer); inter_node {}",
+            list(probe->samples), probe->ranks, list(probe->all_reduce), p.links_source);
         return;
     }
     for (const std::string& name : sim::estimate_profile_names()) {
@@ -481,21 +490,30 @@ void set_links(sim::Profile& p, const sim::LinkProbe* probe) {
         "mindspeed-train calibrate` measures the intra-node link";
 }
 
-// How long each case runs: at least `runs` runs and `seconds` in all (time_case).
+// How each case is timed: at least `runs` runs and `seconds` in all (time_case). Under mpirun every rank times every
+// case at the same moment, after a barrier of `ranks`, because in a step every rank computes at once and the cores
+// of a host share its memory bandwidth and clock; only rank 0 (`report`) prints and writes.
 struct Timing {
     int runs = 3;
     double seconds = 0.2;
+    Communicator* ranks = nullptr;  // null: one process
+    bool report = true;
 };
 
 // One family measured: the tiny shape's time gives the overhead (at most half the shortest point's, so that every
 // point keeps a positive time of its own), each ladder shape a point whose rate is work / (time - overhead).
 sim::FamilyCurve measure_family(Backend& be, DType D, const FamilyPlan& f, size_t shapes, const Timing& timing) {
     const sim::Bound bound = sim::family_bound(f.family);
-    const double tiny = time_case(be, f.build(be, D, f.tiny), timing.runs, timing.seconds);
+    auto timed = [&](const Case& c) {
+        if (timing.ranks != nullptr) timing.ranks->barrier();
+        return time_case(be, c, timing.runs, timing.seconds);
+    };
+    const double tiny = timed(f.build(be, D, f.tiny));
     std::vector<std::pair<double, double>> measured;  // work, seconds
     for (size_t i = 0; i < shapes; ++i) {
         const Case c = f.build(be, D, f.ladder[i]);
-        measured.emplace_back(c.work.work(), time_case(be, c, timing.runs, timing.seconds));
+        measured.emplace_back(c.work.work(), timed(c));
+        if (!timing.report) continue;
         std::printf("  %-15s %-28s %9.3g %-4s %9.3f ms\n", sim::family_name(f.family), c.shape.c_str(), c.work.work(),
                     bound == sim::Bound::kCompute ? "FLOP" : "B", measured.back().second * 1e3);
         std::fflush(stdout);
@@ -507,9 +525,11 @@ sim::FamilyCurve measure_family(Backend& be, DType D, const FamilyPlan& f, size_
     for (const auto& [work, seconds] : measured) curve.points.push_back({work, work / (seconds - curve.overhead_s)});
     std::sort(curve.points.begin(), curve.points.end(),
               [](const sim::RatePoint& x, const sim::RatePoint& y) { return x.work < y.work; });
-    std::printf("  %-15s overhead %.2f us; rates:", sim::family_name(f.family), curve.overhead_s * 1e6);
-    for (const sim::RatePoint& r : curve.points) std::printf(" %s", human_rate(r.rate, bound).c_str());
-    std::printf("\n");
+    if (timing.report) {
+        std::printf("  %-15s overhead %.2f us; rates:", sim::family_name(f.family), curve.overhead_s * 1e6);
+        for (const sim::RatePoint& r : curve.points) std::printf(" %s", human_rate(r.rate, bound).c_str());
+        std::printf("\n");
+    }
     return curve;
 }
 
@@ -559,10 +579,12 @@ std::pair<DType, BackendOptions> calibrate_setup(const CalibrateArgs& a) {
 int run_calibrate(const CalibrateArgs& a) {
     const double t_start = now_seconds();
     const auto [D, bo] = calibrate_setup(a);
-    // Under mpirun every rank measures the link first; then rank 0 alone times the ops while the others have left.
-    // One process alone starts no MPI: there is no link to measure.
+    // Under mpirun every rank measures the link first; then every rank times the ops at once (Timing), and rank 0
+    // prints and writes the profile. One process alone starts no MPI: there is no link to measure.
     std::optional<MpiRuntime> mpi;
     if (launched_as_several_ranks()) mpi.emplace();
+    const int ranks = mpi ? mpi->size() : 1;
+    const double load_average = read_load_average();  // before the link probe, whose ranks it would count
     std::optional<sim::LinkProbe> probe;
     if (mpi && mpi->size() > 1) {
         if (mpi->num_nodes() > 1)
@@ -571,10 +593,16 @@ int run_calibrate(const CalibrateArgs& a) {
                 "run `mpirun -np 2 mindspeed-train calibrate ...` on one host",
                 mpi->size(), mpi->num_nodes()));
         probe = sim::probe_link(mpi->world(), a.quick);
-        if (mpi->rank() != 0) return kExitOk;
-        std::printf("calibrate: intra-node link (MPI between ranks 0 and 1): alpha %.2f us, %.2f GB/s\n",
-                    probe->link.alpha_s * 1e6, probe->link.bytes_per_s / 1e9);
+        if (mpi->rank() == 0)
+            std::printf(
+                "calibrate: intra-node link (MPI between ranks 0 and 1): alpha %.2f us, %.2f GB/s; all-reduces "
+                "of %d ranks reduce at %.2f GB/s (0: no slower than their transfers)\n",
+                probe->link.alpha_s * 1e6, probe->link.bytes_per_s / 1e9, probe->ranks,
+                probe->link.reduce_bytes_per_s / 1e9);
     }
+    Timing timing = a.quick ? Timing{2, 0.002} : Timing{};
+    if (mpi && mpi->size() > 1) timing.ranks = &mpi->world();
+    timing.report = !mpi || mpi->rank() == 0;
     const std::unique_ptr<Backend> be = make_backend(bo);
 
     sim::Profile p;
@@ -586,20 +614,22 @@ int run_calibrate(const CalibrateArgs& a) {
     p.cores = bo.kind == BackendKind::kCPU ? static_cast<int>(std::thread::hardware_concurrency()) : 0;
     p.date = utc_now();
     std::string busy;
-    const std::string load = machine_load(p.threads, busy);
-    p.source = fmt::format("measured by mindspeed-train {} calibrate{} on the {} backend; {}", MS_VERSION,
-                           a.quick ? " --quick" : "", be->name(), load);
-    if (!busy.empty()) std::fprintf(stderr, "%s\n", busy.c_str());
+    const std::string load = machine_load(load_average, p.threads * ranks, busy);
+    p.source = fmt::format("measured by mindspeed-train {} calibrate{} on the {} backend{}; {}", MS_VERSION,
+                           a.quick ? " --quick" : "", be->name(),
+                           ranks > 1 ? fmt::format(", {} ranks timing every op at once", ranks) : "", load);
     p.device_memory_bytes = static_cast<int64_t>(be->device_memory().total_bytes);
     set_links(p, probe ? &*probe : nullptr);
-
-    std::printf("%s\n", fmt::format("calibrate: {}, {}, {}{}", p.device, dtype_name(D),
-                                    p.threads > 0 ? fmt::format("{} thread{}", p.threads, p.threads > 1 ? "s" : "")
-                                                  : std::string(be->name()),
-                                    a.quick ? " (quick)" : "")
-                            .c_str());
-    std::printf("  %-15s %-28s %14s %12s\n", "family", "shape", "work", "time");
-    const Timing timing = a.quick ? Timing{2, 0.002} : Timing{};
+    if (timing.report) {
+        if (!busy.empty()) std::fprintf(stderr, "%s\n", busy.c_str());
+        std::printf("%s\n", fmt::format("calibrate: {}, {}, {}{}{}", p.device, dtype_name(D),
+                                        p.threads > 0 ? fmt::format("{} thread{}", p.threads, p.threads > 1 ? "s" : "")
+                                                      : std::string(be->name()),
+                                        ranks > 1 ? fmt::format(" a rank, {} ranks at once", ranks) : "",
+                                        a.quick ? " (quick)" : "")
+                                .c_str());
+        std::printf("  %-15s %-28s %14s %12s\n", "family", "shape", "work", "time");
+    }
     sim::DTypeTable table;
     table.dtype = D;
     for (const FamilyPlan& f : family_plans(bo.kind))
@@ -609,6 +639,7 @@ int run_calibrate(const CalibrateArgs& a) {
     p.memory_bytes_per_s = table.of(OpFamily::kResidual).points.back().rate;
     set_peak(table, *be, bo.kind);
     p.tables.push_back(std::move(table));
+    if (!timing.report) return kExitOk;
     sim::save_profile(p, a.output);
     std::printf("calibrate: matmul peak %.1f GFLOP/s (%s), streaming %.2f GB/s; wrote %s in %.1f s\n",
                 p.tables[0].matmul_peak_flops / 1e9, p.tables[0].peak_source.c_str(), p.memory_bytes_per_s / 1e9,

@@ -43,15 +43,26 @@ struct EvalArgs {
     std::vector<std::string> overrides;
     int64_t iters = 0;  // 0: eval.eval_iters
     bool json = false;
-    std::vector<std::string> language_model_flags;  // --split and --iters when given: refused for CLIP
+    std::vector<std::string> language_model_flags;  // --split and --iters when given: refused for CLIP and self-play
 };
 
-// What `eval` calls a model of this model.arch (a config's, or a checkpoint manifest's "arch"): the families it
-// evaluates differently.
-std::string model_family(const std::string& arch) {
-    if (arch == "clip") return "a CLIP model";
-    if (arch == "alphazero") return "a self-play policy-value network";
-    return "a GPT-2 or Llama model";
+// How `eval` evaluates a model of this model.arch (a config's, or a checkpoint manifest's "arch"). Only a language
+// model is evaluated on a split of token data, so only it reads --split and --iters.
+struct EvalFamily {
+    std::string words;       // what eval calls such a model
+    std::string evaluation;  // how it is evaluated instead of on a split; empty for a language model
+    std::string size_hint;   // how to set that evaluation's size
+};
+EvalFamily eval_family(const std::string& arch) {
+    if (arch == "clip")
+        return {"a CLIP model", "as its trainer evaluates it, on the held-out samples",
+                "the held-out data is data.source shapes' held-out split or the shards of clip.eval_data_path, and "
+                "--set clip.eval_samples=N sets how many samples"};
+    if (arch == "alphazero")
+        return {"a self-play policy-value network", "by playing the final evaluation's matches",
+                "--set selfplay.final_eval_games=N and --set selfplay.final_eval_simulations=N set the games and the "
+                "search"};
+    return {"a GPT-2 or Llama model", "", ""};
 }
 
 // The checkpoint `load` names, verified and opened. Its model family must be the config's: a CLIP checkpoint with a
@@ -59,19 +70,28 @@ std::string model_family(const std::string& arch) {
 // tensors.
 CheckpointReader open_checkpoint(const EvalArgs& a, const Config& cfg) {
     CheckpointReader reader(resolve_checkpoint(a.load));
-    const std::string saved_arch = reader.manifest().at("model").value("arch", "");  // the reader requires "model"
-    const std::string saved = model_family(saved_arch), configured = model_family(cfg.model.arch);
-    if (saved != configured) {
-        const std::string configured_words =
-            cfg.model.arch == "clip" || cfg.model.arch == "alphazero" ? configured : std::string("a language model");
+    // The reader requires "model"; checkpoints from before Llama name no arch: GPT-2.
+    const std::string saved_arch = reader.manifest().at("model").value("arch", "gpt");
+    const std::string saved = eval_family(saved_arch).words, configured = eval_family(cfg.model.arch).words;
+    if (saved != configured)
         throw UserError(fmt::format(
-            "config error: the config {} describes {} (model.arch {}), but '{}' holds {}{}\n---> HINT: evaluate it "
-            "with the config of the run that saved it (--config {}/{}), or pass a checkpoint of a model.arch {} run",
-            a.config_path, configured_words, cfg.model.arch, reader.dir(), saved,
-            saved_arch == "clip" || saved_arch == "alphazero" ? " (model.arch " + saved_arch + ")" : "", reader.dir(),
+            "config error: the config {} describes {} (model.arch {}), but '{}' holds {} (model.arch {})\n---> HINT: "
+            "evaluate it with the config of the run that saved it (--config {}/{}), or pass a checkpoint of a "
+            "model.arch {} run",
+            a.config_path, configured, cfg.model.arch, reader.dir(), saved, saved_arch, reader.dir(),
             kResolvedConfigFile, cfg.model.arch));
-    }
     return reader;
+}
+
+// --split and --iters, given for a model that is not evaluated on a split: refused, saying how it is evaluated.
+void refuse_language_model_flags(const EvalArgs& a, const Config& cfg, const EvalFamily& family) {
+    if (a.language_model_flags.empty()) return;
+    const std::string flags = fmt::format("{}", fmt::join(a.language_model_flags, " and "));
+    throw UserError(fmt::format(
+        "command line error: {} {} GPT-2 and Llama checkpoints only (the samples of a split of token data); {} "
+        "(model.arch {} in {}) is evaluated {}\n---> HINT: drop {}; {}",
+        flags, a.language_model_flags.size() == 1 ? "applies to" : "apply to", family.words, cfg.model.arch,
+        a.config_path, family.evaluation, flags, family.size_hint));
 }
 
 // GPT-2 and Llama: the loss and perplexity on --split (see the top of this file). nullopt when a stop signal ended it.
@@ -134,30 +154,14 @@ std::optional<nlohmann::json> eval_language_model(Config cfg, const EvalArgs& a)
 int run_eval(const EvalArgs& a) {
     if (a.json) set_log_stream(LogStream::kStderr);  // stdout is the JSON alone
     const Config cfg = load_config(a.config_path, a.overrides);
+    const EvalFamily family = eval_family(cfg.model.arch);
     std::optional<nlohmann::json> result;
-    if (cfg.model.arch == "clip") {
-        if (!a.language_model_flags.empty()) {
-            const std::string flags = fmt::format("{}", fmt::join(a.language_model_flags, " and "));
-            throw UserError(fmt::format(
-                "command line error: {} {} GPT-2 and Llama checkpoints only (the samples of a split of token data); "
-                "a CLIP model (model.arch clip in {}) is evaluated as its trainer evaluates it, on the held-out "
-                "samples\n---> HINT: drop {}; the held-out data is data.source shapes' held-out split or the shards "
-                "of clip.eval_data_path, and --set clip.eval_samples=N sets how many samples",
-                flags, a.language_model_flags.size() == 1 ? "applies to" : "apply to", a.config_path, flags));
-        }
-        result = run_clip_eval(cfg, open_checkpoint(a, cfg), a.config_path);
-    } else if (cfg.model.arch == "alphazero") {
-        if (!a.language_model_flags.empty())
-            throw UserError(fmt::format(
-                "command line error: {} {} GPT-2 and Llama checkpoints only; a self-play network (model.arch "
-                "alphazero in {}) is evaluated by playing the final evaluation's matches\n---> HINT: drop {}; --set "
-                "selfplay.final_eval_games=N and --set selfplay.final_eval_simulations=N set the games and the search",
-                fmt::join(a.language_model_flags, " and "),
-                a.language_model_flags.size() == 1 ? "applies to" : "apply to", a.config_path,
-                fmt::join(a.language_model_flags, " and ")));
-        result = selfplay::run_selfplay_eval(cfg, open_checkpoint(a, cfg), a.config_path);
-    } else {
+    if (family.evaluation.empty()) {
         result = eval_language_model(cfg, a);
+    } else {
+        refuse_language_model_flags(a, cfg, family);
+        result = cfg.model.arch == "clip" ? run_clip_eval(cfg, open_checkpoint(a, cfg), a.config_path)
+                                          : selfplay::run_selfplay_eval(cfg, open_checkpoint(a, cfg), a.config_path);
     }
     if (!result) return kExitSignal;
     if (a.json) std::cout << result->dump() << std::endl;

@@ -17,14 +17,17 @@
 # machine's load falls on both ends, and its time is the least of its rounds' medians.
 # Layouts of more ranks than cores run oversubscribed: the simulator's step 7 (simulator.h) models it from the
 # profile's cores. Other work on the machine slows the measurements, not the simulation: run it on an idle machine.
-# Takes about 8 minutes on 2 idle cores.
+# Takes about 8 minutes on 2 idle cores (12 on a host whose sgemm is slower).
 #   bench/sim_vs_measured.sh [build-dir] [profile.json] [rounds]
+# Environment: MS_BENCH_PARTS (default "layouts search": which of parts 2 and 3 run), MS_BENCH_SEARCH_WORLDS
+# (default "4 2"), MS_BENCH_STEPS (default 6 measured steps a run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
 build=${1:-build}
 profile=${2:-}
 rounds=${3:-3}
+parts=" ${MS_BENCH_PARTS:-layouts search} "
 steps=${MS_BENCH_STEPS:-6}
 bin=$build/mindspeed-train
 py=/usr/bin/python3
@@ -75,7 +78,8 @@ simulate() {
     grep -o 'step [0-9.]* ms' | head -n1 | awk '{print $2}'
 }
 
-# ---- 2. simulated against measured
+# ---- 2. simulated against measured (the function runs unless MS_BENCH_PARTS leaves it out)
+compare_layouts() {
 S=--set
 layouts=(
   "1 rank|1|"
@@ -135,9 +139,12 @@ med = a[n // 2] if n % 2 else (a[n // 2 - 1] + a[n // 2]) / 2
 worst = max(errs)
 print(f"median |error| {100 * med:.1f}% over {n} layouts; worst {100 * worst[0]:.1f}% ({worst[1]})")
 EOF
+}
+[[ $parts == *" layouts "* ]] && compare_layouts
 
 # ---- 3. the search's first choice against measurement
-for world in 4 2; do
+for world in ${MS_BENCH_SEARCH_WORLDS:-4 2}; do
+  [[ $parts == *" search "* ]] || break
   echo
   echo "== plan --search --world-size $world: the search's ranking against measurement ($rounds alternating rounds, the least median of each layout)"
   "$bin" plan "${model[@]}" --search --world-size "$world" --profile "$profile" --top 1000 > "$out/search-$world.log" 2>&1 ||

@@ -21,14 +21,16 @@ RingSchedule ring_schedule(CommOp op, double bytes, int p) {
     const int hops = p - 1;
     switch (op) {
         case CommOp::kAllReduce:
-            return {2 * hops, 2 * hops * bytes / p};
+            return {2 * hops, 2 * hops * bytes / p, hops * bytes / p};
         case CommOp::kReduceScatter:
+            return {hops, hops * bytes / p, hops * bytes / p};
         case CommOp::kAllGather:
         case CommOp::kAllToAll:
             return {hops, hops * bytes / p};
         case CommOp::kBroadcast:
-        case CommOp::kReduce:
             return {hops, bytes};
+        case CommOp::kReduce:
+            return {hops, bytes, bytes};
         default:
             return {};
     }
@@ -38,7 +40,8 @@ double collective_seconds(const LinkModel& m, CommOp op, double bytes, int p, Li
     const RingSchedule s = ring_schedule(op, bytes, p);
     if (s.steps == 0) return 0;
     const LinkParams& link = m.of(ring);
-    return s.steps * link.alpha_s + s.link_bytes / link.bytes_per_s;
+    const double reduce = link.reduce_bytes_per_s > 0 ? s.reduced_bytes / link.reduce_bytes_per_s : 0.0;
+    return s.steps * link.alpha_s + s.link_bytes / link.bytes_per_s + reduce;
 }
 
 LinkClass pair_class(const NodeLayout& nodes, int world_a, int world_b) {

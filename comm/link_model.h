@@ -33,6 +33,9 @@ const char* link_class_name(LinkClass c);  // "intra_node", "inter_node"
 struct LinkParams {
     double alpha_s = 0;      // latency per message (or ring step), seconds
     double bytes_per_s = 1;  // bandwidth
+    // How fast a rank adds what it receives in a reducing collective (RingSchedule::reduced_bytes); 0: free. The link
+    // emulation leaves it 0 (the real collective underneath does the sums); a calibrated profile measures it.
+    double reduce_bytes_per_s = 0;
     double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
 };
 
@@ -60,14 +63,17 @@ struct LinkModel {
     }
 };
 
-// A collective as a ring: `steps` latencies, and `link_bytes` through each link (the busiest) over the whole op.
+// A collective as a ring: `steps` latencies, `link_bytes` through each link (the busiest) over the whole op, and
+// `reduced_bytes` that each rank adds into its buffer: (p - 1) n / p for an all-reduce and a reduce-scatter, n for a
+// reduce's chain, 0 for the collectives that only move data.
 struct RingSchedule {
     int steps = 0;
     double link_bytes = 0;
+    double reduced_bytes = 0;
 };
 // `bytes` is the op's size as the table above counts it (n).
 RingSchedule ring_schedule(CommOp op, double bytes, int p);
-// steps * alpha + link_bytes / beta of the ring's class.
+// steps * alpha + link_bytes / beta (+ reduced_bytes / the reduction rate, when it is not free) of the ring's class.
 double collective_seconds(const LinkModel& m, CommOp op, double bytes, int p, LinkClass ring);
 
 LinkClass pair_class(const NodeLayout& nodes, int world_a, int world_b);

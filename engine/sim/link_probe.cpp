@@ -19,6 +19,24 @@ LinkParams fit_link(const std::vector<LinkSample>& samples) {
     return {a.one_way_s, (b.bytes - a.bytes) / (b.one_way_s - a.one_way_s)};
 }
 
+double fit_reduce_rate(const LinkParams& link, const std::vector<LinkSample>& all_reduce, int p) {
+    MS_CHECK(all_reduce.size() >= 2 && p >= 2, "fit_reduce_rate: {} samples over {} ranks; it needs two over two",
+             all_reduce.size(), p);
+    const LinkModel transfers{.intra = link, .inter = link, .occupancy = nullptr};
+    const auto beyond = [&](const LinkSample& s) {
+        LinkModel free = transfers;
+        free.intra.reduce_bytes_per_s = 0;
+        return s.one_way_s - collective_seconds(free, CommOp::kAllReduce, s.bytes, p, LinkClass::kIntraNode);
+    };
+    const LinkSample& a = all_reduce.front();
+    const LinkSample& b = all_reduce.back();
+    const double added = ring_schedule(CommOp::kAllReduce, b.bytes, p).reduced_bytes -
+                         ring_schedule(CommOp::kAllReduce, a.bytes, p).reduced_bytes;
+    const double extra = beyond(b) - beyond(a);
+    constexpr double kTimerSeconds = 1e-6;  // below what the probe's timings resolve
+    return extra > kTimerSeconds ? added / extra : 0.0;
+}
+
 LinkProbe probe_link(Communicator& world, bool quick) {
     MS_CHECK(world.size() >= 2, "probe_link: a world of {} rank(s); it needs two", world.size());
     const std::vector<size_t> sizes = quick ? std::vector<size_t>{8, size_t{1} << 20}
@@ -41,11 +59,31 @@ LinkProbe probe_link(Communicator& world, bool quick) {
         }
         one_way[i] = best / 2;
     }
+    // all-reduces over every rank, the shortest of a few after a warm-up
+    const std::vector<size_t> reduced = quick ? std::vector<size_t>{size_t{64} << 10, size_t{1} << 20}
+                                              : std::vector<size_t>{size_t{1} << 20, size_t{8} << 20};
+    std::vector<float> sums(reduced.back() / sizeof(float), 1.0f);
+    for (size_t i = 0; i < reduced.size(); ++i) {
+        const std::span<float> buf(sums.data(), reduced[i] / sizeof(float));
+        const int warm = 2, reps = quick ? 3 : 10;
+        double best = 1e30;
+        for (int r = 0; r < warm + reps; ++r) {
+            world.barrier();
+            const double t0 = now_seconds();
+            world.all_reduce(buf, ReduceOp::kSum).wait();
+            if (r >= warm) best = std::min(best, now_seconds() - t0);
+        }
+        one_way.push_back(best);
+    }
     // the doubles as pairs of 32-bit words: exact, and every rank then fits the same numbers
     world.broadcast(one_way.data(), one_way.size() * 2, DType::kI32, 0).wait();
     LinkProbe p;
     for (size_t i = 0; i < sizes.size(); ++i) p.samples.push_back({static_cast<double>(sizes[i]), one_way[i]});
+    for (size_t i = 0; i < reduced.size(); ++i)
+        p.all_reduce.push_back({static_cast<double>(reduced[i]), one_way[sizes.size() + i]});
+    p.ranks = world.size();
     p.link = fit_link(p.samples);
+    p.link.reduce_bytes_per_s = fit_reduce_rate(p.link, p.all_reduce, p.ranks);
     return p;
 }
 

@@ -119,11 +119,19 @@ OpWork op_work(const graph::Graph& g, const graph::Node& n) {
         case OpCode::kMatmulGelu:
             family(OpFamily::kMatmulForward);
             w.flops = 2.0 * matmul_nmk(g, n.in.at(0), n.in.at(1));
+            if (n.op == OpCode::kMatmulGelu) {  // kGelu's bytes: pre read, y written
+                w.epilogue_family = OpFamily::kActivationForward;
+                w.epilogue_bytes = bytes_of(g, n.out.at(0)) + bytes_of(g, n.out.at(1));
+            }
             break;
         case OpCode::kMatmulBackward: {
             family(OpFamily::kMatmulBackward);
             const int products = n.out.at(0) == kNoTensor ? 1 : 2;  // dW, and dx when written
             w.flops = 2.0 * products * matmul_nmk(g, n.in.at(1), n.in.at(2));
+            if (n.in.size() > 3 && n.in[3] != kNoTensor) {  // GELU's backward on dx, as kGeluBackward's bytes: pre
+                w.epilogue_family = OpFamily::kActivationBackward;  // and dx read, dpre written (all pre's shape)
+                w.epilogue_bytes = 3.0 * bytes_of(g, n.in[3]);
+            }
             break;
         }
         case OpCode::kAttention:
@@ -229,7 +237,7 @@ const DTypeTable* Profile::table(DType act) const {
 
 bool Profile::operator==(const Profile& o) const {
     auto same = [](const LinkParams& a, const LinkParams& b) {
-        return a.alpha_s == b.alpha_s && a.bytes_per_s == b.bytes_per_s;
+        return a.alpha_s == b.alpha_s && a.bytes_per_s == b.bytes_per_s && a.reduce_bytes_per_s == b.reduce_bytes_per_s;
     };
     return version == o.version && name == o.name && device == o.device && backend == o.backend &&
            threads == o.threads && cores == o.cores && date == o.date && estimate == o.estimate && source == o.source &&
@@ -381,7 +389,9 @@ double ProfileCostModel::seconds(const OpWork& w, DType act) const {
     const bool compute = family_bound(w.family) == Bound::kCompute;
     const double flop_rate = compute ? c.rate_at(w.flops) : t.matmul_peak_flops;
     const double byte_rate = compute ? p_.memory_bytes_per_s : c.rate_at(w.bytes);
-    return c.overhead_s + std::max(w.flops / flop_rate, w.bytes / byte_rate);
+    const double epilogue =
+        w.epilogue_bytes > 0 ? w.epilogue_bytes / t.of(w.epilogue_family).rate_at(w.epilogue_bytes) : 0.0;
+    return c.overhead_s + std::max(w.flops / flop_rate, w.bytes / byte_rate) + epilogue;
 }
 
 double ProfileCostModel::op_seconds(const graph::Graph& g, const graph::Node& n) const {

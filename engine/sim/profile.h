@@ -53,10 +53,15 @@ Bound family_bound(OpFamily f);
 // the same work, the chunk pairing's load balance): cp of them make the op, which the caller, knowing cp, counts.
 // Bytes: op_bytes(g, n), except the embedding's: the N rows of its table it touches, not the whole table. The
 // tensor-parallel collectives have no work here (their transfers are the simulator's, on the links).
+// A fused matmul's GELU (kMatmulGelu's forward, the GELU backward a kMatmulBackward applies to its dx) is an epilogue:
+// bytes of its own activation family, counted as the standalone op counts them, timed at that family's rate and added
+// to the matmul's time (the CPU runs it as a pass of its own; on a GPU its memory traffic is what it adds).
 struct OpWork {
     OpFamily family = OpFamily::kMemset;
     double flops = 0;
     double bytes = 0;
+    OpFamily epilogue_family = OpFamily::kActivationForward;
+    double epilogue_bytes = 0;  // 0: no epilogue
     double work() const { return family_bound(family) == Bound::kCompute ? flops : bytes; }
 };
 OpWork op_work(const graph::Graph& g, const graph::Node& n);

@@ -20,7 +20,11 @@ namespace {
 
 constexpr const char* kFormat = "mindspeed-train profile";
 
-ordered_json link_json(const LinkParams& l) { return {{"alpha_s", l.alpha_s}, {"bytes_per_s", l.bytes_per_s}}; }
+ordered_json link_json(const LinkParams& l) {
+    ordered_json j = {{"alpha_s", l.alpha_s}, {"bytes_per_s", l.bytes_per_s}};
+    if (l.reduce_bytes_per_s > 0) j["reduce_bytes_per_s"] = l.reduce_bytes_per_s;  // absent: reductions are free
+    return j;
+}
 
 // Reads one file: every complaint names it and ends with the hint.
 class Reader {
@@ -59,7 +63,8 @@ class Reader {
     LinkParams link(const ordered_json& links, const char* key) const {
         const std::string in = fmt::format(" in \"links\".\"{}\"", key);
         const ordered_json& l = field(links, key, " in \"links\"");
-        return {number(l, "alpha_s", in), number(l, "bytes_per_s", in, true)};
+        return {number(l, "alpha_s", in), number(l, "bytes_per_s", in, true),
+                l.contains("reduce_bytes_per_s") ? number(l, "reduce_bytes_per_s", in, true) : 0.0};
     }
     DType dtype(const ordered_json& table) const {
         const std::string name = string(table, "dtype", " in a \"tables\" entry");

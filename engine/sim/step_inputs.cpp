@@ -27,7 +27,8 @@ using graph::Role;
 Affine collective_affine(const LinkModel& links, CommOp op, int p, LinkClass ring) {
     const RingSchedule one = ring_schedule(op, 1.0, p);
     const LinkParams& l = links.of(ring);
-    return {one.steps * l.alpha_s, one.link_bytes / l.bytes_per_s};
+    const double reduce = l.reduce_bytes_per_s > 0 ? one.reduced_bytes / l.reduce_bytes_per_s : 0.0;
+    return {one.steps * l.alpha_s, one.link_bytes / l.bytes_per_s + reduce};
 }
 
 // The groups and links one stage's representative rank talks over.

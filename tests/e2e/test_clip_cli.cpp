@@ -233,7 +233,7 @@ TEST_F(ClipEval, ConfigOfAnotherClipModelIsRefusedNamingTheKey) {
 TEST_F(ClipEval, CheckpointOfTheOtherFamilyIsRefusedNamingBoth) {
     const CliResult clip_with_gpt = run_cli("eval --config " + gpt_config() + " --load " + clip_ckpt());
     EXPECT_EQ(clip_with_gpt.exit_code, 2) << clip_with_gpt.output;
-    EXPECT_NE(clip_with_gpt.output.find("describes a language model (model.arch gpt)"), std::string::npos)
+    EXPECT_NE(clip_with_gpt.output.find("describes a GPT-2 or Llama model (model.arch gpt)"), std::string::npos)
         << clip_with_gpt.output;
     EXPECT_NE(clip_with_gpt.output.find("holds a CLIP model (model.arch clip)"), std::string::npos)
         << clip_with_gpt.output;
@@ -244,7 +244,8 @@ TEST_F(ClipEval, CheckpointOfTheOtherFamilyIsRefusedNamingBoth) {
     EXPECT_EQ(gpt_with_clip.exit_code, 2) << gpt_with_clip.output;
     EXPECT_NE(gpt_with_clip.output.find("describes a CLIP model (model.arch clip)"), std::string::npos)
         << gpt_with_clip.output;
-    EXPECT_NE(gpt_with_clip.output.find("holds a GPT-2 or Llama model"), std::string::npos) << gpt_with_clip.output;
+    EXPECT_NE(gpt_with_clip.output.find("holds a GPT-2 or Llama model (model.arch gpt)"), std::string::npos)
+        << gpt_with_clip.output;
 }
 
 TEST_F(ClipEval, LanguageModelFlagsAreRefused) {

@@ -13,8 +13,9 @@
 namespace ms::test {
 namespace {
 
-// A ping-pong between the two ranks becomes the profile's intra-node link; the inter-node one stays the link
-// model's default.
+// A ping-pong between the two ranks becomes the profile's intra-node link, and all-reduces over both its reduction
+// rate; the inter-node link stays the link model's default. Both ranks time the ops at once; rank 0 alone prints
+// them and writes the profile.
 TEST(CalibrateRun, UnderMpirunMeasuresTheIntraNodeLink) {
     TempDir dir("ms_calibrate");
     const std::string out = dir / "cpu.json";
@@ -26,6 +27,16 @@ TEST(CalibrateRun, UnderMpirunMeasuresTheIntraNodeLink) {
         << run.output;
     const sim::Profile prof = sim::load_profile(out);
     EXPECT_NE(prof.links_source.find("intra_node measured: MPI ping-pong"), std::string::npos) << prof.links_source;
+    EXPECT_NE(prof.links_source.find("fp32 all-reduces over the 2 ranks 65536 B"), std::string::npos)
+        << prof.links_source;
+    EXPECT_GE(prof.intra_node.reduce_bytes_per_s, 0);  // 0: the all-reduces took no longer than their transfers
+    EXPECT_NE(prof.source.find("2 ranks timing every op at once"), std::string::npos) << prof.source;
+    EXPECT_NE(run.output.find("1 thread a rank, 2 ranks at once"), std::string::npos) << run.output;
+    size_t tables = 0;
+    for (size_t at = run.output.find("matmul_fwd      overhead"); at != std::string::npos;
+         at = run.output.find("matmul_fwd      overhead", at + 1))
+        ++tables;
+    EXPECT_EQ(tables, 1u) << run.output;
     EXPECT_GT(prof.intra_node.alpha_s, 0);
     EXPECT_LT(prof.intra_node.alpha_s, 0.1);  // a message between two processes of one host: well under 0.1 s
     EXPECT_GT(prof.intra_node.bytes_per_s, 1e6);

@@ -280,6 +280,15 @@ TEST(SimStep, PureDataParallelAddsTheRingAllReduce) {
     const SimulatedStep h = ms::sim::simulate_step(l, cost, ms::nodes_by_count(4, 2));
     const double hier = (1e-5 + n / 2 / 1e9) + (2 * 0.0 + 2.0 / 2 * (n / 2) / 1e8) + (1e-5 + n / 2 / 1e9);
     EXPECT_NEAR(h.stages[0].dp_total, hier, hier * kRel);
+
+    // a measured reduction rate (2e9 B/s) adds the (p - 1) n / p bytes each rank sums, to the gradient's all-reduce
+    // and to the scalars'
+    cost.intra.reduce_bytes_per_s = 2e9;
+    const SimulatedStep reducing = ms::sim::simulate_step(l, cost, ms::nodes_by_count(4, 4));
+    const double summed = all_reduce + 3.0 / 4 * n / 2e9;
+    EXPECT_NEAR(reducing.stages[0].dp_total, summed, summed * kRel);
+    const double summed_scalars = scalars + 3 * (3.0 / 4 * 4 / 2e9);
+    EXPECT_NEAR(reducing.step_seconds, summed + summed_scalars, (summed + summed_scalars) * kRel);
 }
 
 TEST(SimStep, TensorParallelAllReducesAreOnTheCriticalPath) {

@@ -83,6 +83,19 @@ TEST(LinkModel, CollectiveTimesAreTheRingFormulas) {
     EXPECT_EQ(collective_seconds(m, CommOp::kAllReduce, n, 1, LinkClass::kInterNode), 0.0);
     EXPECT_EQ(ring_schedule(CommOp::kAllReduce, n, 2).steps, 2);
     EXPECT_DOUBLE_EQ(ring_schedule(CommOp::kAllReduce, n, 2).link_bytes, n);
+
+    // what each rank adds: (p - 1) n / p in an all-reduce and a reduce-scatter, n along a reduce's chain, nothing
+    // in the collectives that only move data; timed only where the link has a reduction rate (2e9 B/s here)
+    EXPECT_DOUBLE_EQ(ring_schedule(CommOp::kAllReduce, n, 4).reduced_bytes, 6e6);
+    EXPECT_DOUBLE_EQ(ring_schedule(CommOp::kReduceScatter, n, 4).reduced_bytes, 6e6);
+    EXPECT_DOUBLE_EQ(ring_schedule(CommOp::kReduce, n, 4).reduced_bytes, n);
+    for (CommOp op : {CommOp::kAllGather, CommOp::kAllToAll, CommOp::kBroadcast})
+        EXPECT_EQ(ring_schedule(op, n, 4).reduced_bytes, 0.0);
+    LinkModel reducing = m;
+    reducing.intra.reduce_bytes_per_s = 2e9;
+    EXPECT_DOUBLE_EQ(collective_seconds(reducing, CommOp::kAllReduce, n, 4, LinkClass::kIntraNode), 0.01206 + 3e-3);
+    EXPECT_DOUBLE_EQ(collective_seconds(reducing, CommOp::kAllGather, n, 4, LinkClass::kIntraNode),
+                     collective_seconds(m, CommOp::kAllGather, n, 4, LinkClass::kIntraNode));
 }
 
 TEST(LinkModel, RingClassIsTheSlowestHop) {

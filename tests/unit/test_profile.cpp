@@ -61,6 +61,7 @@ TEST(Profile, FileRoundTripIsExact) {
     // numbers without a short decimal form, and every estimate
     sim::FamilyCurve awkward{.overhead_s = 1.0 / 3.0, .points = {{0.1, 1.0 / 7.0}, {2.0 / 3.0, 1e300}, {1e301, 5e-7}}};
     std::vector<sim::Profile> profiles = {hand_profile(awkward)};
+    profiles[0].intra_node.reduce_bytes_per_s = 1.0 / 3.0 * 1e10;
     profiles[0].tables.push_back(profiles[0].tables[0]);
     profiles[0].tables[1].dtype = DType::kBF16;
     for (const std::string& name : sim::estimate_profile_names()) profiles.push_back(sim::estimate_profile(name));
@@ -95,6 +96,9 @@ TEST(Profile, CostIsOverheadPlusTheSlowerOfFlopsAndBytes) {
     // memory-bound: its curve's bytes/s against the table's matmul peak (4e9 FLOP/s)
     EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kResidual, 0, 3e6}, DType::kF32), 1e-6 + 3e-3);
     EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kResidual, 4e8, 3e6}, DType::kF32), 1e-6 + 1e-1);
+    // a fused GELU's bytes at its family's rate (1e9 B/s) after the matmul's time, without a launch of its own
+    EXPECT_DOUBLE_EQ(m.seconds({OpFamily::kMatmulForward, 2e6, 1e5, OpFamily::kActivationForward, 3e6}, DType::kF32),
+                     1e-6 + 2e-3 + 3e-3);
     EXPECT_EQ(m.seconds({OpFamily::kMemset, 0, 0}, DType::kF32), 0);               // no work, no launch
     EXPECT_DOUBLE_EQ(m.optimizer_seconds(1000, DType::kF32), 1e-6 + 28e3 / 1e9);   // 7 fp32 reads and writes each
     EXPECT_DOUBLE_EQ(m.optimizer_seconds(1000, DType::kBF16), 1e-6 + 30e3 / 1e9);  // and the bf16 copy
@@ -130,6 +134,16 @@ TEST(Profile, LinkFitIsTheSmallestTimeAndTheSlope) {
     EXPECT_EQ(l.alpha_s, 0.5);
     EXPECT_EQ(l.bytes_per_s, 512.0);  // (1032 - 8) B over (2.5 - 0.5) s
     EXPECT_EQ(l.seconds(1032), 0.5 + 1032.0 / 512.0);
+
+    // The reduction rate: all-reduces over 2 ranks of a link of alpha 1 us and 1e9 B/s, each taking its ring's
+    // transfers (2 alpha + n / beta), 5 us more, and the n / 2 bytes each rank adds at 2e9 B/s: the slope gives the
+    // 2e9 back, the 5 us drops out. All-reduces no slower than their transfers: free (0).
+    const LinkParams link{1e-6, 1e9};
+    const auto all_reduce = [&](double n, double rate) {
+        return sim::LinkSample{n, 2e-6 + n / 1e9 + 5e-6 + (rate > 0 ? n / 2 / rate : 0.0)};
+    };
+    EXPECT_NEAR(sim::fit_reduce_rate(link, {all_reduce(1 << 20, 2e9), all_reduce(8 << 20, 2e9)}, 2), 2e9, 1e-3);
+    EXPECT_EQ(sim::fit_reduce_rate(link, {all_reduce(1 << 20, 0), all_reduce(8 << 20, 0)}, 2), 0);
 }
 
 TEST(Profile, BadFilesAreNamedWithWhatIsWrong) {
@@ -219,9 +233,17 @@ TEST(Profile, FlopsOfGptOps) {
     EXPECT_EQ(qkv.family, OpFamily::kMatmulForward);
     EXPECT_EQ(qkv.flops, 2 * N * C * 3 * C);
     EXPECT_EQ(qkv.bytes, 4 * (N * C + 3 * C * C + 3 * C + N * 3 * C));  // fp32 x, weight, bias in; qkv out
+    EXPECT_EQ(qkv.epilogue_bytes, 0);
     const sim::OpWork fc = work_of(OpCode::kMatmulGelu, "h.0.mlp.c_fc");
     EXPECT_EQ(fc.flops, 2 * N * C * F);
-    EXPECT_EQ(work_of(OpCode::kMatmulBackward, "h.0.mlp.c_proj").flops, 4 * N * F * C);  // dx and dW
+    EXPECT_EQ(fc.epilogue_family, OpFamily::kActivationForward);  // the GELU: pre read, y written
+    EXPECT_EQ(fc.epilogue_bytes, 4 * 2 * N * F);
+    // c_proj's backward ends with the GELU's backward on its dx (N x F): pre and dx read, dpre written
+    const sim::OpWork proj_back = work_of(OpCode::kMatmulBackward, "h.0.mlp.c_proj");
+    EXPECT_EQ(proj_back.flops, 4 * N * F * C);  // dx and dW
+    EXPECT_EQ(proj_back.epilogue_family, OpFamily::kActivationBackward);
+    EXPECT_EQ(proj_back.epilogue_bytes, 4 * 3 * N * F);
+    EXPECT_EQ(work_of(OpCode::kMatmulBackward, "h.0.mlp.c_fc").epilogue_bytes, 0);
     const sim::OpWork attn = work_of(OpCode::kAttention, "h.0.attn");
     EXPECT_EQ(attn.family, OpFamily::kAttentionForward);
     EXPECT_EQ(attn.flops, 2 * 2 * 16.0 * 16 * 48);  // 4 B T^2 C, halved by the mask
