@@ -23,12 +23,12 @@ using graph::OpCode;
 using graph::Phase;
 using graph::Role;
 
-// A collective over p ranks of one ring class as fixed + bytes * per_byte (ring_schedule is linear in its bytes).
+// A collective over p ranks of one ring class as fixed + bytes * per_byte: collective_seconds is affine in its bytes,
+// so its time at 0 bytes and its slope to a large size give it back.
 Affine collective_affine(const LinkModel& links, CommOp op, int p, LinkClass ring) {
-    const RingSchedule one = ring_schedule(op, 1.0, p);
-    const LinkParams& l = links.of(ring);
-    const double reduce = l.reduce_bytes_per_s > 0 ? one.reduced_bytes / l.reduce_bytes_per_s : 0.0;
-    return {one.steps * l.alpha_s, one.link_bytes / l.bytes_per_s + reduce};
+    constexpr double kBytes = 0x1p30;
+    const double fixed = collective_seconds(links, op, 0.0, p, ring);
+    return {fixed, (collective_seconds(links, op, kBytes, p, ring) - fixed) / kBytes};
 }
 
 // The groups and links one stage's representative rank talks over.
