@@ -586,7 +586,7 @@ int run_calibrate(const CalibrateArgs& a) {
     const int ranks = mpi ? mpi->size() : 1;
     const double load_average = read_load_average();  // before the link probe, whose ranks it would count
     std::optional<sim::LinkProbe> probe;
-    if (mpi && mpi->size() > 1) {
+    if (ranks > 1) {
         if (mpi->num_nodes() > 1)
             throw UserError(fmt::format(
                 "calibrate: the {} ranks run on {} hosts; the link it measures is the one inside a host\n---> HINT: "
@@ -601,7 +601,7 @@ int run_calibrate(const CalibrateArgs& a) {
                 probe->link.reduce_bytes_per_s / 1e9);
     }
     Timing timing = a.quick ? Timing{2, 0.002} : Timing{};
-    if (mpi && mpi->size() > 1) timing.ranks = &mpi->world();
+    if (ranks > 1) timing.ranks = &mpi->world();
     timing.report = !mpi || mpi->rank() == 0;
     const std::unique_ptr<Backend> be = make_backend(bo);
 

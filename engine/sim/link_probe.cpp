@@ -22,11 +22,11 @@ LinkParams fit_link(const std::vector<LinkSample>& samples) {
 double fit_reduce_rate(const LinkParams& link, const std::vector<LinkSample>& all_reduce, int p) {
     MS_CHECK(all_reduce.size() >= 2 && p >= 2, "fit_reduce_rate: {} samples over {} ranks; it needs two over two",
              all_reduce.size(), p);
-    const LinkModel transfers{.intra = link, .inter = link, .occupancy = nullptr};
+    LinkParams moves = link;  // the link's transfers alone
+    moves.reduce_bytes_per_s = 0;
+    const LinkModel transfers{.intra = moves, .inter = moves, .occupancy = nullptr};
     const auto beyond = [&](const LinkSample& s) {
-        LinkModel free = transfers;
-        free.intra.reduce_bytes_per_s = 0;
-        return s.one_way_s - collective_seconds(free, CommOp::kAllReduce, s.bytes, p, LinkClass::kIntraNode);
+        return s.one_way_s - collective_seconds(transfers, CommOp::kAllReduce, s.bytes, p, LinkClass::kIntraNode);
     };
     const LinkSample& a = all_reduce.front();
     const LinkSample& b = all_reduce.back();
