@@ -4,7 +4,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -12,6 +11,7 @@
 
 #include "engine/core/half.h"
 #include "engine/optim/adamw.h"
+#include "engine/optim/exact_squares.h"
 
 namespace ms {
 namespace {
@@ -37,41 +37,6 @@ constexpr int kFixedBits = 62;
 // 2^(31 - kLimbBits) ranks add up without overflow.
 constexpr int kLimbBits = 16, kLimbs = 128 / kLimbBits;
 constexpr int64_t kMaxExactRanks = int64_t{1} << (31 - kLimbBits);
-using u128 = unsigned __int128;
-
-// The largest |x[i]|, or +inf when some x[i] is not finite.
-template <class T>
-float max_abs(const T* x, int64_t n) {
-    float peak = 0.0f;
-    bool finite = true;
-#pragma omp parallel for schedule(static) reduction(max : peak) reduction(&& : finite)
-    for (int64_t i = 0; i < n; ++i) {
-        const float a = std::fabs(to_float(x[i]));
-        finite = finite && std::isfinite(a);
-        peak = std::max(peak, a);
-    }
-    return finite ? peak : std::numeric_limits<float>::infinity();
-}
-
-// The sum over i of x[i]^2 * unit, each term truncated to an integer (below 2^kFixedBits: unit = 2^(kFixedBits - 2 e)
-// with |x| < 2^e). x^2 is exact in double and the power of two keeps it so: only the truncation rounds, once per
-// element, and the integer sum is exact in any order, so the threads may split it as they like.
-template <class T>
-u128 fixed_point_squares(const T* x, int64_t n, double unit) {
-    u128 total = 0;
-#pragma omp parallel
-    {
-        u128 part = 0;
-#pragma omp for schedule(static) nowait
-        for (int64_t i = 0; i < n; ++i) {
-            const double d = to_float(x[i]);
-            part += static_cast<uint64_t>(d * d * unit);
-        }
-#pragma omp critical
-        total += part;
-    }
-    return total;
-}
 
 // f(static_cast<const T*>(data)) for a gradient buffer's dtype T.
 template <class F>
