@@ -1,8 +1,9 @@
 // host_buffer.h: one large, page-aligned host allocation, advised for huge pages and touched once at creation.
 //
-// First touch of fresh memory costs ~15 us per 4 KiB page on our VMs (0.26 GB/s) while touched memory runs at
-// ~19 GB/s, so every buffer a training step uses is allocated once, touched once and reused; nothing large is
-// freed and re-allocated per step. (The buddy-allocator arena of issue #6 will carve tensors out of these.)
+// The first touch of a fresh page costs far more than a later access to it (a page fault, and the kernel zeroing the
+// page), so every buffer a training step uses is allocated once, touched once and reused: nothing large is freed and
+// re-allocated per step. The arena (memory/arena_memory.h, HostArenaMemory) is one HostBuffer that tensors are
+// carved out of.
 #pragma once
 
 #include <cstddef>

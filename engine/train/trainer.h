@@ -1,4 +1,4 @@
-// trainer.h: the training loop (one rank for now): data -> micro-batches -> forward/backward -> clip -> AdamW,
+// trainer.h: the training loop: data -> micro-batches -> forward/backward -> clip -> AdamW,
 // with Megatron's per-iteration log line, validation, metrics.jsonl and a generated sample at the end.
 #pragma once
 

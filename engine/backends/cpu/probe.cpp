@@ -18,7 +18,7 @@ namespace ms::cpu {
 
 double sgemm_peak_flops(int repeats) {
     repeats = std::max(repeats, 1);
-    constexpr int kN = 1024;  // large enough for the kernels' steady state, ~10-40 ms per run here
+    constexpr int kN = 1024;  // large enough for the kernels' steady state (2 GFLOP a run)
     std::vector<float> a(static_cast<size_t>(kN) * kN, 0.5f), b(a.size(), 0.25f), c(a.size(), 0.0f);
     const double flops = 2.0 * kN * kN * kN;
     double best = 0;

@@ -78,19 +78,9 @@ Shared memory (bytes, HS = 64; row stride HS + 8 elements, so ldmatrix's 8 row a
 16-byte aligned): forward 55296 (Q, 2 x K, V), dQ 73728 (Q, dO, 2 x K, V), dK/dV 55808 (K, V, 2 x Q, dO, lse, D),
 fused 65040 (dK/dV's, dS^T 9216, the ticket; 28176 / 40464 / 52752 at HS 16 / 32 / 48), dynamic (opted in past
 48 KiB with cudaFuncSetAttribute). Scratch (fused): B NH T HS fp32 + (1 + B NH ceil(T / 64)) int32.
-Registers (ptxas, sm_90, HS = 64, the multi-head instantiations, HeadGroups::kOne): forward 222, dQ 216, dK/dV 167,
-fused 168, no spills (with kMt = 1 everywhere: 125, 123, 167). The fused kernel is capped for 3 blocks per SM on sm_90
-(MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared memory fit in 227 KB, and 3 x 128 x 168 registers in 64 K, as for dK/dV;
-uncapped it took 205-207): 168 / 163-167 / 145 / 111 at HS 64 / 48 / 32 / 16; on sm_80 (2 blocks per SM by shared
-memory, so uncapped) 202 / 171 / 142 / 110; no spills in bf16 or fp16 (but for 4 bytes in dK/dV at HS 32 and 48 on
-sm_80). The grouped-query instantiations (kGrouped) take a few more (dQ 219, dK/dV 168 at HS 64) and the bf16 fused
-kernel at HS 64 spills 24 bytes under the sm_90 cap. kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare
-on a GPU.
-Status: correct on the CPU emulation (tests/ops/test_cuda_emu_attention_tc.cpp: split and fused against the
-reference, fused dK / dV equal to split's bit for bit, fused dQ within one unit in the last place of split's; its
-cp.async copies land only at the wait_group that covers them, so a missing wait shows); not run on a GPU
-(tests/gpu/test_gpu_attention.cpp and gpu_kernel_bench's split vs fused rows are ready), so the fused kernel's
-speed and its inter-block waits on real hardware are unmeasured.
+Registers: the fused kernel is capped for 3 blocks per SM on sm_90 (MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared memory
+fit in 227 KB, and 3 x 128 threads at up to 170 registers in 64 K). What ptxas gives each kernel, and what has and has
+not run on a GPU, is in docs/gpu.md; kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare on a GPU.
 Room left: HS 128, wgmma (sm_90) instead of mma.sync, a ticket order that starts the long key tiles earlier. The
 former nvcuda::wmma version (scores through shared memory) is bench/gpu/attention_wmma.cu, for comparison in
 gpu_kernel_bench.
