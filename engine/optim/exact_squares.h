@@ -24,7 +24,7 @@ template <class T>
 float max_abs(const T* x, int64_t n) {
     constexpr uint32_t kMagnitude = 0x7fffffffu, kInfinity = 0x7f800000u;
     uint32_t peak = 0;
-#pragma omp parallel for simd schedule(static) reduction(max : peak)
+#pragma omp parallel for schedule(static) reduction(max : peak)
     for (int64_t i = 0; i < n; ++i) {
         const uint32_t a = float_bits(to_float(x[i])) & kMagnitude;
         peak = a > peak ? a : peak;
@@ -41,7 +41,7 @@ template <class T>
 u128 fixed_point_squares(const T* x, int64_t n, double unit) {
     constexpr double kHalf = 2147483648.0, kInvHalf = 1.0 / kHalf;  // 2^31, 2^-31
     uint64_t high = 0, low = 0;
-#pragma omp parallel for simd schedule(static) reduction(+ : high, low)
+#pragma omp parallel for schedule(static) reduction(+ : high, low)
     for (int64_t i = 0; i < n; ++i) {
         const double d = to_float(x[i]);
         const double t = d * d * unit;
