@@ -1,4 +1,3 @@
-#pragma once
 // exact_squares.h: the two host passes of the exact gradient norm (DistributedOptimizer::exact_grad_squares), in a
 // header of their own so that a unit test can hold them to their definitions.
 //
@@ -8,6 +7,7 @@
 //
 // Both are written so that the compiler vectorizes them: a float max with NaN semantics does not vectorize and a
 // 128-bit accumulator does not, so the max runs over the bit patterns of |x| and the sum over two 31-bit halves.
+#pragma once
 
 #include <cstdint>
 #include <limits>
