@@ -62,19 +62,24 @@ TEST(ClipItm, TowersComputeTheSameFeatures) {
 }
 
 // Plain gradient descent on one batch: the matching loss first falls to the label prior's, then the head learns to
-// tell the batch's matching pairs from its hard negatives.
+// tell the batch's matching pairs from its hard negatives. The negatives are drawn again at every step from the
+// features, so the objective jumps when a draw changes; the step is small enough that the descent still converges
+// under every OpenBLAS kernel (with a step of 0.1 it cycled well above the bound on most of them, the draws following
+// the last bits of the GEMMs).
 TEST(ClipItm, MatchingLossFallsOnOneBatch) {
+    constexpr float kLr = 0.03f;
+    constexpr int kSteps = 240;
     TinyItm c(2);
     ClipModel& model = c.model;
     const ClipBatch batch = test::clip_batch(c.shape, 11, kCaptions);
     const float first = model.train_step(batch, 1.0f, kDraw).itm.loss;
     float last = first;
-    for (int step = 0; step < 180; ++step) {
-        for (int64_t i = 0; i < model.flat_size(); ++i) model.params()[i] -= 0.1f * model.grads()[i];
+    for (int step = 0; step < kSteps; ++step) {
+        for (int64_t i = 0; i < model.flat_size(); ++i) model.params()[i] -= kLr * model.grads()[i];
         last = model.train_step(batch, 1.0f, kDraw).itm.loss;
     }
     EXPECT_GT(first, 0.5f);  // undecided: 2/3 of the pairs are negatives, log 3 - 2/3 log 2 ~ 0.64 at best
-    EXPECT_LT(last, 0.1f);   // it tells this batch's pairs apart (0.012 after 150 steps when this was written)
+    EXPECT_LT(last, 0.05f);  // it tells this batch's pairs apart
 }
 
 }  // namespace
