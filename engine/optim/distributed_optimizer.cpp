@@ -30,9 +30,6 @@ void frozen_variance_update(float* param, const float* m, const float* v, int64_
     }
 }
 
-// exact_grad_squares's fixed point: each square in units of 2^-kFixedBits of 2^(2 e), e the exponent of the
-// largest |g|, so a square is below 2^kFixedBits and 2^66 of them fit in 128 bits.
-constexpr int kFixedBits = 62;
 // The 128-bit sum crosses the ranks as kLimbs limbs of kLimbBits bits, one per int32: the limbs of up to
 // 2^(31 - kLimbBits) ranks add up without overflow.
 constexpr int kLimbBits = 16, kLimbs = 128 / kLimbBits;
@@ -249,12 +246,10 @@ double DistributedOptimizer::exact_grad_squares() {
     mp_.all_reduce(std::span<float>(&peak, 1), ReduceOp::kMax, Priority::kHigh).wait();
     if (!std::isfinite(peak)) return peak;  // the same on every rank: all skip the step
     if (peak == 0.0f) return 0.0;
-    int e = 0;
-    std::frexp(peak, &e);  // |g| <= peak < 2^e
-    const double unit = std::ldexp(1.0, kFixedBits - 2 * e);
+    const FixedPointScale scale = fixed_point_scale(peak);
     u128 sum = 0;
     each_counted([&](const Tensor& g) {
-        sum += with_grads(g, [&](const auto* x) { return fixed_point_squares(x, g.numel(), unit); });
+        sum += with_grads(g, [&](const auto* x) { return fixed_point_squares(x, g.numel(), scale.unit); });
     });
     std::array<int32_t, kLimbs> limbs{};
     for (int i = 0; i < kLimbs; ++i)
@@ -263,7 +258,7 @@ double DistributedOptimizer::exact_grad_squares() {
     mp_.all_reduce(std::span<int32_t>(limbs), ReduceOp::kSum, Priority::kHigh).wait();
     u128 total = 0;  // below 2^128: every rank's squares are
     for (int i = 0; i < kLimbs; ++i) total += static_cast<u128>(static_cast<uint32_t>(limbs[i])) << (kLimbBits * i);
-    return std::ldexp(static_cast<double>(total), 2 * e - kFixedBits);
+    return std::ldexp(static_cast<double>(total), scale.scale_back);
 }
 
 double DistributedOptimizer::own_grad_squares() {

@@ -2,13 +2,15 @@
 // header of their own so that a unit test can hold them to their definitions.
 //
 //   max_abs(x, n)                  the largest |x[i]|, or +inf when some x[i] is not finite
-//   fixed_point_squares(x, n, u)   the sum over i of trunc(x[i]^2 * u), exact in 128 bits, for a power of two u with
-//                                  every x[i]^2 * u below 2^62
+//   fixed_point_scale(peak)        the fixed point for squares of values up to peak: the unit u, and the exponent
+//                                  that scales a sum of them back
+//   fixed_point_squares(x, n, u)   the sum over i of trunc(x[i]^2 * u), exact in 128 bits
 //
 // Both are written so that the compiler vectorizes them: a float max with NaN semantics does not vectorize and a
 // 128-bit accumulator does not, so the max runs over the bit patterns of |x| and the sum over two 31-bit halves.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -32,8 +34,23 @@ float max_abs(const T* x, int64_t n) {
     return peak >= kInfinity ? std::numeric_limits<float>::infinity() : bits_float(peak);
 }
 
+// The fixed point: each square in units of 2^-kFixedBits of 2^(2 e), e the exponent of the largest |x| (peak < 2^e),
+// so a square is below 2^kFixedBits and 2^66 of them fit in 128 bits. A sum S in these units is S * 2^(2 e -
+// kFixedBits), which `scale_back` holds.
+constexpr int kFixedBits = 62;
+struct FixedPointScale {
+    double unit = 0;     // 2^(kFixedBits - 2 e)
+    int scale_back = 0;  // 2 e - kFixedBits
+};
+inline FixedPointScale fixed_point_scale(float peak) {
+    int e = 0;
+    std::frexp(peak, &e);
+    return {std::ldexp(1.0, kFixedBits - 2 * e), 2 * e - kFixedBits};
+}
+
 // x^2 is exact in double and the power of two keeps it so: only the truncation rounds, once per element, and the
-// integer sum is exact in any order, so the threads may split it as they like. Each term t = x^2 u < 2^62 is cut at
+// integer sum is exact in any order, so the threads may split it as they like. Each term t = x^2 u < 2^62 (unit
+// from fixed_point_scale) is cut at
 // 2^31: h = floor(t / 2^31) and r = t - h 2^31, which is exact (r = t when h is 0, and t / 2 <= h 2^31 <= t
 // otherwise), so trunc(t) = h 2^31 + trunc(r) with both parts below 2^31. The parts are added in 64 bits, which hold
 // 2^33 terms of each.

@@ -3,6 +3,7 @@
 // as its own 128-bit integer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -25,13 +26,6 @@ float reference_max_abs(const std::vector<T>& x) {
         peak = std::max(peak, a);
     }
     return peak;
-}
-
-// The optimizer's unit: 2^(62 - 2 e) for the largest |x| below 2^e, so every term is below 2^62.
-double unit_for(float peak) {
-    int e = 0;
-    std::frexp(peak, &e);
-    return std::ldexp(1.0, 62 - 2 * e);
 }
 
 template <class T>
@@ -64,8 +58,15 @@ void expect_both_match(const std::vector<T>& x) {
     const float peak = ms::max_abs(x.data(), n);
     ASSERT_EQ(ms::float_bits(peak), ms::float_bits(reference_max_abs(x)));
     if (peak == 0.0f) return;
-    const double unit = unit_for(peak);
-    EXPECT_TRUE(ms::fixed_point_squares(x.data(), n, unit) == reference_squares(x, unit));
+    const ms::FixedPointScale scale = ms::fixed_point_scale(peak);
+    const u128 sum = ms::fixed_point_squares(x.data(), n, scale.unit);
+    EXPECT_TRUE(sum == reference_squares(x, scale.unit));
+    // scaled back, the sum is the sum of squares, short of it by at most one unit (2^scale_back) per element
+    double squares = 0;
+    for (const T& v : x) squares += static_cast<double>(ms::to_float(v)) * ms::to_float(v);
+    const double back = std::ldexp(static_cast<double>(sum), scale.scale_back);
+    EXPECT_LE(back, squares * (1 + 1e-12));
+    EXPECT_GE(back, squares * (1 - 1e-12) - std::ldexp(static_cast<double>(n), scale.scale_back));
 }
 
 TEST(ExactSquares, MatchTheDefinitionsOnEveryDtype) {
@@ -83,9 +84,9 @@ TEST(ExactSquares, TermsJustBelowTwoToThe62AreExact) {
     std::vector<float> x(1000, -top);
     for (size_t i = 0; i < x.size(); i += 3) x[i] = std::nextafter(top, 0.0f);
     expect_both_match(x);
-    const double unit = unit_for(top);
+    const double unit = ms::fixed_point_scale(top).unit;
     const double t = double{top} * double{top} * unit;
-    ASSERT_LT(t, std::ldexp(1.0, 62));
+    ASSERT_LT(t, std::ldexp(1.0, ms::kFixedBits));
     EXPECT_TRUE(ms::fixed_point_squares(&top, 1, unit) == static_cast<u128>(static_cast<uint64_t>(t)));
 }
 
