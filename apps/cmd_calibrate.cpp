@@ -1,7 +1,8 @@
-// cmd_calibrate.cpp: `calibrate --output FILE [--config FILE] [--threads N] [--dtype D] [--quick]` -- times every op
-// family (engine/sim/profile.h) over a ladder of shapes, from tiny to GPT-2-124M-sized, on the backend at hand (the
-// CPU, or CUDA with run.backend: cuda), and writes the profile the step simulator plans with (docs/planner.md
-// "Calibration and profiles").
+// cmd_calibrate.cpp: `calibrate --output FILE [--config FILE] [--threads N] [--dtype D] [--world-size N ...] [--quick]`
+// -- times every op family (engine/sim/profile.h) over a ladder of shapes, from tiny to GPT-2-124M-sized, on the
+// backend at hand (the CPU, or CUDA with run.backend: cuda), and with --world-size every op shape of the config's model
+// that the layout search prices on that many ranks, each as itself; and writes the profile the step simulator plans
+// with (docs/planner.md "Calibration and profiles").
 //
 // Each measurement is one op of a one-node graph (graph/graph.h), so its FLOPs and bytes are op_work()'s -- what the
 // cost model will count for the same op in a model's graph -- and its time the shortest of a few runs after a warm-up.
@@ -9,7 +10,8 @@
 // gives each measured time back.
 //
 // Under mpirun (two ranks or more on one host) every rank first measures the link between ranks 0 and 1
-// (engine/sim/link_probe.h) into the profile's intra-node link; then rank 0 alone times the ops.
+// (engine/sim/link_probe.h) into the profile's intra-node link; then every rank times the same ops at once, and rank 0
+// prints and writes them.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "apps/commands.h"
 #include "comm/bootstrap.h"
 #include "engine/backends/backend.h"
@@ -35,6 +39,7 @@
 #include "engine/sim/link_probe.h"
 #include "engine/sim/profile.h"
 #include "engine/train/device_peak.h"
+#include "engine/train/plan.h"
 #include "engine/train/run_layout.h"
 #include "memory/arena_memory.h"
 
@@ -49,6 +54,8 @@ using sim::OpFamily;
 struct CalibrateArgs {
     std::string output, config_path, dtype;
     std::vector<std::string> overrides;
+    std::vector<int> world_sizes;  // --world-size: also the config's op shapes the search prices at these sizes
+    int ranks_per_node = 0;
     int threads = 0;
     bool quick = false;
 };
@@ -81,6 +88,7 @@ class OneOp {
     }
     Tensor flat(TensorId t) const { return view(t, {g_.info(t).numel()}); }
     sim::OpWork work() const { return sim::op_work(g_, g_.nodes.at(0)); }
+    std::optional<sim::OpShape> shape() const { return sim::op_shape(g_, g_.nodes.at(0)); }
     DType act() const { return g_.act; }
     Backend& backend() const { return be_; }
 
@@ -114,69 +122,86 @@ class OneOp {
     std::vector<void*> data_;
 };
 
-// One measurement: a shape, its work, and the op to run (holding its memory).
+// One measurement: a shape, its work, and the op to run (holding its memory); `key`, the op's OpShape::key() where
+// it has one.
 struct Case {
     std::string shape;
     sim::OpWork work;
     std::function<void()> run;
+    std::string key = {};
 };
 using Builder = std::function<Case(Backend&, DType, const std::vector<int64_t>&)>;
 
 Case make_case(std::shared_ptr<OneOp> op, std::string shape, std::function<void(const OneOp&)> run) {
     const sim::OpWork w = op->work();
-    return {std::move(shape), w, [op, run = std::move(run)] { run(*op); }};
+    const std::optional<sim::OpShape> s = op->shape();
+    return {std::move(shape), w, [op, run = std::move(run)] { run(*op); }, s ? s->key() : std::string()};
 }
 
 constexpr DType kF32 = DType::kF32;
 constexpr DType kI32 = DType::kI32;
 
-// matmul (N, K) x (M, K)^T + bias
+// The optional dimension i of s (a flag of sim::OpShape's), `absent` when s has no such entry.
+int64_t dim_or(const std::vector<int64_t>& s, size_t i, int64_t absent) { return s.size() > i ? s[i] : absent; }
+
+// matmul (N, K) x (M, K)^T (+ bias unless s[3] is 0)
 Case matmul_fwd(Backend& be, DType D, const std::vector<int64_t>& s) {
     const int64_t N = s[0], K = s[1], M = s[2];
+    const bool bias = dim_or(s, 3, 1) != 0;
     auto op = std::make_shared<OneOp>(be, D);
     const TensorId x = op->tensor("x", {N, K}, D), w = op->tensor("w", {M, K}, D, Role::kParameter),
-                   b = op->tensor("b", {M}, D, Role::kParameter), y = op->tensor("y", {N, M}, D);
+                   b = bias ? op->tensor("b", {M}, D, Role::kParameter) : graph::kNoTensor,
+                   y = op->tensor("y", {N, M}, D);
     op->node(OpCode::kMatmul, {x, w, b}, {y});
-    return make_case(op, fmt::format("N={} K={} M={}", N, K, M), [=](const OneOp& o) {
-        o.backend().matmul_forward({o.view(x, {N, K}), o.view(w, {M, K}), o.view(b, {M}), o.view(y, {N, M})});
+    return make_case(op, fmt::format("N={} K={} M={}{}", N, K, M, bias ? "" : " nobias"), [=](const OneOp& o) {
+        o.backend().matmul_forward(
+            {o.view(x, {N, K}), o.view(w, {M, K}), bias ? o.view(b, {M}) : Tensor(), o.view(y, {N, M})});
     });
 }
 
-// its backward: dx, dW and db
+// its backward: dW, and dx and db unless s[3] or s[4] is 0
 Case matmul_bwd(Backend& be, DType D, const std::vector<int64_t>& s) {
     const int64_t N = s[0], K = s[1], M = s[2];
+    const bool with_dx = dim_or(s, 3, 1) != 0, with_db = dim_or(s, 4, 1) != 0;
     auto op = std::make_shared<OneOp>(be, D);
     const TensorId dy = op->tensor("dy", {N, M}, D), x = op->tensor("x", {N, K}, D),
-                   w = op->tensor("w", {M, K}, D, Role::kParameter), dx = op->tensor("dx", {N, K}, D),
+                   w = op->tensor("w", {M, K}, D, Role::kParameter),
+                   dx = with_dx ? op->tensor("dx", {N, K}, D) : graph::kNoTensor,
                    dw = op->tensor("dw", {M, K}, kF32, Role::kGradient, OneOp::Fill::kZero),
-                   db = op->tensor("db", {M}, kF32, Role::kGradient, OneOp::Fill::kZero);
+                   db = with_db ? op->tensor("db", {M}, kF32, Role::kGradient, OneOp::Fill::kZero) : graph::kNoTensor;
     op->node(OpCode::kMatmulBackward, {dy, x, w}, {dx, dw, db});
-    return make_case(op, fmt::format("N={} K={} M={}", N, K, M), [=](const OneOp& o) {
-        o.backend().matmul_backward({o.view(dy, {N, M}), o.view(x, {N, K}), o.view(w, {M, K}), o.view(dx, {N, K}),
-                                     o.view(dw, {M, K}), o.view(db, {M}), Accumulate::kOverwrite});
+    const std::string shape =
+        fmt::format("N={} K={} M={}{}{}", N, K, M, with_dx ? "" : " nodx", with_db ? "" : " nodb");
+    return make_case(op, shape, [=](const OneOp& o) {
+        o.backend().matmul_backward({o.view(dy, {N, M}), o.view(x, {N, K}), o.view(w, {M, K}),
+                                     with_dx ? o.view(dx, {N, K}) : Tensor(), o.view(dw, {M, K}),
+                                     with_db ? o.view(db, {M}) : Tensor(), Accumulate::kOverwrite});
     });
 }
 
-// causal attention of B sequences of T rows, NH heads of HS; the backward after one forward for its inputs
+// causal attention of B sequences of T rows, NH query and KV key/value heads of HS; the backward after one forward for
+// its inputs
 Case attention(Backend& be, DType D, const std::vector<int64_t>& s, bool backward) {
-    const int64_t B = s[0], T = s[1], NH = s[2], HS = s[3], C = NH * HS;
+    const int64_t B = s[0], T = s[1], NH = s[2], KV = s[3], HS = s[4], C = NH * HS, QKV = (NH + 2 * KV) * HS;
     auto op = std::make_shared<OneOp>(be, D);
-    const TensorId qkv = op->tensor("qkv", {B * T, 3 * C}, D), y = op->tensor("y", {B * T, C}, D),
+    const TensorId qkv = op->tensor("qkv", {B * T, QKV}, D), y = op->tensor("y", {B * T, C}, D),
                    lse = op->tensor("lse", {B * NH, T}, kF32);
-    const AttentionForwardArgs fwd{op->view(qkv, {B, T, 3 * C}), op->view(y, {B, T, C}), op->view(lse, {B, NH, T}), NH};
-    const std::string shape = fmt::format("B={} T={} NH={} HS={}", B, T, NH, HS);
+    const AttentionForwardArgs fwd{op->view(qkv, {B, T, QKV}), op->view(y, {B, T, C}), op->view(lse, {B, NH, T}), NH,
+                                   KV == NH ? 0 : KV};
+    const std::string shape =
+        fmt::format("B={} T={} NH={}{} HS={}", B, T, NH, KV == NH ? "" : fmt::format(" KV={}", KV), HS);
     if (!backward) {
         graph::Node& n = op->node(OpCode::kAttention, {qkv}, {y, lse});
-        n.B = B, n.T = T, n.NH = NH;
+        n.B = B, n.T = T, n.NH = NH, n.NKV = fwd.NKV;
         return make_case(op, shape, [fwd](const OneOp& o) { o.backend().attention_forward(fwd); });
     }
     be.attention_forward(fwd);
     be.synchronize();  // before the host fills the backward's tensors
-    const TensorId dy = op->tensor("dy", {B * T, C}, D), dqkv = op->tensor("dqkv", {B * T, 3 * C}, D);
+    const TensorId dy = op->tensor("dy", {B * T, C}, D), dqkv = op->tensor("dqkv", {B * T, QKV}, D);
     graph::Node& n = op->node(OpCode::kAttentionBackward, {dy, qkv, y, lse}, {dqkv});
-    n.B = B, n.T = T, n.NH = NH;
-    const AttentionBackwardArgs bwd{op->view(dy, {B, T, C}),       fwd.qkv, fwd.out, fwd.lse,
-                                    op->view(dqkv, {B, T, 3 * C}), NH};
+    n.B = B, n.T = T, n.NH = NH, n.NKV = fwd.NKV;
+    const AttentionBackwardArgs bwd{op->view(dy, {B, T, C}),     fwd.qkv, fwd.out, fwd.lse,
+                                    op->view(dqkv, {B, T, QKV}), NH,      fwd.NKV};
     return make_case(op, shape, [bwd](const OneOp& o) { o.backend().attention_backward(bwd); });
 }
 
@@ -281,22 +306,24 @@ Case cross_entropy(Backend& be, DType D, const std::vector<int64_t>& s) {
 
 // the fused LM head: logits, loss and backward, chunk by chunk
 Case lm_head_loss(Backend& be, DType D, const std::vector<int64_t>& s, BackendKind kind) {
-    const int64_t N = s[0], C = s[1], V = s[2];
+    const int64_t N = s[0], C = s[1], V = s[2], valid = dim_or(s, 3, V);
     const int64_t rows = lm_head_loss_chunk_rows(kind, D, N, V);
     auto op = std::make_shared<OneOp>(be, D);
     const TensorId x = op->tensor("lnf", {N, C}, D), w = op->tensor("wte", {V, C}, D, Role::kParameter),
-                   targets = op->tensor("targets", {N}, kI32, Role::kInput, OneOp::Fill::kTokens, V),
+                   targets = op->tensor("targets", {N}, kI32, Role::kInput, OneOp::Fill::kTokens, valid),
                    dloss = op->tensor("dloss", {N}, kF32), losses = op->tensor("losses", {N}, kF32),
                    dx = op->tensor("dlnf", {N, C}, D),
                    dw = op->tensor("dwte", {V, C}, kF32, Role::kGradient, OneOp::Fill::kZero),
                    scratch = op->tensor("scratch", {lm_head_loss_scratch_elems(kind, D, N, V, rows)}, kF32);
     graph::Node& n = op->node(OpCode::kLmHeadLoss, {x, w, targets, dloss}, {losses, dx, dw, scratch});
     n.chunk_rows = rows;
-    n.vocab_valid = V;
-    return make_case(op, fmt::format("N={} C={} V={}", N, C, V), [=](const OneOp& o) {
+    n.vocab_valid = valid;
+    const std::string shape =
+        fmt::format("N={} C={} V={}{}", N, C, V, valid == V ? "" : fmt::format(" valid={}", valid));
+    return make_case(op, shape, [=](const OneOp& o) {
         o.backend().lm_head_loss({o.view(x, {N, C}), o.view(w, {V, C}), o.view(targets, {N}), o.view(dloss, {N}),
-                                  o.view(losses, {N}), o.view(dx, {N, C}), o.view(dw, {V, C}), o.flat(scratch), 0, V,
-                                  rows});
+                                  o.view(losses, {N}), o.view(dx, {N, C}), o.view(dw, {V, C}), o.flat(scratch), 0,
+                                  valid, rows});
     });
 }
 
@@ -341,15 +368,15 @@ std::vector<FamilyPlan> family_plans(BackendKind kind) {
     const std::vector<std::vector<int64_t>> gemms = {{64, 256, 256},   {256, 256, 768},   {256, 768, 768},
                                                      {1024, 768, 768}, {1024, 768, 3072}, {4096, 768, 3072}};
     const std::vector<std::vector<int64_t>> attn = {
-        {1, 64, 12, 64}, {1, 256, 12, 64}, {4, 256, 12, 64}, {1, 1024, 12, 64}};
+        {1, 64, 12, 12, 64}, {1, 256, 12, 12, 64}, {4, 256, 12, 12, 64}, {1, 1024, 12, 12, 64}};
     const std::vector<std::vector<int64_t>> rows = {{64, 768}, {512, 768}, {4096, 768}, {16384, 768}};
     const std::vector<std::vector<int64_t>> elems = {{49152}, {393216}, {3145728}, {12582912}};
     using namespace std::placeholders;
     return {
         {F::kMatmulForward, matmul_fwd, {1, 16, 16}, gemms, 3},
         {F::kMatmulBackward, matmul_bwd, {1, 16, 16}, gemms, 3},
-        {F::kAttentionForward, std::bind(attention, _1, _2, _3, false), {1, 1, 1, 16}, attn, 2},
-        {F::kAttentionBackward, std::bind(attention, _1, _2, _3, true), {1, 1, 1, 16}, attn, 2},
+        {F::kAttentionForward, std::bind(attention, _1, _2, _3, false), {1, 1, 1, 1, 16}, attn, 2},
+        {F::kAttentionBackward, std::bind(attention, _1, _2, _3, true), {1, 1, 1, 1, 16}, attn, 2},
         {F::kNormForward, std::bind(norm, _1, _2, _3, false), {1, 16}, rows, 2},
         {F::kNormBackward, std::bind(norm, _1, _2, _3, true), {1, 16}, rows, 2},
         {F::kActivationForward, std::bind(activation, _1, _2, _3, false), {16}, elems, 2},
@@ -376,10 +403,38 @@ std::vector<FamilyPlan> family_plans(BackendKind kind) {
     };
 }
 
-// The shortest seconds of one run of c, after a warm-up: at least min_runs runs and min_seconds in all, unless two
-// runs already took kMaxSeconds. The shortest, not the median: on a machine shared with other work an OpenMP barrier
-// that waits for a descheduled thread adds whole scheduler time slices to a run, which only the fastest runs are free
-// of, and more runs of a small op give it more chances of one.
+// The largest cache of the host's first core, from sysfs ("32768K"); 32 MiB when it says nothing.
+size_t last_level_cache_bytes() {
+    size_t largest = 0;
+    for (int i = 0; i < 8; ++i) {
+        std::ifstream in(fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/size", i));
+        size_t n = 0;
+        char unit = 0;
+        if (!(in >> n)) continue;
+        in >> unit;
+        largest = std::max(largest, n << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0));
+    }
+    return largest > 0 ? largest : size_t{32} << 20;
+}
+
+// Before each timed run on the host: writes and reads twice its last-level cache, so that the op finds its weights,
+// gradients and inputs beyond the caches, as a step's ops find them after the rest of the model's ops have passed
+// through, rather than where its own previous run left them.
+volatile float g_sweep_sum;  // read back, so that no compiler drops the sweep
+void evict_host_caches() {
+    static std::vector<float> sweep(2 * last_level_cache_bytes() / sizeof(float), 1.0f);
+    float sum = 0;
+    for (float& x : sweep) {
+        x += 1.0f;
+        sum += x;
+    }
+    g_sweep_sum = sum;
+}
+
+// The shortest seconds of one run of c, after a warm-up: at least min_runs runs and min_seconds in all (with the
+// evictions between them, on the host), unless two runs already took kMaxSeconds. The shortest, not the median: on a
+// machine shared with other work an OpenMP barrier that waits for a descheduled thread adds whole scheduler time slices
+// to a run, which only the fastest runs are free of, and more runs of a small op give it more chances of one.
 double time_case(Backend& be, const Case& c, int min_runs, double min_seconds) {
     constexpr double kMaxSeconds = 1.5;
     const double t_warm = now_seconds();
@@ -398,12 +453,14 @@ double time_case(Backend& be, const Case& c, int min_runs, double min_seconds) {
         return runs < min_runs || total < min_seconds;
     };
     while (more()) {
+        const double t_start = now_seconds();
+        if (!be.asynchronous()) evict_host_caches();
         const double t0 = now_seconds();
         for (int i = 0; i < batch; ++i) c.run();
         be.synchronize();
-        const double seconds = now_seconds() - t0;
-        t.push_back(seconds / batch);
-        total += seconds;
+        const double t1 = now_seconds();
+        t.push_back((t1 - t0) / batch);
+        total += t1 - t_start;
     }
     return *std::min_element(t.begin(), t.end());
 }
@@ -552,10 +609,26 @@ void set_peak(sim::DTypeTable& table, const Backend& be, BackendKind kind) {
                                      : "measured: the best matmul_fwd point";
 }
 
-// What calibrate measures: the activation dtype and the backend's options, from the config and the command line.
-std::pair<DType, BackendOptions> calibrate_setup(const CalibrateArgs& a) {
+// What calibrate measures: the config (its model's op shapes with --world-size), the activation dtype and the
+// backend's options, from the config and the command line.
+struct Setup {
+    Config cfg;
+    DType act;
+    BackendOptions backend;
+};
+Setup calibrate_setup(const CalibrateArgs& a) {
     Config cfg;
     if (!a.config_path.empty() || !a.overrides.empty()) cfg = load_config(a.config_path, a.overrides);
+    if (!a.world_sizes.empty() && a.config_path.empty())
+        throw UserError(
+            "calibrate: --world-size measures the op shapes of a config's model, and no --config was given\n---> "
+            "HINT: pass the config you will plan (`plan --search --world-size N`) with --config");
+    for (const int w : a.world_sizes)
+        if (w < 1)
+            throw UserError(fmt::format(
+                "calibrate: --world-size {} is not a number of ranks\n---> HINT: pass the world sizes you will "
+                "plan for, e.g. --world-size 8",
+                w));
     MixedPrecisionConfig mp;
     mp.dtype = a.dtype.empty() ? cfg.mixed_precision.dtype : a.dtype;
     if (mp.dtype != "fp32" && mp.dtype != "bf16" && mp.dtype != "fp16")
@@ -573,12 +646,42 @@ std::pair<DType, BackendOptions> calibrate_setup(const CalibrateArgs& a) {
     bo.kind = parse_backend_kind(cfg.run.backend);
     bo.num_threads = a.threads > 0 ? a.threads : cfg.run.num_threads;
     bo.cuda = cuda_debug_options(cfg.debug);
-    return {model_dtype(mp), bo};
+    return {cfg, model_dtype(mp), bo};
+}
+
+// The ops of a.config's model at every shape `plan --search` and `plan --simulate` price on a.world_sizes ranks
+// (planned_op_shapes), each timed as itself into the table's shape_seconds. `p` holds the table's curves already:
+// they price the layouts while the shapes are collected.
+void measure_shapes(Backend& be, const Setup& setup, const CalibrateArgs& a, sim::Profile& p, const Timing& timing) {
+    sim::DTypeTable& table = p.tables.back();
+    const std::vector<sim::OpShape> shapes =
+        planned_op_shapes(setup.cfg, a.world_sizes, a.ranks_per_node, sim::ProfileCostModel(p), p.device_memory_bytes);
+    const std::vector<FamilyPlan> plans = family_plans(setup.backend.kind);
+    if (timing.report)
+        std::printf("calibrate: the model's own op shapes for world sizes %s: %zu\n",
+                    fmt::format("{}", fmt::join(a.world_sizes, ", ")).c_str(), shapes.size());
+    for (const sim::OpShape& shape : shapes) {
+        const auto plan =
+            std::find_if(plans.begin(), plans.end(), [&](const FamilyPlan& f) { return f.family == shape.family; });
+        MS_CHECK(plan != plans.end(), "calibrate: no builder for the op family {}", sim::family_name(shape.family));
+        const Case c = plan->build(be, setup.act, shape.dims);
+        if (timing.ranks != nullptr) timing.ranks->barrier();
+        const double seconds = time_case(be, c, timing.runs, timing.seconds);
+        table.shape_seconds[c.key] = seconds;
+        if (timing.report) {
+            std::printf("  %-15s %-28s %9.3g %-4s %9.3f ms\n", sim::family_name(shape.family), c.shape.c_str(),
+                        c.work.work(), sim::family_bound(shape.family) == sim::Bound::kCompute ? "FLOP" : "B",
+                        seconds * 1e3);
+            std::fflush(stdout);
+        }
+    }
 }
 
 int run_calibrate(const CalibrateArgs& a) {
     const double t_start = now_seconds();
-    const auto [D, bo] = calibrate_setup(a);
+    const Setup setup = calibrate_setup(a);
+    const DType D = setup.act;
+    const BackendOptions& bo = setup.backend;
     // Under mpirun every rank measures the link first; then every rank times the ops at once (Timing), and rank 0
     // prints and writes the profile. One process alone starts no MPI: there is no link to measure.
     std::optional<MpiRuntime> mpi;
@@ -639,6 +742,7 @@ int run_calibrate(const CalibrateArgs& a) {
     p.memory_bytes_per_s = table.of(OpFamily::kResidual).points.back().rate;
     set_peak(table, *be, bo.kind);
     p.tables.push_back(std::move(table));
+    if (!a.world_sizes.empty()) measure_shapes(*be, setup, a, p, timing);
     if (!timing.report) return kExitOk;
     sim::save_profile(p, a.output);
     std::printf("calibrate: matmul peak %.1f GFLOP/s (%s), streaming %.2f GB/s; wrote %s in %.1f s\n",
@@ -665,6 +769,13 @@ Command add_calibrate_command(CLI::App& parent) {
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
     cmd->add_option("--threads", a->threads, "CPU threads (default: run.num_threads, else OpenMP's)");
     cmd->add_option("--dtype", a->dtype, "Activation dtype: fp32, bf16 or fp16 (default: mixed_precision.dtype)");
+    cmd->add_option("--world-size", a->world_sizes,
+                    "Also time, each as itself, every matmul, attention and LM-head shape of the --config's model "
+                    "that `plan --search` and `plan --simulate` price on this many ranks (repeatable)")
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    cmd->add_option("--ranks-per-node,--gpus-per-node", a->ranks_per_node,
+                    "Ranks per node of those plans (default: run.ranks_per_node, else 8)");
     cmd->add_flag("--quick", a->quick, "A few shapes per family, briefly timed (seconds): for tests");
     return {cmd, [a]() { return run_calibrate(*a); }};
 }

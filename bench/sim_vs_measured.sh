@@ -4,8 +4,9 @@
 # heads of 64, sequence 128, vocabulary 64, fp32, micro-batch 2, 16 sequences a step; every rank 1 thread) is
 # trained by `mpirun -np N mindspeed-train train` in each layout; its step time is the median over the iterations
 # after the first two (bench/common.sh median_ms). Three parts:
-#   1. a profile: `mpirun -np 2 mindspeed-train calibrate --threads 1` (the ops, and the intra-node link between two
-#      ranks), unless one is given;
+#   1. a profile: `mpirun -np 2 mindspeed-train calibrate --threads 1` with the model's config and --world-size 1, 2,
+#      4 and 8 (the op families' curves, every op shape of the model those world sizes' layouts hold, and the
+#      intra-node link between two ranks), unless one is given;
 #   2. 15 layouts of 1 to 8 ranks (tp, pp, dp, ZeRO-1, interleaved, sequence parallelism; two with the link model
 #      on): measured against simulated with the profile's links (measured MPI; the link model's for the two runs
 #      that use it) and with free links; the error is simulated with links / measured - 1. Prints the median and the
@@ -43,7 +44,8 @@ t_start=$(date +%s)
 # ---- 1. the profile, and its variants: free links; the link model's (engine/config/config.h defaults)
 if [ -z "$profile" ]; then
   profile=$out/cpu.json
-  "${mpi[@]}" -np 2 "$bin" calibrate --threads 1 --output "$profile" > "$out/calibrate.log" 2>&1 ||
+  "${mpi[@]}" -np 2 "$bin" calibrate --threads 1 "${model[@]}" --world-size 1 --world-size 2 --world-size 4 \
+    --world-size 8 --output "$profile" > "$out/calibrate.log" 2>&1 ||
     { echo "bench: calibrate failed, see $out/calibrate.log" >&2; exit 1; }
   grep -E '^calibrate: (intra|matmul|WARNING)' "$out/calibrate.log" || true
 fi

@@ -2,6 +2,8 @@
 // profile (profile.h). The profile file is profile_file.cpp's.
 #include "engine/sim/profile.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -212,6 +214,45 @@ OpWork op_work(const graph::Graph& g, const graph::Node& n) {
     return w;
 }
 
+std::string OpShape::key() const { return fmt::format("{} {}", family_name(family), fmt::join(dims, "x")); }
+
+std::optional<OpShape> op_shape(const graph::Graph& g, const graph::Node& n) {
+    const auto present = [](graph::TensorId t) -> int64_t { return t != kNoTensor ? 1 : 0; };
+    // N, K and M of a matmul of x by w (M, K)
+    const auto nkm = [&](graph::TensorId x, graph::TensorId w) {
+        const std::vector<int64_t>& ws = g.info(w).shape;
+        return std::array<int64_t, 3>{g.info(x).numel() / ws.at(1), ws.at(1), ws.at(0)};
+    };
+    switch (n.op) {
+        case OpCode::kMatmul:
+        case OpCode::kMatmulGelu: {
+            const auto [N, K, M] = nkm(n.in.at(0), n.in.at(1));
+            return OpShape{OpFamily::kMatmulForward, {N, K, M, n.in.size() > 2 ? present(n.in[2]) : 0}};
+        }
+        case OpCode::kMatmulBackward: {
+            const auto [N, K, M] = nkm(n.in.at(1), n.in.at(2));
+            return OpShape{OpFamily::kMatmulBackward,
+                           {N, K, M, present(n.out.at(0)), n.out.size() > 2 ? present(n.out[2]) : 0}};
+        }
+        case OpCode::kAttention:
+        case OpCode::kAttentionBackward: {
+            if (!n.causal) return std::nullopt;
+            const int64_t kv = attention_kv_heads(n.NH, n.NKV);
+            const graph::TensorId qkv = n.op == OpCode::kAttention ? n.in.at(0) : n.in.at(1);
+            const int64_t HS = g.info(qkv).shape.back() / (n.NH + 2 * kv);
+            return OpShape{n.op == OpCode::kAttention ? OpFamily::kAttentionForward : OpFamily::kAttentionBackward,
+                           {n.B, n.T, n.NH, kv, HS}};
+        }
+        case OpCode::kLmHeadLoss: {
+            if (n.in.size() <= 3 || n.in[3] == kNoTensor) return std::nullopt;  // without its backward
+            const auto [N, C, V] = nkm(n.in.at(0), n.in.at(1));
+            return OpShape{OpFamily::kLmHeadLoss, {N, C, V, n.vocab_valid}};
+        }
+        default:
+            return std::nullopt;
+    }
+}
+
 double adamw_bytes_per_element(DType weights) {
     const double fp32 = 4.0;
     const double copy = weights == DType::kF32 ? 0.0 : static_cast<double>(dtype_size(weights));
@@ -382,6 +423,14 @@ const DTypeTable& ProfileCostModel::table(DType act) const {
                     p_.name, dtype_name(act), held, dtype_name(act), dtype_name(p_.tables.front().dtype)));
 }
 
+namespace {
+
+double epilogue_seconds(const DTypeTable& t, const OpWork& w) {
+    return w.epilogue_bytes > 0 ? w.epilogue_bytes / t.of(w.epilogue_family).rate_at(w.epilogue_bytes) : 0.0;
+}
+
+}  // namespace
+
 double ProfileCostModel::seconds(const OpWork& w, DType act) const {
     if (w.flops == 0 && w.bytes == 0) return 0;
     const DTypeTable& t = table(act);
@@ -389,13 +438,17 @@ double ProfileCostModel::seconds(const OpWork& w, DType act) const {
     const bool compute = family_bound(w.family) == Bound::kCompute;
     const double flop_rate = compute ? c.rate_at(w.flops) : t.matmul_peak_flops;
     const double byte_rate = compute ? p_.memory_bytes_per_s : c.rate_at(w.bytes);
-    const double epilogue =
-        w.epilogue_bytes > 0 ? w.epilogue_bytes / t.of(w.epilogue_family).rate_at(w.epilogue_bytes) : 0.0;
-    return c.overhead_s + std::max(w.flops / flop_rate, w.bytes / byte_rate) + epilogue;
+    return c.overhead_s + std::max(w.flops / flop_rate, w.bytes / byte_rate) + epilogue_seconds(t, w);
 }
 
 double ProfileCostModel::op_seconds(const graph::Graph& g, const graph::Node& n) const {
-    return seconds(op_work(g, n), g.act);
+    const OpWork w = op_work(g, n);
+    if (const std::optional<OpShape> s = op_shape(g, n)) {
+        const DTypeTable& t = table(g.act);
+        if (const auto it = t.shape_seconds.find(s->key()); it != t.shape_seconds.end())
+            return it->second + epilogue_seconds(t, w);
+    }
+    return seconds(w, g.act);
 }
 
 double ProfileCostModel::optimizer_seconds(int64_t elements, DType weights) const {

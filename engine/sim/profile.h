@@ -15,6 +15,8 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +68,24 @@ struct OpWork {
 };
 OpWork op_work(const graph::Graph& g, const graph::Node& n);
 
+// The shape of an op a profile can hold measured as itself (calibrate --world-size), in place of its family's curve:
+// the curves are interpolated by work alone, where the same FLOPs take different times at different shapes (a CPU's
+// sgemm runs a 1024 x 256 x 1024 product faster per FLOP than a 128 x 256 x 1024 one). dims:
+//   matmul_fwd      N, K, M, bias (1: adds one)
+//   matmul_bwd      N, K, M, dx (1: writes it), db (1: writes it)
+//   attention_fwd   B, T, NH, NKV, HS (causal self-attention; NKV the key/value heads)
+//   attention_bwd   the same
+//   lm_head_loss    N, C, V, vocab_valid (with its backward)
+// A fused GELU is not part of it: op_work's epilogue, timed by its family's curve, is added to the measured time.
+// Other ops (ring and cross attention, the memory-bound families) have none.
+struct OpShape {
+    OpFamily family = OpFamily::kMemset;
+    std::vector<int64_t> dims;
+    std::string key() const;  // "matmul_bwd 128x256x1024x1x1": the profile file's key
+    auto operator<=>(const OpShape&) const = default;
+};
+std::optional<OpShape> op_shape(const graph::Graph& g, const graph::Node& n);
+
 // The bytes an AdamW step moves per parameter: reads fp32 weight, gradient and both moments, writes weight and
 // moments, and with 16-bit weights writes their copy too.
 double adamw_bytes_per_element(DType weights);
@@ -88,6 +108,9 @@ struct DTypeTable {
     double matmul_peak_flops = 0;  // the MFU denominator: the datasheet's dense peak, or the best measured matmul
     std::string peak_source;       // "measured: best matmul point", "device_peak.cpp: NVIDIA H200 bf16", ...
     std::array<FamilyCurve, kNumFamilies> families;
+    // Ops measured at their own shape: OpShape::key() -> seconds (without an epilogue). The cost model takes these
+    // over the curves.
+    std::map<std::string, double> shape_seconds;
     const FamilyCurve& of(OpFamily f) const { return families[static_cast<size_t>(f)]; }
     FamilyCurve& of(OpFamily f) { return families[static_cast<size_t>(f)]; }
     bool operator==(const DTypeTable&) const = default;
@@ -129,7 +152,8 @@ class ProfileCostModel : public CostModel {
     const Profile& profile() const { return p_; }
 
     std::string describe() const override;
-    // seconds(op_work(g, n), g.act): a ring-attention node's is one step of its ring (the graph does not hold cp)
+    // The table's shape_seconds of op_shape(g, n) plus the epilogue, when it holds them; else seconds(op_work(g, n),
+    // g.act). A ring-attention node's is one step of its ring (the graph does not hold cp).
     double op_seconds(const graph::Graph& g, const graph::Node& n) const override;
     double optimizer_seconds(int64_t elements, DType weights) const override;
     double memory_seconds(int64_t bytes) const override;

@@ -109,10 +109,12 @@ std::string profile_to_json(const Profile& p) {
                                         {"overhead_s", t.of(f).overhead_s},
                                         {"points", points}};
         }
-        tables.push_back({{"dtype", dtype_name(t.dtype)},
-                          {"matmul_peak_flops", t.matmul_peak_flops},
-                          {"peak_source", t.peak_source},
-                          {"families", families}});
+        ordered_json table = {{"dtype", dtype_name(t.dtype)},
+                              {"matmul_peak_flops", t.matmul_peak_flops},
+                              {"peak_source", t.peak_source},
+                              {"families", families}};
+        if (!t.shape_seconds.empty()) table["shape_seconds"] = t.shape_seconds;  // absent: none measured
+        tables.push_back(std::move(table));
     }
     const ordered_json j = {
         {"format", kFormat},
@@ -184,6 +186,14 @@ Profile profile_from_json(const std::string& text, const std::string& where) {
         for (size_t i = 0; i < kNumFamilies; ++i) {
             const auto f = static_cast<OpFamily>(i);
             table.of(f) = r.curve(families, f, table.dtype);
+        }
+        if (t.contains("shape_seconds")) {
+            const ordered_json& shapes = t["shape_seconds"];
+            if (!shapes.is_object())
+                r.fail(fmt::format("has {} for \"shape_seconds\"{}, not an object", shapes.dump(), in));
+            for (const auto& [key, value] : shapes.items())
+                table.shape_seconds[key] =
+                    r.number(shapes, key.c_str(), fmt::format(" in \"shape_seconds\"{}", in), true);
         }
         p.tables.push_back(std::move(table));
     }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <tuple>
 
 #include "comm/nodes.h"
@@ -361,17 +363,78 @@ std::vector<std::string> placement_report(const Topology& t, const NodeLayout& n
 
 int run_plan(const Config& cfg, int world_size) { return run_plan(cfg, PlanOptions{.world_size = world_size}); }
 
-int run_plan(const Config& cfg_in, const PlanOptions& o) {
-    Config cfg = cfg_in;
-    if (cfg.model.vocab_size == 0) cfg = resolve_vocab(cfg, *open_token_source(cfg.data, 0));  // as train does
-    // --ranks-per-node, else the config's run.ranks_per_node, else 8 (a DGX); nodes of consecutive ranks
-    const int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : cfg.run.ranks_per_node > 0 ? cfg.run.ranks_per_node : 8;
-    if (o.world_size > rpn && o.world_size % rpn != 0) {
+namespace {
+
+// The config as train runs it: its vocabulary resolved from the data when model.vocab_size is 0.
+Config resolved_config(const Config& cfg) {
+    return cfg.model.vocab_size == 0 ? resolve_vocab(cfg, *open_token_source(cfg.data, 0)) : cfg;
+}
+
+// --ranks-per-node, else the config's run.ranks_per_node, else 8 (a DGX); nodes of consecutive ranks, which must
+// divide a world larger than one node.
+int plan_ranks_per_node(const Config& cfg, int ranks_per_node, int world_size) {
+    const int rpn = ranks_per_node > 0 ? ranks_per_node : cfg.run.ranks_per_node > 0 ? cfg.run.ranks_per_node : 8;
+    if (world_size > rpn && world_size % rpn != 0) {
         throw UserError(fmt::format(
             "plan: {} ranks per node do not divide the world size {}; hint: --ranks-per-node with a divisor of {} "
             "(or one at least the world size: a single node)",
-            rpn, o.world_size, o.world_size));
+            rpn, world_size, world_size));
     }
+    return rpn;
+}
+
+// A cost model that notes the shape of every op it is asked about, and lets `inner` price it.
+class ShapeRecorder : public sim::CostModel {
+  public:
+    explicit ShapeRecorder(const sim::CostModel& inner) : inner_(inner) {}
+    std::string describe() const override { return inner_.describe(); }
+    double op_seconds(const graph::Graph& g, const graph::Node& n) const override {
+        if (const std::optional<sim::OpShape> s = sim::op_shape(g, n)) shapes.insert(*s);
+        return inner_.op_seconds(g, n);
+    }
+    double optimizer_seconds(int64_t elements, DType weights) const override {
+        return inner_.optimizer_seconds(elements, weights);
+    }
+    double memory_seconds(int64_t bytes) const override { return inner_.memory_seconds(bytes); }
+    double peak_flops(DType act) const override { return inner_.peak_flops(act); }
+    LinkModel links() const override { return inner_.links(); }
+    double oversubscription(int ranks_per_host) const override { return inner_.oversubscription(ranks_per_host); }
+
+    mutable std::set<sim::OpShape> shapes;
+
+  private:
+    const sim::CostModel& inner_;
+};
+
+}  // namespace
+
+std::vector<sim::OpShape> planned_op_shapes(const Config& cfg_in, const std::vector<int>& world_sizes,
+                                            int ranks_per_node, const sim::CostModel& cost,
+                                            int64_t device_memory_bytes) {
+    const Config cfg = resolved_config(cfg_in);
+    ShapeRecorder recorder(cost);
+    for (const int world : world_sizes) {
+        const int rpn = plan_ranks_per_node(cfg, ranks_per_node, world);
+        sim::SearchOptions so{.world_size = world, .gpus_per_node = rpn};
+        so.memory_bytes = sim::search_memory_budget(cfg, device_memory_bytes, std::min(rpn, world));
+        sim::search_layouts(cfg, recorder, so);
+        // and the config's own layout, which plan --simulate prices whether or not the search keeps it (with
+        // parallel.auto it is one of the search's)
+        if (cfg.parallel.auto_layout) continue;
+        RunLayout layout;
+        try {
+            layout = make_run_layout(cfg, world);
+        } catch (const UserError&) {
+            continue;  // not a layout of this world size
+        }
+        sim::simulate_step(layout, recorder, nodes_by_count(world, std::min(rpn, world)));
+    }
+    return {recorder.shapes.begin(), recorder.shapes.end()};
+}
+
+int run_plan(const Config& cfg_in, const PlanOptions& o) {
+    Config cfg = resolved_config(cfg_in);  // as train does
+    const int rpn = plan_ranks_per_node(cfg, o.ranks_per_node, o.world_size);
     if (o.search) return run_search(cfg, o, rpn);
     cfg = resolve_auto_layout(cfg, o.world_size, rpn, 0);  // parallel.auto: plan what train would run
     const RunLayout layout = make_run_layout(cfg, o.world_size);

@@ -27,6 +27,7 @@
 #include "engine/model/gpt.h"
 #include "engine/optim/distributed_optimizer.h"
 #include "engine/parallel/schedule.h"
+#include "engine/sim/profile.h"
 #include "engine/train/run_layout.h"
 
 namespace ms {
@@ -136,5 +137,12 @@ int64_t bound_eval_iters(int64_t requested, const std::string& key, int64_t spli
 // Validates cfg for options.world_size (throws UserError) and prints the derived values, the rank layout, the
 // per-stage memory, the schedule's bubble and whether the largest rank fits. Returns the exit code.
 int run_plan(const Config& cfg, const PlanOptions& options);
+
+// The op shapes (sim::op_shape) that `plan --search --world-size N` and `plan --simulate` of cfg on N ranks price,
+// for each N of world_sizes (nodes of ranks_per_node ranks, 0: as plan takes it; the search's memory budget as plan's
+// with a device of device_memory_bytes, 0: host memory): what `calibrate --world-size` measures. `cost` prices the
+// layouts meanwhile; which shapes they hold does not depend on it.
+std::vector<sim::OpShape> planned_op_shapes(const Config& cfg, const std::vector<int>& world_sizes, int ranks_per_node,
+                                            const sim::CostModel& cost, int64_t device_memory_bytes);
 
 }  // namespace ms

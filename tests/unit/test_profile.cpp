@@ -7,6 +7,9 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -16,6 +19,7 @@
 #include "engine/sim/link_probe.h"
 #include "engine/sim/profile.h"
 #include "engine/train/device_peak.h"
+#include "engine/train/plan.h"
 #include "tests/common/job_run.h"
 #include "tests/common/temp_dir.h"
 
@@ -62,6 +66,8 @@ TEST(Profile, FileRoundTripIsExact) {
     sim::FamilyCurve awkward{.overhead_s = 1.0 / 3.0, .points = {{0.1, 1.0 / 7.0}, {2.0 / 3.0, 1e300}, {1e301, 5e-7}}};
     std::vector<sim::Profile> profiles = {hand_profile(awkward)};
     profiles[0].intra_node.reduce_bytes_per_s = 1.0 / 3.0 * 1e10;
+    profiles[0].tables[0].shape_seconds = {{"matmul_fwd 128x256x1024x1", 1.0 / 3.0 * 1e-3},
+                                           {"attention_bwd 1x2x3x3x4", 5e-7}};
     profiles[0].tables.push_back(profiles[0].tables[0]);
     profiles[0].tables[1].dtype = DType::kBF16;
     for (const std::string& name : sim::estimate_profile_names()) profiles.push_back(sim::estimate_profile(name));
@@ -177,6 +183,12 @@ TEST(Profile, BadFilesAreNamedWithWhatIsWrong) {
     expect_has(edited([](J& j) { j["tables"][1]["families"].erase("adamw"); }), "has no \"adamw\" in the bf16 table");
     expect_has(edited([](J& j) { j["tables"][1]["dtype"] = "fp8"; }), "has a table for dtype \"fp8\"");
     expect_has(edited([](J& j) { j["tables"][1]["dtype"] = "fp32"; }), "has two tables for fp32");
+    expect_has(edited([](J& j) {
+                   j["tables"][0]["shape_seconds"] = {{"matmul_fwd 1x2x3x1", -1}};
+               }),
+               "has -1 for \"matmul_fwd 1x2x3x1\" in \"shape_seconds\" in the fp32 table, which must be > 0");
+    expect_has(edited([](J& j) { j["tables"][0]["shape_seconds"] = J::array(); }),
+               "has [] for \"shape_seconds\" in the fp32 table, not an object");
     expect_has(edited([](J& j) { j["memory_bytes_per_s"] = -1; }),
                "has -1 for \"memory_bytes_per_s\", which must be > 0");
     expect_has(edited([](J& j) { j["links"]["inter_node"]["bytes_per_s"] = "fast"; }),
@@ -252,6 +264,69 @@ TEST(Profile, FlopsOfGptOps) {
     EXPECT_EQ(work_of(OpCode::kResidualLayerNorm, "h.0.ln_2").flops, 0);  // memory-bound: its bytes bound it
 }
 
+// The shapes a profile can hold an op measured at (OpShape), for the graph of FlopsOfGptOps and a Llama's: each
+// dimension read off the graph by hand.
+TEST(Profile, ShapesOfGptOps) {
+    GptShape s;
+    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    GptGraphSpec spec{.shape = s, .B = 2, .T = 16};
+    spec.options.lm_head_loss_fusion = true;
+    const GptGraph gg = build_gpt_graph(spec, gpt_param_table(s));
+    auto key_of = [](const graph::Graph& g, graph::OpCode op, const std::string& label) -> std::string {
+        for (const graph::Node& n : g.nodes) {
+            if (n.op != op || (!label.empty() && n.label != label)) continue;
+            const std::optional<sim::OpShape> shape = sim::op_shape(g, n);
+            return shape ? shape->key() : "none";
+        }
+        ADD_FAILURE() << "no " << graph::op_name(op) << " " << label << " in\n" << graph::describe(g);
+        return "";
+    };
+    using graph::OpCode;
+    // N = B T = 32 rows; c_attn: K = C, M = 3C, with its bias
+    EXPECT_EQ(key_of(gg.g, OpCode::kMatmul, "h.0.attn.c_attn"), "matmul_fwd 32x48x144x1");
+    EXPECT_EQ(key_of(gg.g, OpCode::kMatmulGelu, "h.0.mlp.c_fc"), "matmul_fwd 32x48x192x1");  // the GELU is not in it
+    // c_proj's backward: K = F, M = C, writing dx and its bias's gradient
+    EXPECT_EQ(key_of(gg.g, OpCode::kMatmulBackward, "h.0.mlp.c_proj"), "matmul_bwd 32x192x48x1x1");
+    EXPECT_EQ(key_of(gg.g, OpCode::kAttention, "h.0.attn"), "attention_fwd 2x16x4x4x12");  // B T NH NKV HS
+    EXPECT_EQ(key_of(gg.g, OpCode::kAttentionBackward, "h.0.attn"), "attention_bwd 2x16x4x4x12");
+    EXPECT_EQ(key_of(gg.g, OpCode::kLmHeadLoss, ""), "lm_head_loss 32x48x128x61");  // N C Vp and the valid V
+    EXPECT_EQ(key_of(gg.g, OpCode::kResidualLayerNorm, "h.0.ln_2"), "none");        // memory-bound: the curves cost it
+
+    s.arch = ModelArch::kLlama, s.NKV = 2, s.untied = true;
+    spec = {.shape = s, .B = 2, .T = 16};
+    const GptGraph gqa = build_llama_graph(spec, gpt_param_table(s));
+    EXPECT_EQ(key_of(gqa.g, OpCode::kAttention, ""), "attention_fwd 2x16x4x2x12");
+    spec.options.context_parallel = 2;
+    spec.T = 8;
+    const GptGraph ring = build_llama_graph(spec, gpt_param_table(s));
+    EXPECT_EQ(key_of(ring.g, OpCode::kRingAttention, ""), "none");
+}
+
+// An op whose shape the table holds costs its measured seconds, plus its fused GELU at the curve's rate; the others
+// cost the curves.
+TEST(Profile, MeasuredShapesTakeOverTheCurves) {
+    GptShape s;
+    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    const GptGraph gg = build_gpt_graph({.shape = s, .B = 2, .T = 16}, gpt_param_table(s));
+    const graph::Graph& g = gg.g;
+    auto node = [&](graph::OpCode op, const std::string& label) -> const graph::Node& {
+        for (const graph::Node& n : g.nodes)
+            if (n.op == op && n.label == label) return n;
+        throw std::runtime_error("no " + label);
+    };
+    const graph::Node& fc = node(graph::OpCode::kMatmulGelu, "h.0.mlp.c_fc");
+    const graph::Node& qkv = node(graph::OpCode::kMatmul, "h.0.attn.c_attn");
+    const graph::Node& attn = node(graph::OpCode::kAttention, "h.0.attn");
+    sim::Profile p = hand_profile({.overhead_s = 1e-6, .points = {{1, 1e9}}});
+    p.tables[0].shape_seconds = {{"matmul_fwd 32x48x192x1", 0.25}, {"attention_fwd 2x16x4x4x12", 0.5}};
+    const sim::ProfileCostModel m(p);
+    EXPECT_EQ(m.op_seconds(g, attn), 0.5);
+    EXPECT_DOUBLE_EQ(m.op_seconds(g, fc), 0.25 + 4.0 * 2 * 32 * 192 / 1e9);         // the GELU: pre read, y written
+    EXPECT_EQ(m.op_seconds(g, qkv), m.seconds(sim::op_work(g, qkv), DType::kF32));  // not held
+    p.tables[0].shape_seconds.clear();
+    EXPECT_EQ(sim::ProfileCostModel(p).op_seconds(g, attn), m.seconds(sim::op_work(g, attn), DType::kF32));
+}
+
 // The fused LM head (forward and backward in one op), and a Llama's grouped-query and ring attention (4 query heads,
 // 2 key/value heads, HS = 12; context parallelism of 2 holds T / 2 = 8 rows of each of the B = 2 sequences).
 TEST(Profile, FlopsOfFusedHeadAndRingAttention) {
@@ -307,6 +382,44 @@ TEST(Profile, CalibrateQuickWritesALoadableProfile) {
     EXPECT_EQ(prof.cores, static_cast<int>(std::thread::hardware_concurrency()));
     // the link model's defaults, said so
     EXPECT_NE(prof.links_source.find("LinkModelConfig"), std::string::npos) << prof.links_source;
+}
+
+// calibrate --world-size times, each as itself, every shape the search and the config's own layout price on that
+// many ranks (planned_op_shapes, on the curves the profile holds); without --config it says what is missing.
+TEST(Profile, CalibrateWorldSizeTimesTheModelsShapes) {
+    TempDir dir("ms_calibrate");
+    const std::string out = dir / "cpu.json";
+    const std::string config = MS_SOURCE_DIR "/tests/parallel/tiny.yaml";
+    const std::string cmd = std::string(MS_BINARY_PATH) + " calibrate --quick --threads 1 --config " + config +
+                            " --world-size 2 --output " + out + " 2>&1";
+    const ms::test::JobRun run = ms::test::run_command(cmd, "");
+    ASSERT_EQ(run.code, 0) << run.output;
+    const sim::Profile prof = sim::load_profile(out);
+    const std::vector<sim::OpShape> shapes =
+        planned_op_shapes(load_config(config, {}), {2}, 0, sim::ProfileCostModel(prof), prof.device_memory_bytes);
+    std::set<std::string> keys;
+    for (const sim::OpShape& shape : shapes) keys.insert(shape.key());
+    std::set<std::string> held;
+    for (const auto& [key, seconds] : prof.tables.at(0).shape_seconds) {
+        held.insert(key);
+        EXPECT_GT(seconds, 0) << key;
+    }
+    EXPECT_EQ(held, keys);
+    // tp 1 and 2, micro-batches 1, 2 and 4 (dp 2 of 8 sequences leaves 4 a rank at most): c_attn's forward at tp 2
+    // and 4 sequences of 32 rows, the attention of one sequence over tp 1's 4 heads
+    EXPECT_TRUE(keys.count("matmul_fwd 128x64x96x1")) << run.output;
+    EXPECT_TRUE(keys.count("attention_bwd 1x32x4x4x16")) << run.output;
+    EXPECT_NE(run.output.find("calibrate: the model's own op shapes for world sizes 2: " + std::to_string(keys.size())),
+              std::string::npos)
+        << run.output;
+
+    const ms::test::JobRun bare = ms::test::run_command(
+        std::string(MS_BINARY_PATH) + " calibrate --quick --world-size 2 --output " + out + " 2>&1", "");
+    EXPECT_NE(bare.code, 0);
+    EXPECT_NE(bare.output.find("calibrate: --world-size measures the op shapes of a config's model, and no --config "
+                               "was given"),
+              std::string::npos)
+        << bare.output;
 }
 
 }  // namespace
