@@ -114,12 +114,22 @@ void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim:
 
 // plan --search: the budget per rank is --memory-gb, run.memory_limit_gb, the profile's device memory less what a GPU
 // rank keeps outside its arena, or the host's memory / ranks on a node.
+// The search's options for `world` ranks in nodes of ranks_per_node: its budget per rank memory_gib when that is
+// given, else search_memory_budget's with a device of device_memory_bytes.
+sim::SearchOptions search_options(const Config& cfg, int world, int ranks_per_node, double memory_gib,
+                                  int64_t device_memory_bytes) {
+    sim::SearchOptions so{.world_size = world, .gpus_per_node = ranks_per_node};
+    so.memory_bytes = memory_gib > 0
+                          ? memory_gib * kGiB
+                          : sim::search_memory_budget(cfg, device_memory_bytes, std::min(ranks_per_node, world));
+    return so;
+}
+
 int run_search(const Config& cfg, const PlanOptions& o, int ranks_per_node) {
     const std::unique_ptr<sim::ProfileCostModel> cost = plan_cost_model(o, parse_backend_kind(cfg.run.backend));
-    sim::SearchOptions so{.world_size = o.world_size, .gpus_per_node = ranks_per_node, .top = o.top};
-    so.memory_bytes = o.memory_gib > 0 ? o.memory_gib * kGiB
-                                       : sim::search_memory_budget(cfg, cost->profile().device_memory_bytes,
-                                                                   std::min(ranks_per_node, o.world_size));
+    sim::SearchOptions so =
+        search_options(cfg, o.world_size, ranks_per_node, o.memory_gib, cost->profile().device_memory_bytes);
+    so.top = o.top;
     log_info("cost model: {}", cost->describe());
     for (const std::string& line : sim::search_report(sim::search_layouts(cfg, *cost, so), so)) log_info("{}", line);
     return kExitOk;
@@ -415,9 +425,7 @@ std::vector<sim::OpShape> planned_op_shapes(const Config& cfg_in, const std::vec
     ShapeRecorder recorder(cost);
     for (const int world : world_sizes) {
         const int rpn = plan_ranks_per_node(cfg, ranks_per_node, world);
-        sim::SearchOptions so{.world_size = world, .gpus_per_node = rpn};
-        so.memory_bytes = sim::search_memory_budget(cfg, device_memory_bytes, std::min(rpn, world));
-        sim::search_layouts(cfg, recorder, so);
+        sim::search_layouts(cfg, recorder, search_options(cfg, world, rpn, 0, device_memory_bytes));
         // and the config's own layout, which plan --simulate prices whether or not the search keeps it (with
         // parallel.auto it is one of the search's)
         if (cfg.parallel.auto_layout) continue;
