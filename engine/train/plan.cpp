@@ -102,13 +102,56 @@ std::unique_ptr<sim::ProfileCostModel> plan_cost_model(const PlanOptions& o, Bac
         devices));
 }
 
+// A cost model that notes the shape of every op it is asked about, and lets `inner` price it.
+class ShapeRecorder : public sim::CostModel {
+  public:
+    explicit ShapeRecorder(const sim::CostModel& inner) : inner_(inner) {}
+    std::string describe() const override { return inner_.describe(); }
+    double op_seconds(const graph::Graph& g, const graph::Node& n) const override {
+        if (const std::optional<sim::OpShape> s = sim::op_shape(g, n)) shapes.insert(*s);
+        act = g.act;
+        return inner_.op_seconds(g, n);
+    }
+    double optimizer_seconds(int64_t elements, DType weights) const override {
+        return inner_.optimizer_seconds(elements, weights);
+    }
+    double memory_seconds(int64_t bytes) const override { return inner_.memory_seconds(bytes); }
+    double peak_flops(DType act) const override { return inner_.peak_flops(act); }
+    LinkModel links() const override { return inner_.links(); }
+    double oversubscription(int ranks_per_host) const override { return inner_.oversubscription(ranks_per_host); }
+
+    mutable std::set<sim::OpShape> shapes;
+    mutable DType act = DType::kF32;  // the graphs' activation dtype
+
+  private:
+    const sim::CostModel& inner_;
+};
+
+// One line on how the profile priced the shapes the recorder saw: as measured (DTypeTable::shape_seconds), or by
+// its families' curves.
+std::string shape_coverage(const ShapeRecorder& seen, const sim::Profile& p) {
+    const sim::DTypeTable* t = p.table(seen.act);
+    size_t held = 0;
+    for (const sim::OpShape& s : seen.shapes) held += t != nullptr && t->shape_seconds.count(s.key()) ? 1 : 0;
+    if (held == seen.shapes.size())
+        return fmt::format("op shapes: all {} matmul, attention and LM-head shapes priced as the profile measured them",
+                           held);
+    return fmt::format(
+        "op shapes: {} of {} matmul, attention and LM-head shapes priced as the profile measured them, {} by its "
+        "curves (interpolated by work alone; `mindspeed-train calibrate --config FILE --world-size N` measures a "
+        "model's own shapes)",
+        held, seen.shapes.size(), seen.shapes.size() - held);
+}
+
 // The simulated step's lines (docs/planner.md "Simulator").
-void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim::CostModel& cost) {
-    const sim::SimulatedStep step = sim::simulate_step(layout, cost, nodes);
+void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim::ProfileCostModel& cost) {
+    const ShapeRecorder seen(cost);
+    const sim::SimulatedStep step = sim::simulate_step(layout, seen, nodes);
     log_info(
         "\nsimulated step (cost model: {}; one rank per pipeline stage stands for its tp, cp and dp ranks, which run "
         "the same programs):",
         cost.describe());
+    log_info("  {}", shape_coverage(seen, cost.profile()));
     for (const std::string& line : sim::step_report(step, layout)) log_info("{}", line);
 }
 
@@ -131,7 +174,10 @@ int run_search(const Config& cfg, const PlanOptions& o, int ranks_per_node) {
         search_options(cfg, o.world_size, ranks_per_node, o.memory_gib, cost->profile().device_memory_bytes);
     so.top = o.top;
     log_info("cost model: {}", cost->describe());
-    for (const std::string& line : sim::search_report(sim::search_layouts(cfg, *cost, so), so)) log_info("{}", line);
+    const ShapeRecorder seen(*cost);
+    const sim::SearchResult result = sim::search_layouts(cfg, seen, so);
+    log_info("{}", shape_coverage(seen, cost->profile()));
+    for (const std::string& line : sim::search_report(result, so)) log_info("{}", line);
     return kExitOk;
 }
 
@@ -393,29 +439,6 @@ int plan_ranks_per_node(const Config& cfg, int ranks_per_node, int world_size) {
     return rpn;
 }
 
-// A cost model that notes the shape of every op it is asked about, and lets `inner` price it.
-class ShapeRecorder : public sim::CostModel {
-  public:
-    explicit ShapeRecorder(const sim::CostModel& inner) : inner_(inner) {}
-    std::string describe() const override { return inner_.describe(); }
-    double op_seconds(const graph::Graph& g, const graph::Node& n) const override {
-        if (const std::optional<sim::OpShape> s = sim::op_shape(g, n)) shapes.insert(*s);
-        return inner_.op_seconds(g, n);
-    }
-    double optimizer_seconds(int64_t elements, DType weights) const override {
-        return inner_.optimizer_seconds(elements, weights);
-    }
-    double memory_seconds(int64_t bytes) const override { return inner_.memory_seconds(bytes); }
-    double peak_flops(DType act) const override { return inner_.peak_flops(act); }
-    LinkModel links() const override { return inner_.links(); }
-    double oversubscription(int ranks_per_host) const override { return inner_.oversubscription(ranks_per_host); }
-
-    mutable std::set<sim::OpShape> shapes;
-
-  private:
-    const sim::CostModel& inner_;
-};
-
 }  // namespace
 
 std::vector<sim::OpShape> planned_op_shapes(const Config& cfg_in, const std::vector<int>& world_sizes,
@@ -447,7 +470,7 @@ int run_plan(const Config& cfg_in, const PlanOptions& o) {
     cfg = resolve_auto_layout(cfg, o.world_size, rpn, 0);  // parallel.auto: plan what train would run
     const RunLayout layout = make_run_layout(cfg, o.world_size);
     // the cost model first: a missing or bad profile ends plan before it prints anything
-    const std::unique_ptr<sim::CostModel> cost = o.simulate ? plan_cost_model(o, layout.backend) : nullptr;
+    const std::unique_ptr<sim::ProfileCostModel> cost = o.simulate ? plan_cost_model(o, layout.backend) : nullptr;
     const NodeLayout nodes = nodes_by_count(o.world_size, std::min(rpn, o.world_size));
     log_derived(layout, cfg);
 
