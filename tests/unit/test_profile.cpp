@@ -413,6 +413,16 @@ TEST(Profile, CalibrateWorldSizeTimesTheModelsShapes) {
               std::string::npos)
         << run.output;
 
+    // and the search on that profile finds every shape it prices measured
+    const ms::test::JobRun search = ms::test::run_command(std::string(MS_BINARY_PATH) + " plan --config " + config +
+                                                              " --world-size 2 --search --profile " + out + " 2>&1",
+                                                          "");
+    ASSERT_EQ(search.code, 0) << search.output;
+    EXPECT_NE(search.output.find("op shapes: all " + std::to_string(keys.size()) +
+                                 " matmul, attention and LM-head shapes priced as the profile measured them"),
+              std::string::npos)
+        << search.output;
+
     const ms::test::JobRun bare = ms::test::run_command(
         std::string(MS_BINARY_PATH) + " calibrate --quick --world-size 2 --output " + out + " 2>&1", "");
     EXPECT_NE(bare.code, 0);
