@@ -39,6 +39,13 @@ std::string user_error_of(F f) {
     return "";
 }
 
+// The GPT the op tests build: one layer, C = 48, NH = 4 (HS = 12), T = 16, F = 4C, V = 61 padded to Vp = 128.
+GptShape small_gpt() {
+    GptShape s;
+    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    return s;
+}
+
 // A profile of one fp32 table whose every family has `curve`.
 sim::Profile hand_profile(const sim::FamilyCurve& curve) {
     sim::Profile p;
@@ -229,8 +236,7 @@ TEST(Profile, EstimatesUseTheDevicePeakTable) {
 
 // FLOPs by hand for GPT-2's ops, B = 2 sequences of T = 16, C = 48, NH = 4 (HS = 12), F = 4C, Vp = 128.
 TEST(Profile, FlopsOfGptOps) {
-    GptShape s;
-    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    const GptShape s = small_gpt();
     const GptGraph gg = build_gpt_graph({.shape = s, .B = 2, .T = 16}, gpt_param_table(s));
     const graph::Graph& g = gg.g;
     const double N = 32, C = 48, F = 192, Vp = 128;
@@ -267,8 +273,7 @@ TEST(Profile, FlopsOfGptOps) {
 // The shapes a profile can hold an op measured at (OpShape), for the graph of FlopsOfGptOps and a Llama's: each
 // dimension read off the graph by hand.
 TEST(Profile, ShapesOfGptOps) {
-    GptShape s;
-    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    GptShape s = small_gpt();
     GptGraphSpec spec{.shape = s, .B = 2, .T = 16};
     spec.options.lm_head_loss_fusion = true;
     const GptGraph gg = build_gpt_graph(spec, gpt_param_table(s));
@@ -305,8 +310,7 @@ TEST(Profile, ShapesOfGptOps) {
 // An op whose shape the table holds costs its measured seconds, plus its fused GELU at the curve's rate; the others
 // cost the curves.
 TEST(Profile, MeasuredShapesTakeOverTheCurves) {
-    GptShape s;
-    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    const GptShape s = small_gpt();
     const GptGraph gg = build_gpt_graph({.shape = s, .B = 2, .T = 16}, gpt_param_table(s));
     const graph::Graph& g = gg.g;
     auto node = [&](graph::OpCode op, const std::string& label) -> const graph::Node& {
@@ -330,8 +334,7 @@ TEST(Profile, MeasuredShapesTakeOverTheCurves) {
 // The fused LM head (forward and backward in one op), and a Llama's grouped-query and ring attention (4 query heads,
 // 2 key/value heads, HS = 12; context parallelism of 2 holds T / 2 = 8 rows of each of the B = 2 sequences).
 TEST(Profile, FlopsOfFusedHeadAndRingAttention) {
-    GptShape s;
-    s.L = 1, s.C = 48, s.NH = 4, s.T = 16, s.V = 61, s.Vp = 128, s.F = 192;
+    GptShape s = small_gpt();
     GptGraphSpec spec{.shape = s, .B = 2, .T = 16};
     spec.options.lm_head_loss_fusion = true;
     const GptGraph fused = build_gpt_graph(spec, gpt_param_table(s));
