@@ -559,21 +559,27 @@ struct Timing {
 
 // One family measured: the tiny shape's time gives the overhead (at most half the shortest point's, so that every
 // point keeps a positive time of its own), each ladder shape a point whose rate is work / (time - overhead).
+// c timed as `timing` says, every rank at once; rank 0 prints its line.
+double timed_case(Backend& be, const Case& c, OpFamily f, const Timing& timing) {
+    if (timing.ranks != nullptr) timing.ranks->barrier();
+    const double seconds = time_case(be, c, timing.runs, timing.seconds);
+    if (timing.report) {
+        std::printf("  %-15s %-28s %9.3g %-4s %9.3f ms\n", sim::family_name(f), c.shape.c_str(), c.work.work(),
+                    sim::family_bound(f) == sim::Bound::kCompute ? "FLOP" : "B", seconds * 1e3);
+        std::fflush(stdout);
+    }
+    return seconds;
+}
+
 sim::FamilyCurve measure_family(Backend& be, DType D, const FamilyPlan& f, size_t shapes, const Timing& timing) {
     const sim::Bound bound = sim::family_bound(f.family);
-    auto timed = [&](const Case& c) {
-        if (timing.ranks != nullptr) timing.ranks->barrier();
-        return time_case(be, c, timing.runs, timing.seconds);
-    };
-    const double tiny = timed(f.build(be, D, f.tiny));
+    Timing quiet = timing;
+    quiet.report = false;
+    const double tiny = timed_case(be, f.build(be, D, f.tiny), f.family, quiet);
     std::vector<std::pair<double, double>> measured;  // work, seconds
     for (size_t i = 0; i < shapes; ++i) {
         const Case c = f.build(be, D, f.ladder[i]);
-        measured.emplace_back(c.work.work(), timed(c));
-        if (!timing.report) continue;
-        std::printf("  %-15s %-28s %9.3g %-4s %9.3f ms\n", sim::family_name(f.family), c.shape.c_str(), c.work.work(),
-                    bound == sim::Bound::kCompute ? "FLOP" : "B", measured.back().second * 1e3);
-        std::fflush(stdout);
+        measured.emplace_back(c.work.work(), timed_case(be, c, f.family, timing));
     }
     sim::FamilyCurve curve;
     double shortest = tiny;
@@ -665,15 +671,7 @@ void measure_shapes(Backend& be, const Setup& setup, const CalibrateArgs& a, sim
             std::find_if(plans.begin(), plans.end(), [&](const FamilyPlan& f) { return f.family == shape.family; });
         MS_CHECK(plan != plans.end(), "calibrate: no builder for the op family {}", sim::family_name(shape.family));
         const Case c = plan->build(be, setup.act, shape.dims);
-        if (timing.ranks != nullptr) timing.ranks->barrier();
-        const double seconds = time_case(be, c, timing.runs, timing.seconds);
-        table.shape_seconds[c.key] = seconds;
-        if (timing.report) {
-            std::printf("  %-15s %-28s %9.3g %-4s %9.3f ms\n", sim::family_name(shape.family), c.shape.c_str(),
-                        c.work.work(), sim::family_bound(shape.family) == sim::Bound::kCompute ? "FLOP" : "B",
-                        seconds * 1e3);
-            std::fflush(stdout);
-        }
+        table.shape_seconds[c.key] = timed_case(be, c, shape.family, timing);
     }
 }
 

@@ -270,6 +270,12 @@ double FamilyCurve::rate_at(double work) const {
     return lo->rate + f * (hi->rate - lo->rate);
 }
 
+const double* DTypeTable::measured_seconds(const OpShape& s) const {
+    if (shape_seconds.empty()) return nullptr;
+    const auto it = shape_seconds.find(s.key());
+    return it != shape_seconds.end() ? &it->second : nullptr;
+}
+
 const DTypeTable* Profile::table(DType act) const {
     for (const DTypeTable& t : tables)
         if (t.dtype == act) return &t;
@@ -443,10 +449,10 @@ double ProfileCostModel::seconds(const OpWork& w, DType act) const {
 
 double ProfileCostModel::op_seconds(const graph::Graph& g, const graph::Node& n) const {
     const OpWork w = op_work(g, n);
-    if (const std::optional<OpShape> s = op_shape(g, n)) {
-        const DTypeTable& t = table(g.act);
-        if (const auto it = t.shape_seconds.find(s->key()); it != t.shape_seconds.end())
-            return it->second + epilogue_seconds(t, w);
+    const DTypeTable& t = table(g.act);
+    if (!t.shape_seconds.empty()) {
+        const std::optional<OpShape> s = op_shape(g, n);
+        if (const double* measured = s ? t.measured_seconds(*s) : nullptr) return *measured + epilogue_seconds(t, w);
     }
     return seconds(w, g.act);
 }

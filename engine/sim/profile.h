@@ -111,6 +111,8 @@ struct DTypeTable {
     // Ops measured at their own shape: OpShape::key() -> seconds (without an epilogue). The cost model takes these
     // over the curves.
     std::map<std::string, double> shape_seconds;
+    // shape_seconds of s, or nullptr when the table does not hold it
+    const double* measured_seconds(const OpShape& s) const;
     const FamilyCurve& of(OpFamily f) const { return families[static_cast<size_t>(f)]; }
     FamilyCurve& of(OpFamily f) { return families[static_cast<size_t>(f)]; }
     bool operator==(const DTypeTable&) const = default;

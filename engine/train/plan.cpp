@@ -132,7 +132,7 @@ class ShapeRecorder : public sim::CostModel {
 std::string shape_coverage(const ShapeRecorder& seen, const sim::Profile& p) {
     const sim::DTypeTable* t = p.table(seen.act);
     size_t held = 0;
-    for (const sim::OpShape& s : seen.shapes) held += t != nullptr && t->shape_seconds.count(s.key()) ? 1 : 0;
+    for (const sim::OpShape& s : seen.shapes) held += t != nullptr && t->measured_seconds(s) != nullptr ? 1 : 0;
     if (held == seen.shapes.size())
         return fmt::format("op shapes: all {} matmul, attention and LM-head shapes priced as the profile measured them",
                            held);
@@ -155,10 +155,9 @@ void log_simulation(const RunLayout& layout, const NodeLayout& nodes, const sim:
     for (const std::string& line : sim::step_report(step, layout)) log_info("{}", line);
 }
 
-// plan --search: the budget per rank is --memory-gb, run.memory_limit_gb, the profile's device memory less what a GPU
-// rank keeps outside its arena, or the host's memory / ranks on a node.
-// The search's options for `world` ranks in nodes of ranks_per_node: its budget per rank memory_gib when that is
-// given, else search_memory_budget's with a device of device_memory_bytes.
+// The search's options for `world` ranks in nodes of ranks_per_node. The budget per rank: memory_gib (--memory-gb)
+// when given, else search_memory_budget's -- run.memory_limit_gb, a device of device_memory_bytes less what a GPU rank
+// keeps outside its arena, or the host's memory / ranks on a node.
 sim::SearchOptions search_options(const Config& cfg, int world, int ranks_per_node, double memory_gib,
                                   int64_t device_memory_bytes) {
     sim::SearchOptions so{.world_size = world, .gpus_per_node = ranks_per_node};
