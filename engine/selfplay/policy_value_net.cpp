@@ -16,12 +16,11 @@
 namespace ms::selfplay {
 namespace {
 
-// The batch sizes the network is compiled for: n rounded up to a power of two or 1.5 times one (at most a third
-// of a forward padding), capped at max_batch.
+// The batch sizes the network is compiled for: n rounded up to a multiple of 8 (at most 7 positions of padding, the
+// search's batches being a few dozen positions), capped at max_batch.
 int padded_batch(int n, int max_batch) {
-    int p = 1;
-    while (p < n) p = (p >= 2 && p / 2 * 3 >= n) ? p / 2 * 3 : p * 2;
-    return std::min(p, max_batch);
+    constexpr int kStep = 8;
+    return std::min((n + kStep - 1) / kStep * kStep, max_batch);
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 // and whole copies of the rest, and compute the same outputs.
 //
 // Evaluation: positions go through the network in chunks of at most max_batch(), each chunk padded up to the next of
-// a few batch sizes (powers of two and 1.5x them) so that the number of compiled programs stays small; a position's
+// a multiple of 8 so that the number of compiled programs stays small; a position's
 // outputs do not depend on the others in its batch (every op works per row or per board), which the evaluator's
 // contract (evaluator.h) asks and a test checks.
 //

@@ -23,11 +23,26 @@ namespace {
 constexpr int64_t kB = 2, kT = 10, kNH = 4, kNKV = 2, kHS = 8;
 constexpr int64_t kC = kNH * kHS, kW = (kNH + 2 * kNKV) * kHS, kWkv = 2 * kNKV * kHS;
 
+// The sizes of the blocks run_blocks runs: the constants above by default; 21 rows of 24-wide heads reach past the
+// fast path's 8-row tiles and 16-column chunks.
+struct Dims {
+    int64_t B = kB, T = kT, NH = kNH, NKV = kNKV, HS = kHS;
+    int64_t C() const { return NH * HS; }
+    int64_t W() const { return (NH + 2 * NKV) * HS; }
+    int64_t Wkv() const { return 2 * NKV * HS; }
+};
+
 struct RingBlockInputs {
-    std::vector<float> qkv = random_floats(kB * kT * kW, 11, -1.5f, 1.5f);
-    std::vector<float> kv = random_floats(kB * kT * kWkv, 12, -1.5f, 1.5f);  // another rank's [K | V]
-    std::vector<float> dout = random_floats(kB * kT * kC, 13);
-    std::vector<float> dq0 = random_floats(kB * kT * kC, 14), dkv0 = random_floats(kB * kT * kWkv, 15);
+    explicit RingBlockInputs(const Dims& d = {})
+        : dims(d),
+          qkv(random_floats(d.B * d.T * d.W(), 11, -1.5f, 1.5f)),
+          kv(random_floats(d.B * d.T * d.Wkv(), 12, -1.5f, 1.5f)),
+          dout(random_floats(d.B * d.T * d.C(), 13)),
+          dq0(random_floats(d.B * d.T * d.C(), 14)),
+          dkv0(random_floats(d.B * d.T * d.Wkv(), 15)) {}
+    Dims dims;
+    std::vector<float> qkv, kv;  // kv: another rank's [K | V]
+    std::vector<float> dout, dq0, dkv0;
 };
 
 struct RingBlockRun {
@@ -39,61 +54,64 @@ struct RingBlockRun {
 // dq0 / dkv0 with the final statistics and out = acc rounded to D.
 template <class D>
 RingBlockRun run_blocks(Backend& be, const RingBlockInputs& in) {
+    const Dims& n = in.dims;
+    const int64_t B = n.B, T = n.T, NH = n.NH, C = n.C(), W = n.W(), Wkv = n.Wkv();
     auto qkv = to_d<D>(in.qkv), kv = to_d<D>(in.kv), dout = to_d<D>(in.dout);
     RingBlockRun r;
-    r.acc.assign(kB * kT * kC, 0.0f);
-    r.lse.assign(kB * kNH * kT, 0.0f);
+    r.acc.assign(B * T * C, 0.0f);
+    r.lse.assign(B * NH * T, 0.0f);
     const auto forward = [&](const Tensor& source, int64_t column, int64_t q_begin, int64_t q_rows, int64_t kv_rows,
                              bool causal, bool merge) {
-        be.attention_block_forward({.qkv = dview(qkv, {kB, kT, kW}),
+        be.attention_block_forward({.qkv = dview(qkv, {B, T, W}),
                                     .kv = source,
-                                    .acc = view(r.acc, {kB, kT, kC}),
-                                    .lse = view(r.lse, {kB, kNH, kT}),
+                                    .acc = view(r.acc, {B, T, C}),
+                                    .lse = view(r.lse, {B, NH, T}),
                                     .kv_column = column,
                                     .q_begin = q_begin,
                                     .q_rows = q_rows,
                                     .kv_rows = kv_rows,
                                     .causal = causal,
                                     .merge = merge,
-                                    .NH = kNH,
-                                    .NKV = kNKV});
+                                    .NH = NH,
+                                    .NKV = n.NKV});
     };
-    forward(dview(qkv, {kB, kT, kW}), kC, 0, kT, kT, true, false);
-    forward(dview(kv, {kB, kT, kWkv}), 0, 0, kT, kT / 2, false, true);
-    forward(dview(kv, {kB, kT, kWkv}), 0, kT / 2, kT / 2, kT, false, true);
+    forward(dview(qkv, {B, T, W}), C, 0, T, T, true, false);
+    forward(dview(kv, {B, T, Wkv}), 0, 0, T, T / 2, false, true);
+    forward(dview(kv, {B, T, Wkv}), 0, T / 2, T - T / 2, T, false, true);
     std::vector<D> out = to_d<D>(r.acc);
     r.dq = in.dq0;
     r.dkv_own = in.dkv0;
     r.dkv = in.dkv0;
     const auto backward = [&](const Tensor& source, int64_t column, std::vector<float>& dkv, int64_t q_begin,
                               int64_t q_rows, int64_t kv_rows, bool causal) {
-        be.attention_block_backward({.dout = dview(dout, {kB, kT, kC}),
-                                     .qkv = dview(qkv, {kB, kT, kW}),
-                                     .out = dview(out, {kB, kT, kC}),
-                                     .lse = view(r.lse, {kB, kNH, kT}),
+        be.attention_block_backward({.dout = dview(dout, {B, T, C}),
+                                     .qkv = dview(qkv, {B, T, W}),
+                                     .out = dview(out, {B, T, C}),
+                                     .lse = view(r.lse, {B, NH, T}),
                                      .kv = source,
-                                     .dq = view(r.dq, {kB, kT, kC}),
-                                     .dkv = view(dkv, {kB, kT, kWkv}),
+                                     .dq = view(r.dq, {B, T, C}),
+                                     .dkv = view(dkv, {B, T, Wkv}),
                                      .kv_column = column,
                                      .q_begin = q_begin,
                                      .q_rows = q_rows,
                                      .kv_rows = kv_rows,
                                      .causal = causal,
-                                     .NH = kNH,
-                                     .NKV = kNKV});
+                                     .NH = NH,
+                                     .NKV = n.NKV});
     };
-    backward(dview(qkv, {kB, kT, kW}), kC, r.dkv_own, 0, kT, kT, true);
-    backward(dview(kv, {kB, kT, kWkv}), 0, r.dkv, 0, kT, kT / 2, false);
-    backward(dview(kv, {kB, kT, kWkv}), 0, r.dkv, kT / 2, kT / 2, kT, false);
+    backward(dview(qkv, {B, T, W}), C, r.dkv_own, 0, T, T, true);
+    backward(dview(kv, {B, T, Wkv}), 0, r.dkv, 0, T, T / 2, false);
+    backward(dview(kv, {B, T, Wkv}), 0, r.dkv, T / 2, T - T / 2, T, false);
     return r;
 }
 
 template <class D>
-void blocks_fast_vs_reference(double tol_out, double tol_grad) {
-    const RingBlockInputs in;
+void blocks_fast_vs_reference(double tol_out, double tol_grad, const Dims& dims = {}) {
+    const RingBlockInputs in(dims);
     auto ref = make_cpu_backend(OpMode::kReference), fast = make_cpu_backend(OpMode::kFast);
     const RingBlockRun r = run_blocks<D>(*ref, in), f = run_blocks<D>(*fast, in);
-    const std::string d(dtype_name(dtype_of<D>()));
+    const std::string d = std::string(dtype_name(dtype_of<D>())) + " T " + std::to_string(dims.T) + " HS " +
+                          std::to_string(dims.HS);
     expect_within("block acc " + d, OpMode::kFast, max_rel_error(f.acc, r.acc), tol_out);
     expect_within("block lse " + d, OpMode::kFast, max_rel_error(f.lse, r.lse), 1e-6);
     expect_within("block dq " + d, OpMode::kFast, max_rel_error(f.dq, r.dq), tol_grad);
@@ -106,6 +124,7 @@ MS_OP_TEST(AttentionBlock, FastMatchesReference, kFastVsReference, OpKind::kAtte
     blocks_fast_vs_reference<float>(2e-6, 2e-6);
     blocks_fast_vs_reference<bf16>(2e-6, 3e-6);  // the same 16-bit inputs widened: only fp32 vs double differs
     blocks_fast_vs_reference<fp16>(2e-6, 3e-6);
+    blocks_fast_vs_reference<float>(2e-6, 2e-6, {.T = 21, .HS = 24});
 }
 
 MS_OP_TEST(AttentionBlock, FastIsThreadCountInvariant, kDeterminism, OpKind::kAttentionBlockForward,
@@ -115,6 +134,12 @@ MS_OP_TEST(AttentionBlock, FastIsThreadCountInvariant, kDeterminism, OpKind::kAt
     RingBlockRun one, three;
     with_threads(1, [&] { one = run_blocks<bf16>(*fast, in); });
     with_threads(3, [&] { three = run_blocks<bf16>(*fast, in); });
+    const RingBlockInputs wide({.T = 21, .HS = 24});
+    RingBlockRun wide_one, wide_three;
+    with_threads(1, [&] { wide_one = run_blocks<float>(*fast, wide); });
+    with_threads(3, [&] { wide_three = run_blocks<float>(*fast, wide); });
+    EXPECT_TRUE(bit_identical(wide_one.acc, wide_three.acc) && bit_identical(wide_one.dq, wide_three.dq) &&
+                bit_identical(wide_one.dkv, wide_three.dkv));
     EXPECT_TRUE(bit_identical(one.acc, three.acc) && bit_identical(one.lse, three.lse));
     EXPECT_TRUE(bit_identical(one.dq, three.dq) && bit_identical(one.dkv_own, three.dkv_own) &&
                 bit_identical(one.dkv, three.dkv));
@@ -130,6 +155,7 @@ MS_OP_TEST(AttentionBlock, TwoRanksComposeToCausalAttention, kContract, OpKind::
         for (int NKV : {2, 4}) {
             check_ring_composition(*be, DType::kF32, 2, 7, 4, NKV, 8, {2e-6, 1e-6, 2e-6}, mode_name(mode));
             check_ring_composition(*be, DType::kBF16, 2, 7, 4, NKV, 8, {2e-2, 1e-6, 2e-2}, mode_name(mode));
+            check_ring_composition(*be, DType::kF32, 2, 21, 4, NKV, 24, {2e-6, 1e-6, 2e-6}, mode_name(mode));
         }
     }
 }

@@ -107,6 +107,159 @@ void merge_row(bool merge, const Real* o_b, Real lse_b, float* acc_row, float* l
     *lse_row = static_cast<float>(merged);
 }
 
+// The fast paths take query rows in tiles of kTile, so that a tile's scores, softmax sums and weighted rows are
+// kTile independent chains: one row alone is a chain of dependent additions the length of its keys, whose latency
+// bounded a row-at-a-time loop. A row's own sums run in the same order as they would alone.
+constexpr int64_t kTile = 8;
+constexpr int64_t kLanes = 16;
+
+int64_t round_up_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+// Query rows [t0, t0 + rows) and the keys each sees; the kTile - rows rows past the end repeat the last row, so the
+// kernels always run kTile rows, and their results are not kept.
+struct Tile {
+    int64_t t[kTile], n[kTile];
+    int64_t rows, n_min, n_max;
+};
+
+Tile make_tile(const BlockShape& s, int64_t t0) {
+    Tile tile{};
+    tile.rows = std::min(kTile, s.q_begin + s.q_rows - t0);
+    for (int64_t r = 0; r < kTile; ++r) {
+        tile.t[r] = t0 + std::min(r, tile.rows - 1);
+        tile.n[r] = s.keys(tile.t[r]);
+    }
+    tile.n_min = *std::min_element(tile.n, tile.n + kTile);
+    tile.n_max = *std::max_element(tile.n, tile.n + kTile);
+    return tile;
+}
+
+// dst (HS rows of np) = rows [0, rows) of src (row u at src + u * stride) transposed; zero past them.
+void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t HS, int64_t np, std::vector<float>& dst) {
+    dst.assign(static_cast<size_t>(HS * np), 0.0f);
+    for (int64_t d = 0; d < HS; ++d) {
+        for (int64_t u = 0; u < rows; ++u) dst[d * np + u] = src[u * stride + d];
+    }
+}
+
+// dst[d * kTile + r] = scale * src[t_r * stride + d]: the tile's rows of a head, transposed.
+void tile_columns(const float* src, int64_t stride, const Tile& tile, int64_t HS, float scale, std::vector<float>& dst) {
+    dst.resize(static_cast<size_t>(HS * kTile));
+    for (int64_t r = 0; r < kTile; ++r) {
+        for (int64_t d = 0; d < HS; ++d) dst[d * kTile + r] = src[tile.t[r] * stride + d] * scale;
+    }
+}
+
+// out[r * np + u] = sum over d of a[d * kTile + r] * bt[d * np + u] for u < width (a multiple of kLanes), summed
+// from d = 0 in kTile x kLanes accumulators.
+void tile_dots(const float* a, const float* bt, int64_t HS, int64_t np, int64_t width, float* out) {
+    for (int64_t u0 = 0; u0 < width; u0 += kLanes) {
+        float acc[kTile][kLanes] = {};
+        for (int64_t d = 0; d < HS; ++d) {
+            const float* brow = bt + d * np + u0;
+            for (int64_t r = 0; r < kTile; ++r) {
+                const float x = a[d * kTile + r];
+#pragma omp simd
+                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * brow[k];
+            }
+        }
+        for (int64_t r = 0; r < kTile; ++r) std::copy_n(acc[r], kLanes, out + r * np + u0);
+    }
+}
+
+// Rows r < out_rows of out (row r at out + r * out_stride, HS columns) = (their values if accumulate, else 0) plus
+// the sum over u < n[r], from u = 0, of w[r * np + u] * src row u (at src + u * stride).
+void tile_weighted_rows(const float* w, int64_t np, const Tile& tile, const float* src, int64_t stride, int64_t HS,
+                        float* out, int64_t out_stride, int64_t out_rows, bool accumulate) {
+    int64_t c0 = 0;
+    for (; c0 + kLanes <= HS; c0 += kLanes) {
+        float acc[kTile][kLanes] = {};
+        if (accumulate) {
+            for (int64_t r = 0; r < out_rows; ++r) std::copy_n(out + r * out_stride + c0, kLanes, acc[r]);
+        }
+        for (int64_t u = 0; u < tile.n_min; ++u) {
+            const float* row = src + u * stride + c0;
+            for (int64_t r = 0; r < kTile; ++r) {
+                const float x = w[r * np + u];
+#pragma omp simd
+                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * row[k];
+            }
+        }
+        for (int64_t u = tile.n_min; u < tile.n_max; ++u) {
+            const float* row = src + u * stride + c0;
+            for (int64_t r = 0; r < kTile; ++r) {
+                if (u >= tile.n[r]) continue;
+                const float x = w[r * np + u];
+#pragma omp simd
+                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * row[k];
+            }
+        }
+        for (int64_t r = 0; r < out_rows; ++r) std::copy_n(acc[r], kLanes, out + r * out_stride + c0);
+    }
+    for (; c0 < HS; ++c0) {
+        for (int64_t r = 0; r < out_rows; ++r) {
+            float acc = accumulate ? out[r * out_stride + c0] : 0.0f;
+            for (int64_t u = 0; u < tile.n[r]; ++u) acc += w[r * np + u] * src[u * stride + c0];
+            out[r * out_stride + c0] = acc;
+        }
+    }
+}
+
+// The fast paths' per-thread scratch.
+struct HeadScratch {
+    std::vector<float> kt, vt;       // the head's keys and values transposed: HS rows of np
+    std::vector<float> qs, dos;      // the tile's queries (times the scale) and output gradients: HS rows of kTile
+    std::vector<float> p, dp, ds;    // kTile rows of np: scores / probabilities, dO . v, the scores' gradients
+    std::vector<float> outs;         // kTile rows of HS
+};
+
+HeadScratch& head_scratch() {
+    thread_local HeadScratch scratch;
+    return scratch;
+}
+
+// The forward of one (batch b, query head h) whose keys and values start at k0 and v0.
+void fast_forward_head(const AttentionBlockForwardArgs& a, const BlockShape& s, int64_t b, int64_t h,
+                       const float* q0, const float* k0, const float* v0) {
+    HeadScratch& x = head_scratch();
+    const int64_t np = round_up_lanes(s.kv_rows);
+    transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
+    x.p.resize(static_cast<size_t>(kTile * np));
+    x.outs.resize(static_cast<size_t>(kTile * s.HS));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    for (int64_t t0 = s.q_begin; t0 < s.q_begin + s.q_rows; t0 += kTile) {
+        const Tile tile = make_tile(s, t0);
+        tile_columns(q0, s.W, tile, s.HS, scale, x.qs);
+        tile_dots(x.qs.data(), x.kt.data(), s.HS, np, round_up_lanes(tile.n_max), x.p.data());
+        float sum[kTile], max[kTile];
+        for (int64_t r = 0; r < kTile; ++r) {
+            float* p = x.p.data() + r * np;
+            max[r] = max_f32(p, tile.n[r]);
+#pragma omp simd
+            for (int64_t u = 0; u < tile.n[r]; ++u) p[u] = exp_approx(p[u] - max[r]);
+            sum[r] = 0.0f;
+        }
+        for (int64_t u = 0; u < tile.n_max; ++u) {
+            for (int64_t r = 0; r < kTile; ++r) {
+                if (u < tile.n[r]) sum[r] += x.p[r * np + u];
+            }
+        }
+        for (int64_t r = 0; r < kTile; ++r) {
+            const float inv_sum = 1.0f / sum[r];
+            float* p = x.p.data() + r * np;
+#pragma omp simd
+            for (int64_t u = 0; u < tile.n[r]; ++u) p[u] *= inv_sum;
+        }
+        tile_weighted_rows(x.p.data(), np, tile, v0, s.Wkv, s.HS, x.outs.data(), s.HS, kTile, false);
+        for (int64_t r = 0; r < tile.rows; ++r) {
+            const int64_t t = tile.t[r];
+            merge_row<float>(a.merge, x.outs.data() + r * s.HS, max[r] + std::log(sum[r]),
+                             a.acc.f32() + (b * s.T + t) * s.C + h * s.HS, a.lse.f32() + (b * s.NH + h) * s.T + t,
+                             s.HS);
+        }
+    }
+}
+
 template <class D>
 void block_forward(const AttentionBlockForwardArgs& a, const BlockShape& s, OpMode mode) {
     const float* qkv = input_f32<D>(a.qkv, Scratch::kA);
@@ -120,59 +273,95 @@ void block_forward(const AttentionBlockForwardArgs& a, const BlockShape& s, OpMo
         const float* q0 = qkv + b * s.T * s.W + h * s.HS;
         const float* k0 = kv + b * s.Tk * s.Wkv + s.kv_column + j * s.HS;
         const float* v0 = kv + b * s.Tk * s.Wkv + s.kv_column + (s.NKV + j) * s.HS;
-        std::vector<double> pd, od;
-        // The fast path's per-thread scratch: the head's keys transposed (HS x kv_rows, so that a query row's scores
-        // are HS vector updates over the keys rather than a short dot product per key), the scores, the output row.
-        thread_local std::vector<float> kt, pf, of;
-        if (reference) {
-            pd.resize(static_cast<size_t>(s.kv_rows));
-            od.resize(static_cast<size_t>(s.HS));
-        } else {
-            kt.resize(static_cast<size_t>(s.HS * s.kv_rows));
-            pf.resize(static_cast<size_t>(s.kv_rows));
-            of.resize(static_cast<size_t>(s.HS));
-            for (int64_t u = 0; u < s.kv_rows; ++u) {
-                for (int64_t d = 0; d < s.HS; ++d) kt[d * s.kv_rows + u] = k0[u * s.Wkv + d];
-            }
+        if (!reference) {
+            fast_forward_head(a, s, b, h, q0, k0, v0);
+            continue;
         }
+        std::vector<double> pd(static_cast<size_t>(s.kv_rows)), od(static_cast<size_t>(s.HS));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
         for (int64_t t = s.q_begin; t < s.q_begin + s.q_rows; ++t) {
             const float* q = q0 + t * s.W;
             const int64_t n = s.keys(t);
-            float* acc_row = acc + (b * s.T + t) * s.C + h * s.HS;
-            float* lse_row = lse + (b * s.NH + h) * s.T + t;
-            if (reference) {
-                const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
-                double max = -std::numeric_limits<double>::infinity();
-                for (int64_t u = 0; u < n; ++u) {
-                    double dot = 0.0;
-                    for (int64_t d = 0; d < s.HS; ++d) dot += static_cast<double>(q[d]) * k0[u * s.Wkv + d];
-                    pd[u] = dot * scale;
-                    max = std::max(max, pd[u]);
+            double max = -std::numeric_limits<double>::infinity();
+            for (int64_t u = 0; u < n; ++u) {
+                double dot = 0.0;
+                for (int64_t d = 0; d < s.HS; ++d) dot += static_cast<double>(q[d]) * k0[u * s.Wkv + d];
+                pd[u] = dot * scale;
+                max = std::max(max, pd[u]);
+            }
+            double sum = 0.0;
+            for (int64_t u = 0; u < n; ++u) sum += std::exp(pd[u] - max);
+            const double row_lse = max + std::log(sum);
+            std::fill(od.begin(), od.end(), 0.0);
+            for (int64_t u = 0; u < n; ++u) {
+                const double p = std::exp(pd[u] - row_lse);
+                for (int64_t d = 0; d < s.HS; ++d) od[d] += p * v0[u * s.Wkv + d];
+            }
+            merge_row<double>(a.merge, od.data(), row_lse, acc + (b * s.T + t) * s.C + h * s.HS,
+                              lse + (b * s.NH + h) * s.T + t, s.HS);
+        }
+    }
+}
+
+// The gradients of one (batch, key/value head) group: dq of its query heads' rows and the dk, dv rows at dk0, dv0.
+void fast_backward_group(const BlockShape& s, int64_t b, int64_t j, const float* qkv, const float* dout,
+                         const float* out, const float* lse, float* dq, const float* k0, const float* v0, float* dk0,
+                         float* dv0, int64_t Wd) {
+    HeadScratch& x = head_scratch();
+    const int64_t np = round_up_lanes(s.kv_rows);
+    transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
+    transpose_rows(v0, s.Wkv, s.kv_rows, s.HS, np, x.vt);
+    for (auto* m : {&x.p, &x.dp, &x.ds}) m->resize(static_cast<size_t>(kTile * np));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    for (int64_t h = j * s.G; h < (j + 1) * s.G; ++h) {
+        const float* q0 = qkv + b * s.T * s.W + h * s.HS;
+        const float* dO0 = dout + b * s.T * s.C + h * s.HS;
+        for (int64_t t0 = s.q_begin; t0 < s.q_begin + s.q_rows; t0 += kTile) {
+            const Tile tile = make_tile(s, t0);
+            const int64_t width = round_up_lanes(tile.n_max);
+            tile_columns(q0, s.W, tile, s.HS, scale, x.qs);
+            tile_dots(x.qs.data(), x.kt.data(), s.HS, np, width, x.p.data());
+            tile_columns(dO0, s.C, tile, s.HS, 1.0f, x.dos);
+            tile_dots(x.dos.data(), x.vt.data(), s.HS, np, width, x.dp.data());
+            // p_u = exp(s_u - lse_t) and ds_u = p_u (dO_t . v_u - D_t) * scale, zero past the row's keys.
+            for (int64_t r = 0; r < kTile; ++r) {
+                const int64_t t = tile.t[r], n = tile.n[r];
+                const float D_t = dot_f32(dO0 + t * s.C, out + (b * s.T + t) * s.C + h * s.HS, s.HS);
+                const float row_lse = lse[(b * s.NH + h) * s.T + t];
+                float* p = x.p.data() + r * np;
+                const float* dp = x.dp.data() + r * np;
+                float* ds = x.ds.data() + r * np;
+#pragma omp simd
+                for (int64_t u = 0; u < width; ++u) {
+                    p[u] = u < n ? exp_approx(p[u] - row_lse) : 0.0f;
+                    ds[u] = p[u] * (dp[u] - D_t) * scale;
                 }
-                double sum = 0.0;
-                for (int64_t u = 0; u < n; ++u) sum += std::exp(pd[u] - max);
-                const double row_lse = max + std::log(sum);
-                std::fill(od.begin(), od.end(), 0.0);
-                for (int64_t u = 0; u < n; ++u) {
-                    const double p = std::exp(pd[u] - row_lse);
-                    for (int64_t d = 0; d < s.HS; ++d) od[d] += p * v0[u * s.Wkv + d];
+            }
+            // dq_t += sum_u ds_u k_u
+            tile_weighted_rows(x.ds.data(), np, tile, k0, s.Wkv, s.HS, dq + (b * s.T + t0) * s.C + h * s.HS, s.C,
+                               tile.rows, true);
+            // dk_u += sum_t ds_u q_t and dv_u += sum_t p_u dO_t, over the tile's rows in order.
+            // Up to kLanes columns at a time, in registers.
+            for (int64_t u = 0; u < tile.n_max; ++u) {
+                for (int64_t c0 = 0; c0 < s.HS; c0 += kLanes) {
+                    const int64_t cols = std::min(kLanes, s.HS - c0);
+                    float gk[kLanes], gv[kLanes];
+                    std::copy_n(dk0 + u * Wd + c0, cols, gk);
+                    std::copy_n(dv0 + u * Wd + c0, cols, gv);
+                    for (int64_t r = 0; r < tile.rows; ++r) {
+                        if (u >= tile.n[r]) continue;
+                        const float g = x.ds[r * np + u], w = x.p[r * np + u];
+                        const float* q = q0 + tile.t[r] * s.W + c0;
+                        const float* dO = dO0 + tile.t[r] * s.C + c0;
+#pragma omp simd
+                        for (int64_t k = 0; k < cols; ++k) {
+                            gk[k] += g * q[k];
+                            gv[k] += w * dO[k];
+                        }
+                    }
+                    std::copy_n(gk, cols, dk0 + u * Wd + c0);
+                    std::copy_n(gv, cols, dv0 + u * Wd + c0);
                 }
-                merge_row<double>(a.merge, od.data(), row_lse, acc_row, lse_row, s.HS);
-            } else {
-                const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-                float* p = pf.data();
-                std::fill_n(p, n, 0.0f);
-                for (int64_t d = 0; d < s.HS; ++d) axpy_f32(q[d] * scale, kt.data() + d * s.kv_rows, p, n);
-                const float max = max_f32(p, n);
-                float sum = 0.0f;
-                for (int64_t u = 0; u < n; ++u) {
-                    p[u] = exp_approx(p[u] - max);
-                    sum += p[u];
-                }
-                const float inv_sum = 1.0f / sum;
-                for (int64_t u = 0; u < n; ++u) p[u] *= inv_sum;
-                weighted_rows(p, n, v0, s.Wkv, s.HS, of.data());
-                merge_row<float>(a.merge, of.data(), max + std::log(sum), acc_row, lse_row, s.HS);
             }
         }
     }
@@ -196,13 +385,15 @@ void block_backward(const AttentionBlockBackwardArgs& a, const BlockShape& s, Op
         const float* v0 = kv + b * s.Tk * s.Wkv + s.kv_column + (s.NKV + j) * s.HS;
         float* dk0 = dkv + b * s.Tk * Wd + j * s.HS;
         float* dv0 = dkv + b * s.Tk * Wd + (s.NKV + j) * s.HS;
-        // The reference sums every term of the block in double and adds it to the accumulators once.
-        std::vector<double> gk, gv, gq;
-        if (reference) {
-            gk.assign(static_cast<size_t>(s.kv_rows * s.HS), 0.0);
-            gv.assign(static_cast<size_t>(s.kv_rows * s.HS), 0.0);
-            gq.resize(static_cast<size_t>(s.HS));
+        if (!reference) {
+            fast_backward_group(s, b, j, qkv, dout, out, lse, dq, k0, v0, dk0, dv0, Wd);
+            continue;
         }
+        // The reference sums every term of the block in double and adds it to the accumulators once.
+        std::vector<double> gk(static_cast<size_t>(s.kv_rows * s.HS), 0.0);
+        std::vector<double> gv(static_cast<size_t>(s.kv_rows * s.HS), 0.0);
+        std::vector<double> gq(static_cast<size_t>(s.HS));
+        const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
         for (int64_t h = j * s.G; h < (j + 1) * s.G; ++h) {
             for (int64_t t = s.q_begin; t < s.q_begin + s.q_rows; ++t) {
                 const float* q = qkv + (b * s.T + t) * s.W + h * s.HS;
@@ -210,49 +401,33 @@ void block_backward(const AttentionBlockBackwardArgs& a, const BlockShape& s, Op
                 const float* O = out + (b * s.T + t) * s.C + h * s.HS;
                 float* dq_t = dq + (b * s.T + t) * s.C + h * s.HS;
                 const int64_t n = s.keys(t);
-                const float row_lse = lse[(b * s.NH + h) * s.T + t];
-                if (reference) {
-                    const double scale = 1.0 / std::sqrt(static_cast<double>(s.HS));
-                    double D_t = 0.0;
-                    for (int64_t d = 0; d < s.HS; ++d) D_t += static_cast<double>(dO[d]) * O[d];
-                    std::fill(gq.begin(), gq.end(), 0.0);
-                    for (int64_t u = 0; u < n; ++u) {
-                        const float* k = k0 + u * s.Wkv;
-                        const float* v = v0 + u * s.Wkv;
-                        double qk = 0.0, dp = 0.0;
-                        for (int64_t d = 0; d < s.HS; ++d) {
-                            qk += static_cast<double>(q[d]) * k[d];
-                            dp += static_cast<double>(dO[d]) * v[d];
-                        }
-                        const double p = std::exp(qk * scale - row_lse);
-                        const double ds = p * (dp - D_t) * scale;
-                        for (int64_t d = 0; d < s.HS; ++d) {
-                            gq[d] += ds * k[d];
-                            gk[u * s.HS + d] += ds * q[d];
-                            gv[u * s.HS + d] += p * dO[d];
-                        }
+                const double row_lse = lse[(b * s.NH + h) * s.T + t];
+                double D_t = 0.0;
+                for (int64_t d = 0; d < s.HS; ++d) D_t += static_cast<double>(dO[d]) * O[d];
+                std::fill(gq.begin(), gq.end(), 0.0);
+                for (int64_t u = 0; u < n; ++u) {
+                    const float* k = k0 + u * s.Wkv;
+                    const float* v = v0 + u * s.Wkv;
+                    double qk = 0.0, dp = 0.0;
+                    for (int64_t d = 0; d < s.HS; ++d) {
+                        qk += static_cast<double>(q[d]) * k[d];
+                        dp += static_cast<double>(dO[d]) * v[d];
                     }
-                    for (int64_t d = 0; d < s.HS; ++d) dq_t[d] += static_cast<float>(gq[d]);
-                } else {
-                    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-                    const float D_t = dot_f32(dO, O, s.HS);
-                    for (int64_t u = 0; u < n; ++u) {
-                        const float* k = k0 + u * s.Wkv;
-                        const float p = exp_approx(dot_f32(q, k, s.HS) * scale - row_lse);
-                        const float ds = p * (dot_f32(dO, v0 + u * s.Wkv, s.HS) - D_t) * scale;
-                        axpy_f32(ds, k, dq_t, s.HS);
-                        axpy_f32(ds, q, dk0 + u * Wd, s.HS);
-                        axpy_f32(p, dO, dv0 + u * Wd, s.HS);
+                    const double p = std::exp(qk * scale - row_lse);
+                    const double ds = p * (dp - D_t) * scale;
+                    for (int64_t d = 0; d < s.HS; ++d) {
+                        gq[d] += ds * k[d];
+                        gk[u * s.HS + d] += ds * q[d];
+                        gv[u * s.HS + d] += p * dO[d];
                     }
                 }
+                for (int64_t d = 0; d < s.HS; ++d) dq_t[d] += static_cast<float>(gq[d]);
             }
         }
-        if (reference) {
-            for (int64_t u = 0; u < s.kv_rows; ++u) {
-                for (int64_t d = 0; d < s.HS; ++d) {
-                    dk0[u * Wd + d] += static_cast<float>(gk[u * s.HS + d]);
-                    dv0[u * Wd + d] += static_cast<float>(gv[u * s.HS + d]);
-                }
+        for (int64_t u = 0; u < s.kv_rows; ++u) {
+            for (int64_t d = 0; d < s.HS; ++d) {
+                dk0[u * Wd + d] += static_cast<float>(gk[u * s.HS + d]);
+                dv0[u * Wd + d] += static_cast<float>(gv[u * s.HS + d]);
             }
         }
     }

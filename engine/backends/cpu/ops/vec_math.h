@@ -72,26 +72,4 @@ inline float max_f32(const float* x, int64_t n) {
     return m;
 }
 
-// out (cols) = sum over r < n of w[r] * rows[r * stride, r * stride + cols): each 16-column slice summed in a local
-// accumulator the compiler keeps in registers, rather than through memory once per row.
-inline void weighted_rows(const float* w, int64_t n, const float* rows, int64_t stride, int64_t cols, float* out) {
-    constexpr int64_t kLanes = 16;
-    int64_t c0 = 0;
-    for (; c0 + kLanes <= cols; c0 += kLanes) {
-        float acc[kLanes] = {};
-        for (int64_t r = 0; r < n; ++r) {
-            const float* row = rows + r * stride + c0;
-            const float wr = w[r];
-#pragma omp simd
-            for (int64_t k = 0; k < kLanes; ++k) acc[k] += wr * row[k];
-        }
-        for (int64_t k = 0; k < kLanes; ++k) out[c0 + k] = acc[k];
-    }
-    for (; c0 < cols; ++c0) {
-        float acc = 0.0f;
-        for (int64_t r = 0; r < n; ++r) acc += w[r] * rows[r * stride + c0];
-        out[c0] = acc;
-    }
-}
-
 }  // namespace ms::cpu
