@@ -12,8 +12,8 @@
 //   dK and dV of a key/value head are the sums of those terms over its G query heads, added in head order into one
 //   accumulator per element (so G = 1 is multi-head attention, bit for bit).
 // Nothing of size (B, NH, T, T) exists. The fast forward runs the (b, h) pairs in parallel, the fast backward the
-// (b, key/value head) pairs (each walks its group's query heads in order); both walk query rows t in order and keep
-// one row of scores/probabilities in a thread-local buffer that grows once; each task writes only its own columns,
+// (b, key/value head) pairs (each walks its group's query heads in order); both walk query rows in tiles, in order,
+// with attention_tiles.h's kernels and thread-local buffers that grow once; each task writes only its own columns,
 // so there are no races and the result does not depend on the thread count.
 // Precision: qkv, out, dout and dqkv are D; lse is fp32. For bf16 / fp16 the fast path converts qkv (and dout, out)
 // into fp32 scratch once (each K and V row is read T times), accumulates each (b, h)'s output rows and dq/dk/dv in
@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/attention_tiles.h"
 #include "engine/backends/cpu/ops/precision.h"
 #include "engine/backends/cpu/ops/vec_math.h"
 
@@ -174,13 +175,6 @@ void backward_reference(const AttentionBackwardArgs& a, const AttentionShape& s)
     }
 }
 
-// Scratch for one row of scores: thread-local, grows to the largest T seen and is then reused.
-float* row_scratch(int64_t T) {
-    static thread_local std::vector<float> scratch;
-    if (scratch.size() < static_cast<size_t>(2 * T)) scratch.resize(static_cast<size_t>(2 * T));
-    return scratch.data();
-}
-
 // The fast paths read fp32: the tensors themselves for D = fp32, else `src` converted once into scratch `slot`.
 template <class D>
 const float* as_f32(const Tensor& t, Scratch slot) {
@@ -202,75 +196,19 @@ void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
     const float* qkv = as_f32<D>(a.qkv, Scratch::kA);
     D* out = a.out.as<D>();
     float* lse = a.lse.f32();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    const int64_t np = tiles::round_up_lanes(s.T);
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < s.B * s.NH; ++bh) {
         const int64_t b = bh / s.NH, h = bh % s.NH;
         const HeadView<float> hv = head_view(qkv, s, b, h);
-        float* p = row_scratch(s.T);
-        for (int64_t t = 0; t < s.T; ++t) {
-            const float* q = hv.q + t * hv.stride;
-            float max = -std::numeric_limits<float>::infinity();
-            for (int64_t u = 0; u <= t; ++u) {
-                p[u] = dot_f32(q, hv.k + u * hv.stride, s.HS) * scale;
-                max = std::max(max, p[u]);
-            }
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t u = 0; u <= t; ++u) {
-                p[u] = exp_approx(p[u] - max);
-                sum += p[u];
-            }
-            const float inv_sum = 1.0f / sum;
-            D* o_d = out + (b * s.T + t) * s.C + h * s.HS;
-            float* o;  // the fp32 output row: o_d itself for fp32
-            if constexpr (kIsF32<D>) {
-                o = o_d;
-            } else {
-                o = scratch_f32(Scratch::kD, static_cast<size_t>(s.HS));
-            }
-            std::fill_n(o, s.HS, 0.0f);
-            for (int64_t u = 0; u <= t; ++u) axpy_f32(p[u] * inv_sum, hv.v + u * hv.stride, o, s.HS);
-            if constexpr (!kIsF32<D>) {
-                for (int64_t d = 0; d < s.HS; ++d) o_d[d] = from_float<D>(o[d]);
-            }
-            lse[bh * s.T + t] = max + std::log(sum);
-        }
-    }
-}
-
-// The backward of query head h of batch b (row t's dQ into dq + t * dq_stride, its dK, dV terms added into
-// dk + u * kv_stride, dv + u * kv_stride), all fp32.
-inline void backward_fast_head(const float* qkv, const float* dout, const float* out, const float* lse,
-                               const AttentionShape& s, int64_t b, int64_t h, float* dq, int64_t dq_stride, float* dk,
-                               float* dv, int64_t kv_stride) {
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    const HeadView<float> hv = head_view(qkv, s, b, h);
-    const float* dO = dout + b * s.T * s.C + h * s.HS;
-    const float* O = out + b * s.T * s.C + h * s.HS;
-    const float* lse_row = lse + (b * s.NH + h) * s.T;
-    for (int64_t t = 0; t < s.T; ++t) std::fill_n(dq + t * dq_stride, s.HS, 0.0f);
-    float* p = row_scratch(s.T);
-    float* ds = p + s.T;
-    for (int64_t t = 0; t < s.T; ++t) {
-        const float* q = hv.q + t * hv.stride;
-        const float* dO_t = dO + t * s.C;
-        const float D_t = dot_f32(dO_t, O + t * s.C, s.HS);
-        for (int64_t u = 0; u <= t; ++u) {
-            p[u] = dot_f32(q, hv.k + u * hv.stride, s.HS) * scale - lse_row[t];
-            ds[u] = dot_f32(dO_t, hv.v + u * hv.stride, s.HS);  // dP for now
-        }
-#pragma omp simd
-        for (int64_t u = 0; u <= t; ++u) {
-            p[u] = exp_approx(p[u]);
-            ds[u] = p[u] * (ds[u] - D_t) * scale;  // the scale of dQ and dK folded in once
-        }
-        float* dq_t = dq + t * dq_stride;
-        for (int64_t u = 0; u <= t; ++u) {
-            axpy_f32(p[u], dO_t, dv + u * kv_stride, s.HS);
-            axpy_f32(ds[u], q, dk + u * kv_stride, s.HS);
-            axpy_f32(ds[u], hv.k + u * hv.stride, dq_t, s.HS);
-        }
+        tiles::HeadScratch& x = tiles::head_scratch();
+        tiles::transpose_rows(hv.k, hv.stride, s.T, s.HS, np, x.kt);
+        D* o = out + b * s.T * s.C + h * s.HS;
+        tiles::head_forward(hv.q, hv.stride, hv.v, hv.stride, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x,
+                            [&](int64_t t, const float* o_t, float row_lse) {
+                                for (int64_t d = 0; d < s.HS; ++d) o[t * s.C + d] = from_float<D>(o_t[d]);
+                                lse[bh * s.T + t] = row_lse;
+                            });
     }
 }
 
@@ -284,6 +222,7 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
     // fp32: dq/dk/dv accumulate in dqkv itself (row stride W). Otherwise in this thread's fp32 scratch (T, 3*HS), row
     // stride 3*HS, [dq | dk | dv]: dq rounded into dqkv once its query head is done, dk and dv once the group is.
     const int64_t acc_stride = kIsF32<D> ? s.W : 3 * s.HS;
+    const int64_t np = tiles::round_up_lanes(s.T);
 #pragma omp parallel for schedule(static)
     for (int64_t bkv = 0; bkv < s.B * s.NKV; ++bkv) {
         const int64_t b = bkv / s.NKV, kv = bkv % s.NKV;
@@ -308,9 +247,30 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
                 }
             }
         };
+        tiles::HeadScratch& x = tiles::head_scratch();
+        const HeadView<float> kv_view = head_view(qkv, s, b, kv * s.G);
+        tiles::transpose_rows(kv_view.k, kv_view.stride, s.T, s.HS, np, x.kt);
+        tiles::transpose_rows(kv_view.v, kv_view.stride, s.T, s.HS, np, x.vt);
         for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
             float* dq = acc + (kIsF32<D> ? q_column(s, h) : 0);
-            backward_fast_head(qkv, dout, out, lse, s, b, h, dq, acc_stride, dk, dv, acc_stride);
+            for (int64_t t = 0; t < s.T; ++t) std::fill_n(dq + t * acc_stride, s.HS, 0.0f);
+            const HeadView<float> hv = head_view(qkv, s, b, h);
+            const int64_t rows = b * s.T * s.C + h * s.HS;  // the head's first row of dout and out
+            const tiles::HeadGrads g{.q = hv.q,
+                                     .dO = dout + rows,
+                                     .O = out + rows,
+                                     .lse = lse + (b * s.NH + h) * s.T,
+                                     .k = hv.k,
+                                     .q_stride = hv.stride,
+                                     .dO_stride = s.C,
+                                     .O_stride = s.C,
+                                     .k_stride = hv.stride,
+                                     .dq = dq,
+                                     .dk = dk,
+                                     .dv = dv,
+                                     .dq_stride = acc_stride,
+                                     .dkv_stride = acc_stride};
+            tiles::head_backward(g, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x);
             if constexpr (!kIsF32<D>) store(0, q_column(s, h));
         }
         if constexpr (!kIsF32<D>) {

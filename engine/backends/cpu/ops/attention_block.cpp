@@ -12,8 +12,8 @@
 //             dq_t += sum_u ds_u k_u;  dk_u += ds_u q_t;  dv_u += p_u dO_t
 // The reference works in double, one (b, h) at a time. The fast path runs the (b, h) pairs of the forward in
 // parallel, and the (b, key/value head) pairs of the backward (each walking its group's query heads in order), so
-// every task writes only its own columns: no races, and the bits do not depend on the thread count. 16-bit inputs
-// are converted into fp32 scratch once.
+// every task writes only its own columns: no races, and the bits do not depend on the thread count; a head's kernels
+// are attention_tiles.h's. 16-bit inputs are converted into fp32 scratch once.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/ops.h"
+#include "engine/backends/cpu/ops/attention_tiles.h"
 #include "engine/backends/cpu/ops/precision.h"
 #include "engine/backends/cpu/ops/vec_math.h"
 
@@ -107,157 +108,18 @@ void merge_row(bool merge, const Real* o_b, Real lse_b, float* acc_row, float* l
     *lse_row = static_cast<float>(merged);
 }
 
-// The fast paths take query rows in tiles of kTile, so that a tile's scores, softmax sums and weighted rows are
-// kTile independent chains: one row alone is a chain of dependent additions the length of its keys, whose latency
-// bounded a row-at-a-time loop. A row's own sums run in the same order as they would alone.
-constexpr int64_t kTile = 8;
-constexpr int64_t kLanes = 16;
-
-int64_t round_up_lanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
-
-// Query rows [t0, t0 + rows) and the keys each sees; the kTile - rows rows past the end repeat the last row, so the
-// kernels always run kTile rows, and their results are not kept.
-struct Tile {
-    int64_t t[kTile], n[kTile];
-    int64_t rows, n_min, n_max;
-};
-
-Tile make_tile(const BlockShape& s, int64_t t0) {
-    Tile tile{};
-    tile.rows = std::min(kTile, s.q_begin + s.q_rows - t0);
-    for (int64_t r = 0; r < kTile; ++r) {
-        tile.t[r] = t0 + std::min(r, tile.rows - 1);
-        tile.n[r] = s.keys(tile.t[r]);
-    }
-    tile.n_min = *std::min_element(tile.n, tile.n + kTile);
-    tile.n_max = *std::max_element(tile.n, tile.n + kTile);
-    return tile;
-}
-
-// dst (HS rows of np) = rows [0, rows) of src (row u at src + u * stride) transposed; zero past them.
-void transpose_rows(const float* src, int64_t stride, int64_t rows, int64_t HS, int64_t np, std::vector<float>& dst) {
-    dst.assign(static_cast<size_t>(HS * np), 0.0f);
-    for (int64_t d = 0; d < HS; ++d) {
-        for (int64_t u = 0; u < rows; ++u) dst[d * np + u] = src[u * stride + d];
-    }
-}
-
-// dst[d * kTile + r] = scale * src[t_r * stride + d]: the tile's rows of a head, transposed.
-void tile_columns(const float* src, int64_t stride, const Tile& tile, int64_t HS, float scale, std::vector<float>& dst) {
-    dst.resize(static_cast<size_t>(HS * kTile));
-    for (int64_t r = 0; r < kTile; ++r) {
-        for (int64_t d = 0; d < HS; ++d) dst[d * kTile + r] = src[tile.t[r] * stride + d] * scale;
-    }
-}
-
-// out[r * np + u] = sum over d of a[d * kTile + r] * bt[d * np + u] for u < width (a multiple of kLanes), summed
-// from d = 0 in kTile x kLanes accumulators.
-void tile_dots(const float* a, const float* bt, int64_t HS, int64_t np, int64_t width, float* out) {
-    for (int64_t u0 = 0; u0 < width; u0 += kLanes) {
-        float acc[kTile][kLanes] = {};
-        for (int64_t d = 0; d < HS; ++d) {
-            const float* brow = bt + d * np + u0;
-            for (int64_t r = 0; r < kTile; ++r) {
-                const float x = a[d * kTile + r];
-#pragma omp simd
-                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * brow[k];
-            }
-        }
-        for (int64_t r = 0; r < kTile; ++r) std::copy_n(acc[r], kLanes, out + r * np + u0);
-    }
-}
-
-// Rows r < out_rows of out (row r at out + r * out_stride, HS columns) = (their values if accumulate, else 0) plus
-// the sum over u < n[r], from u = 0, of w[r * np + u] * src row u (at src + u * stride).
-void tile_weighted_rows(const float* w, int64_t np, const Tile& tile, const float* src, int64_t stride, int64_t HS,
-                        float* out, int64_t out_stride, int64_t out_rows, bool accumulate) {
-    int64_t c0 = 0;
-    for (; c0 + kLanes <= HS; c0 += kLanes) {
-        float acc[kTile][kLanes] = {};
-        if (accumulate) {
-            for (int64_t r = 0; r < out_rows; ++r) std::copy_n(out + r * out_stride + c0, kLanes, acc[r]);
-        }
-        for (int64_t u = 0; u < tile.n_min; ++u) {
-            const float* row = src + u * stride + c0;
-            for (int64_t r = 0; r < kTile; ++r) {
-                const float x = w[r * np + u];
-#pragma omp simd
-                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * row[k];
-            }
-        }
-        for (int64_t u = tile.n_min; u < tile.n_max; ++u) {
-            const float* row = src + u * stride + c0;
-            for (int64_t r = 0; r < kTile; ++r) {
-                if (u >= tile.n[r]) continue;
-                const float x = w[r * np + u];
-#pragma omp simd
-                for (int64_t k = 0; k < kLanes; ++k) acc[r][k] += x * row[k];
-            }
-        }
-        for (int64_t r = 0; r < out_rows; ++r) std::copy_n(acc[r], kLanes, out + r * out_stride + c0);
-    }
-    for (; c0 < HS; ++c0) {
-        for (int64_t r = 0; r < out_rows; ++r) {
-            float acc = accumulate ? out[r * out_stride + c0] : 0.0f;
-            for (int64_t u = 0; u < tile.n[r]; ++u) acc += w[r * np + u] * src[u * stride + c0];
-            out[r * out_stride + c0] = acc;
-        }
-    }
-}
-
-// The fast paths' per-thread scratch.
-struct HeadScratch {
-    std::vector<float> kt, vt;       // the head's keys and values transposed: HS rows of np
-    std::vector<float> qs, dos;      // the tile's queries (times the scale) and output gradients: HS rows of kTile
-    std::vector<float> p, dp, ds;    // kTile rows of np: scores / probabilities, dO . v, the scores' gradients
-    std::vector<float> outs;         // kTile rows of HS
-};
-
-HeadScratch& head_scratch() {
-    thread_local HeadScratch scratch;
-    return scratch;
-}
-
 // The forward of one (batch b, query head h) whose keys and values start at k0 and v0.
 void fast_forward_head(const AttentionBlockForwardArgs& a, const BlockShape& s, int64_t b, int64_t h,
                        const float* q0, const float* k0, const float* v0) {
-    HeadScratch& x = head_scratch();
-    const int64_t np = round_up_lanes(s.kv_rows);
-    transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
-    x.p.resize(static_cast<size_t>(kTile * np));
-    x.outs.resize(static_cast<size_t>(kTile * s.HS));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
-    for (int64_t t0 = s.q_begin; t0 < s.q_begin + s.q_rows; t0 += kTile) {
-        const Tile tile = make_tile(s, t0);
-        tile_columns(q0, s.W, tile, s.HS, scale, x.qs);
-        tile_dots(x.qs.data(), x.kt.data(), s.HS, np, round_up_lanes(tile.n_max), x.p.data());
-        float sum[kTile], max[kTile];
-        for (int64_t r = 0; r < kTile; ++r) {
-            float* p = x.p.data() + r * np;
-            max[r] = max_f32(p, tile.n[r]);
-#pragma omp simd
-            for (int64_t u = 0; u < tile.n[r]; ++u) p[u] = exp_approx(p[u] - max[r]);
-            sum[r] = 0.0f;
-        }
-        for (int64_t u = 0; u < tile.n_max; ++u) {
-            for (int64_t r = 0; r < kTile; ++r) {
-                if (u < tile.n[r]) sum[r] += x.p[r * np + u];
-            }
-        }
-        for (int64_t r = 0; r < kTile; ++r) {
-            const float inv_sum = 1.0f / sum[r];
-            float* p = x.p.data() + r * np;
-#pragma omp simd
-            for (int64_t u = 0; u < tile.n[r]; ++u) p[u] *= inv_sum;
-        }
-        tile_weighted_rows(x.p.data(), np, tile, v0, s.Wkv, s.HS, x.outs.data(), s.HS, kTile, false);
-        for (int64_t r = 0; r < tile.rows; ++r) {
-            const int64_t t = tile.t[r];
-            merge_row<float>(a.merge, x.outs.data() + r * s.HS, max[r] + std::log(sum[r]),
-                             a.acc.f32() + (b * s.T + t) * s.C + h * s.HS, a.lse.f32() + (b * s.NH + h) * s.T + t,
-                             s.HS);
-        }
-    }
+    tiles::HeadScratch& x = tiles::head_scratch();
+    const int64_t np = tiles::round_up_lanes(s.kv_rows);
+    tiles::transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
+    float* acc = a.acc.f32() + b * s.T * s.C + h * s.HS;
+    float* lse = a.lse.f32() + (b * s.NH + h) * s.T;
+    tiles::head_forward(q0, s.W, v0, s.Wkv, s.HS, np, s.q_begin, s.q_begin + s.q_rows,
+                        [&](int64_t t) { return s.keys(t); }, x, [&](int64_t t, const float* o, float row_lse) {
+                            merge_row<float>(a.merge, o, row_lse, acc + t * s.C, lse + t, s.HS);
+                        });
 }
 
 template <class D>
@@ -303,67 +165,32 @@ void block_forward(const AttentionBlockForwardArgs& a, const BlockShape& s, OpMo
     }
 }
 
-// The gradients of one (batch, key/value head) group: dq of its query heads' rows and the dk, dv rows at dk0, dv0.
+// The gradients of one (batch b, key/value head j) group: dq of its query heads' rows and the dk, dv rows at dk0,
+// dv0 (row stride Wd).
 void fast_backward_group(const BlockShape& s, int64_t b, int64_t j, const float* qkv, const float* dout,
                          const float* out, const float* lse, float* dq, const float* k0, const float* v0, float* dk0,
                          float* dv0, int64_t Wd) {
-    HeadScratch& x = head_scratch();
-    const int64_t np = round_up_lanes(s.kv_rows);
-    transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
-    transpose_rows(v0, s.Wkv, s.kv_rows, s.HS, np, x.vt);
-    for (auto* m : {&x.p, &x.dp, &x.ds}) m->resize(static_cast<size_t>(kTile * np));
-    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
+    tiles::HeadScratch& x = tiles::head_scratch();
+    const int64_t np = tiles::round_up_lanes(s.kv_rows);
+    tiles::transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
+    tiles::transpose_rows(v0, s.Wkv, s.kv_rows, s.HS, np, x.vt);
     for (int64_t h = j * s.G; h < (j + 1) * s.G; ++h) {
-        const float* q0 = qkv + b * s.T * s.W + h * s.HS;
-        const float* dO0 = dout + b * s.T * s.C + h * s.HS;
-        for (int64_t t0 = s.q_begin; t0 < s.q_begin + s.q_rows; t0 += kTile) {
-            const Tile tile = make_tile(s, t0);
-            const int64_t width = round_up_lanes(tile.n_max);
-            tile_columns(q0, s.W, tile, s.HS, scale, x.qs);
-            tile_dots(x.qs.data(), x.kt.data(), s.HS, np, width, x.p.data());
-            tile_columns(dO0, s.C, tile, s.HS, 1.0f, x.dos);
-            tile_dots(x.dos.data(), x.vt.data(), s.HS, np, width, x.dp.data());
-            // p_u = exp(s_u - lse_t) and ds_u = p_u (dO_t . v_u - D_t) * scale, zero past the row's keys.
-            for (int64_t r = 0; r < kTile; ++r) {
-                const int64_t t = tile.t[r], n = tile.n[r];
-                const float D_t = dot_f32(dO0 + t * s.C, out + (b * s.T + t) * s.C + h * s.HS, s.HS);
-                const float row_lse = lse[(b * s.NH + h) * s.T + t];
-                float* p = x.p.data() + r * np;
-                const float* dp = x.dp.data() + r * np;
-                float* ds = x.ds.data() + r * np;
-#pragma omp simd
-                for (int64_t u = 0; u < width; ++u) {
-                    p[u] = u < n ? exp_approx(p[u] - row_lse) : 0.0f;
-                    ds[u] = p[u] * (dp[u] - D_t) * scale;
-                }
-            }
-            // dq_t += sum_u ds_u k_u
-            tile_weighted_rows(x.ds.data(), np, tile, k0, s.Wkv, s.HS, dq + (b * s.T + t0) * s.C + h * s.HS, s.C,
-                               tile.rows, true);
-            // dk_u += sum_t ds_u q_t and dv_u += sum_t p_u dO_t, over the tile's rows in order.
-            // Up to kLanes columns at a time, in registers.
-            for (int64_t u = 0; u < tile.n_max; ++u) {
-                for (int64_t c0 = 0; c0 < s.HS; c0 += kLanes) {
-                    const int64_t cols = std::min(kLanes, s.HS - c0);
-                    float gk[kLanes], gv[kLanes];
-                    std::copy_n(dk0 + u * Wd + c0, cols, gk);
-                    std::copy_n(dv0 + u * Wd + c0, cols, gv);
-                    for (int64_t r = 0; r < tile.rows; ++r) {
-                        if (u >= tile.n[r]) continue;
-                        const float g = x.ds[r * np + u], w = x.p[r * np + u];
-                        const float* q = q0 + tile.t[r] * s.W + c0;
-                        const float* dO = dO0 + tile.t[r] * s.C + c0;
-#pragma omp simd
-                        for (int64_t k = 0; k < cols; ++k) {
-                            gk[k] += g * q[k];
-                            gv[k] += w * dO[k];
-                        }
-                    }
-                    std::copy_n(gk, cols, dk0 + u * Wd + c0);
-                    std::copy_n(gv, cols, dv0 + u * Wd + c0);
-                }
-            }
-        }
+        const int64_t rows = b * s.T * s.C + h * s.HS;  // the head's first row of dout, out and dq
+        const tiles::HeadGrads g{.q = qkv + b * s.T * s.W + h * s.HS,
+                                 .dO = dout + rows,
+                                 .O = out + rows,
+                                 .lse = lse + (b * s.NH + h) * s.T,
+                                 .k = k0,
+                                 .q_stride = s.W,
+                                 .dO_stride = s.C,
+                                 .O_stride = s.C,
+                                 .k_stride = s.Wkv,
+                                 .dq = dq + rows,
+                                 .dk = dk0,
+                                 .dv = dv0,
+                                 .dq_stride = s.C,
+                                 .dkv_stride = Wd};
+        tiles::head_backward(g, s.HS, np, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); }, x);
     }
 }
 
