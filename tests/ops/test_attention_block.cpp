@@ -110,8 +110,8 @@ void blocks_fast_vs_reference(double tol_out, double tol_grad, const Dims& dims 
     const RingBlockInputs in(dims);
     auto ref = make_cpu_backend(OpMode::kReference), fast = make_cpu_backend(OpMode::kFast);
     const RingBlockRun r = run_blocks<D>(*ref, in), f = run_blocks<D>(*fast, in);
-    const std::string d = std::string(dtype_name(dtype_of<D>())) + " T " + std::to_string(dims.T) + " HS " +
-                          std::to_string(dims.HS);
+    const std::string d =
+        std::string(dtype_name(dtype_of<D>())) + " T " + std::to_string(dims.T) + " HS " + std::to_string(dims.HS);
     expect_within("block acc " + d, OpMode::kFast, max_rel_error(f.acc, r.acc), tol_out);
     expect_within("block lse " + d, OpMode::kFast, max_rel_error(f.lse, r.lse), 1e-6);
     expect_within("block dq " + d, OpMode::kFast, max_rel_error(f.dq, r.dq), tol_grad);

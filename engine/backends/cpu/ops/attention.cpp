@@ -204,11 +204,12 @@ void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
         tiles::HeadScratch& x = tiles::head_scratch();
         tiles::transpose_rows(hv.k, hv.stride, s.T, s.HS, np, x.kt);
         D* o = out + b * s.T * s.C + h * s.HS;
-        tiles::head_forward(hv.q, hv.stride, hv.v, hv.stride, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x,
-                            [&](int64_t t, const float* o_t, float row_lse) {
-                                for (int64_t d = 0; d < s.HS; ++d) o[t * s.C + d] = from_float<D>(o_t[d]);
-                                lse[bh * s.T + t] = row_lse;
-                            });
+        tiles::head_forward(
+            hv.q, hv.stride, hv.v, hv.stride, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x,
+            [&](int64_t t, const float* o_t, float row_lse) {
+                for (int64_t d = 0; d < s.HS; ++d) o[t * s.C + d] = from_float<D>(o_t[d]);
+                lse[bh * s.T + t] = row_lse;
+            });
     }
 }
 
@@ -270,7 +271,8 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
                                      .dv = dv,
                                      .dq_stride = acc_stride,
                                      .dkv_stride = acc_stride};
-            tiles::head_backward(g, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x);
+            tiles::head_backward(
+                g, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x);
             if constexpr (!kIsF32<D>) store(0, q_column(s, h));
         }
         if constexpr (!kIsF32<D>) {

@@ -109,17 +109,18 @@ void merge_row(bool merge, const Real* o_b, Real lse_b, float* acc_row, float* l
 }
 
 // The forward of one (batch b, query head h) whose keys and values start at k0 and v0.
-void fast_forward_head(const AttentionBlockForwardArgs& a, const BlockShape& s, int64_t b, int64_t h,
-                       const float* q0, const float* k0, const float* v0) {
+void fast_forward_head(const AttentionBlockForwardArgs& a, const BlockShape& s, int64_t b, int64_t h, const float* q0,
+                       const float* k0, const float* v0) {
     tiles::HeadScratch& x = tiles::head_scratch();
     const int64_t np = tiles::round_up_lanes(s.kv_rows);
     tiles::transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
     float* acc = a.acc.f32() + b * s.T * s.C + h * s.HS;
     float* lse = a.lse.f32() + (b * s.NH + h) * s.T;
-    tiles::head_forward(q0, s.W, v0, s.Wkv, s.HS, np, s.q_begin, s.q_begin + s.q_rows,
-                        [&](int64_t t) { return s.keys(t); }, x, [&](int64_t t, const float* o, float row_lse) {
-                            merge_row<float>(a.merge, o, row_lse, acc + t * s.C, lse + t, s.HS);
-                        });
+    tiles::head_forward(
+        q0, s.W, v0, s.Wkv, s.HS, np, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); }, x,
+        [&](int64_t t, const float* o, float row_lse) {
+            merge_row<float>(a.merge, o, row_lse, acc + t * s.C, lse + t, s.HS);
+        });
 }
 
 template <class D>
@@ -190,7 +191,8 @@ void fast_backward_group(const BlockShape& s, int64_t b, int64_t j, const float*
                                  .dv = dv0,
                                  .dq_stride = s.C,
                                  .dkv_stride = Wd};
-        tiles::head_backward(g, s.HS, np, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); }, x);
+        tiles::head_backward(
+            g, s.HS, np, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); }, x);
     }
 }
 

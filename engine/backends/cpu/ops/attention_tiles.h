@@ -205,8 +205,8 @@ void head_backward(const HeadGrads& g, int64_t HS, int64_t np, int64_t q_begin, 
                 ds[u] = p[u] * (dp[u] - D_t) * scale;
             }
         }
-        tile_weighted_rows(x.ds.data(), np, tile, g.k, g.k_stride, HS, g.dq + t0 * g.dq_stride, g.dq_stride,
-                           tile.rows, true);
+        tile_weighted_rows(x.ds.data(), np, tile, g.k, g.k_stride, HS, g.dq + t0 * g.dq_stride, g.dq_stride, tile.rows,
+                           true);
         // dk_u and dv_u kLanes columns at a time, in registers, over the tile's rows in order.
         int64_t c0 = 0;
         for (; c0 + kLanes <= HS; c0 += kLanes) {
