@@ -196,16 +196,13 @@ void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
     const float* qkv = as_f32<D>(a.qkv, Scratch::kA);
     D* out = a.out.as<D>();
     float* lse = a.lse.f32();
-    const int64_t np = tiles::round_up_lanes(s.T);
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < s.B * s.NH; ++bh) {
         const int64_t b = bh / s.NH, h = bh % s.NH;
         const HeadView<float> hv = head_view(qkv, s, b, h);
-        tiles::HeadScratch& x = tiles::head_scratch();
-        tiles::transpose_rows(hv.k, hv.stride, s.T, s.HS, np, x.kt);
         D* o = out + b * s.T * s.C + h * s.HS;
         tiles::head_forward(
-            hv.q, hv.stride, hv.v, hv.stride, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x,
+            hv.q, hv.stride, hv.k, hv.v, hv.stride, s.T, s.HS, 0, s.T, [](int64_t t) { return t + 1; },
             [&](int64_t t, const float* o_t, float row_lse) {
                 for (int64_t d = 0; d < s.HS; ++d) o[t * s.C + d] = from_float<D>(o_t[d]);
                 lse[bh * s.T + t] = row_lse;
@@ -223,7 +220,6 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
     // fp32: dq/dk/dv accumulate in dqkv itself (row stride W). Otherwise in this thread's fp32 scratch (T, 3*HS), row
     // stride 3*HS, [dq | dk | dv]: dq rounded into dqkv once its query head is done, dk and dv once the group is.
     const int64_t acc_stride = kIsF32<D> ? s.W : 3 * s.HS;
-    const int64_t np = tiles::round_up_lanes(s.T);
 #pragma omp parallel for schedule(static)
     for (int64_t bkv = 0; bkv < s.B * s.NKV; ++bkv) {
         const int64_t b = bkv / s.NKV, kv = bkv % s.NKV;
@@ -250,8 +246,7 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
         };
         tiles::HeadScratch& x = tiles::head_scratch();
         const HeadView<float> kv_view = head_view(qkv, s, b, kv * s.G);
-        tiles::transpose_rows(kv_view.k, kv_view.stride, s.T, s.HS, np, x.kt);
-        tiles::transpose_rows(kv_view.v, kv_view.stride, s.T, s.HS, np, x.vt);
+        const int64_t np = tiles::load_keys(x, kv_view.k, kv_view.v, kv_view.stride, s.T, s.HS, true);
         for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
             float* dq = acc + (kIsF32<D> ? q_column(s, h) : 0);
             for (int64_t t = 0; t < s.T; ++t) std::fill_n(dq + t * acc_stride, s.HS, 0.0f);

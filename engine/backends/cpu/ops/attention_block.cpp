@@ -111,13 +111,10 @@ void merge_row(bool merge, const Real* o_b, Real lse_b, float* acc_row, float* l
 // The forward of one (batch b, query head h) whose keys and values start at k0 and v0.
 void fast_forward_head(const AttentionBlockForwardArgs& a, const BlockShape& s, int64_t b, int64_t h, const float* q0,
                        const float* k0, const float* v0) {
-    tiles::HeadScratch& x = tiles::head_scratch();
-    const int64_t np = tiles::round_up_lanes(s.kv_rows);
-    tiles::transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
     float* acc = a.acc.f32() + b * s.T * s.C + h * s.HS;
     float* lse = a.lse.f32() + (b * s.NH + h) * s.T;
     tiles::head_forward(
-        q0, s.W, v0, s.Wkv, s.HS, np, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); }, x,
+        q0, s.W, k0, v0, s.Wkv, s.kv_rows, s.HS, s.q_begin, s.q_begin + s.q_rows, [&](int64_t t) { return s.keys(t); },
         [&](int64_t t, const float* o, float row_lse) {
             merge_row<float>(a.merge, o, row_lse, acc + t * s.C, lse + t, s.HS);
         });
@@ -172,9 +169,7 @@ void fast_backward_group(const BlockShape& s, int64_t b, int64_t j, const float*
                          const float* out, const float* lse, float* dq, const float* k0, const float* v0, float* dk0,
                          float* dv0, int64_t Wd) {
     tiles::HeadScratch& x = tiles::head_scratch();
-    const int64_t np = tiles::round_up_lanes(s.kv_rows);
-    tiles::transpose_rows(k0, s.Wkv, s.kv_rows, s.HS, np, x.kt);
-    tiles::transpose_rows(v0, s.Wkv, s.kv_rows, s.HS, np, x.vt);
+    const int64_t np = tiles::load_keys(x, k0, v0, s.Wkv, s.kv_rows, s.HS, true);
     for (int64_t h = j * s.G; h < (j + 1) * s.G; ++h) {
         const int64_t rows = b * s.T * s.C + h * s.HS;  // the head's first row of dout, out and dq
         const tiles::HeadGrads g{.q = qkv + b * s.T * s.W + h * s.HS,

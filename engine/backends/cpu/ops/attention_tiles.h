@@ -132,12 +132,24 @@ inline void tile_weighted_rows(const float* w, int64_t np, const Tile& tile, con
     }
 }
 
-// The forward of one query head over query rows [q_begin, q_end), row t seeing keys [0, keys(t)): queries at
-// q + t * q_stride, values at v + u * v_stride, the keys already in x.kt (transpose_rows, np wide). Calls
-// store(t, o_t (HS floats), lse_t) once per row, in row order.
+// A key/value head's kv_rows keys and values (rows at k + u * stride, v + u * stride) into x.kt and x.vt (values
+// only when with_values); returns their width np.
+inline int64_t load_keys(HeadScratch& x, const float* k, const float* v, int64_t stride, int64_t kv_rows, int64_t HS,
+                         bool with_values) {
+    const int64_t np = round_up_lanes(kv_rows);
+    transpose_rows(k, stride, kv_rows, HS, np, x.kt);
+    if (with_values) transpose_rows(v, stride, kv_rows, HS, np, x.vt);
+    return np;
+}
+
+// The forward of one query head over query rows [q_begin, q_end), row t seeing keys [0, keys(t)) of kv_rows: queries
+// at q + t * q_stride, keys and values at k + u * kv_stride, v + u * kv_stride. Calls store(t, o_t (HS floats), lse_t)
+// once per row, in row order.
 template <class Keys, class Store>
-void head_forward(const float* q, int64_t q_stride, const float* v, int64_t v_stride, int64_t HS, int64_t np,
-                  int64_t q_begin, int64_t q_end, Keys keys, HeadScratch& x, Store store) {
+void head_forward(const float* q, int64_t q_stride, const float* k, const float* v, int64_t kv_stride, int64_t kv_rows,
+                  int64_t HS, int64_t q_begin, int64_t q_end, Keys keys, Store store) {
+    HeadScratch& x = head_scratch();
+    const int64_t np = load_keys(x, k, v, kv_stride, kv_rows, HS, false);
     x.p.resize(static_cast<size_t>(kTile * np));
     x.outs.resize(static_cast<size_t>(kTile * HS));
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
@@ -164,13 +176,14 @@ void head_forward(const float* q, int64_t q_stride, const float* v, int64_t v_st
 #pragma omp simd
             for (int64_t u = 0; u < tile.n[r]; ++u) p[u] *= inv_sum;
         }
-        tile_weighted_rows(x.p.data(), np, tile, v, v_stride, HS, x.outs.data(), HS, kTile, false);
+        tile_weighted_rows(x.p.data(), np, tile, v, kv_stride, HS, x.outs.data(), HS, kTile, false);
         for (int64_t r = 0; r < tile.rows; ++r) store(tile.t[r], x.outs.data() + r * HS, max[r] + std::log(sum[r]));
     }
 }
 
 // One query head's tensors for head_backward: row t of each at base + t * stride; lse[t] the row's final
-// log-sum-exp; the key/value head's rows at k, v (and transposed in x.kt, x.vt); dq, dk, dv added into.
+// log-sum-exp; the key/value head's rows at k (and with its values in x.kt, x.vt: load_keys, np wide); dq, dk, dv
+// added into.
 struct HeadGrads {
     const float *q, *dO, *O, *lse, *k;
     int64_t q_stride, dO_stride, O_stride, k_stride;
