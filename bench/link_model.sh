@@ -9,13 +9,15 @@
 # MS_BENCH_ZERO1=1 runs instead dp 2 ZeRO-1 with a node per rank: no overlap, overlap_grad_reduce (each bucket's
 # shard parts reduced into their owners), and overlap_grad_reduce + overlap_param_gather (the updated parameters
 # gathered per bucket behind the next forward). MS_BENCH_ENGINE=1 runs the communication engine's table (dp 2, dp 4,
-# dp 2 x pp 2; below). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257).
+# dp 2 x pp 2; below). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257), MS_BENCH_MICRO the micro-batch
+# (default 4 sequences; every layout keeps its number of micro-batches per step).
 #   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-6}
 vocab=${MS_BENCH_VOCAB:-50257}
+micro=${MS_BENCH_MICRO:-4}
 bin=$build/mindspeed-train
 [ -x "$bin" ] || { echo "bench: $bin not found: run scripts/setup.sh first" >&2; exit 2; }
 out=$(mktemp -d)
@@ -29,7 +31,7 @@ run() {  # $1: label, $2: ranks, then --set arguments; prints one line of the ta
     --set model.ffn_hidden_size=1024 \
     --set data.source=synthetic --set data.synthetic.vocab_size="$vocab" --set data.synthetic.num_tokens=400000 \
     --set model.vocab_size="$vocab" --set model.seq_length=128 --set model.max_position_embeddings=1024 \
-    --set training.micro_batch_size=4 --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 \
+    --set training.micro_batch_size="$micro" --set training.train_iters=$((steps + 2)) --set lr_schedule.lr_warmup_iters=1 \
     --set logging.log_interval=1 --set eval.eval_interval=0 --set eval.sample_tokens=0 --set run.num_threads=1 \
     --set run.output_dir="$out/$label" "$@" > "$out/$label.log" 2>&1 ||
     { echo "bench: mindspeed-train failed, see $out/$label.log" >&2; exit 1; }
@@ -43,8 +45,8 @@ PY
 }
 
 printf '%-34s %9s %9s %9s %9s\n' "layout / link model" "ms/step" "exposed" "total" "bubble"
-dp2=(--set training.global_batch_size=8)                                             # 1 micro-batch
-dp2pp2=(--set parallel.pipeline_model_parallel_size=2 --set training.global_batch_size=32)  # 4 micro-batches
+dp2=(--set training.global_batch_size=$((2 * micro)))                                      # 1 micro-batch
+dp2pp2=(--set parallel.pipeline_model_parallel_size=2 --set training.global_batch_size=$((8 * micro)))  # 4 of them
 if [ "${MS_BENCH_ZERO1:-0}" = 1 ]; then
   z1=(--set parallel.zero_stage=1 --set link_model.enabled=true --set run.ranks_per_node=1)
   grad=(--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=1000000)
@@ -62,7 +64,7 @@ if [ "${MS_BENCH_ENGINE:-0}" = 1 ]; then
   lm=(--set link_model.enabled=true --set link_model.contention=true --set run.ranks_per_node=1)
   grad=(--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=1000000)
   engine=(--set parallel.comm_engine=true --set parallel.comm_chunk_bytes=1048576)
-  dp4=(--set training.global_batch_size=16)
+  dp4=(--set training.global_batch_size=$((4 * micro)))
   for layout in dp2 dp4 dp2xpp2; do
     case $layout in
       dp2) np=2 sets=("${dp2[@]}") ;;

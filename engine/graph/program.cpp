@@ -431,12 +431,14 @@ Program compile_program(const Graph& g, Phase phase, const MemoryPlan& plan, con
     for (size_t t = 0; t < g.tensors.size(); ++t) {
         const TensorInfo& info = g.tensors[t];
         const int w = last_writer[t];
-        if (info.role != Role::kGradient || w < 0) continue;
-        const GradRange range{info.param_offset, info.param_offset + info.numel()};
+        const bool head_apart = info.role == Role::kHeadGradient;
+        if ((info.role != Role::kGradient && !head_apart) || w < 0) continue;
+        const GradRange range{info.param_offset, info.param_offset + info.numel(), head_apart};
         const size_t at_step =
             g.nodes[static_cast<size_t>(w)].phase == Phase::kBackward ? step_of_node[static_cast<size_t>(w)] : 0;
         final_after[at_step].push_back(range);
-        if (first_writer[t] >= 0) written_before[step_of_node[static_cast<size_t>(first_writer[t])]].push_back(range);
+        if (first_writer[t] >= 0 && !head_apart)
+            written_before[step_of_node[static_cast<size_t>(first_writer[t])]].push_back(range);
     }
     return Program(std::move(steps), std::move(final_after), std::move(needed_before), std::move(written_before));
 }

@@ -26,9 +26,12 @@ struct Bindings {
     std::byte* head_grads = nullptr;       // the kHeadGradient tensor's buffer (a graph with one), else unused
 };
 
-// Elements [begin, end) of the flat gradient buffer: one parameter's gradient.
+// Elements [begin, end) of the flat gradient buffer: one parameter's gradient. head_apart: of the tied output layer's
+// gradient kept apart (Role::kHeadGradient) instead, in its own buffer (Bindings::head_grads); only a backward's
+// on_grads_final reports one.
 struct GradRange {
     int64_t begin = 0, end = 0;
+    bool head_apart = false;
     bool operator==(const GradRange&) const = default;
 };
 // Told, during a backward, the gradients that no later op of the graph writes (data-parallel buckets start there),

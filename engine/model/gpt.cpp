@@ -283,7 +283,8 @@ void Gpt::backward(int slot, const graph::GradsFinalFn* on_grads_final, const gr
 void Gpt::set_params_needed(const graph::ParamsNeededFn* on_params_needed) {
     program_->set_params_needed(on_params_needed);
 }
-void Gpt::finish_gradients() { program_->finish_gradients(); }
+void Gpt::finish_gradients(bool add_head_apart) { program_->finish_gradients(add_head_apart); }
+Tensor Gpt::head_gradients_apart() const { return program_->head_gradients_apart(); }
 std::vector<graph::GradRange> Gpt::gradients_finished_per_step() const {
     return program_->gradients_finished_per_step();
 }

@@ -292,10 +292,13 @@ class Gpt {
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed);
     // Once per step, after the last backward(): completes gradients that are reduced per step, not per micro-batch
     // (sequence parallelism's LayerNorm gradients; the tied output layer's kept apart, GptGraphOptions::
-    // tied_grads_apart, added to the embedding's). A no-op otherwise.
-    void finish_gradients();
+    // tied_grads_apart, added to the embedding's unless add_head_apart is false: the data-parallel buckets then
+    // reduce the two apart and add them, engine/optim/grad_buckets.h). A no-op otherwise.
+    void finish_gradients(bool add_head_apart = true);
     // The gradients finish_gradients() completes: final only after it, whatever the backward said.
     std::vector<graph::GradRange> gradients_finished_per_step() const;
+    // The tied output layer's gradient kept apart (the size of the embedding's), or an empty tensor (none kept).
+    Tensor head_gradients_apart() const;
     // Pipeline hand-offs: activation_elems() elements of dtype() each (pipeline_message_elems).
     int64_t activation_elems(int B, int T) const;
     void* input(int slot);                   // (B, T, C) the activation entering the first layer

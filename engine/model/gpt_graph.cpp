@@ -265,14 +265,16 @@ Tensor GptProgram::head_grads_tensor() const {
     return Tensor(head_grads_.data(), o_.graph.grads, {p.numel});
 }
 
-void GptProgram::finish_gradients() {
+Tensor GptProgram::head_gradients_apart() const { return head_param_ >= 0 ? head_grads_tensor() : Tensor{}; }
+
+void GptProgram::finish_gradients(bool add_head_apart) {
     const DType t = o_.graph.grads;
     for (int i : full_->graph.g.tp_partial_grad_params) {
         const ParamInfo& p = table_[static_cast<size_t>(i)];
         tp_.all_reduce(o_.grads.at(p.offset, p.numel), static_cast<size_t>(p.numel), t, ReduceOp::kSum, Priority::kHigh)
             .wait();
     }
-    if (head_param_ >= 0) {
+    if (head_param_ >= 0 && add_head_apart) {
         // the embedding's gradient plus the head's, each summed over the micro-batches: one rounded add, what the
         // embedding group's all-reduce makes of a first and a last stage's (commutative, so the same bits)
         const ParamInfo& p = table_[static_cast<size_t>(head_param_)];

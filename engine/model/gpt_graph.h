@@ -92,7 +92,8 @@ class GptProgram {
     void backward(int slot, const graph::GradsFinalFn* on_grads_final = nullptr,
                   const graph::GradsFinalFn* on_grads_writing = nullptr);
     void set_params_needed(const graph::ParamsNeededFn* on_params_needed) { params_needed_ = on_params_needed; }
-    void finish_gradients();
+    void finish_gradients(bool add_head_apart = true);
+    Tensor head_gradients_apart() const;  // Gpt::head_gradients_apart()
     std::vector<graph::GradRange> gradients_finished_per_step() const;
     void* input(int slot);
     // The slot's memory of the full micro-batch's tensor `name` (fatal when there is none): a CLIP image tower's

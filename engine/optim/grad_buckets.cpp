@@ -64,14 +64,74 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
             bucket_of_[i - 1] = static_cast<int>(buckets_.size());
             elems += params_[i - 1].end - params_[i - 1].begin;
         }
-        Bucket b{begin, end, elems, 0, 0.0, {}, {}};
-        if (reduction == GradReduction::kToShardOwners) b.parts = owner_parts(begin, end, padded / dp.size());
-        b.handles.resize(std::max<size_t>(1, b.parts.size()));
+        Bucket b{begin, end, elems, 0, 0.0, {{begin, end}}, {}, {}};
+        set_parts(b);
         buckets_.push_back(std::move(b));
     }
     deferred_.assign(params_.size(), 0);
     done_.assign(params_.size(), 0);
     issued_.reserve(buckets_.size());  // a step allocates nothing
+}
+
+void GradBuckets::set_parts(Bucket& b) const {
+    b.parts.clear();
+    for (const auto& [begin, end] : b.dense) {
+        if (begin == end) continue;
+        if (reduction_ == GradReduction::kAllReduce) {
+            b.parts.push_back({-1, begin, end});
+        } else {
+            for (const OwnerPart& o : owner_parts(begin, end, grads_.numel() / dp_.size())) b.parts.push_back(o);
+        }
+    }
+    b.handles.clear();
+    b.handles.resize(b.parts.size());
+}
+
+void GradBuckets::tie(const TiedEmbedding& tied) {
+    const graph::GradRange& r = tied.range;
+    const auto [first, last] = params_in(r);
+    MS_CHECK(tied_param_ < 0 && last == first + 1 && tied.row_elems > 0 && (r.end - r.begin) % tied.row_elems == 0 &&
+                 tied.max_tokens > 0 && grads_.dtype == DType::kF32 && grads_.device == DeviceType::kCPU,
+             "gradient buckets: a tied embedding of [{}, {}) in rows of {} (fp32 in host memory, once)", r.begin, r.end,
+             tied.row_elems);
+    MS_CHECK(tied.head.data == nullptr || tied.head.numel() == r.end - r.begin,
+             "gradient buckets: the head's gradient kept apart has {} elements, the embedding's {}", tied.head.numel(),
+             r.end - r.begin);
+    tied_ = tied;
+    tied_param_ = static_cast<int>(first);
+    Bucket& b = buckets_[static_cast<size_t>(bucket_of_[first])];
+    b.param_elems -= r.end - r.begin;
+    b.dense = {{b.begin, r.begin}, {r.end, b.end}};
+    set_parts(b);
+    looked_.assign(static_cast<size_t>((r.end - r.begin) / tied.row_elems), 0);
+    rows_.reserve(static_cast<size_t>(tied.max_tokens));
+    row_send_.resize(static_cast<size_t>(tied.max_tokens));
+    row_gather_.resize(static_cast<size_t>(tied.max_tokens) * static_cast<size_t>(dp_.size()));
+    // a step allocates nothing
+    union_.reserve(std::min(looked_.size(), row_gather_.size()));
+    packed_.reserve(union_.capacity() * static_cast<size_t>(tied.row_elems));
+    if (tied.head.data != nullptr) {  // the head's parts: the embedding's, at the same places of the head's buffer
+        head_parts_ = reduction_ == GradReduction::kAllReduce
+                          ? std::vector<OwnerPart>{{-1, 0, r.end - r.begin}}
+                          : owner_parts(r.begin, r.end, grads_.numel() / dp_.size());
+        if (reduction_ == GradReduction::kToShardOwners)
+            for (OwnerPart& o : head_parts_) o = {o.owner, o.begin - r.begin, o.end - r.begin};
+        head_handles_.resize(head_parts_.size());
+    }
+}
+
+void GradBuckets::look_up(std::span<const int32_t> tokens) {
+    if (tied_param_ < 0) return;
+    const auto rows = static_cast<int64_t>(looked_.size());
+    for (const int32_t t : tokens) {
+        const int64_t row = t - tied_.first_row;
+        if (row < 0 || row >= rows || looked_[static_cast<size_t>(row)]) continue;
+        looked_[static_cast<size_t>(row)] = 1;
+        rows_.push_back(static_cast<int32_t>(row));
+    }
+    MS_CHECK(static_cast<int64_t>(rows_.size()) <= tied_.max_tokens,
+             "gradient buckets: a step looked up {} embedding rows, more than the {} tokens it was sized for",
+             rows_.size(), tied_.max_tokens);
 }
 
 std::pair<size_t, size_t> GradBuckets::params_in(const graph::GradRange& r) const {
@@ -105,16 +165,30 @@ void GradBuckets::begin_step() {
     }
     std::fill(done_.begin(), done_.end(), 0);
     issued_.clear();
+    for (const int32_t row : rows_) looked_[static_cast<size_t>(row)] = 0;
+    rows_.clear();
+    gather_issued_ = rows_issued_ = head_issued_ = false;
+    rows_squares_ = head_squares_ = 0.0;
 }
 
 void GradBuckets::final(std::span<const graph::GradRange> ranges, int64_t base) { mark(ranges, base, false); }
 
 void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t base, bool deferred_too) {
+    // every forward of the step is done once its last micro-batch's backward reports
+    if (tied_param_ >= 0 && !gather_issued_) issue_row_gather();
     for (const graph::GradRange& c : chunk_ranges) {
+        if (c.head_apart) {
+            if (tied_.head.data != nullptr && !head_issued_) issue_head();
+            continue;  // else the model adds it to the embedding's itself, which is deferred
+        }
         const auto [first, last] = params_in({c.begin + base, c.end + base});
         for (size_t i = first; i < last; ++i) {
             if (done_[i] || (deferred_[i] && !deferred_too)) continue;
             done_[i] = 1;
+            if (static_cast<int>(i) == tied_param_) {
+                issue_rows();
+                continue;
+            }
             Bucket& b = buckets_[static_cast<size_t>(bucket_of_[i])];
             b.final_elems += params_[i].end - params_[i].begin;
             if (b.final_elems == b.param_elems) issue(bucket_of_[i]);
@@ -126,22 +200,86 @@ void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t b
         for (Handle& h : buckets_[static_cast<size_t>(b)].handles) h.test();
 }
 
+namespace {
+
+// A part's reduction over dp: an all-reduce (owner -1) or a reduce into its owner, averaged.
+Handle reduce_part(Communicator& dp, const Tensor& part, int owner) {
+    const auto n = static_cast<size_t>(part.numel());
+    return owner < 0 ? dp.all_reduce(part.data, n, part.dtype, ReduceOp::kAvg, Priority::kLow)
+                     : dp.reduce(part.data, n, part.dtype, owner, ReduceOp::kAvg, Priority::kLow);
+}
+
+}  // namespace
+
 void GradBuckets::issue(int index) {
     Bucket& b = buckets_[static_cast<size_t>(index)];
-    const Tensor grads = grads_.slice(b.begin, b.end - b.begin);
-    b.squares = backend_.sum_squares(grads);  // synchronizes the backend
-    if (reduction_ == GradReduction::kAllReduce) {
-        b.handles[0] =
-            dp_.all_reduce(grads.data, static_cast<size_t>(grads.numel()), grads.dtype, ReduceOp::kAvg, Priority::kLow);
-    } else {
-        for (size_t i = 0; i < b.parts.size(); ++i) {
-            const OwnerPart& o = b.parts[i];
-            const Tensor part = grads_.slice(o.begin, o.end - o.begin);
-            b.handles[i] = dp_.reduce(part.data, static_cast<size_t>(part.numel()), part.dtype, o.owner, ReduceOp::kAvg,
-                                      Priority::kLow);
-        }
+    b.squares = 0.0;
+    for (const auto& [begin, end] : b.dense)  // synchronizes the backend
+        if (begin < end) b.squares += backend_.sum_squares(grads_.slice(begin, end - begin));
+    for (size_t i = 0; i < b.parts.size(); ++i) {
+        const OwnerPart& o = b.parts[i];
+        b.handles[i] = reduce_part(dp_, grads_.slice(o.begin, o.end - o.begin), o.owner);
     }
     issued_.push_back(index);
+}
+
+void GradBuckets::issue_row_gather() {
+    std::fill(row_send_.begin(), row_send_.end(), -1);
+    std::copy(rows_.begin(), rows_.end(), row_send_.begin());
+    gather_handle_ =
+        dp_.all_gather(std::span<const int32_t>(row_send_), std::span<int32_t>(row_gather_), Priority::kLow);
+    gather_issued_ = true;
+}
+
+void GradBuckets::issue_rows() {
+    if (!gather_issued_) issue_row_gather();
+    gather_handle_.wait();
+    // the union of every rank's rows, sorted, so that every rank packs the same rows in the same order
+    union_.clear();
+    for (const int32_t row : row_gather_) {
+        if (row < 0 || (looked_[static_cast<size_t>(row)] & 2) != 0) continue;
+        looked_[static_cast<size_t>(row)] |= 2;
+        union_.push_back(row);
+    }
+    std::sort(union_.begin(), union_.end());
+    const auto C = static_cast<size_t>(tied_.row_elems);
+    packed_.resize(union_.size() * C);
+    backend_.synchronize();  // the lookup's backward has written the rows
+    const float* grads = grads_.f32() + tied_.range.begin;
+    rows_squares_ = 0.0;
+    for (size_t u = 0; u < union_.size(); ++u) {
+        const auto row = static_cast<size_t>(union_[u]);
+        looked_[row] &= 1;
+        std::copy_n(grads + row * C, C, packed_.data() + u * C);
+        for (size_t j = 0; j < C; ++j) rows_squares_ += double{packed_[u * C + j]} * packed_[u * C + j];
+    }
+    rows_handle_ = dp_.all_reduce(std::span<float>(packed_), ReduceOp::kAvg, Priority::kLow);
+    rows_issued_ = true;
+}
+
+void GradBuckets::issue_head() {
+    const Tensor& head = tied_.head;
+    head_squares_ = backend_.sum_squares(head);  // synchronizes the backend
+    for (size_t i = 0; i < head_parts_.size(); ++i) {
+        const OwnerPart& o = head_parts_[i];
+        head_handles_[i] = reduce_part(dp_, head.slice(o.begin, o.end - o.begin), o.owner);
+    }
+    head_issued_ = true;
+}
+
+void GradBuckets::finish_tied() {
+    if (!rows_issued_) issue_rows();
+    if (tied_.head.data != nullptr && !head_issued_) issue_head();
+    rows_handle_.wait();
+    float* grads = grads_.f32() + tied_.range.begin;  // the rows no rank looked up are zero on every rank
+    const auto C = static_cast<size_t>(tied_.row_elems);
+    for (size_t u = 0; u < union_.size(); ++u)
+        std::copy_n(packed_.data() + u * C, C, grads + static_cast<size_t>(union_[u]) * C);
+    if (tied_.head.data == nullptr) return;
+    for (Handle& h : head_handles_) h.wait();
+    const Tensor embedding = grads_.slice(tied_.range.begin, tied_.range.end - tied_.range.begin);
+    backend_.residual_forward({.a = embedding, .b = tied_.head, .out = embedding, .bias = {}});
+    backend_.zero(tied_.head);  // for the next step
 }
 
 void GradBuckets::finish() {
@@ -149,6 +287,7 @@ void GradBuckets::finish() {
     for (int b = 0; b < num_buckets(); ++b) {
         if (std::find(issued_.begin(), issued_.end(), b) == issued_.end()) issue(b);
     }
+    if (tied_param_ >= 0) finish_tied();
     for (Bucket& b : buckets_)
         for (Handle& h : b.handles) h.wait();
 }
@@ -156,7 +295,7 @@ void GradBuckets::finish() {
 double GradBuckets::squares_before_reduction() const {
     double sq = 0.0;
     for (const Bucket& b : buckets_) sq += b.squares;
-    return sq;
+    return sq + rows_squares_ + head_squares_;
 }
 
 }  // namespace ms

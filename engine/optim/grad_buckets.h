@@ -19,6 +19,22 @@
 // every rank, as collectives on one communicator must be. Each element is averaged by the same all-reduce as with
 // one flat buffer (zero_stage 1: by the same per-owner reduce the MPI communicator makes of the in-place
 // reduce-scatter), only in pieces.
+//
+// The tied embedding (tie(), where the model keeps the output layer's gradient apart: GptGraphOptions::
+// tied_grads_apart). Its gradient is the lookup's plus the output layer's. Summed in one buffer it is final only
+// after the embedding's backward, the step's very last op, and for a GPT-2 vocabulary it is most of the bytes: its
+// reduction would always wait at the end. Reduced apart, each part goes when it is final:
+//   the output layer's  final after the last micro-batch's head, at the start of the backward: reduced like a
+//                       bucket (all-reduce, or its shard owners' parts) -- on a pipeline's last stage it is the
+//                       embedding's gradient in the flat buffer, a parameter of an ordinary bucket;
+//   the lookup's        written only in the rows of the step's tokens (look_up()): once the forwards are done (the
+//                       first report of the last micro-batch's backward) the ranks all-gather the rows each touched;
+//                       when the lookup is final, the union's rows alone are all-reduced (rows x C: a few thousand
+//                       rows, not the vocabulary), and finish() writes them back, the other rows being zero on every
+//                       rank. Its bucket reduces the parameters around it.
+// finish() then adds the two averages: what the embedding group's sum makes of a first and a last stage's (whose
+// dp reductions are these), so one stage and a pipeline keep the same bits. Without overlap the sum is taken first
+// and averaged after, so the tied embedding's gradient (and it alone) differs from it in rounding.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +88,17 @@ class GradBuckets {
 
     // These gradients are final only in finish() (reduced per step after the backward).
     void defer(std::span<const graph::GradRange> ranges);
+    // The tied embedding's gradient, reduced apart (above). Before the first step.
+    struct TiedEmbedding {
+        graph::GradRange range;  // the embedding's gradient in the flat buffer: rows x row_elems
+        int64_t row_elems = 0;   // the hidden size
+        int64_t first_row = 0;   // the vocabulary row of its first element (its tp shard's first)
+        int64_t max_tokens = 0;  // tokens a step's forwards look up, at most
+        Tensor head;             // the output layer's gradient kept apart on this rank (as range), or empty
+    };
+    void tie(const TiedEmbedding& tied);
+    // The tokens a forward of the embedding looks up (every micro-batch of the step, before its backward).
+    void look_up(std::span<const int32_t> tokens);
     // Before the step's first backward.
     void begin_step();
     // What the last micro-batch's backward reports: gradients final from now on, as ranges of a chunk whose
@@ -80,8 +107,11 @@ class GradBuckets {
     // After the per-step reductions: issues the buckets still unissued and waits for every bucket.
     void finish();
 
-    // The sum of the buckets' sums of squares before their reduction (finish() done), in bucket order.
+    // The sum of the buckets' sums of squares before their reduction (finish() done), in bucket order, then the
+    // tied embedding's lookup and head.
     double squares_before_reduction() const;
+    // The tied embedding's rows all-reduced in the last step (the union of every rank's tokens in this rank's shard).
+    int64_t tied_rows() const { return static_cast<int64_t>(union_.size()); }
     // Issue order of this step's buckets (for tests and the timeline); bucket b covers [begin(b), end(b)).
     const std::vector<int>& issued() const { return issued_; }
     int num_buckets() const { return static_cast<int>(buckets_.size()); }
@@ -90,18 +120,27 @@ class GradBuckets {
 
   private:
     struct Bucket {
-        int64_t begin, end;            // elements of the flat buffer
-        int64_t param_elems;           // of its parameters (the padding and gaps between them need no report)
-        int64_t final_elems;           // reported so far this step
-        double squares;                // before the reduction
-        std::vector<OwnerPart> parts;  // kToShardOwners: one reduce each
-        std::vector<Handle> handles;   // one per reduce in flight (a single all-reduce: one)
+        int64_t begin, end;   // elements of the flat buffer
+        int64_t param_elems;  // of its parameters (the padding and gaps between them need no report)
+        int64_t final_elems;  // reported so far this step
+        double squares;       // before the reduction
+        // what it reduces: [begin, end), or the two sides of a tied embedding inside it
+        std::vector<std::pair<int64_t, int64_t>> dense;
+        std::vector<OwnerPart> parts;  // one reduction each: the dense ranges (owner -1: all-reduced), or their
+                                       // shard owners' parts
+        std::vector<Handle> handles;   // one per part
     };
     void mark(std::span<const graph::GradRange> ranges, int64_t base, bool deferred_too);
     // The params_ entries [first, last) a reported range covers: one parameter, or several packed back to back that
     // the graph writes as one gradient tensor (Llama's q/k/v and gate/up projections). Fatal for anything else.
     std::pair<size_t, size_t> params_in(const graph::GradRange& r) const;
+    void set_parts(Bucket& b) const;
     void issue(int b);
+    // the tied embedding: the gather of the rows each rank looked up, the union's rows, the head's reduction
+    void issue_row_gather();
+    void issue_rows();
+    void issue_head();
+    void finish_tied();
 
     std::vector<Bucket> buckets_;
     std::vector<graph::GradRange> params_;  // sorted by begin
@@ -111,6 +150,19 @@ class GradBuckets {
     std::vector<int> issued_;
     GradReduction reduction_;
     Tensor grads_;  // (padded) flat, fp32 or 16-bit
+    // tie(): the embedding's entry in params_ (-1: none), the rows this rank looked up this step (row indices in
+    // its shard; looked_ flags them), sent padded to max_tokens with -1, the gather of every rank's, the union's
+    // rows (sorted) and their gradients packed, and where each reduction stands this step
+    TiedEmbedding tied_;
+    int tied_param_ = -1;
+    std::vector<int32_t> rows_, row_send_, row_gather_, union_;
+    std::vector<char> looked_;
+    std::vector<float> packed_;
+    Handle gather_handle_, rows_handle_;
+    std::vector<OwnerPart> head_parts_;  // of the head's buffer, one reduction each
+    std::vector<Handle> head_handles_;
+    bool gather_issued_ = false, rows_issued_ = false, head_issued_ = false;
+    double rows_squares_ = 0.0, head_squares_ = 0.0;
     Communicator& dp_;
     Backend& backend_;
 };
