@@ -91,10 +91,11 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
     const graph::GradRange& r = tied.range;
     const auto [first, last] = params_in(r);
     MS_CHECK(tied_param_ < 0 && last == first + 1 && tied.row_elems > 0 && (r.end - r.begin) % tied.row_elems == 0 &&
-                 tied.max_tokens > 0 && grads_.dtype == DType::kF32 && grads_.device == DeviceType::kCPU,
+                 (tied.max_tokens > 0 || !tied.lookup) && grads_.dtype == DType::kF32 &&
+                 grads_.device == DeviceType::kCPU,
              "gradient buckets: a tied embedding of [{}, {}) in rows of {} (fp32 in host memory, once)", r.begin, r.end,
              tied.row_elems);
-    MS_CHECK(tied.head.data == nullptr || tied.head.numel() == r.end - r.begin,
+    MS_CHECK(tied.head.data == nullptr || (tied.lookup && tied.head.numel() == r.end - r.begin),
              "gradient buckets: the head's gradient kept apart has {} elements, the embedding's {}", tied.head.numel(),
              r.end - r.begin);
     tied_ = tied;
@@ -103,14 +104,8 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
     b.param_elems -= r.end - r.begin;
     b.dense = {{b.begin, r.begin}, {r.end, b.end}};
     set_parts(b);
-    looked_.assign(static_cast<size_t>((r.end - r.begin) / tied.row_elems), 0);
-    rows_.reserve(static_cast<size_t>(tied.max_tokens));
-    row_send_.resize(static_cast<size_t>(tied.max_tokens));
-    row_gather_.resize(static_cast<size_t>(tied.max_tokens) * static_cast<size_t>(dp_.size()));
-    // a step allocates nothing
-    union_.reserve(std::min(looked_.size(), row_gather_.size()));
-    packed_.reserve(union_.capacity() * static_cast<size_t>(tied.row_elems));
-    if (tied.head.data != nullptr) {  // the head's parts: the embedding's, at the same places of the head's buffer
+    if (!tied.lookup) tied_.head = grads_.slice(r.begin, r.end - r.begin);  // the output layer's gradient alone
+    if (tied_.head.data != nullptr) {  // the head's parts: the embedding's, at the same places of the head's buffer
         head_parts_ = reduction_ == GradReduction::kAllReduce
                           ? std::vector<OwnerPart>{{-1, 0, r.end - r.begin}}
                           : owner_parts(r.begin, r.end, grads_.numel() / dp_.size());
@@ -118,10 +113,18 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
             for (OwnerPart& o : head_parts_) o = {o.owner, o.begin - r.begin, o.end - r.begin};
         head_handles_.resize(head_parts_.size());
     }
+    if (!tied.lookup) return;
+    looked_.assign(static_cast<size_t>((r.end - r.begin) / tied.row_elems), 0);
+    rows_.reserve(static_cast<size_t>(tied.max_tokens));
+    row_send_.resize(static_cast<size_t>(tied.max_tokens));
+    row_gather_.resize(static_cast<size_t>(tied.max_tokens) * static_cast<size_t>(dp_.size()));
+    // a step allocates nothing
+    union_.reserve(std::min(looked_.size(), row_gather_.size()));
+    packed_.reserve(union_.capacity() * static_cast<size_t>(tied.row_elems));
 }
 
 void GradBuckets::look_up(std::span<const int32_t> tokens) {
-    if (tied_param_ < 0) return;
+    if (tied_param_ < 0 || !tied_.lookup) return;
     const auto rows = static_cast<int64_t>(looked_.size());
     for (const int32_t t : tokens) {
         const int64_t row = t - tied_.first_row;
@@ -175,7 +178,7 @@ void GradBuckets::final(std::span<const graph::GradRange> ranges, int64_t base) 
 
 void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t base, bool deferred_too) {
     // every forward of the step is done once its last micro-batch's backward reports
-    if (tied_param_ >= 0 && !gather_issued_) issue_row_gather();
+    if (tied_param_ >= 0 && tied_.lookup && !gather_issued_) issue_row_gather();
     for (const graph::GradRange& c : chunk_ranges) {
         if (c.head_apart) {
             if (tied_.head.data != nullptr && !head_issued_) issue_head();
@@ -186,7 +189,10 @@ void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t b
             if (done_[i] || (deferred_[i] && !deferred_too)) continue;
             done_[i] = 1;
             if (static_cast<int>(i) == tied_param_) {
-                issue_rows();
+                if (tied_.lookup)
+                    issue_rows();
+                else
+                    issue_head();
                 continue;
             }
             Bucket& b = buckets_[static_cast<size_t>(bucket_of_[i])];
@@ -268,8 +274,12 @@ void GradBuckets::issue_head() {
 }
 
 void GradBuckets::finish_tied() {
-    if (!rows_issued_) issue_rows();
     if (tied_.head.data != nullptr && !head_issued_) issue_head();
+    if (!tied_.lookup) {
+        for (Handle& h : head_handles_) h.wait();
+        return;
+    }
+    if (!rows_issued_) issue_rows();
     rows_handle_.wait();
     float* grads = grads_.f32() + tied_.range.begin;  // the rows no rank looked up are zero on every rank
     const auto C = static_cast<size_t>(tied_.row_elems);

@@ -26,7 +26,8 @@
 // reduction would always wait at the end. Reduced apart, each part goes when it is final:
 //   the output layer's  final after the last micro-batch's head, at the start of the backward: reduced like a
 //                       bucket (all-reduce, or its shard owners' parts) -- on a pipeline's last stage it is the
-//                       embedding's gradient in the flat buffer, a parameter of an ordinary bucket;
+//                       embedding's gradient in the flat buffer (tied with lookup false), reduced as it is final
+//                       rather than with the first layers' bucket it lies in;
 //   the lookup's        written only in the rows of the step's tokens (look_up()): once the forwards are done (the
 //                       first report of the last micro-batch's backward) the ranks all-gather the rows each touched;
 //                       when the lookup is final, the union's rows alone are all-reduced (rows x C: a few thousand
@@ -92,9 +93,11 @@ class GradBuckets {
     struct TiedEmbedding {
         graph::GradRange range;  // the embedding's gradient in the flat buffer: rows x row_elems
         int64_t row_elems = 0;   // the hidden size
+        bool lookup = true;      // range holds the lookup's gradient; false: the output layer's alone (a pipeline's
+                                 // last stage), reduced whole as soon as it is final
         int64_t first_row = 0;   // the vocabulary row of its first element (its tp shard's first)
         int64_t max_tokens = 0;  // tokens a step's forwards look up, at most
-        Tensor head;             // the output layer's gradient kept apart on this rank (as range), or empty
+        Tensor head = {};        // the output layer's gradient kept apart on this rank (as range), or empty
     };
     void tie(const TiedEmbedding& tied);
     // The tokens a forward of the embedding looks up (every micro-batch of the step, before its backward).

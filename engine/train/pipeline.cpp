@@ -216,17 +216,18 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
         const Gpt& chunk = *chunks_[c];
         std::vector<graph::GradRange> per_step = chunk.gradients_finished_per_step();
         for (graph::GradRange& r : per_step) r = {r.begin + base, r.end + base};
-        if (reduce_tied_apart_ && chunk.part().embedding) {
+        if (reduce_tied_apart_ && (chunk.part().embedding || chunk.part().head)) {
             // the lookup's gradient and the head's are reduced apart, each as soon as it is final
             const auto wte = std::find_if(table_.begin(), table_.end(), [&](const ParamInfo& p) {
                 return p.name == embedding_weight_name(shape_) && p.offset >= base;
             });
-            MS_CHECK(wte != table_.end(), "pipeline: the embedding chunk has no '{}'", embedding_weight_name(shape_));
+            MS_CHECK(wte != table_.end(), "pipeline: chunk {} has no '{}'", c, embedding_weight_name(shape_));
             const graph::GradRange range{wte->offset, wte->offset + wte->numel};
             std::erase(per_step, range);
             const int64_t rows = wte->numel / shape_.C;
             buckets->tie({.range = range,
                           .row_elems = shape_.C,
+                          .lookup = chunk.part().embedding,
                           .first_row = groups_.tp_rank * rows,
                           .max_tokens = static_cast<int64_t>(tokens_.size()) * num_microbatches_,
                           .head = chunk.head_gradients_apart()});

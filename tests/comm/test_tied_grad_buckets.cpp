@@ -110,5 +110,34 @@ void check(GradReduction reduction) {
 TEST(TiedGradBuckets, AllReducedRowsAndHeadAddUpToTheAverage) { check(GradReduction::kAllReduce); }
 TEST(TiedGradBuckets, ToShardOwnersRowsAndHeadAddUpToTheAverage) { check(GradReduction::kToShardOwners); }
 
+// A pipeline's last stage holds the output layer's gradient in the embedding's place (lookup false): it is
+// all-reduced whole as soon as it is reported final, before the bucket it lies in, and every element is averaged
+// once.
+TEST(TiedGradBuckets, ALastStageReducesTheOutputLayerAsSoonAsItIsFinal) {
+    Communicator& dp = world();
+    const int n = dp.size(), me = dp.rank();
+    std::unique_ptr<Backend> backend = make_backend({});
+    std::vector<float> grads(kPadded, 0.0f);
+    GradBuckets b(table(), kPadded, 20, grads.data(), dp, *backend);
+    b.tie({.range = {0, kWte}, .row_elems = kC, .lookup = false});
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = float(pattern(me, i));
+    const CommStats before = dp.stats();
+    b.begin_step();
+    b.look_up(std::vector<int32_t>{1, 2});  // nothing to do: no lookup here
+    const GradRange wte{0, kWte}, h{kWte + 8, kWte + 28}, wpe{kWte, kWte + 8};
+    b.final(std::span<const GradRange>(&wte, 1), 0);
+    const auto ar = static_cast<size_t>(CommOp::kAllReduce);
+    EXPECT_EQ(dp.stats().bytes[ar] - before.bytes[ar], kWte * 4);  // issued, ahead of both buckets
+    EXPECT_TRUE(b.issued().empty());
+    b.final(std::span<const GradRange>(&h, 1), 0);
+    b.final(std::span<const GradRange>(&wpe, 1), 0);
+    b.finish();
+    EXPECT_EQ(b.issued(), std::vector<int>({0, 1}));
+    EXPECT_EQ(b.tied_rows(), 0);
+    for (size_t i = 0; i < static_cast<size_t>(kWte + 28); ++i)
+        EXPECT_EQ(grads[i], float(pattern_sum(n, i)) / float(n)) << i;
+    EXPECT_EQ(dp.stats().bytes[ar] - before.bytes[ar], kPadded * 4);
+}
+
 }  // namespace
 }  // namespace ms::test
