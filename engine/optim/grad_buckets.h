@@ -113,6 +113,7 @@ class GradBuckets {
     // The sum of the buckets' sums of squares before their reduction (finish() done), in bucket order, then the
     // tied embedding's lookup and head.
     double squares_before_reduction() const;
+    bool tied() const { return tied_param_ >= 0; }  // tie() was called
     // The tied embedding's rows all-reduced in the last step (the union of every rank's tokens in this rank's shard).
     int64_t tied_rows() const { return static_cast<int64_t>(union_.size()); }
     // Issue order of this step's buckets (for tests and the timeline); bucket b covers [begin(b), end(b)).

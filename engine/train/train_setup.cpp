@@ -439,6 +439,10 @@ void setup_model(TrainRun& r) {
             "micro-batch's backward has finished it (parallel.overlap_grad_reduce)",
             buckets.num_buckets(), l.grad_bucket_elems,
             l.zero_stage == 0 ? "all-reduced" : "reduced into the dp shards' owners");
+        if (buckets.tied())
+            log_info(
+                "data parallel: the tied embedding's gradient in two parts, each reduced as soon as it is final: the "
+                "output layer's after the last micro-batch's head, the lookup's as the rows some dp rank looked up");
     }
     if (l.param_gather_overlap) {
         model.set_param_gather(&r.optimizer->overlap_param_gather(l.grad_bucket_elems, model.params_info()));

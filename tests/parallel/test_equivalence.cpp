@@ -521,11 +521,17 @@ TEST(EquivalenceExact, UntiedPipelinesAreBitIdenticalToOneStage) {
 // stage's sum to the first stage's: pp2 x dp2, with zero_stage 1 and interleaved, give pp1 x dp2's gradients (the
 // step-1 dump, wte included), norms and losses bit for bit. In one buffer the head's and the lookup's gradients
 // alternate micro-batch by micro-batch, which changes the last bits of wte's gradient (measured without the buffer:
-// GPT's step-1 wte gradient differs, and the losses from step 2 on).
+// GPT's step-1 wte gradient differs, and the losses from step 2 on). With overlap_grad_reduce the lookup's and the
+// output layer's gradients are averaged over dp apart and added after: on one stage by the buckets, in a pipeline by
+// the embedding group's sum of the two stages' averages (grad_buckets.h) -- the same bits again.
 TEST(EquivalenceExact, TiedPipelinesAreBitIdenticalToOneStage) {
     const std::string pp2 = "--set parallel.pipeline_model_parallel_size=2";
-    for (const char* config : {"tiny.yaml", "tiny-llama.yaml"}) {
-        const std::string tied = "--set model.untie_embeddings_and_output_weights=false ";
+    for (const auto& [config, overlap] :
+         {std::pair<const char*, const char*>{"tiny.yaml", ""},
+          {"tiny-llama.yaml", ""},
+          {"tiny.yaml", "--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000 "},
+          {"tiny-llama.yaml", "--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000 "}}) {
+        const std::string tied = std::string("--set model.untie_embeddings_and_output_weights=false ") + overlap;
         const RunResult one = run_layout(2, tied, config);
         ASSERT_EQ(one.losses.size(), 10u) << one.output;
         ASSERT_EQ(one.grad_norms.size(), 10u);
@@ -534,11 +540,11 @@ TEST(EquivalenceExact, TiedPipelinesAreBitIdenticalToOneStage) {
                                           pp2 + " --set parallel.virtual_pipeline_model_parallel_size=2"
                                                 " --set parallel.pipeline_schedule=interleaved_1f1b"}) {
             const RunResult r = run_layout(4, tied + layout, config);
-            EXPECT_EQ(r.grad_norms, one.grad_norms) << config << " " << layout;
-            EXPECT_EQ(r.losses, one.losses) << config << " " << layout;
-            ASSERT_EQ(r.grads.size(), one.grads.size()) << config << " " << layout;
+            EXPECT_EQ(r.grad_norms, one.grad_norms) << config << " " << overlap << layout;
+            EXPECT_EQ(r.losses, one.losses) << config << " " << overlap << layout;
+            ASSERT_EQ(r.grads.size(), one.grads.size()) << config << " " << overlap << layout;
             for (const auto& [name, g] : one.grads)
-                EXPECT_EQ(r.grads.at(name), g) << config << " " << layout << " " << name;
+                EXPECT_EQ(r.grads.at(name), g) << config << " " << overlap << layout << " " << name;
         }
     }
 }
@@ -563,6 +569,8 @@ TEST(EquivalenceExact, OverlapGradReduceIsBitIdentical) {
             ASSERT_EQ(off.losses.size(), 10u) << sets;
             EXPECT_NE(on.output.find("buckets of at least"), std::string::npos) << on.output;
             EXPECT_EQ(off.output.find("buckets of at least"), std::string::npos) << off.output;
+            EXPECT_EQ(on.output.find("the tied embedding's gradient in two parts") != std::string::npos, tied)
+                << on.output;
             ASSERT_EQ(on.grads.size(), off.grads.size()) << sets;
             for (const auto& [name, g] : off.grads) {
                 if (tied && name == "wte.weight") continue;
@@ -578,30 +586,6 @@ TEST(EquivalenceExact, OverlapGradReduceIsBitIdentical) {
             std::printf("tied, %d ranks, overlap on vs off: wte gradient %.3g, loss %.3g\n", ranks, g, l);
             EXPECT_LE(g, 1e-6) << sets;
             EXPECT_LE(l, 6e-7) << sets;
-        }
-    }
-}
-
-// With overlap_grad_reduce, a tied embedding's lookup and output-layer gradients are averaged over dp apart and
-// added after: on one stage by the buckets, in a pipeline by the embedding group's sum of the first stage's lookup
-// and the last stage's output layer, each averaged by its own stage's buckets (grad_buckets.h). So pp2 x dp2, with
-// zero_stage 1 and interleaved, give pp1 x dp2's gradients, norms and losses bit for bit, as without overlap.
-TEST(EquivalenceExact, TiedPipelinesWithOverlappedBucketsAreBitIdenticalToOneStage) {
-    const std::string overlap = " --set parallel.overlap_grad_reduce=true --set parallel.bucket_size=5000";
-    const std::string pp2 = " --set parallel.pipeline_model_parallel_size=2";
-    for (const char* config : {"tiny.yaml", "tiny-llama.yaml"}) {
-        const std::string tied = "--set model.untie_embeddings_and_output_weights=false" + overlap;
-        const RunResult one = run_layout(2, tied, config);
-        ASSERT_EQ(one.losses.size(), 10u) << one.output;
-        for (const std::string& layout :
-             {pp2 + " --set parallel.zero_stage=1", pp2 + " --set parallel.virtual_pipeline_model_parallel_size=2"
-                                                          " --set parallel.pipeline_schedule=interleaved_1f1b"}) {
-            const RunResult r = run_layout(4, tied + layout, config);
-            EXPECT_EQ(r.grad_norms, one.grad_norms) << config << " " << layout;
-            EXPECT_EQ(r.losses, one.losses) << config << " " << layout;
-            ASSERT_EQ(r.grads.size(), one.grads.size()) << config << " " << layout;
-            for (const auto& [name, g] : one.grads)
-                EXPECT_EQ(r.grads.at(name), g) << config << " " << layout << " " << name;
         }
     }
 }
