@@ -73,16 +73,15 @@ GradBuckets::GradBuckets(const std::vector<ParamInfo>& table, int64_t padded, in
     issued_.reserve(buckets_.size());  // a step allocates nothing
 }
 
+std::vector<OwnerPart> GradBuckets::parts_of(int64_t begin, int64_t end) const {
+    if (reduction_ == GradReduction::kToShardOwners) return owner_parts(begin, end, grads_.numel() / dp_.size());
+    return begin < end ? std::vector<OwnerPart>{{-1, begin, end}} : std::vector<OwnerPart>{};
+}
+
 void GradBuckets::set_parts(Bucket& b) const {
     b.parts.clear();
-    for (const auto& [begin, end] : b.dense) {
-        if (begin == end) continue;
-        if (reduction_ == GradReduction::kAllReduce) {
-            b.parts.push_back({-1, begin, end});
-        } else {
-            for (const OwnerPart& o : owner_parts(begin, end, grads_.numel() / dp_.size())) b.parts.push_back(o);
-        }
-    }
+    for (const auto& [begin, end] : b.dense)
+        for (const OwnerPart& o : parts_of(begin, end)) b.parts.push_back(o);
     b.handles.clear();
     b.handles.resize(b.parts.size());
 }
@@ -106,11 +105,8 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
     set_parts(b);
     if (!tied.lookup) tied_.head = grads_.slice(r.begin, r.end - r.begin);  // the output layer's gradient alone
     if (tied_.head.data != nullptr) {  // the head's parts: the embedding's, at the same places of the head's buffer
-        head_parts_ = reduction_ == GradReduction::kAllReduce
-                          ? std::vector<OwnerPart>{{-1, 0, r.end - r.begin}}
-                          : owner_parts(r.begin, r.end, grads_.numel() / dp_.size());
-        if (reduction_ == GradReduction::kToShardOwners)
-            for (OwnerPart& o : head_parts_) o = {o.owner, o.begin - r.begin, o.end - r.begin};
+        head_parts_ = parts_of(r.begin, r.end);
+        for (OwnerPart& o : head_parts_) o = {o.owner, o.begin - r.begin, o.end - r.begin};
         head_handles_.resize(head_parts_.size());
     }
     if (!tied.lookup) return;
@@ -252,13 +248,12 @@ void GradBuckets::issue_rows() {
     packed_.resize(union_.size() * C);
     backend_.synchronize();  // the lookup's backward has written the rows
     const float* grads = grads_.f32() + tied_.range.begin;
-    rows_squares_ = 0.0;
     for (size_t u = 0; u < union_.size(); ++u) {
         const auto row = static_cast<size_t>(union_[u]);
         looked_[row] &= 1;
         std::copy_n(grads + row * C, C, packed_.data() + u * C);
-        for (size_t j = 0; j < C; ++j) rows_squares_ += double{packed_[u * C + j]} * packed_[u * C + j];
     }
+    rows_squares_ = backend_.sum_squares(Tensor::f32(packed_.data(), {static_cast<int64_t>(packed_.size())}));
     rows_handle_ = dp_.all_reduce(std::span<float>(packed_), ReduceOp::kAvg, Priority::kLow);
     rows_issued_ = true;
 }

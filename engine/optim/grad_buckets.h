@@ -138,6 +138,8 @@ class GradBuckets {
     // The params_ entries [first, last) a reported range covers: one parameter, or several packed back to back that
     // the graph writes as one gradient tensor (Llama's q/k/v and gate/up projections). Fatal for anything else.
     std::pair<size_t, size_t> params_in(const graph::GradRange& r) const;
+    // One reduction each: [begin, end) all-reduced (owner -1; none when empty), or its shard owners' parts.
+    std::vector<OwnerPart> parts_of(int64_t begin, int64_t end) const;
     void set_parts(Bucket& b) const;
     void issue(int b);
     // the tied embedding: the gather of the rows each rank looked up, the union's rows, the head's reduction

@@ -209,20 +209,19 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
     MS_CHECK(!sharded_ || buckets == nullptr, "zero_stage 2 reduces its own buckets: no GradBuckets beside them");
     buckets_ = buckets;
     report_final_.clear();
-    reduce_tied_apart_ = buckets != nullptr && tied_grads_apart_;
     if (buckets == nullptr) return;
     for (size_t c = 0; c < chunks_.size(); ++c) {
         const int64_t base = bases_[c];
         const Gpt& chunk = *chunks_[c];
         std::vector<graph::GradRange> per_step = chunk.gradients_finished_per_step();
         for (graph::GradRange& r : per_step) r = {r.begin + base, r.end + base};
-        if (reduce_tied_apart_ && (chunk.part().embedding || chunk.part().head)) {
+        if (reduce_tied_apart() && (chunk.part().embedding || chunk.part().head)) {
             // the lookup's gradient and the head's are reduced apart, each as soon as it is final
-            const auto wte = std::find_if(table_.begin(), table_.end(), [&](const ParamInfo& p) {
-                return p.name == embedding_weight_name(shape_) && p.offset >= base;
-            });
-            MS_CHECK(wte != table_.end(), "pipeline: chunk {} has no '{}'", c, embedding_weight_name(shape_));
-            const graph::GradRange range{wte->offset, wte->offset + wte->numel};
+            const std::vector<ParamInfo>& params = chunk.params_info();
+            const auto wte = std::find_if(params.begin(), params.end(),
+                                          [&](const ParamInfo& p) { return p.name == embedding_weight_name(shape_); });
+            MS_CHECK(wte != params.end(), "pipeline: chunk {} has no '{}'", c, embedding_weight_name(shape_));
+            const graph::GradRange range{base + wte->offset, base + wte->offset + wte->numel};
             std::erase(per_step, range);
             const int64_t rows = wte->numel / shape_.C;
             buckets->tie({.range = range,
@@ -235,7 +234,7 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
         buckets->defer(per_step);
         report_final_.push_back([buckets, base](std::span<const graph::GradRange> r) { buckets->final(r, base); });
     }
-    if (!reduce_tied_apart_ && wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
+    if (!reduce_tied_apart() && wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
         // summed over embd in train_step before the buckets' reductions
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
         const graph::GradRange wte{p.offset, p.offset + p.numel};
@@ -302,7 +301,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                 const int s = slot_of[c][mb] >= 0 ? slot_of[c][mb] : acquire(c, mb);
                 const bool needs_data = chunk.part().embedding || chunk.part().head;
                 if (needs_data) fill(sampler, first_sample, mb, T);
-                if (reduce_tied_apart_ && chunk.part().embedding)
+                if (reduce_tied_apart() && chunk.part().embedding)
                     buckets_->look_up(std::span<const int32_t>(tokens_.data(), static_cast<size_t>(micro_batch_) * Tl));
                 const float l = chunk.forward(tokens_.data(), targets_.data(), micro_batch_, Tl, s, loss_scale);
                 if (chunk.part().head) loss += l;
@@ -345,7 +344,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             if (trace_ != nullptr) trace_->p2p_batch(actions, i, issued, now_seconds());
         }
     }
-    for (auto& c : chunks_) c->finish_gradients(!reduce_tied_apart_);
+    for (auto& c : chunks_) c->finish_gradients(!reduce_tied_apart());
     // the tied embedding: first and last stage each hold wte; their gradients are summed, before the data-parallel
     // average, or after it where the buckets reduce the lookup's and the head's apart (grad_buckets.h)
     const auto sum_tied_embedding = [&] {
@@ -356,9 +355,9 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
                          ReduceOp::kSum)
             .wait();
     };
-    if (!reduce_tied_apart_) sum_tied_embedding();
+    if (!reduce_tied_apart()) sum_tied_embedding();
     if (buckets_ != nullptr) buckets_->finish();
-    if (reduce_tied_apart_) sum_tied_embedding();
+    if (reduce_tied_apart()) sum_tied_embedding();
     if (sharded_) sharded_->finish();
     float mean = loss / static_cast<float>(num_microbatches_);
     pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();  // only the last stage contributes

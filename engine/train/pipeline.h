@@ -144,6 +144,8 @@ class PipelineModel {
     // waits, after checking that no receive overlaps another buffer of the batch.
     void add_p2p(P2POp::Kind kind, const void* data, size_t n, int peer, int tag);
     void run_batch();
+    // The buckets reduce the tied embedding's lookup and output-layer gradients apart (GradBuckets::tie).
+    bool reduce_tied_apart() const { return buckets_ != nullptr && tied_grads_apart_; }
 
     GptShape shape_;
     Backend& backend_;
@@ -171,15 +173,14 @@ class PipelineModel {
     int wte_index_ = -1;  // in table_, when this rank holds a copy of a tied token embedding and pp > 1
     DType dtype_ = DType::kF32, grad_dtype_ = DType::kF32;
     bool sharded_masters_ = false;
-    bool tied_grads_apart_ = false;   // GptGraphOptions::tied_grads_apart, on a tied model
-    bool reduce_tied_apart_ = false;  // and buckets: they reduce the lookup's and the head's gradients apart
-    int64_t padded_ = 0;              // the flat buffers' length: flat_ padded for the data-parallel optimizer
-    MemoryBlock params_, grads_;      // (padded) flat fp32 and grad_dtype_; params_ empty with sharded masters, grads_
-                                      // zero_stage 2's slots and kept gradients
-    MemoryBlock grad_shard_;          // zero_stage 2: this rank's dp shard of the averaged gradients
-    StagingMemory staging_;           // (padded) fp32, with sharded masters and gradients too small to lend: params()
-    bool staging_lent_ = false;       // params() handed staging_ out since the last train_step()
-    MemoryBlock weights_;             // (padded) flat dtype_, when it is not fp32
+    bool tied_grads_apart_ = false;  // GptGraphOptions::tied_grads_apart, on a tied model
+    int64_t padded_ = 0;             // the flat buffers' length: flat_ padded for the data-parallel optimizer
+    MemoryBlock params_, grads_;     // (padded) flat fp32 and grad_dtype_; params_ empty with sharded masters, grads_
+                                     // zero_stage 2's slots and kept gradients
+    MemoryBlock grad_shard_;         // zero_stage 2: this rank's dp shard of the averaged gradients
+    StagingMemory staging_;          // (padded) fp32, with sharded masters and gradients too small to lend: params()
+    bool staging_lent_ = false;      // params() handed staging_ out since the last train_step()
+    MemoryBlock weights_;            // (padded) flat dtype_, when it is not fp32
     std::vector<int32_t> tokens_, targets_;
     ContextSplit context_;                                 // this rank's rows of a sequence
     std::vector<int32_t> sample_tokens_, sample_targets_;  // whole samples, cut into tokens_ / targets_ (cp > 1)
