@@ -13,6 +13,8 @@
 # dp 2 x pp 2; below). MS_BENCH_VOCAB sets the vocabulary (default GPT-2's 50257), MS_BENCH_MICRO the micro-batch
 # (default 4 sequences; every layout keeps its number of micro-batches per step), MS_BENCH_BUCKET the buckets'
 # elements (default 1000000), and MS_BENCH_GPT2=1 takes GPT-2 124M's layers (12 of 768, 12 heads) for the 4 of 256.
+# In the engine's table MS_BENCH_LAYOUTS picks layouts (default "dp2 dp4 dp2xpp2") and MS_BENCH_REAL=0 leaves out
+# the real-MPI rows.
 #   bench/link_model.sh [build-dir] [steps]        (MS_BENCH_PP=0: dp 2 only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +73,7 @@ if [ "${MS_BENCH_ENGINE:-0}" = 1 ]; then
   grad=(--set parallel.overlap_grad_reduce=true --set parallel.bucket_size=$bucket)
   engine=(--set parallel.comm_engine=true --set parallel.comm_chunk_bytes=1048576)
   dp4=(--set training.global_batch_size=$((4 * micro)))
-  for layout in dp2 dp4 dp2xpp2; do
+  for layout in ${MS_BENCH_LAYOUTS:-dp2 dp4 dp2xpp2}; do
     case $layout in
       dp2) np=2 sets=("${dp2[@]}") ;;
       dp4) np=4 sets=("${dp4[@]}") ;;
@@ -81,9 +83,11 @@ if [ "${MS_BENCH_ENGINE:-0}" = 1 ]; then
     run "$layout-overlap" "$np" "${sets[@]}" "${lm[@]}" "${grad[@]}"
     run "$layout-overlap-engine" "$np" "${sets[@]}" "${lm[@]}" "${grad[@]}" "${engine[@]}"
   done
-  run dp2-real-mpi 2 "${dp2[@]}"
-  run dp2-real-mpi-engine 2 "${dp2[@]}" "${engine[@]}"
-  run dp2-real-mpi-overlap-engine 2 "${dp2[@]}" "${grad[@]}" "${engine[@]}"
+  if [ "${MS_BENCH_REAL:-1}" = 1 ]; then
+    run dp2-real-mpi 2 "${dp2[@]}"
+    run dp2-real-mpi-engine 2 "${dp2[@]}" "${engine[@]}"
+    run dp2-real-mpi-overlap-engine 2 "${dp2[@]}" "${grad[@]}" "${engine[@]}"
+  fi
   echo "logs and metrics in $out"
   exit 0
 fi

@@ -216,7 +216,11 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> host, ncclCo
     MS_CHECK(nccl_rank == rank_ && nccl_size == size_, "{}: the NCCL communicator has rank {} of {}, MPI rank {} of {}",
              name_, nccl_rank, nccl_size, rank_, size_);
     MS_NCCL_CUDA_CHECK(cudaSetDevice(device_));
-    MS_NCCL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    int least = 0, greatest = 0;
+    MS_NCCL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    MS_NCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[0], cudaStreamNonBlocking, greatest));
+    MS_NCCL_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[1], cudaStreamNonBlocking, least));
+    MS_NCCL_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
     std::vector<int> world_ranks(static_cast<size_t>(size_));
     for (int r = 0; r < size_; ++r) world_ranks[static_cast<size_t>(r)] = host_->flight_recorder().world_rank_of(r);
     recorder_.set_world_ranks(std::move(world_ranks));
@@ -232,16 +236,28 @@ NcclCommunicator::~NcclCommunicator() {
         if (family_->aborted || host_->watch().aborted()) {
             (void)ncclCommAbort(comm_);  // peers may be gone: destroying would wait for their operations
         } else {
-            MS_NCCL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            for (cudaStream_t s : streams_) MS_NCCL_CUDA_CHECK(cudaStreamSynchronize(s));
             MS_NCCL_CHECK(ncclCommDestroy(comm_));
         }
     }
-    if (stream_) (void)cudaStreamDestroy(stream_);
+    for (cudaStream_t s : streams_)
+        if (s) (void)cudaStreamDestroy(s);
+    if (order_event_) (void)cudaEventDestroy(order_event_);
+}
+
+cudaStream_t NcclCommunicator::stream_for(Priority p) {
+    const size_t s = p == Priority::kLow ? 1 : 0;
+    if (s != last_stream_) {
+        MS_NCCL_CUDA_CHECK(cudaEventRecord(order_event_, streams_[last_stream_]));
+        MS_NCCL_CUDA_CHECK(cudaStreamWaitEvent(streams_[s], order_event_, 0));
+        last_stream_ = s;
+    }
+    return streams_[s];
 }
 
 Handle NcclCommunicator::issued(CommOp op, size_t count, DType t, int peer, int tag, int messages, bool mixed_p2p) {
     NcclOpState::Ptr s = NcclOpState::acquire(states_);
-    MS_NCCL_CUDA_CHECK(cudaEventRecord(s->event, stream_));
+    MS_NCCL_CUDA_CHECK(cudaEventRecord(s->event, streams_[last_stream_]));
     s->comm = this;
     s->seq = recorder_.posted(op, count, t, peer, tag, messages, mixed_p2p);
     return Handle(Handle::StatePtr(s.release()));
@@ -317,7 +333,7 @@ void NcclCommunicator::timed_out(uint64_t seq, double waited_s, double timeout_s
     throw CollectiveTimeoutError(message);
 }
 
-Handle NcclCommunicator::all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority) {
+Handle NcclCommunicator::all_reduce_impl(void* buf, size_t count, DType t, ReduceOp op, Priority p) {
     check_reducible(name_, t);
     this->count(CommOp::kAllReduce, size_ == 1 ? 0 : count * dtype_size(t));
     if (count == 0) return {};
@@ -327,13 +343,13 @@ Handle NcclCommunicator::all_reduce_impl(void* buf, size_t count, DType t, Reduc
         });
     if (family_->aborted) throw CollectiveTimeoutError(family_->abort_message);
     if (shortcut()) return {};
-    MS_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_));
+    MS_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_for(p)));
     ++nccl_calls_;
     return issued(CommOp::kAllReduce, count, t);
 }
 
 Handle NcclCommunicator::reduce_scatter_impl(const void* in, void* out, size_t out_count, size_t in_count, DType t,
-                                             ReduceOp op, Priority) {
+                                             ReduceOp op, Priority p) {
     check_reducible(name_, t);
     MS_CHECK(in_count == out_count * static_cast<size_t>(size_),
              "{}: reduce_scatter input has {} elements, but {} ranks x {} output elements = {}", name_, in_count, size_,
@@ -352,16 +368,16 @@ Handle NcclCommunicator::reduce_scatter_impl(const void* in, void* out, size_t o
              "{}: reduce_scatter output overlaps the input but is not this rank's block of it", name_);
     if (shortcut()) {
         if (in == out) return {};
-        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, out_count * es, cudaMemcpyDefault, stream_));
+        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, out_count * es, cudaMemcpyDefault, stream_for(p)));
     } else {
-        MS_NCCL_CHECK(ncclReduceScatter(in, out, out_count, nccl_type(t), nccl_op(op), comm_, stream_));
+        MS_NCCL_CHECK(ncclReduceScatter(in, out, out_count, nccl_type(t), nccl_op(op), comm_, stream_for(p)));
     }
     ++nccl_calls_;
     return issued(CommOp::kReduceScatter, in_count, t);
 }
 
 Handle NcclCommunicator::all_gather_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
-                                         Priority) {
+                                         Priority p) {
     MS_CHECK(out_count == in_count * static_cast<size_t>(size_),
              "{}: all_gather output has {} elements, but {} ranks x {} input elements = {}", name_, out_count, size_,
              in_count, in_count * static_cast<size_t>(size_));
@@ -379,16 +395,16 @@ Handle NcclCommunicator::all_gather_impl(const void* in, void* out, size_t in_co
              "{}: all_gather input overlaps the output but is not this rank's block", name_);
     if (shortcut()) {
         if (in == out) return {};
-        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, in_count * es, cudaMemcpyDefault, stream_));
+        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, in_count * es, cudaMemcpyDefault, stream_for(p)));
     } else {
         // Moved as bytes: a gather does no arithmetic, so every dtype (uint16 too) travels bit for bit.
-        MS_NCCL_CHECK(ncclAllGather(in, out, in_count * es, ncclUint8, comm_, stream_));
+        MS_NCCL_CHECK(ncclAllGather(in, out, in_count * es, ncclUint8, comm_, stream_for(p)));
     }
     ++nccl_calls_;
     return issued(CommOp::kAllGather, in_count, t);
 }
 
-Handle NcclCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority) {
+Handle NcclCommunicator::broadcast_impl(void* buf, size_t count, DType t, int root, Priority p) {
     MS_CHECK(root >= 0 && root < size_, "{}: broadcast root {} is outside [0, {})", name_, root, size_);
     const size_t es = dtype_size(t);
     this->count(CommOp::kBroadcast, size_ > 1 && rank_ == root ? count * es : 0);
@@ -399,12 +415,12 @@ Handle NcclCommunicator::broadcast_impl(void* buf, size_t count, DType t, int ro
         });
     if (family_->aborted) throw CollectiveTimeoutError(family_->abort_message);
     if (shortcut()) return {};
-    MS_NCCL_CHECK(ncclBroadcast(buf, buf, count * es, ncclUint8, root, comm_, stream_));
+    MS_NCCL_CHECK(ncclBroadcast(buf, buf, count * es, ncclUint8, root, comm_, stream_for(p)));
     ++nccl_calls_;
     return issued(CommOp::kBroadcast, count, t, root);
 }
 
-Handle NcclCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority) {
+Handle NcclCommunicator::reduce_impl(void* buf, size_t count, DType t, int root, ReduceOp op, Priority p) {
     check_reducible(name_, t);
     MS_CHECK(root >= 0 && root < size_, "{}: reduce root {} is outside [0, {})", name_, root, size_);
     this->count(CommOp::kReduce, size_ == 1 ? 0 : count * dtype_size(t));
@@ -415,13 +431,13 @@ Handle NcclCommunicator::reduce_impl(void* buf, size_t count, DType t, int root,
         });
     if (family_->aborted) throw CollectiveTimeoutError(family_->abort_message);
     if (shortcut()) return {};
-    MS_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(t), nccl_op(op), root, comm_, stream_));
+    MS_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(t), nccl_op(op), root, comm_, stream_for(p)));
     ++nccl_calls_;
     return issued(CommOp::kReduce, count, t, root);
 }
 
 Handle NcclCommunicator::all_to_all_impl(const void* in, void* out, size_t in_count, size_t out_count, DType t,
-                                         Priority) {
+                                         Priority p) {
     MS_CHECK(in_count == out_count && in_count % static_cast<size_t>(size_) == 0,
              "{}: all_to_all needs equal input and output sizes divisible by {} ranks, got {} and {}", name_, size_,
              in_count, out_count);
@@ -440,14 +456,15 @@ Handle NcclCommunicator::all_to_all_impl(const void* in, void* out, size_t in_co
              "{}: the NCCL communicator's all_to_all on device memory is not in place (its send/receive pairs would "
              "overwrite blocks not yet sent); give it separate input and output buffers",
              name_);
+    const cudaStream_t stream = stream_for(p);
     if (shortcut()) {
-        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, in_count * es, cudaMemcpyDefault, stream_));
+        MS_NCCL_CUDA_CHECK(cudaMemcpyAsync(out, in, in_count * es, cudaMemcpyDefault, stream));
     } else {
         MS_NCCL_CHECK(ncclGroupStart());
         for (int r = 0; r < size_; ++r) {
             const size_t off = static_cast<size_t>(r) * n;
-            MS_NCCL_CHECK(ncclSend(at(in, off, es), n * es, ncclUint8, r, comm_, stream_));
-            MS_NCCL_CHECK(ncclRecv(at(out, off, es), n * es, ncclUint8, r, comm_, stream_));
+            MS_NCCL_CHECK(ncclSend(at(in, off, es), n * es, ncclUint8, r, comm_, stream));
+            MS_NCCL_CHECK(ncclRecv(at(out, off, es), n * es, ncclUint8, r, comm_, stream));
         }
         MS_NCCL_CHECK(ncclGroupEnd());
     }
@@ -476,13 +493,14 @@ Handle NcclCommunicator::batch_send_recv_impl(std::span<const P2POp> ops, Priori
     if (!any) return {};
     if (memory == Memory::kHost) return host_->batch_send_recv(ops, p);
     if (family_->aborted) throw CollectiveTimeoutError(family_->abort_message);
+    const cudaStream_t stream = stream_for(p);
     MS_NCCL_CHECK(ncclGroupStart());
     for (const P2POp& op : ops) {
         const size_t bytes = op.count * dtype_size(op.dtype);  // moved as bytes, bit for bit
         if (op.kind == P2POp::Kind::kSend)
-            MS_NCCL_CHECK(ncclSend(op.data, bytes, ncclUint8, op.peer, comm_, stream_));
+            MS_NCCL_CHECK(ncclSend(op.data, bytes, ncclUint8, op.peer, comm_, stream));
         else
-            MS_NCCL_CHECK(ncclRecv(op.data, bytes, ncclUint8, op.peer, comm_, stream_));
+            MS_NCCL_CHECK(ncclRecv(op.data, bytes, ncclUint8, op.peer, comm_, stream));
     }
     MS_NCCL_CHECK(ncclGroupEnd());
     ++nccl_calls_;

@@ -11,8 +11,14 @@
 //   communicator's semantics (mpi_communicator.h: reductions on fp32 and int32 only). A call whose buffers mix the
 //   two kinds is a programming error. The two paths are each issued in program order on every rank, and NCCL calls
 //   never block the host, so mixing them across calls cannot deadlock.
-// - Streams: each communicator owns a stream on its device (created with the communicator, non-blocking); every
-//   NCCL call goes there and records a pooled event behind it. Nothing orders it after the compute stream: the
+// - Streams: each communicator owns two non-blocking streams on its device, created with it: critical operations
+//   (Priority::kHigh and kNormal: tensor- and sequence-parallel collectives, pipeline send/recv) go on one with the
+//   device's greatest stream priority, background ones (kLow: data-parallel buckets, ZeRO gathers) on one with its
+//   least, so the GPU schedules a critical NCCL kernel's blocks ahead of background kernels and of compute (whose
+//   stream has the default, least priority). A call that changes stream first makes the new stream wait for an event
+//   recorded behind the other one, so the communicator's operations still run in issue order (NCCL needs the same
+//   order on every rank); priority orders operations of different communicators. Every NCCL call records a pooled
+//   event behind it. Nothing orders it after the compute stream: the
 //   caller finishes the work that writes or reads the buffers first (the trainer wraps every group in a
 //   SynchronizingCommunicator, which synchronizes the CUDA backend's stream before each collective), and
 //   Handle::wait() returns once the event has completed, so the host -- and any kernel launched after -- sees the
@@ -31,7 +37,6 @@
 //   MPI communicator does on the host. kCallNccl sends them through NCCL anyway (tests/gpu/test_nccl.cpp, so a
 //   one-GPU machine exercises every NCCL call).
 // - split(color < 0, ...) returns nullptr (NCCL_SPLIT_NOCOLOR). barrier() is the host communicator's.
-// - Priority is accepted and ignored (one stream per communicator).
 // - No allocation per call in steady state (memory/alloc_guard.h): handle states and their events are pooled, as
 //   in the MPI communicator; NCCL's own host allocations are C mallocs, which the guard does not count.
 // - Errors: every NCCL call through MS_NCCL_CHECK (the call, ncclGetErrorString, ncclGetLastError, file:line),
@@ -51,6 +56,7 @@
 // Stats (CommStats): as the MPI communicator's table (mpi_communicator.h), whichever path a call takes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -87,7 +93,6 @@ class NcclCommunicator final : public Communicator {
     std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
     int device() const { return device_; }
-    CUstream_st* stream() const { return stream_; }
     MpiCommunicator& host() { return *host_; }
     const FlightRecorder& flight_recorder() const { return recorder_; }
     int64_t nccl_calls() const { return nccl_calls_; }  // NCCL operations (and size-1 copies) issued so far
@@ -113,6 +118,8 @@ class NcclCommunicator final : public Communicator {
     Handle issued(CommOp op, size_t count, DType t, int peer = -1, int tag = -1, int messages = 0,
                   bool mixed_p2p = false);
     bool shortcut() const { return size_ == 1 && single_rank_ == SingleRank::kShortcut; }
+    // The stream an operation of priority p is issued on, ordered after everything issued before (see the top).
+    CUstream_st* stream_for(Priority p);
     [[noreturn]] void timed_out(uint64_t seq, double waited_s, double timeout_s);
 
     std::unique_ptr<MpiCommunicator> host_;  // same ranks, same order: bootstrap, host buffers, barrier
@@ -122,7 +129,10 @@ class NcclCommunicator final : public Communicator {
     int size_ = 1;
     int device_ = 0;
     SingleRank single_rank_;
-    CUstream_st* stream_ = nullptr;  // owned
+    // owned: [0] critical operations, the device's greatest stream priority; [1] background ones, its least
+    std::array<CUstream_st*, 2> streams_{};
+    size_t last_stream_ = 0;             // the stream of the last operation issued
+    CUevent_st* order_event_ = nullptr;  // owned: recorded behind one stream for the other to wait on
     int64_t nccl_calls_ = 0;
     FlightRecorder recorder_;                  // "<name>/nccl", registered with the host communicator's watch
     std::shared_ptr<NcclFamily> family_;       // shared with every communicator split from the same world

@@ -73,6 +73,10 @@ struct GptGraphOptions {
     // grads() directly, complete after each backward(). make_run_layout sets it where a run is layout-exact: fp32
     // on the CPU backend, and onebit_adam.
     bool tied_grads_apart = false;
+    // With tied_grads_apart on a pipeline whose buckets reduce the tied embedding's two parts apart
+    // (parallel.overlap_grad_reduce, grad_buckets.h): the first stage's embedding chunk keeps a buffer of the same
+    // Vp/tp x C, into which the last stage's averaged output-layer gradient arrives during the backward.
+    bool tied_head_received = false;
     auto operator<=>(const GptGraphOptions&) const = default;
 };
 
@@ -297,7 +301,8 @@ class Gpt {
     void finish_gradients(bool add_head_apart = true);
     // The gradients finish_gradients() completes: final only after it, whatever the backward said.
     std::vector<graph::GradRange> gradients_finished_per_step() const;
-    // The tied output layer's gradient kept apart (the size of the embedding's), or an empty tensor (none kept).
+    // The tied output layer's gradient kept apart (the size of the embedding's) -- on a pipeline's first stage the
+    // buffer the last stage's average arrives in (GptGraphOptions::tied_head_received) -- or an empty tensor.
     Tensor head_gradients_apart() const;
     // Pipeline hand-offs: activation_elems() elements of dtype() each (pipeline_message_elems).
     int64_t activation_elems(int B, int T) const;

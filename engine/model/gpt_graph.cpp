@@ -140,7 +140,7 @@ graph::GradWrites gpt_grad_writes(const GptShape& shape, const GptPart& part, in
     // what finish_gradients() completes once per step is kept too: the gradients summed over tp, and the
     // embedding's that the output layer's kept apart is added to
     std::vector<int> per_step = built.g.tp_partial_grad_params;
-    if (head_grad_bytes(shape, part, tp_size, options) > 0)
+    if (part.head && head_grad_bytes(shape, part, tp_size, options) > 0)
         for (size_t i = 0; i < table.size(); ++i)
             if (table[i].name == output_weight_name(shape)) per_step.push_back(static_cast<int>(i));
     for (int i : per_step) {
@@ -154,7 +154,8 @@ graph::GradWrites gpt_grad_writes(const GptShape& shape, const GptPart& part, in
 }
 
 int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size, const GptGraphOptions& options) {
-    if (!options.tied_grads_apart || !part.embedding || !part.head || shape.untied) return 0;
+    if (!options.tied_grads_apart || !part.embedding || !(part.head || options.tied_head_received) || shape.untied)
+        return 0;
     return int64_t{shape.Vp} / tp_size * shape.C * static_cast<int64_t>(dtype_size(options.grads));
 }
 
@@ -173,9 +174,9 @@ GptProgram::GptProgram(const GptShape& shape, Backend& backend, Communicator& tp
     if (const int64_t bytes = head_grad_bytes(shape, o.part, tp.size(), o.graph); bytes > 0) {
         head_grads_ =
             MemoryBlock(static_cast<size_t>(bytes), o.arena, MemCategory::kGradient, what + " tied head grads");
-        for (size_t i = 0; i < table_.size(); ++i)
+        for (size_t i = 0; i < table_.size() && o.part.head; ++i)
             if (table_[i].name == output_weight_name(shape)) head_param_ = static_cast<int>(i);
-        backend_.zero(head_grads_tensor());
+        backend_.zero(head_gradients_apart());
     }
     loss_sum_.assign(static_cast<size_t>(o.num_slots), 0.0);
     loss_scale_.assign(static_cast<size_t>(o.num_slots), 0.0f);
@@ -265,7 +266,11 @@ Tensor GptProgram::head_grads_tensor() const {
     return Tensor(head_grads_.data(), o_.graph.grads, {p.numel});
 }
 
-Tensor GptProgram::head_gradients_apart() const { return head_param_ >= 0 ? head_grads_tensor() : Tensor{}; }
+Tensor GptProgram::head_gradients_apart() const {
+    if (head_grads_.data() == nullptr) return {};
+    return Tensor(head_grads_.data(), o_.graph.grads,
+                  {static_cast<int64_t>(head_grads_.size() / dtype_size(o_.graph.grads))});
+}
 
 void GptProgram::finish_gradients(bool add_head_apart) {
     const DType t = o_.graph.grads;

@@ -62,8 +62,9 @@ graph::GradWrites gpt_grad_writes(const GptShape& shape, const GptPart& part, in
                                   DType act, const GptGraphOptions& options = {});
 
 // Bytes of the buffer where the chunk keeps its tied output layer's gradient apart (GptGraphOptions::tied_grads_apart):
-// Vp/tp x C of the gradient dtype on a chunk with both the embedding and the tied head, else 0. GptProgram
-// allocates it, `plan` counts it.
+// Vp/tp x C of the gradient dtype on a chunk with both the embedding and the tied head, or on the embedding's chunk
+// where the last stage's average arrives (GptGraphOptions::tied_head_received), else 0. GptProgram allocates it,
+// `plan` counts it.
 int64_t head_grad_bytes(const GptShape& shape, const GptPart& part, int tp_size, const GptGraphOptions& options);
 
 // One chunk run from compiled programs: Gpt's forward/backward contract (gpt.h) over external parameters,
@@ -127,7 +128,8 @@ class GptProgram {
     graph::MemoryPlan plan_;
     std::vector<MemoryBlock> slot_blocks_;
     MemoryBlock scratch_block_;
-    MemoryBlock head_grads_;         // head_grad_bytes(): the tied output layer's gradient kept apart, else empty
+    MemoryBlock head_grads_;         // head_grad_bytes(): the tied output layer's gradient kept apart (or received),
+                                     // else empty
     int head_param_ = -1;            // that parameter's index in table_ (-1: none kept apart)
     std::vector<double> loss_sum_;   // per slot
     std::vector<float> loss_scale_;  // per slot: its forward's, for its backward (0: none may follow)

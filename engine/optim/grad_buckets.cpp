@@ -2,6 +2,7 @@
 #include "engine/optim/grad_buckets.h"
 
 #include <algorithm>
+#include <array>
 
 #include "engine/core/check.h"
 
@@ -97,26 +98,54 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
     MS_CHECK(tied.head.data == nullptr || (tied.lookup && tied.head.numel() == r.end - r.begin),
              "gradient buckets: the head's gradient kept apart has {} elements, the embedding's {}", tied.head.numel(),
              r.end - r.begin);
+    const int64_t numel = r.end - r.begin;
+    const graph::GradRange& f = tied.first_stage_range;
+    MS_CHECK(tied.stages == nullptr ||
+                 (tied.stages->size() == 2 && tied.max_tokens > 0 && f.end - f.begin == numel &&
+                  tied.first_stage_padded >= f.end && tied.first_stage_padded % dp_.size() == 0 &&
+                  (!tied.lookup || (f == r && tied.first_stage_padded == grads_.numel() && tied.head.data != nullptr))),
+             "gradient buckets: a tied embedding across the stages of a pipeline needs a group of its two ends, the "
+             "embedding's place in the first stage's buffer [{}, {}) of {}, and there a buffer the head's arrives in",
+             f.begin, f.end, tied.first_stage_padded);
     tied_ = tied;
     tied_param_ = static_cast<int>(first);
     Bucket& b = buckets_[static_cast<size_t>(bucket_of_[first])];
-    b.param_elems -= r.end - r.begin;
+    b.param_elems -= numel;
     b.dense = {{b.begin, r.begin}, {r.end, b.end}};
     set_parts(b);
-    if (!tied.lookup) tied_.head = grads_.slice(r.begin, r.end - r.begin);  // the output layer's gradient alone
-    if (tied_.head.data != nullptr) {  // the head's parts: the embedding's, at the same places of the head's buffer
-        head_parts_ = parts_of(r.begin, r.end);
+    if (!tied.lookup) tied_.head = grads_.slice(r.begin, numel);  // the output layer's gradient alone
+    if (tied.stages != nullptr) {
+        peer_ = 1 - tied.stages->rank();
+        // the first stage's optimizer reads its dp shard's part (zero_stage 1) in its own layout, or all of it
+        part_begin_ = 0;
+        part_end_ = numel;
+        if (reduction_ == GradReduction::kToShardOwners) {
+            const int64_t shard = tied.first_stage_padded / dp_.size(), mine = dp_.rank() * shard;
+            part_begin_ = std::clamp(mine - f.begin, int64_t{0}, numel);
+            part_end_ = std::clamp(mine + shard - f.begin, int64_t{0}, numel);
+        }
+    }
+    if (tied_.head.data != nullptr && !receives_head()) {
+        // the head's parts: the embedding's, at the same places of the head's buffer; a last stage all-reduces it,
+        // since the first stage's shard parts lie elsewhere than its own
+        head_parts_ = tied.stages != nullptr ? std::vector<OwnerPart>{{-1, r.begin, r.end}} : parts_of(r.begin, r.end);
         for (OwnerPart& o : head_parts_) o = {o.owner, o.begin - r.begin, o.end - r.begin};
         head_handles_.resize(head_parts_.size());
     }
-    if (!tied.lookup) return;
-    looked_.assign(static_cast<size_t>((r.end - r.begin) / tied.row_elems), 0);
+    const auto rows = static_cast<size_t>(numel / tied.row_elems);
+    const size_t tokens = static_cast<size_t>(tied.max_tokens) * static_cast<size_t>(dp_.size());
+    const size_t union_capacity = std::min(rows, tokens);  // a step allocates nothing
+    if (tied.stages != nullptr) stage_ids_.resize(union_capacity);
+    if (!tied.lookup) {  // a last stage receives the first stage's rows
+        if (tied.stages != nullptr) packed_.reserve(union_capacity * static_cast<size_t>(tied.row_elems));
+        return;
+    }
+    looked_.assign(rows, 0);
     rows_.reserve(static_cast<size_t>(tied.max_tokens));
     row_send_.resize(static_cast<size_t>(tied.max_tokens));
-    row_gather_.resize(static_cast<size_t>(tied.max_tokens) * static_cast<size_t>(dp_.size()));
-    // a step allocates nothing
-    union_.reserve(std::min(looked_.size(), row_gather_.size()));
-    packed_.reserve(union_.capacity() * static_cast<size_t>(tied.row_elems));
+    row_gather_.resize(tokens);
+    union_.reserve(union_capacity);
+    packed_.reserve(union_capacity * static_cast<size_t>(tied.row_elems));
 }
 
 void GradBuckets::look_up(std::span<const int32_t> tokens) {
@@ -166,6 +195,7 @@ void GradBuckets::begin_step() {
     issued_.clear();
     for (const int32_t row : rows_) looked_[static_cast<size_t>(row)] = 0;
     rows_.clear();
+    head_receive_posted_ = head_sent_ = false;
     gather_issued_ = rows_issued_ = head_issued_ = false;
     rows_squares_ = head_squares_ = 0.0;
 }
@@ -175,9 +205,13 @@ void GradBuckets::final(std::span<const graph::GradRange> ranges, int64_t base) 
 void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t base, bool deferred_too) {
     // every forward of the step is done once its last micro-batch's backward reports
     if (tied_param_ >= 0 && tied_.lookup && !gather_issued_) issue_row_gather();
+    if (receives_head() && !head_receive_posted_) {
+        head_transfer_ = transfer_head_part(P2POp::Kind::kRecv, Priority::kNormal);
+        head_receive_posted_ = true;
+    }
     for (const graph::GradRange& c : chunk_ranges) {
         if (c.head_apart) {
-            if (tied_.head.data != nullptr && !head_issued_) issue_head();
+            if (tied_.head.data != nullptr && !receives_head() && !head_issued_) issue_head();
             continue;  // else the model adds it to the embedding's itself, which is deferred
         }
         const auto [first, last] = params_in({c.begin + base, c.end + base});
@@ -200,6 +234,14 @@ void GradBuckets::mark(std::span<const graph::GradRange> chunk_ranges, int64_t b
     // move while the backward goes on
     for (int b : issued_)
         for (Handle& h : buckets_[static_cast<size_t>(b)].handles) h.test();
+    if (tied_.stages == nullptr) return;
+    head_transfer_.test();
+    if (head_issued_ && !head_sent_ &&
+        std::all_of(head_handles_.begin(), head_handles_.end(), [](Handle& h) { return h.test(); })) {
+        // the last stage's average is whole: on to the first stage while the backwards go on
+        head_transfer_ = transfer_head_part(P2POp::Kind::kSend, Priority::kLow);
+        head_sent_ = true;
+    }
 }
 
 namespace {
@@ -268,10 +310,54 @@ void GradBuckets::issue_head() {
     head_issued_ = true;
 }
 
+Handle GradBuckets::transfer_head_part(P2POp::Kind kind, Priority p) {
+    if (part_begin_ == part_end_) return {};
+    const Tensor part = tied_.head.slice(part_begin_, part_end_ - part_begin_);
+    const P2POp op{kind, peer_, part.data, static_cast<size_t>(part.numel()), part.dtype, kHeadTag};
+    return tied_.stages->batch_send_recv(std::span<const P2POp>(&op, 1), p);
+}
+
+void GradBuckets::add_received_head() {
+    head_transfer_.wait();
+    if (part_begin_ == part_end_) return;
+    const int64_t n = part_end_ - part_begin_;
+    const Tensor embedding = grads_.slice(tied_.range.begin + part_begin_, n);
+    backend_.residual_forward({.a = embedding, .b = tied_.head.slice(part_begin_, n), .out = embedding, .bias = {}});
+}
+
+void GradBuckets::add_received_rows() {
+    tied_.stages
+        ->batch_send_recv(std::array{P2POp::recv(std::span<int32_t>(stage_ids_), peer_, kIdsTag)}, Priority::kNormal)
+        .wait();
+    const auto n = static_cast<size_t>(std::find(stage_ids_.begin(), stage_ids_.end(), -1) - stage_ids_.begin());
+    const auto C = static_cast<size_t>(tied_.row_elems);
+    packed_.resize(n * C);
+    tied_.stages
+        ->batch_send_recv(std::array{P2POp::recv(std::span<float>(packed_), peer_, kRowsTag)}, Priority::kNormal)
+        .wait();
+    head_transfer_.wait();  // the average sent is about to become the sum
+    // the first stage's average of the lookup plus this one's of the output layer, as one stage adds them: the
+    // union's rows, and 0 + the head's elsewhere (where the lookup's gradient is zero)
+    float* sum = tied_.head.f32();
+    const auto rows = static_cast<size_t>(tied_.head.numel()) / C;
+    for (size_t row = 0, u = 0; row < rows; ++row) {
+        float* s = sum + row * C;
+        if (u < n && static_cast<size_t>(stage_ids_[u]) == row) {
+            const float* looked = packed_.data() + u++ * C;
+            for (size_t j = 0; j < C; ++j) s[j] = looked[j] + s[j];
+        } else {
+            for (size_t j = 0; j < C; ++j) s[j] = 0.0f + s[j];
+        }
+    }
+}
+
 void GradBuckets::finish_tied() {
-    if (tied_.head.data != nullptr && !head_issued_) issue_head();
+    if (tied_.head.data != nullptr && !receives_head() && !head_issued_) issue_head();
     if (!tied_.lookup) {
         for (Handle& h : head_handles_) h.wait();
+        if (tied_.stages == nullptr) return;
+        if (!head_sent_) head_transfer_ = transfer_head_part(P2POp::Kind::kSend, Priority::kLow);
+        add_received_rows();
         return;
     }
     if (!rows_issued_) issue_rows();
@@ -280,6 +366,18 @@ void GradBuckets::finish_tied() {
     const auto C = static_cast<size_t>(tied_.row_elems);
     for (size_t u = 0; u < union_.size(); ++u)
         std::copy_n(packed_.data() + u * C, C, grads + static_cast<size_t>(union_[u]) * C);
+    if (tied_.stages != nullptr) {  // the union's rows on to the last stage, then the last stage's average here
+        std::fill(std::copy(union_.begin(), union_.end(), stage_ids_.begin()), stage_ids_.end(), -1);
+        Handle ids = tied_.stages->batch_send_recv(
+            std::array{P2POp::send(std::span<const int32_t>(stage_ids_), peer_, kIdsTag)}, Priority::kNormal);
+        Handle rows = tied_.stages->batch_send_recv(
+            std::array{P2POp::send(std::span<const float>(packed_), peer_, kRowsTag)}, Priority::kNormal);
+        if (!head_receive_posted_) head_transfer_ = transfer_head_part(P2POp::Kind::kRecv, Priority::kNormal);
+        add_received_head();
+        ids.wait();
+        rows.wait();
+        return;
+    }
     if (tied_.head.data == nullptr) return;
     for (Handle& h : head_handles_) h.wait();
     const Tensor embedding = grads_.slice(tied_.range.begin, tied_.range.end - tied_.range.begin);

@@ -33,9 +33,21 @@
 //                       when the lookup is final, the union's rows alone are all-reduced (rows x C: a few thousand
 //                       rows, not the vocabulary), and finish() writes them back, the other rows being zero on every
 //                       rank. Its bucket reduces the parameters around it.
-// finish() then adds the two averages: what the embedding group's sum makes of a first and a last stage's (whose
-// dp reductions are these), so one stage and a pipeline keep the same bits. Without overlap the sum is taken first
-// and averaged after, so the tied embedding's gradient (and it alone) differs from it in rounding.
+// finish() then adds the two averages. Without overlap the sum is taken first and averaged after, so the tied
+// embedding's gradient (and it alone) differs from it in rounding.
+//
+// A pipeline (TiedEmbedding::stages: the embedding group, this rank and the other end's of the same tp and dp ranks)
+// holds the lookup on its first stage and the output layer on its last, and each needs the sum. The two averages
+// cross the embedding group, each as soon as it is ready, instead of one all-reduce of the vocabulary table after
+// the backward:
+//   last stage   all-reduces the output layer's gradient over dp (every dp rank then holds the whole average) and,
+//                as soon as that is done, sends the first stage the part its optimizer reads (all of it; with
+//                zero_stage 1 its dp shard's part, in the first stage's flat layout): this goes while both stages'
+//                last backwards run. finish() receives the union's row ids and rows and adds them.
+//   first stage  receives that part into its head buffer (GptGraphOptions::tied_head_received), sends its union's
+//                row ids and, once averaged, its rows (rows x C, not the vocabulary), and adds the received part.
+// Each element is the same two averages added as on one stage (addition commutes), so a pipeline keeps one stage's
+// bits; the elements no rank looked up are 0 + the head's there as well.
 #pragma once
 
 #include <cstdint>
@@ -97,7 +109,14 @@ class GradBuckets {
                                  // last stage), reduced whole as soon as it is final
         int64_t first_row = 0;   // the vocabulary row of its first element (its tp shard's first)
         int64_t max_tokens = 0;  // tokens a step's forwards look up, at most
-        Tensor head = {};        // the output layer's gradient kept apart on this rank (as range), or empty
+        Tensor head = {};        // the output layer's gradient kept apart on this rank (as range), or empty; with
+                                 // stages and lookup, where the last stage's average arrives
+        // A pipeline's first or last stage (lookup says which): the embedding group, of these two ranks; else null.
+        Communicator* stages = nullptr;
+        // With stages: where the embedding lies in the first stage's flat buffer, and that buffer's length (padded),
+        // which say the elements the first stage's optimizer reads (zero_stage 1: its dp shard's part)
+        graph::GradRange first_stage_range = {};
+        int64_t first_stage_padded = 0;
     };
     void tie(const TiedEmbedding& tied);
     // The tokens a forward of the embedding looks up (every micro-batch of the step, before its backward).
@@ -147,6 +166,14 @@ class GradBuckets {
     void issue_rows();
     void issue_head();
     void finish_tied();
+    // a pipeline's first stage: the output layer's average arrives from the last stage
+    bool receives_head() const { return tied_.stages != nullptr && tied_.lookup; }
+    static constexpr int kHeadTag = 0, kIdsTag = 1, kRowsTag = 2;  // in the embedding group
+    // across the embedding group: the head's part the first stage reads, received there once the last micro-batch's
+    // backward starts and sent by the last stage once its all-reduce is done; the sums each stage forms in finish()
+    Handle transfer_head_part(P2POp::Kind kind, Priority p);
+    void add_received_head();  // the first stage
+    void add_received_rows();  // the last stage
 
     std::vector<Bucket> buckets_;
     std::vector<graph::GradRange> params_;  // sorted by begin
@@ -167,6 +194,14 @@ class GradBuckets {
     Handle gather_handle_, rows_handle_;
     std::vector<OwnerPart> head_parts_;  // of the head's buffer, one reduction each
     std::vector<Handle> head_handles_;
+    // with stages: the elements of the embedding the first stage reads ([begin, end) from range.begin), the other
+    // stage's rank in the group, the union's row ids (padded with -1 to as many as the union can hold) sent or
+    // received, and the head's transfer of this step
+    int64_t part_begin_ = 0, part_end_ = 0;
+    int peer_ = -1;
+    std::vector<int32_t> stage_ids_;
+    Handle head_transfer_;  // the first stage's receive, or the last stage's send
+    bool head_receive_posted_ = false, head_sent_ = false;
     bool gather_issued_ = false, rows_issued_ = false, head_issued_ = false;
     double rows_squares_ = 0.0, head_squares_ = 0.0;
     Communicator& dp_;

@@ -224,12 +224,22 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
             const graph::GradRange range{base + wte->offset, base + wte->offset + wte->numel};
             std::erase(per_step, range);
             const int64_t rows = wte->numel / shape_.C;
-            buckets->tie({.range = range,
-                          .row_elems = shape_.C,
-                          .lookup = chunk.part().embedding,
-                          .first_row = groups_.tp_rank * rows,
-                          .max_tokens = static_cast<int64_t>(tokens_.size()) * num_microbatches_,
-                          .head = chunk.head_gradients_apart()});
+            GradBuckets::TiedEmbedding tied{.range = range,
+                                            .row_elems = shape_.C,
+                                            .lookup = chunk.part().embedding,
+                                            .first_row = groups_.tp_rank * rows,
+                                            .max_tokens = static_cast<int64_t>(tokens_.size()) * num_microbatches_,
+                                            .head = chunk.head_gradients_apart()};
+            if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
+                // the first and the last stage add each other's average (grad_buckets.h)
+                const StageParams first = stage_params(shape_, groups_.tp_size, groups_.pp_size, 0, virtual_stages_);
+                const ParamInfo& p =
+                    first.table[static_cast<size_t>(tied_embedding_index(shape_, first, groups_.pp_size))];
+                tied.stages = groups_.embd.get();
+                tied.first_stage_range = {p.offset, p.offset + p.numel};
+                tied.first_stage_padded = padded_flat_size(first.flat, groups_.dp_size);
+            }
+            buckets->tie(tied);
         }
         buckets->defer(per_step);
         report_final_.push_back([buckets, base](std::span<const graph::GradRange> r) { buckets->final(r, base); });
@@ -344,23 +354,24 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
             if (trace_ != nullptr) trace_->p2p_batch(actions, i, issued, now_seconds());
         }
     }
+    // The loss, which only the last stage has, to every stage: here, before the gradients' reductions, the last stage
+    // waits for the first stage's last backward -- the schedule's cool-down, counted with the pipeline's bubble --
+    // rather than in the tied embedding's exchange between the two.
+    float mean = loss / static_cast<float>(num_microbatches_);
+    pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();
     for (auto& c : chunks_) c->finish_gradients(!reduce_tied_apart());
-    // the tied embedding: first and last stage each hold wte; their gradients are summed, before the data-parallel
-    // average, or after it where the buckets reduce the lookup's and the head's apart (grad_buckets.h)
-    const auto sum_tied_embedding = [&] {
-        if (wte_index_ < 0 || !groups_.embd || groups_.embd->size() == 1) return;
+    // the tied embedding: first and last stage each hold wte; their gradients are summed before the data-parallel
+    // average, unless the buckets reduce the lookup's and the head's apart and the stages add the averages
+    // (grad_buckets.h)
+    if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1 && !reduce_tied_apart()) {
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
         groups_.embd
             ->all_reduce(grad_placement_.at(p.offset, p.numel), static_cast<size_t>(p.numel), grad_dtype_,
                          ReduceOp::kSum)
             .wait();
-    };
-    if (!reduce_tied_apart()) sum_tied_embedding();
+    }
     if (buckets_ != nullptr) buckets_->finish();
-    if (reduce_tied_apart()) sum_tied_embedding();
     if (sharded_) sharded_->finish();
-    float mean = loss / static_cast<float>(num_microbatches_);
-    pp.all_reduce(std::span<float>(&mean, 1), ReduceOp::kSum).wait();  // only the last stage contributes
     return mean;
 }
 

@@ -6,7 +6,9 @@
 //                          being the stage's local chunks (gpt_param_table()'s sizes, affine in the layer count)
 //                          laid out back to back, each 16-element aligned; with mixed_precision bf16 / fp16 also the
 //                          16-bit weights, the same elements at 2 bytes; on one pipeline stage of a tied model the
-//                          output layer's gradient kept apart (GptGraphOptions::tied_grads_apart, head_grad_bytes())
+//                          output layer's gradient kept apart (GptGraphOptions::tied_grads_apart, head_grad_bytes()),
+//                          and with overlapped buckets on a pipeline's first stage the buffer the last stage's
+//                          average of it arrives in (tied_head_received)
 //   optimizer              exp_avg + exp_avg_sq, fp32: the whole padded buffer (zero_stage 0) or its 1/dp shard (1)
 //   comm                   none: the pipeline sends from and receives into the activation slots, and zero_stage 1's
 //                          reduce-scatter works in place
@@ -73,7 +75,7 @@ struct StagePlan {
     std::vector<int> slots;              // (v) activation slots of each local chunk
     std::vector<int64_t> scratch_bytes;  // (v) each local chunk's scratch block
     // (v) each local chunk's tied output-layer gradient kept apart (head_grad_bytes(): one pipeline stage, where
-    // GptGraphOptions::tied_grads_apart), else 0
+    // GptGraphOptions::tied_grads_apart; the first stage's chunk, where tied_head_received), else 0
     std::vector<int64_t> head_grad_bytes;
     int64_t activation_bytes = 0;             // sum over chunks of slot_bytes * slots + scratch_bytes
     int64_t comm_bytes() const { return 0; }  // pipeline p2p uses the slots, zero_stage 1 reduce-scatters in place

@@ -83,6 +83,9 @@ RunLayout make_run_layout(const Config& cfg, int world_size) {
     // zero_stage 2 is not layout-exact (sharded_grads.h), and keeps the tied embedding's gradient whole anyway.
     l.graph.tied_grads_apart =
         ((l.backend == BackendKind::kCPU && l.dtype == DType::kF32) || l.optimizer.onebit_adam()) && l.zero_stage != 2;
+    // ... and where the buckets reduce the tied embedding's two parts apart, a pipeline's first stage receives the
+    // last stage's average of the output layer's into a buffer of the same size (grad_buckets.h)
+    l.graph.tied_head_received = l.graph.tied_grads_apart && l.grad_bucket_elems > 0 && l.topology.pp > 1;
     const TrainingConfig& t = cfg.training;
     using graph::RecomputeGranularity;
     l.graph.recompute.granularity = t.recompute_granularity == "full"        ? RecomputeGranularity::kFull

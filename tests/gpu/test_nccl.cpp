@@ -177,6 +177,24 @@ TEST_P(NcclOneRank, TestPollsToCompletion) {
     EXPECT_EQ(a.download(), values(in));
 }
 
+// Critical (kHigh, kNormal) and background (kLow) operations go on two streams of different priority; a call that
+// changes stream waits for the other one's work, so a chain of copies that alternates priorities, waited only at its
+// end, still runs in issue order (64 MiB each: long enough for a reordering to show).
+TEST_P(NcclOneRank, PrioritiesKeepTheIssueOrder) {
+    const size_t n = size_t{16} << 20;
+    const std::vector<float> in = pattern<float>(n);
+    DeviceBuffer<float> a(n), b(n), c(n), d(n);
+    a.upload(in);
+    for (DeviceBuffer<float>* x : {&b, &c, &d}) x->fill(7);
+    ms::Handle h1 = comm_->all_gather(a.cspan(), b.span(), ms::Priority::kLow);
+    ms::Handle h2 = comm_->all_gather(b.cspan(), c.span(), ms::Priority::kHigh);
+    ms::Handle h3 = comm_->all_gather(c.cspan(), d.span(), ms::Priority::kLow);
+    h3.wait();
+    EXPECT_TRUE(h1.test());
+    EXPECT_TRUE(h2.test());
+    EXPECT_EQ(d.download(), values(in));
+}
+
 // Host memory takes the MPI path, device memory NCCL; the counters count both, the recorder only NCCL's calls.
 TEST_P(NcclOneRank, HostBuffersGoThroughMpiAndStatsCountBoth) {
     comm_->reset_stats();
