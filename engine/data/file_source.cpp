@@ -40,7 +40,8 @@ constexpr int64_t kFingerprintTokens = 16;  // tokens hashed at each end of the 
 TokenScan scan_tokens(const TokenSegment& seg, int vocab_limit) {
     TokenScan scan;
     const uint8_t* base = seg.file.data() + seg.header_bytes;
-    const int64_t limit = vocab_limit > 0 ? vocab_limit : std::numeric_limits<int64_t>::max();
+    // no limit: the largest vocabulary an int holds (its size, the largest id + 1, must fit too)
+    const int64_t limit = vocab_limit > 0 ? vocab_limit : std::numeric_limits<int32_t>::max();
     if (seg.dtype == TokenDtype::kUint16) {
         // uint16 is never negative: the max alone decides, then a second pass finds the first offender.
         uint16_t max_id = 0;
@@ -84,6 +85,12 @@ void throw_bad_token(const TokenScan& scan, const std::string& where, int vocab_
             fmt::format("data error: {} has the negative token id {}; token ids must be >= 0; hint: the "
                         "file is corrupt or was written with a different dtype",
                         where, scan.bad_value));
+    }
+    if (vocab_limit <= 0) {
+        throw UserError(
+            fmt::format("data error: {} has token id {}, beyond the largest vocabulary a token id can index ({} "
+                        "ids); hint: the file is corrupt or was written with a different dtype",
+                        where, scan.bad_value, std::numeric_limits<int32_t>::max()));
     }
     throw UserError(fmt::format(
         "data error: {} has token id {}, which is >= the vocabulary size {}; hint: the data was tokenized with a "

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
@@ -176,6 +177,25 @@ TEST(DataTest, MegatronHandBuiltIndexInt32) {
     std::vector<int32_t> mid(3);
     src->read(2, 3, mid.data());
     EXPECT_EQ(mid, (std::vector<int32_t>{2, 3, 99999}));
+}
+
+// Without a vocabulary limit the data gives the vocabulary (the largest id + 1), which must fit an int: the id
+// 2^31 - 1 is refused with a sentence (the fuzzer found its size overflowing).
+TEST(DataTest, MegatronInt32IdTooLargeForAnyVocabulary) {
+    TempDir dir;
+    const std::vector<int32_t> tokens = {1, 2, std::numeric_limits<int32_t>::max(), 3};
+    Bytes bin;
+    for (int32_t t : tokens) put_le(bin, static_cast<uint32_t>(t), 4);
+    write_file(dir / "d.bin", bin);
+    write_file(dir / "d.idx", megatron_idx({4}, {0, 1}, 4, 4));
+    expect_user_error([&] { ms::open_token_source(file_config("megatron", {dir / "d"}), 0); },
+                      {"d.bin", "2147483647", "beyond the largest vocabulary"});
+    Bytes fits;
+    for (int32_t t : {1, std::numeric_limits<int32_t>::max() - 1}) put_le(fits, static_cast<uint32_t>(t), 4);
+    write_file(dir / "d.bin", fits);
+    write_file(dir / "d.idx", megatron_idx({2}, {0, 1}, 4, 4));
+    EXPECT_EQ(ms::open_token_source(file_config("megatron", {dir / "d"}), 0)->vocab_size(),
+              std::numeric_limits<int32_t>::max());
 }
 
 // A valid uint16 dataset (2 documents, 3 sequences, 9 tokens) that the corruption tests then break one way each.
