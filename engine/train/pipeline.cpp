@@ -230,8 +230,7 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
                                             .first_row = groups_.tp_rank * rows,
                                             .max_tokens = static_cast<int64_t>(tokens_.size()) * num_microbatches_,
                                             .head = chunk.head_gradients_apart()};
-            if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
-                // the first and the last stage add each other's average (grad_buckets.h)
+            if (tied_across_stages()) {  // the first and the last stage add each other's average (grad_buckets.h)
                 const StageParams first = stage_params(shape_, groups_.tp_size, groups_.pp_size, 0, virtual_stages_);
                 const ParamInfo& p =
                     first.table[static_cast<size_t>(tied_embedding_index(shape_, first, groups_.pp_size))];
@@ -244,7 +243,7 @@ void PipelineModel::set_grad_buckets(GradBuckets* buckets) {
         buckets->defer(per_step);
         report_final_.push_back([buckets, base](std::span<const graph::GradRange> r) { buckets->final(r, base); });
     }
-    if (!reduce_tied_apart() && wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1) {
+    if (!reduce_tied_apart() && tied_across_stages()) {
         // summed over embd in train_step before the buckets' reductions
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
         const graph::GradRange wte{p.offset, p.offset + p.numel};
@@ -363,7 +362,7 @@ float PipelineModel::train_step(const Sampler& sampler, int64_t first_sample, in
     // the tied embedding: first and last stage each hold wte; their gradients are summed before the data-parallel
     // average, unless the buckets reduce the lookup's and the head's apart and the stages add the averages
     // (grad_buckets.h)
-    if (wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1 && !reduce_tied_apart()) {
+    if (tied_across_stages() && !reduce_tied_apart()) {
         const ParamInfo& p = table_[static_cast<size_t>(wte_index_)];
         groups_.embd
             ->all_reduce(grad_placement_.at(p.offset, p.numel), static_cast<size_t>(p.numel), grad_dtype_,

@@ -146,6 +146,8 @@ class PipelineModel {
     void run_batch();
     // The buckets reduce the tied embedding's lookup and output-layer gradients apart (GradBuckets::tie).
     bool reduce_tied_apart() const { return buckets_ != nullptr && tied_grads_apart_; }
+    // The tied embedding lies on this stage and on the other end of the pipeline (the embedding group).
+    bool tied_across_stages() const { return wte_index_ >= 0 && groups_.embd && groups_.embd->size() > 1; }
 
     GptShape shape_;
     Backend& backend_;
