@@ -118,12 +118,10 @@ void GradBuckets::tie(const TiedEmbedding& tied) {
         peer_ = 1 - tied.stages->rank();
         // the first stage's optimizer reads its dp shard's part (zero_stage 1) in its own layout, or all of it
         part_begin_ = 0;
-        part_end_ = numel;
-        if (reduction_ == GradReduction::kToShardOwners) {
-            const int64_t shard = tied.first_stage_padded / dp_.size(), mine = dp_.rank() * shard;
-            part_begin_ = std::clamp(mine - f.begin, int64_t{0}, numel);
-            part_end_ = std::clamp(mine + shard - f.begin, int64_t{0}, numel);
-        }
+        part_end_ = reduction_ == GradReduction::kToShardOwners ? 0 : numel;
+        if (reduction_ == GradReduction::kToShardOwners)
+            for (const OwnerPart& o : owner_parts(f.begin, f.end, tied.first_stage_padded / dp_.size()))
+                if (o.owner == dp_.rank()) part_begin_ = o.begin - f.begin, part_end_ = o.end - f.begin;
     }
     if (tied_.head.data != nullptr && !receives_head()) {
         // the head's parts: the embedding's, at the same places of the head's buffer; a last stage all-reduces it,
