@@ -2,10 +2,15 @@
 // evaluation matches (docs/selfplay.md): the search of engine/selfplay/mcts.h with uniform priors and, as each leaf's
 // value, the mean result of random playouts, against alpha-beta to a depth, on one board, at several simulation
 // counts. Played as the trainer's final evaluation is: games in pairs from the same random opening plies, one per
-// colour, the most visited move, no root noise.
+// colour, the most visited move, no root noise. Then, as the other yardstick, alpha-beta searching deeper (the
+// depths of MS_BENCH_DEPTHS, default "6 8 10") against the same opponent in the same openings: what a tactically
+// stronger player wins there, some of the openings being lost for one colour whatever it plays.
 //   build/selfplay_search_alone [depth] [games] [playouts per leaf] [rows cols] [simulations...]
 // Defaults: depth 4, 200 games, 8 playouts, 6 x 7, simulations 400 1600 6400.
 #include <fmt/format.h>
+
+#include <sstream>
+#include <string>
 
 #include <bit>
 #include <cstdint>
@@ -80,6 +85,18 @@ int main(int argc, char** argv) {
                                  cols, games, /*seed=*/99, /*opening_moves=*/2);
         fmt::print("{:>11} {:>6} {:>6} {:>6} {:>8.1f}% {:>4}/{:<4} {:>4}/{:<4} {:>8.1f}\n", s, r.total.wins,
                    r.total.draws, r.total.losses, 100.0 * r.total.wins / r.total.games(), r.as_first.wins,
+                   r.as_first.games(), r.as_second.wins, r.as_second.games(), now_seconds() - t0);
+    }
+    std::istringstream depths(std::getenv("MS_BENCH_DEPTHS") != nullptr ? std::getenv("MS_BENCH_DEPTHS") : "6 8 10");
+    fmt::print("{:>11} {:>6} {:>6} {:>6} {:>9} {:>9} {:>9} {:>8}\n", "alpha-beta", "won", "drawn", "lost", "win rate",
+               "as first", "as second", "seconds");
+    for (int d; depths >> d;) {
+        const double t0 = now_seconds();
+        const selfplay::MatchResult r = selfplay::play_match(selfplay::Player::alpha_beta(d),
+                                                             selfplay::Player::alpha_beta(depth), rows, cols, games,
+                                                             /*seed=*/99, /*opening_moves=*/2);
+        fmt::print("{:>11} {:>6} {:>6} {:>6} {:>8.1f}% {:>4}/{:<4} {:>4}/{:<4} {:>8.1f}\n", fmt::format("depth {}", d),
+                   r.total.wins, r.total.draws, r.total.losses, 100.0 * r.total.wins / r.total.games(), r.as_first.wins,
                    r.as_first.games(), r.as_second.wins, r.as_second.games(), now_seconds() - t0);
     }
 }

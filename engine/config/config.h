@@ -262,6 +262,9 @@ struct SelfPlayConfig {
     // when it scores promote_score against promote_against there
     std::vector<std::string> curriculum = {"6x7:64"};
     std::string max_board;  // the largest board the network embeds, "<rows>x<cols>" (empty: the curriculum's last)
+    // The network's input also marks each cell where a stone can be dropped now and where a stone of either side
+    // would complete four (engine/model/policy_value.h)
+    bool threat_features = false;
     int64_t games_per_iteration = 64;  // over all data-parallel ranks
     int games_per_group = 32;          // games one batched search advances together: what one forward serves
     int leaves_per_wave = 4;           // leaves one game's tree sends per wave, spread by virtual loss
@@ -275,6 +278,11 @@ struct SelfPlayConfig {
     float dirichlet_alpha = 1.0f;  // the root noise's concentration (search: puct)
     float noise_fraction = 0.25f;  // of the root's priors replaced by the noise (search: puct)
     int temperature_moves = 8;     // (search: puct) moves chosen in proportion to the visits; the rest the most visited
+    // Playout-cap randomisation (KataGo): each self-play move searches fully (the stage's simulations, with noise;
+    // its position kept for training) with probability full_search_fraction, else fast_simulations without noise
+    // (not kept). 1: every move searches fully
+    float full_search_fraction = 1.0f;
+    int fast_simulations = 0;
     float value_from_search = 0.0f;   // w: a position's value target is (1 - w) * outcome + w * its search's value
     int64_t replay_capacity = 50000;  // positions kept (the newest)
     int train_steps = 20;             // optimizer steps per iteration

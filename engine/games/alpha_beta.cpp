@@ -65,17 +65,7 @@ void AlphaBeta::prepare(int rows, int cols) {
 // The empty cells (playable now or not) that would complete four for `stones`: three of them around the cell in
 // one of the 4 directions, in each of the 4 ways a line of four can hold it.
 uint64_t AlphaBeta::winning_cells(uint64_t stones, uint64_t mask) const {
-    uint64_t cells = (stones << 1) & (stones << 2) & (stones << 3);  // vertical: only the three below
-    const int height = geo_.rows + 1;
-    for (const int shift : {height, height - 1, height + 1}) {
-        uint64_t pair = (stones << shift) & (stones << 2 * shift);
-        cells |= pair & (stones << 3 * shift);
-        cells |= pair & (stones >> shift);
-        pair = (stones >> shift) & (stones >> 2 * shift);
-        cells |= pair & (stones << shift);
-        cells |= pair & (stones >> 3 * shift);
-    }
-    return cells & (geo_.board ^ mask);
+    return Connect4::winning_cells(stones, mask, geo_.rows, geo_.board);
 }
 
 // The playable cells that do not let the opponent win on its next move: the one cell blocking its only immediate

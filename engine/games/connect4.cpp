@@ -135,6 +135,37 @@ void Connect4::cells(std::span<int8_t> out) const {
     }
 }
 
+uint64_t Connect4::winning_cells(uint64_t stones, uint64_t all, int rows, uint64_t board) {
+    uint64_t cells = (stones << 1) & (stones << 2) & (stones << 3);  // vertical: only the three below
+    const int height = rows + 1;
+    for (const int shift : {height, height - 1, height + 1}) {
+        uint64_t pair = (stones << shift) & (stones << 2 * shift);
+        cells |= pair & (stones << 3 * shift);
+        cells |= pair & (stones >> shift);
+        pair = (stones >> shift) & (stones >> 2 * shift);
+        cells |= pair & (stones << shift);
+        cells |= pair & (stones >> 3 * shift);
+    }
+    return cells & (board ^ all);
+}
+
+void Connect4::cell_flags(std::span<int8_t> out) const {
+    MS_CHECK(out.size() == static_cast<size_t>(rows_) * cols_,
+             "connect4: cell_flags() needs {} x {} = {} flags, got {}", rows_, cols_, rows_ * cols_, out.size());
+    const uint64_t board = board_mask(rows_, cols_);
+    const uint64_t playable = (mask_ + bottom_mask(rows_, cols_)) & board;
+    const uint64_t to_move = winning_cells(current_, mask_, rows_, board);
+    const uint64_t opponent = winning_cells(current_ ^ mask_, mask_, rows_, board);
+    for (int r = 0; r < rows_; ++r) {
+        for (int c = 0; c < cols_; ++c) {
+            const uint64_t cell = uint64_t{1} << bit_index(rows_, c, rows_ - 1 - r);
+            out[static_cast<size_t>(r) * cols_ + c] =
+                static_cast<int8_t>((playable & cell ? kFlagPlayable : 0) | (to_move & cell ? kFlagToMoveWins : 0) |
+                                    (opponent & cell ? kFlagOpponentWins : 0));
+        }
+    }
+}
+
 int Connect4::action_cell(int col) const {
     MS_CHECK(col >= 0 && col < cols_, "connect4: action_cell of column {} on a {}-column board", col, cols_);
     const uint64_t column = (mask_ >> bit_index(rows_, col, 0)) & ((uint64_t{1} << rows_) - 1);

@@ -58,6 +58,15 @@ class Connect4 {
         return false;
     }
 
+    // The empty cells of `board` (board_mask) where one more stone of `stones` completes four, in any direction, on a
+    // board of `rows` rows whose stones are `all` (Pons' bitboard shifts): a side's threats.
+    static uint64_t winning_cells(uint64_t stones, uint64_t all, int rows, uint64_t board);
+
+    // cell_flags()'s bits.
+    static constexpr int8_t kFlagPlayable = 1;      // empty, and a stone dropped in its column lands there
+    static constexpr int8_t kFlagToMoveWins = 2;    // a stone of the side to move there completes four
+    static constexpr int8_t kFlagOpponentWins = 4;  // a stone of the opponent there completes four
+
     Connect4() = default;  // the empty 6 x 7 board
 
     int rows() const { return rows_; }
@@ -81,6 +90,8 @@ class Connect4 {
 
     // rows * cols cell codes (game.h), row-major, the top row first.
     void cells(std::span<int8_t> out) const;
+    // rows * cols sets of the kFlag bits above, in cells()' order: the network's threat features.
+    void cell_flags(std::span<int8_t> out) const;
     // The cell (row-major index, top row first, as cells()) a stone dropped in column `col` lands on: the policy
     // head's cell for the action. A full column (illegal) gives its top cell.
     int action_cell(int col) const;

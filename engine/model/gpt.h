@@ -127,6 +127,7 @@ struct GptShape {
     int cross_C = 0;
     // The policy-value network (kPolicyValue): the largest board it embeds (rows x cols cells; T = rows * cols + 1)
     int board_rows = 0, board_cols = 0;
+    bool threat_features = false;  // and its cells' playable and threat input features (policy_value.h)
     int kv_heads() const { return NKV > 0 ? NKV : NH; }
     // Rows per sequence that activation buffers, pipeline sends and plans hold: model.seq_length, which may be shorter
     // than the position table (max_position_embeddings), so a model with more positions than it trains on does not

@@ -23,9 +23,10 @@ std::string layer_prefix(int l) { return fmt::format("trunk.layers.{}.", l); }
 constexpr const char* kFinalNorm = "trunk.final_layer_norm";
 
 // The feature columns, in one place: [codes | rows from the bottom | rows from the top | columns from the left |
-// columns from the right | summary | first player to move, second player to move].
+// columns from the right | summary | first player to move, second player to move | with threat features: playable,
+// the side to move's threat, the opponent's threat].
 struct FeatureColumns {
-    int rows_bottom, rows_top, cols_left, cols_right, summary, turn, width;
+    int rows_bottom, rows_top, cols_left, cols_right, summary, turn, threats, width;
     explicit FeatureColumns(const GptShape& s)
         : rows_bottom(3),
           rows_top(rows_bottom + s.board_rows),
@@ -33,7 +34,8 @@ struct FeatureColumns {
           cols_right(cols_left + s.board_cols),
           summary(cols_right + s.board_cols),
           turn(summary + 1),
-          width(turn + 2) {}
+          threats(turn + 2),
+          width(threats + (s.threat_features ? 3 : 0)) {}
 };
 
 class PolicyValueBuilder : public ChunkBuilder {
@@ -110,13 +112,14 @@ GptShape policy_value_shape(const PolicyValueSizes& z) {
     s.T = z.board_rows * z.board_cols + 1;
     s.V = s.Vp = 0;  // no vocabulary: the input is the cells' features
     s.eps = z.eps;
+    s.threat_features = z.threat_features;
     return s;
 }
 
 int policy_value_input_width(const GptShape& s) { return FeatureColumns(s).width; }
 
-void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells, int moves_played,
-                          std::span<float> out) {
+void write_board_features(const GptShape& s, int rows, int cols, std::span<const int8_t> cells,
+                          std::span<const int8_t> flags, int moves_played, std::span<float> out) {
     const FeatureColumns f(s);
     MS_CHECK(rows >= 1 && cols >= 1 && rows <= s.board_rows && cols <= s.board_cols,
              "write_board_features: a {} x {} board on a network of boards up to {} x {}", rows, cols, s.board_rows,
@@ -124,6 +127,8 @@ void write_board_features(const GptShape& s, int rows, int cols, std::span<const
     const size_t T = static_cast<size_t>(rows) * cols + 1, width = static_cast<size_t>(f.width);
     MS_CHECK(cells.size() + 1 == T && out.size() == T * width, "write_board_features: {} cells, {} floats for {} x {}",
              cells.size(), out.size(), rows, cols);
+    MS_CHECK(flags.size() == (s.threat_features ? cells.size() : 0), "write_board_features: {} flags for {} cells{}",
+             flags.size(), cells.size(), s.threat_features ? "" : " without threat features");
     std::fill(out.begin(), out.end(), 0.0f);
     out[static_cast<size_t>(f.summary)] = 1.0f;
     const int turn = f.turn + (moves_played & 1);
@@ -139,6 +144,9 @@ void write_board_features(const GptShape& s, int rows, int cols, std::span<const
             row[f.rows_top + r] = 1.0f;
             row[f.cols_left + c] = 1.0f;
             row[f.cols_right + (cols - 1 - c)] = 1.0f;
+            if (!s.threat_features) continue;
+            MS_CHECK(flags[cell] >= 0 && flags[cell] < 8, "write_board_features: cell flags {}", flags[cell]);
+            for (int k = 0; k < 3; ++k) row[f.threats + k] = static_cast<float>(flags[cell] >> k & 1);
         }
 }
 

@@ -189,7 +189,7 @@ std::vector<RootResult> BatchedSearch<G>::run(Evaluator<G>& evaluator, std::span
         rows_.clear();
         bool selected = false;
         for (Tree& tree : trees_) {
-            if (tree.simulations == options_.simulations) continue;
+            if (tree.simulations == tree.budget) continue;
             select_wave(tree);
             selected = true;
         }
@@ -202,7 +202,7 @@ std::vector<RootResult> BatchedSearch<G>::run(Evaluator<G>& evaluator, std::span
     results.reserve(trees_.size());
     for (const Tree& tree : trees_) {
         results.push_back(result(tree));
-        counters_.simulations += options_.simulations - tree.reused;
+        counters_.simulations += tree.budget - tree.reused;
         counters_.reused += tree.reused;
     }
     counters_.searches += static_cast<int64_t>(trees_.size());
@@ -230,13 +230,16 @@ void BatchedSearch<G>::plant_roots(Evaluator<G>& evaluator, std::span<const Sear
         tree.paths.clear();
         tree.selections.clear();
         tree.game = roots[t].game;
+        tree.noise = roots[t].noise;
+        tree.budget = roots[t].simulations > 0 ? roots[t].simulations : options_.simulations;
+        MS_CHECK(tree.budget <= kMaxSimulations, "a search root of {} simulations", tree.budget);
         const auto old = kept.find(tree.game);
         const int32_t top = old == kept.end() ? -1 : find_expanded(previous_[old->second], state);
         if (top >= 0) {
             copy_subtree(previous_[old->second], top, tree);
             tree.simulations = tree.reused = tree.nodes[0].visits - 1;  // the root's own evaluation is no simulation
-            MS_CHECK(tree.reused < options_.simulations, "a reused root of {} visits for a search of {} simulations",
-                     tree.nodes[0].visits, options_.simulations);
+            // A smaller search than the one that built the tree (a fast search after a full one) still runs one.
+            tree.budget = std::max(tree.budget, tree.reused + 1);
             continue;
         }
         tree.nodes.clear();
@@ -256,7 +259,8 @@ void BatchedSearch<G>::plant_roots(Evaluator<G>& evaluator, std::span<const Sear
         backup(tree, root_path, row_values_[r]);
     }
     if (options_.noise_fraction > 0.0f)
-        for (Tree& tree : trees_) add_noise(tree);
+        for (Tree& tree : trees_)
+            if (tree.noise) add_noise(tree);
     if (options_.root == RootSelection::kGumbel)
         for (Tree& tree : trees_) plant_gumbel(tree);
 }
@@ -273,7 +277,7 @@ void BatchedSearch<G>::plant_gumbel(Tree& tree) const {
         tree.root_scores[i] += std::log(std::max(kids[i].prior, std::numeric_limits<float>::min()));
         tree.root_kept_visits[i] = kids[i].visits;
     }
-    tree.schedule = considered_visits(static_cast<int>(kids.size()), options_.simulations - tree.reused);
+    tree.schedule = considered_visits(static_cast<int>(kids.size()), tree.budget - tree.reused);
 }
 
 template <games::Game G>
@@ -374,7 +378,7 @@ void BatchedSearch<G>::copy_subtree(const Tree& from, int32_t top, Tree& to) {
 
 template <games::Game G>
 void BatchedSearch<G>::select_wave(Tree& tree) {
-    const int selections = std::min(options_.leaves_per_wave, options_.simulations - tree.simulations);
+    const int selections = std::min(options_.leaves_per_wave, tree.budget - tree.simulations);
     for (int i = 0; i < selections; ++i) {
         Selection s;
         s.path_begin = static_cast<int32_t>(tree.paths.size());
@@ -449,7 +453,7 @@ int32_t BatchedSearch<G>::select_child(const Tree& tree, int32_t node) const {
         any_unproven |= child.proven == 0;
         if (child.visits > 0) visited_policy += child.prior;
     }
-    const bool noisy_root = node == 0 && options_.noise_fraction > 0.0f;
+    const bool noisy_root = node == 0 && options_.noise_fraction > 0.0f && tree.noise;
     const double reduction = noisy_root ? 0.0 : options_.fpu_reduction;
     // An expanded node has backed up its own evaluation, so visits >= 1.
     const double fpu = -parent.value_sum / parent.visits - reduction * std::sqrt(visited_policy);
@@ -565,8 +569,7 @@ RootResult BatchedSearch<G>::result(const Tree& tree) const {
     r.priors.assign(num_actions_, 0.0f);
     r.proven.assign(num_actions_, 0);
     const Node& root = tree.nodes[0];
-    MS_CHECK(root.visits == 1 + options_.simulations, "a root of {} visits after {} simulations", root.visits,
-             options_.simulations);
+    MS_CHECK(root.visits == 1 + tree.budget, "a root of {} visits after {} simulations", root.visits, tree.budget);
     for (int i = 0; i < root.num_children; ++i) {
         const Node& child = tree.nodes[root.first_child + i];
         r.visits[child.action] = child.visits;

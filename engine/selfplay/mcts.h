@@ -86,7 +86,7 @@ struct MctsOptions {
 void check_mcts_options(const MctsOptions& options);
 
 // What a draw is for: part of its Philox index, so that draws of different purposes never coincide.
-enum class DrawPurpose : uint8_t { kDirichlet, kTemperature, kPlayerSeed, kGumbel };
+enum class DrawPurpose : uint8_t { kDirichlet, kTemperature, kPlayerSeed, kGumbel, kPlayoutCap };
 
 // The Philox index of draw `counter` (< 2^28) for `purpose` at move `move` of a game: (move, purpose, counter) in
 // bits 32.., 28..31 and 0..27.
@@ -120,6 +120,10 @@ template <games::Game G>
 struct SearchRoot {
     G state;
     uint64_t game = 0;
+    // This root's search: its simulations (0: MctsOptions::simulations), and whether its root mixes in the options'
+    // noise. A fast search of playout-cap randomisation (self_play.h) runs fewer simulations without noise.
+    int simulations = 0;
+    bool noise = true;
 };
 
 // One root's search, per action (num_actions entries each; 0 for illegal actions).
@@ -201,6 +205,8 @@ class BatchedSearch {
         std::vector<int32_t> paths;
         std::vector<Selection> selections;  // this wave's
         uint64_t game = 0;
+        int budget = 0;       // the simulations this search ends at, the reused ones included
+        bool noise = true;    // SearchRoot::noise
         int simulations = 0;  // done, the reused ones included
         int reused = 0;       // kept from the game's previous tree
         // kGumbel, per root child in child order: g + log P, and its visits kept from the previous tree; and the

@@ -77,11 +77,13 @@ void PolicyValueNet::forward(std::span<const games::Connect4> positions, float l
                                     static_cast<size_t>(batch_) * board);
     summary_rows_.resize(static_cast<size_t>(batch_));
     cells_.resize(static_cast<size_t>(T - 1));
+    flags_.resize(shape_.threat_features ? static_cast<size_t>(T - 1) : 0);
     for (int i = 0; i < batch_; ++i) {
         const games::Connect4& p = positions[static_cast<size_t>(std::min(i, n - 1))];  // padding repeats the last
         MS_CHECK(p.rows() == rows_ && p.cols() == cols_, "PolicyValueNet: boards of two sizes in one batch");
         p.cells(cells_);
-        write_board_features(shape_, rows_, cols_, cells_, p.move_count(),
+        if (shape_.threat_features) p.cell_flags(flags_);
+        write_board_features(shape_, rows_, cols_, cells_, flags_, p.move_count(),
                              features.subspan(static_cast<size_t>(i) * board, board));
         summary_rows_[static_cast<size_t>(i)] = i * T;
     }

@@ -80,7 +80,7 @@ class PolicyValueNet final : public Evaluator<games::Connect4> {
     std::vector<int32_t> summary_rows_;    // (batch) b * T
     std::vector<float> policy_out_, value_out_, action_logits_, raw_values_;
     std::vector<float> dpolicy_, dvalue_;
-    std::vector<int8_t> cells_;
+    std::vector<int8_t> cells_, flags_;
 };
 
 }  // namespace ms::selfplay

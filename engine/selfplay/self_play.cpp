@@ -84,6 +84,25 @@ void check_self_play_options(const SelfPlayOptions& options) {
         throw UserError(fmt::format("config error: selfplay.temperature_moves = {} must be in [0, {}]",
                                     options.temperature_moves, kMaxTemperatureMoves));
     }
+    if (!(options.full_search_fraction > 0.0f && options.full_search_fraction <= 1.0f)) {
+        throw UserError(fmt::format(
+            "config error: selfplay.full_search_fraction = {} must be in (0, 1]; hint: 1 makes every search a full "
+            "one (no playout-cap randomisation)",
+            options.full_search_fraction));
+    }
+    if (options.full_search_fraction < 1.0f &&
+        (options.fast_simulations < 1 || options.fast_simulations >= options.mcts.simulations)) {
+        throw UserError(
+            fmt::format("config error: selfplay.fast_simulations = {} must be at least 1 and fewer than the stage's {} "
+                        "simulations when selfplay.full_search_fraction ({}) is below 1",
+                        options.fast_simulations, options.mcts.simulations, options.full_search_fraction));
+    }
+}
+
+bool full_search(const SelfPlayOptions& options, uint64_t seed, uint64_t game, int move) {
+    return options.full_search_fraction >= 1.0f ||
+           philox_uniform_double(seed, game, draw_index(move, DrawPurpose::kPlayoutCap, 0)) <
+               options.full_search_fraction;
 }
 
 SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int cols, const SelfPlayOptions& options,
@@ -101,7 +120,12 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
         playing.clear();
         for (size_t g = 0; g < in_progress.size(); ++g) {
             if (in_progress[g].state.outcome() != games::Outcome::kOngoing) continue;
-            roots.push_back({in_progress[g].state, first_game + g});
+            const uint64_t game = first_game + g;
+            const bool full = full_search(options, seed, game, in_progress[g].state.move_count());
+            roots.push_back({.state = in_progress[g].state,
+                             .game = game,
+                             .simulations = full ? 0 : options.fast_simulations,
+                             .noise = full});
             playing.push_back(g);
         }
         if (roots.empty()) break;
@@ -109,8 +133,10 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
         for (size_t i = 0; i < playing.size(); ++i) {
             GameInProgress& game = in_progress[playing[i]];
             const int move = game.state.move_count();
-            game.positions.push_back({game.state, results[i].policy, 0.0f});
-            game.search_values.push_back(results[i].value);
+            if (roots[i].noise) {  // a full search
+                game.positions.push_back({game.state, results[i].policy, 0.0f});
+                game.search_values.push_back(results[i].value);
+            }
             const int action = choose_move(results[i], options.temperature_moves, seed, roots[i].game, move);
             game.state.play(action);
             game.moves += static_cast<char>('1' + action);
@@ -133,6 +159,7 @@ SelfPlayGames play_games(Evaluator<games::Connect4>& evaluator, int rows, int co
         stats.first_player_wins += !drawn && winner_parity == 0;
         stats.second_player_wins += !drawn && winner_parity == 1;
         stats.moves += game.state.move_count();
+        stats.positions += static_cast<int64_t>(game.positions.size());
         out.positions.insert(out.positions.end(), std::make_move_iterator(game.positions.begin()),
                              std::make_move_iterator(game.positions.end()));
         out.moves.push_back(std::move(game.moves));

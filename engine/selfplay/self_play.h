@@ -33,15 +33,26 @@ struct SelfPlayOptions {
     // search, both for the side to move (the average of the two, w = 1/2, learns faster than z alone: z is one
     // noisy sample of the position's value, and q depends on the moves the game did not play).
     float value_from_search = 0.0f;
+    // Playout-cap randomisation (KataGo; Wu, "Accelerating Self-Play Learning in Go", 2019): with
+    // full_search_fraction < 1, each move's search is a full one (mcts.simulations, the root noise) with that
+    // probability, drawn from (seed, game, move), and otherwise a fast one of fast_simulations without noise. Only the
+    // full searches' positions are kept: their policy targets come from a full search, and the fast moves finish more
+    // games, hence more value targets, for the same simulations.
+    float full_search_fraction = 1.0f;
+    int fast_simulations = 0;
 };
 
 // Throws UserError, naming the key, its value and the allowed range, for an option out of range (the search's
 // included).
 void check_self_play_options(const SelfPlayOptions& options);
 
+// Whether move `move` of game `game` is a full search (always, without playout-cap randomisation).
+bool full_search(const SelfPlayOptions& options, uint64_t seed, uint64_t game, int move);
+
 struct SelfPlayStats {
     int64_t games = 0;
-    int64_t moves = 0;  // = the positions kept
+    int64_t moves = 0;
+    int64_t positions = 0;  // kept: every move's, or with playout-cap randomisation the full searches'
     int64_t first_player_wins = 0;
     int64_t second_player_wins = 0;
     int64_t draws = 0;
@@ -53,6 +64,7 @@ struct SelfPlayStats {
     SelfPlayStats& operator+=(const SelfPlayStats& other) {
         games += other.games;
         moves += other.moves;
+        positions += other.positions;
         first_player_wins += other.first_player_wins;
         second_player_wins += other.second_player_wins;
         draws += other.draws;
@@ -64,8 +76,8 @@ struct SelfPlayStats {
 };
 
 struct SelfPlayGames {
-    // Every position of every game, in game order then move order: the state, the search's policy (RootResult), and
-    // the value target for the side to move there: the game's outcome (+1 won, 0 drawn, -1 lost), mixed with the
+    // Every position kept of every game, in game order then move order: the state, the search's policy (RootResult),
+    // and the value target for the side to move there: the game's outcome (+1 won, 0 drawn, -1 lost), mixed with the
     // search's root value by SelfPlayOptions::value_from_search.
     std::vector<TrainingPosition<games::Connect4>> positions;
     std::vector<std::string> moves;  // per game, its moves in Pons' notation (1-based column digits)

@@ -81,6 +81,7 @@ CheckpointModel selfplay_checkpoint_model(const GptShape& shape) {
                                         {"ffn_hidden_size", shape.F},
                                         {"board_rows", shape.board_rows},
                                         {"board_cols", shape.board_cols},
+                                        {"threat_features", shape.threat_features},
                                         {"vocab_size", 0}},
                            .vocab_size = 0};
 }

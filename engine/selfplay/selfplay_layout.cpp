@@ -62,6 +62,8 @@ SelfPlayOptions SelfPlayLayout::play_options(const Config& cfg, int s) const {
     o.mcts.reuse_tree = c.reuse_tree;
     o.temperature_moves = c.temperature_moves;
     o.value_from_search = c.value_from_search;
+    o.full_search_fraction = c.full_search_fraction;
+    o.fast_simulations = c.fast_simulations;
     return o;
 }
 
@@ -141,7 +143,8 @@ SelfPlayLayout selfplay_layout(const Config& cfg, int world_size) {
                                   .ffn = m.ffn_hidden_size > 0 ? m.ffn_hidden_size : 4 * m.hidden_size,
                                   .board_rows = max_rows,
                                   .board_cols = max_cols,
-                                  .eps = m.layernorm_epsilon});
+                                  .eps = m.layernorm_epsilon,
+                                  .threat_features = c.threat_features});
     if (m.hidden_size % m.num_attention_heads != 0)
         refuse(fmt::format("model.hidden_size {} is not a multiple of model.num_attention_heads {}", m.hidden_size,
                            m.num_attention_heads));
@@ -171,16 +174,16 @@ SelfPlayLayout selfplay_layout(const Config& cfg, int world_size) {
     for (size_t i = 0; i < c.eval_opponents.size(); ++i)
         l.eval_opponents.push_back(parse_opponent(fmt::format("selfplay.eval_opponents[{}]", i), c.eval_opponents[i]));
     l.promote_against = parse_opponent("selfplay.promote_against", c.promote_against);
-    check_self_play_options(l.play_options(cfg, 0));
+    for (size_t s = 0; s < l.stages.size(); ++s) check_self_play_options(l.play_options(cfg, static_cast<int>(s)));
     return l;
 }
 
 void log_selfplay_layout(const Config& cfg, const SelfPlayLayout& l) {
     std::string stages;
     for (const Stage& s : l.stages) stages += (stages.empty() ? "" : "; ") + s.name();
-    log_info("selfplay: {} | network: {} layers, hidden {}, {} heads, ffn {}, boards up to {} x {} | tp {} x dp {}",
+    log_info("selfplay: {} | network: {} layers, hidden {}, {} heads, ffn {}, boards up to {} x {}{} | tp {} x dp {}",
              cfg.selfplay.game, l.shape.L, l.shape.C, l.shape.NH, l.shape.F, l.shape.board_rows, l.shape.board_cols,
-             l.tp, l.dp);
+             l.shape.threat_features ? ", threat features" : "", l.tp, l.dp);
     log_info(
         "selfplay: curriculum {} | {} games per iteration in groups of {} | {} steps of {} positions per "
         "iteration",

@@ -41,8 +41,9 @@ std::string data_id(const Config& cfg) { return fmt::format("selfplay:{}:seed{}"
 
 // The stats of every rank's games: each rank's summed over `dp`.
 SelfPlayStats sum_over_ranks(Communicator& dp, const SelfPlayStats& mine) {
-    std::array<int32_t, 7> counts = {static_cast<int32_t>(mine.games),
+    std::array<int32_t, 8> counts = {static_cast<int32_t>(mine.games),
                                      static_cast<int32_t>(mine.moves),
+                                     static_cast<int32_t>(mine.positions),
                                      static_cast<int32_t>(mine.first_player_wins),
                                      static_cast<int32_t>(mine.second_player_wins),
                                      static_cast<int32_t>(mine.draws),
@@ -52,11 +53,12 @@ SelfPlayStats sum_over_ranks(Communicator& dp, const SelfPlayStats& mine) {
     SelfPlayStats all;
     all += SelfPlayStats{.games = counts[0],
                          .moves = counts[1],
-                         .first_player_wins = counts[2],
-                         .second_player_wins = counts[3],
-                         .draws = counts[4],
-                         .positions_evaluated = counts[5],
-                         .evaluate_calls = counts[6]};
+                         .positions = counts[2],
+                         .first_player_wins = counts[3],
+                         .second_player_wins = counts[4],
+                         .draws = counts[5],
+                         .positions_evaluated = counts[6],
+                         .evaluate_calls = counts[7]};
     return all;
 }
 
@@ -169,11 +171,11 @@ int run_selfplay(const Config& cfg) {
         for (float& v : logged) v /= static_cast<float>(l.dp);
         const double t_iter = now_seconds() - t0;
         log_info(
-            " iteration {:>5}/{:>5} | stage {} ({} x {}) | {} games, {} positions, buffer {} | first player won "
-            "{}, drew {} | loss {:.4f} (policy {:.4f}, value {:.4f}) | grad norm {:.3f} | {:.0f} positions "
-            "evaluated/s over the ranks | {:.1f} s (play {:.1f} s)",
-            it, iters, stage + 1, s.rows, s.cols, stats.games, stats.moves, buffer.size(), stats.first_player_wins,
-            stats.draws, logged[0], logged[1], logged[2], grad_norm,
+            " iteration {:>5}/{:>5} | stage {} ({} x {}) | {} games, {} moves, {} positions, buffer {} | first "
+            "player won {}, drew {} | loss {:.4f} (policy {:.4f}, value {:.4f}) | grad norm {:.3f} | {:.0f} "
+            "positions evaluated/s over the ranks | {:.1f} s (play {:.1f} s)",
+            it, iters, stage + 1, s.rows, s.cols, stats.games, stats.moves, stats.positions, buffer.size(),
+            stats.first_player_wins, stats.draws, logged[0], logged[1], logged[2], grad_norm,
             static_cast<double>(stats.positions_evaluated) / t_play, t_iter, t_play);
         if (writer && metrics.is_open())
             metrics << json{{"iteration", it},
@@ -184,7 +186,8 @@ int run_selfplay(const Config& cfg) {
                             {"value loss", logged[2]},
                             {"grad-norm", grad_norm},
                             {"games", stats.games},
-                            {"positions", stats.moves},
+                            {"moves", stats.moves},
+                            {"positions", stats.positions},
                             {"replay positions", buffer.size()},
                             {"first player wins", stats.first_player_wins},
                             {"draws", stats.draws},

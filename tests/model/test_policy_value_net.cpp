@@ -60,7 +60,7 @@ TEST(PolicyValueFeatures, EachCellIsItsCodeAndItsDistancesToTheEdges) {
     std::vector<int8_t> cells(20);
     state.cells(cells);
     std::vector<float> f(static_cast<size_t>(21 * width));
-    write_board_features(s, 4, 5, cells, state.move_count(), f);
+    write_board_features(s, 4, 5, cells, {}, state.move_count(), f);
     const auto ones = [&](int row) {
         std::vector<int> at;
         for (int k = 0; k < width; ++k)
@@ -78,10 +78,65 @@ TEST(PolicyValueFeatures, EachCellIsItsCodeAndItsDistancesToTheEdges) {
     std::vector<float> g(f.size());
     const Connect4 next = Connect4::from_moves(4, 5, "33121");
     next.cells(cells);
-    write_board_features(s, 4, 5, cells, next.move_count(), g);
+    write_board_features(s, 4, 5, cells, {}, next.move_count(), g);
     EXPECT_EQ(g[static_cast<size_t>(width - 1)], 1.0f);
     EXPECT_EQ(g[static_cast<size_t>(width - 2)], 0.0f);
     for (float v : f) EXPECT_TRUE(v == 0.0f || v == 1.0f);
+}
+
+// With threat features, each empty cell also says (Connect4::cell_flags) whether a stone dropped now lands there and
+// whether a stone of the side to move, or of the opponent, there completes four: along a row, a column and both
+// diagonals.
+TEST(PolicyValueFeatures, ThreatFeaturesMarkPlayableCellsAndLinesOfFour) {
+    const GptShape plain = policy_value_shape({.board_rows = 6, .board_cols = 7});
+    const GptShape s = policy_value_shape({.board_rows = 6, .board_cols = 7, .threat_features = true});
+    const int width = policy_value_input_width(s), threats = policy_value_input_width(plain);
+    EXPECT_EQ(width, threats + 3);
+    const auto features = [&](const char* moves) {
+        const Connect4 state = Connect4::from_moves(6, 7, moves);
+        std::vector<int8_t> cells(42), flags(42);
+        state.cells(cells);
+        state.cell_flags(flags);
+        std::vector<float> f(static_cast<size_t>(43 * width));
+        write_board_features(s, 6, 7, cells, flags, state.move_count(), f);
+        // the three threat columns of every cell, as "prt" strings per row from the top ('.' where 0)
+        std::vector<std::string> rows(6);
+        for (int r = 0; r < 6; ++r)
+            for (int c = 0; c < 7; ++c) {
+                const float* x = f.data() + static_cast<size_t>(1 + r * 7 + c) * width + threats;
+                for (int k = 0; k < 3; ++k) {
+                    EXPECT_TRUE(x[k] == 0.0f || x[k] == 1.0f);
+                    rows[static_cast<size_t>(r)] += x[k] != 0.0f ? "prt"[k] : '.';
+                }
+                rows[static_cast<size_t>(r)] += ' ';
+            }
+        for (float v : std::span<const float>(f.data() + threats, 3)) EXPECT_EQ(v, 0.0f);  // the summary row: none
+        return rows;
+    };
+    // 1 2 1 2 1 2 (Pons' columns from 1): the first player (to move) has three in column 1 and one more wins there;
+    // the opponent has three in column 2, so it wins there too. Row 2 from the top holds both, each above its
+    // column; the bottom's other five cells are playable.
+    const std::vector<std::string> vertical = features("121212");
+    EXPECT_EQ(vertical[2], "pr. p.t ... ... ... ... ... ");
+    EXPECT_EQ(vertical[5], "... ... p.. p.. p.. p.. p.. ");
+    EXPECT_EQ(vertical[0], "... ... ... ... ... ... ... ");
+    // 1 7 2 7 3 7: the first player (to move) has three on the bottom row from the left, the opponent three in the
+    // last column: the one completes four on the bottom row's fourth cell, the other on top of its column
+    const std::vector<std::string> row = features("172737");
+    EXPECT_EQ(row[5], "... ... ... pr. p.. p.. ... ");
+    EXPECT_EQ(row[2], "... ... ... ... ... ... p.t ");
+    // 1 2 2 3 3 4 3 4: the first player (to move) on a diagonal rising to the right from the bottom left corner,
+    // completed at row 2 of column 3, not yet playable; the opponent's three on the bottom row complete at column 4
+    const std::vector<std::string> diagonal = features("12233434");
+    EXPECT_EQ(diagonal[2].substr(12, 4), ".r. ");
+    EXPECT_EQ(diagonal[5].substr(16, 4), "p.t ");
+    // 1 7 6 6 5 5 4 5 4: the second player (to move) on a diagonal falling to the right to the bottom right corner,
+    // completed at row 2 of column 3; the first player's three on the bottom row complete at column 2
+    const std::vector<std::string> falling = features("176655454");
+    EXPECT_EQ(falling[2].substr(12, 4), ".r. ");
+    EXPECT_EQ(falling[5].substr(8, 4), "p.t ");
+    // without threat features, the input is the plain one
+    EXPECT_EQ(policy_value_input_width(plain), 3 + 6 + 6 + 7 + 7 + 1 + 2);
 }
 
 TEST(PolicyValueNet, GradientsMatchCentralDifferences) {

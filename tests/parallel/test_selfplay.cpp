@@ -181,6 +181,10 @@ TEST(SelfPlay, EvalOfTheFinalCheckpointIsTheRunsFinalEvaluation) {
          "has global shape [16,24] (vocabulary 0) in '" + dir.path() +
              "/ckpt/iter_0000003', but the network of the "
              "config"},
+        // a network trained on the plain input does not load into one with threat features: the manifest says which
+        {"eval --config " + kConfig + load + " --set selfplay.threat_features=true",
+         "tensor 'trunk.embedding.weight' has global shape [16,24]"},
+        {"eval --config " + kConfig + load + " --set selfplay.threat_features=true", "\"threat_features\":false"},
     };
     for (const auto& [command, words] : refused) {
         const CliResult r = run_cli(command);

@@ -286,6 +286,36 @@ TEST(Connect4, ActionCellIsWhereTheStoneLands) {
     EXPECT_EQ(Connect4::from_moves(4, 5, "1111").action_cell(0), 0);
 }
 
+// cell_flags against the rules played out: a cell is playable where some legal move's stone lands, and it wins for
+// a side where that side's stone there (the board's other stones as they are) makes four -- checked by placing the
+// stone and asking has_four, on every board size and many random positions.
+TEST(Connect4, CellFlagsAreWhereAStoneLandsAndWhereOneCompletesFour) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int, int>>{{4, 4}, {4, 5}, {5, 6}, {6, 7}, {8, 7}, {6, 9}}) {
+        for (uint64_t seed = 0; seed < 60; ++seed) {
+            Connect4 state = Connect4::empty(rows, cols);
+            const int plies = static_cast<int>(seed % static_cast<uint64_t>(rows * cols - 1));
+            for (int p = 0; p < plies && state.outcome() == Outcome::kOngoing; ++p)
+                state.play(ms::games::random_move(state, seed * 1000 + static_cast<uint64_t>(p)));
+            if (state.outcome() != Outcome::kOngoing) continue;  // a four already on the board: no position to flag
+            std::vector<int8_t> flags(static_cast<size_t>(rows * cols), -1);
+            state.cell_flags(flags);
+            const uint64_t mine = state.current_stones(), theirs = state.current_stones() ^ state.all_stones();
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c) {
+                    SCOPED_TRACE(state.to_string() + " cell " + std::to_string(r * cols + c));
+                    const uint64_t bit = uint64_t{1} << Connect4::bit_index(rows, c, rows - 1 - r);
+                    const bool empty = !(state.all_stones() & bit);
+                    const bool lands = empty && state.is_legal(c) && state.action_cell(c) == r * cols + c;
+                    const int8_t expected = static_cast<int8_t>(
+                        (lands ? Connect4::kFlagPlayable : 0) |
+                        (empty && Connect4::has_four(mine | bit, rows) ? Connect4::kFlagToMoveWins : 0) |
+                        (empty && Connect4::has_four(theirs | bit, rows) ? Connect4::kFlagOpponentWins : 0));
+                    EXPECT_EQ(flags[static_cast<size_t>(r * cols + c)], expected);
+                }
+        }
+    }
+}
+
 TEST(Connect4, KeyIsExact) {
     // Every position of the first 9 plies on 4 x 5: one key per board and one board per key.
     std::unordered_map<uint64_t, std::string> board_of;

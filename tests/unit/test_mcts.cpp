@@ -636,6 +636,46 @@ TEST(Mcts, ReusesTheSubtreeUnderTheNewRoot) {
     EXPECT_EQ(fresh.counters().simulations, static_cast<int64_t>(roots.size() + next.size()) * 200);
 }
 
+// A root's own simulation count and noise (playout-cap randomisation's fast searches): its visits sum to its count;
+// without noise its search is the one of options without noise; and a small search after a larger one on the same
+// game, which reuses more visits than it would run, still runs one simulation.
+TEST(Mcts, EachRootRunsItsOwnSimulationsWithOrWithoutNoise) {
+    const std::vector<Connect4> states = random_positions(6, 7, 6, 61);
+    MctsOptions noisy = quiet(64);
+    noisy.noise_fraction = 0.25f;
+    noisy.reuse_tree = true;
+    std::vector<SearchRoot<Connect4>> roots;
+    for (size_t i = 0; i < states.size(); ++i)
+        roots.push_back({.state = states[i], .game = 20 + i, .simulations = i % 2 ? 12 : 0, .noise = i % 2 == 0});
+    RolloutEvaluator evaluator(16);
+    BatchedSearch<Connect4> search(noisy, 5);
+    const std::vector<RootResult> results = search.run(evaluator, roots);
+    for (size_t i = 0; i < roots.size(); ++i) {
+        SCOPED_TRACE(i);
+        EXPECT_EQ(sum(results[i].visits), i % 2 ? 12 : 64);
+        RolloutEvaluator alone(16);
+        MctsOptions own = noisy;
+        own.simulations = i % 2 ? 12 : 64;
+        own.noise_fraction = i % 2 ? 0.0f : 0.25f;
+        expect_same(results[i], search_alone(alone, own, 5, states[i], roots[i].game));
+    }
+    EXPECT_EQ(search.counters().simulations, 3 * 64 + 3 * 12);
+    // the full searches' games, one ply on, as fast searches of 2 simulations: they keep more visits than that
+    std::vector<SearchRoot<Connect4>> next;
+    for (size_t i = 0; i < roots.size(); i += 2) {
+        Connect4 state = states[i];
+        const int move = most_visited(results[i]);
+        if (results[i].proven[move] != 0 || results[i].visits[move] < 3) continue;
+        state.play(move);
+        next.push_back({.state = state, .game = roots[i].game, .simulations = 2, .noise = false});
+    }
+    ASSERT_FALSE(next.empty());
+    const int64_t before = search.counters().simulations;
+    const std::vector<RootResult> small = search.run(evaluator, next);
+    for (const RootResult& r : small) EXPECT_GT(sum(r.visits), 2);
+    EXPECT_EQ(search.counters().simulations - before, static_cast<int64_t>(next.size()));
+}
+
 TEST(Mcts, OptionsOutOfRangeAreRefusedWithASentence) {
     const auto refusal = [](auto change) {
         MctsOptions options;

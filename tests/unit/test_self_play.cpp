@@ -214,6 +214,7 @@ TEST(SelfPlay, PositionsReplayTheGamesAndOutcomesAgreeWithTheirEnds) {
         const ms::selfplay::SelfPlayStats& s = out.stats;
         EXPECT_EQ(s.games, 12);
         EXPECT_EQ(s.moves, static_cast<int64_t>(out.positions.size()));
+        EXPECT_EQ(s.positions, s.moves);
         EXPECT_EQ(s.first_player_wins, wins[0]);
         EXPECT_EQ(s.second_player_wins, wins[1]);
         EXPECT_EQ(s.draws, draws);
@@ -247,6 +248,48 @@ TEST(SelfPlay, RandomnessIsAPureFunctionOfTheSeed) {
     }
 }
 
+// Playout-cap randomisation: a game's moves are full searches where full_search draws so (about the fraction of
+// them), and only those moves' positions are kept, in order, each the game's state before its move; with a fraction
+// of 1 the games are exactly those without it. The fast searches make the games cheaper: fewer rows evaluated.
+TEST(SelfPlay, PlayoutCapKeepsTheFullSearchesPositions) {
+    SelfPlayOptions options = small_options();
+    options.mcts.reuse_tree = true;
+    RolloutEvaluator plain_evaluator;
+    const SelfPlayGames plain = play_games(plain_evaluator, 4, 5, options, 7, 40, 16);
+    options.fast_simulations = 4;
+    RolloutEvaluator all_full_evaluator;
+    expect_same_games(play_games(all_full_evaluator, 4, 5, options, 7, 40, 16), plain);
+
+    options.full_search_fraction = 0.25f;
+    RolloutEvaluator evaluator;
+    const SelfPlayGames out = play_games(evaluator, 4, 5, options, 7, 40, 16);
+    ASSERT_EQ(out.moves.size(), 16u);
+    size_t next = 0;
+    int64_t moves = 0;
+    for (size_t g = 0; g < out.moves.size(); ++g) {
+        const std::string& game = out.moves[g];
+        SCOPED_TRACE(game);
+        moves += static_cast<int64_t>(game.size());
+        for (size_t m = 0; m < game.size(); ++m) {
+            if (!ms::selfplay::full_search(options, 7, 40 + g, static_cast<int>(m))) continue;
+            ASSERT_LT(next, out.positions.size());
+            EXPECT_EQ(out.positions[next].state, Connect4::from_moves(4, 5, game.substr(0, m))) << m;
+            EXPECT_GT(out.positions[next].policy[static_cast<size_t>(game[m] - '1')], 0.0f) << m;
+            ++next;
+        }
+    }
+    EXPECT_EQ(next, out.positions.size());
+    EXPECT_EQ(out.stats.moves, moves);
+    EXPECT_EQ(out.stats.positions, static_cast<int64_t>(next));
+    // a quarter of the moves, give or take: 16 games of some 15 moves
+    EXPECT_GT(next, static_cast<size_t>(moves) / 8);
+    EXPECT_LT(next, static_cast<size_t>(moves) / 2);
+    // rows per move: a quarter of 24 simulations and three quarters of 4 would be 0.375 of the plain games'; proofs
+    // and the trees kept between moves make it 0.52 here
+    EXPECT_LT(evaluator.rows() * 3,
+              plain_evaluator.rows() * 2 * static_cast<int64_t>(moves) / static_cast<int64_t>(plain.stats.moves));
+}
+
 TEST(SelfPlay, RefusesBadOptionsWithASentence) {
     UniformEvaluator evaluator;
     SelfPlayOptions options = small_options();
@@ -260,6 +303,19 @@ TEST(SelfPlay, RefusesBadOptionsWithASentence) {
     EXPECT_THROW(play_games(evaluator, 3, 5, small_options(), 0, 0, 1), ms::UserError);  // no 3-row board
     options = small_options();
     options.mcts.simulations = 0;
+    EXPECT_THROW(play_games(evaluator, 4, 5, options, 0, 0, 1), ms::UserError);
+    options = small_options();
+    options.full_search_fraction = 0.5f;
+    options.fast_simulations = 24;
+    try {
+        play_games(evaluator, 4, 5, options, 0, 0, 1);
+        ADD_FAILURE() << "no UserError";
+    } catch (const ms::UserError& e) {
+        EXPECT_STREQ(e.what(),
+                     "config error: selfplay.fast_simulations = 24 must be at least 1 and fewer than the stage's 24 "
+                     "simulations when selfplay.full_search_fraction (0.5) is below 1");
+    }
+    options.full_search_fraction = 0.0f;
     EXPECT_THROW(play_games(evaluator, 4, 5, options, 0, 0, 1), ms::UserError);
 }
 
