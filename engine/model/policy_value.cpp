@@ -25,6 +25,9 @@ constexpr const char* kFinalNorm = "trunk.final_layer_norm";
 // The feature columns, in one place: [codes | rows from the bottom | rows from the top | columns from the left |
 // columns from the right | summary | first player to move, second player to move | with threat features: playable,
 // the side to move's threat, the opponent's threat].
+// With threat features, one column per bit of a cell's flags (games::Connect4::cell_flags).
+constexpr int kThreatColumns = 3;
+
 struct FeatureColumns {
     int rows_bottom, rows_top, cols_left, cols_right, summary, turn, threats, width;
     explicit FeatureColumns(const GptShape& s)
@@ -35,7 +38,7 @@ struct FeatureColumns {
           summary(cols_right + s.board_cols),
           turn(summary + 1),
           threats(turn + 2),
-          width(threats + (s.threat_features ? 3 : 0)) {}
+          width(threats + (s.threat_features ? kThreatColumns : 0)) {}
 };
 
 class PolicyValueBuilder : public ChunkBuilder {
@@ -145,8 +148,9 @@ void write_board_features(const GptShape& s, int rows, int cols, std::span<const
             row[f.cols_left + c] = 1.0f;
             row[f.cols_right + (cols - 1 - c)] = 1.0f;
             if (!s.threat_features) continue;
-            MS_CHECK(flags[cell] >= 0 && flags[cell] < 8, "write_board_features: cell flags {}", flags[cell]);
-            for (int k = 0; k < 3; ++k) row[f.threats + k] = static_cast<float>(flags[cell] >> k & 1);
+            MS_CHECK(flags[cell] >= 0 && flags[cell] < 1 << kThreatColumns, "write_board_features: cell flags {}",
+                     flags[cell]);
+            for (int k = 0; k < kThreatColumns; ++k) row[f.threats + k] = static_cast<float>(flags[cell] >> k & 1);
         }
 }
 
