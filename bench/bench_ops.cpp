@@ -1,6 +1,8 @@
-// bench_ops.cpp: times every fast CPU op at GPT-2 124M shapes (B=4, T=64, C=768, NH=12, Vp=50304, 12 layers) and
-// adds them up into one training step (forward, backward, AdamW, grad norm), against an sgemm peak probe.
-//   build/bench_ops [repeats]      (OMP_NUM_THREADS sets the threads; matmul runs OpenBLAS single-threaded inside them)
+// bench_ops.cpp: times every fast CPU op at GPT-2 124M shapes (C=768, NH=12, Vp=50304, 12 layers; micro-batch B=4 and
+// sequence T=64 unless given) and adds them up into one training step (forward, backward, AdamW, grad norm), against
+// an sgemm peak probe.
+//   build/bench_ops [repeats] [B] [T]   (OMP_NUM_THREADS sets the threads; matmul runs OpenBLAS single-threaded inside
+//                                        them)
 // OpenBLAS 0.3.21 does not recognise every new CPU and then falls back to an SSE3 kernel ("Prescott"): compare with
 // OPENBLAS_CORETYPE=SkylakeX (or Haswell) on AVX-512 (AVX2) machines. The probe runs first, on OpenBLAS's own threads.
 // Each line is the median of `repeats` runs after one warm-up: ms per call, then GFLOP/s (GEMMs, attention) or
@@ -25,7 +27,8 @@ namespace {
 
 using ms::Tensor;
 
-constexpr int64_t B = 4, T = 64, C = 768, NH = 12, Vp = 50304, V = 50257, L = 12, N = B * T;
+constexpr int64_t C = 768, NH = 12, Vp = 50304, V = 50257, L = 12;
+int64_t B = 4, T = 64, N = B * T;                                                   // main() may set B and T
 constexpr int64_t kParams = Vp * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C;  // GPT-2 124M with padded wte
 
 std::vector<float> filled(int64_t n, float lo = -1.0f, float hi = 1.0f) {
@@ -98,22 +101,30 @@ void bench_matmul(ms::Backend& be, int repeats, const std::string& name, int64_t
 
 int main(int argc, char** argv) {
     const int repeats = argc > 1 ? std::atoi(argv[1]) : 10;
+    if (argc > 2) B = std::atoi(argv[2]);
+    if (argc > 3) T = std::atoi(argv[3]);
+    N = B * T;
+    if (repeats < 1 || B < 1 || T < 1 || T > 1024) {
+        fmt::print(stderr, "bench_ops: repeats {}, B {}, T {}: each must be >= 1, and T <= 1024 (positions)\n", repeats,
+                   B, T);
+        return 2;
+    }
     ms::BackendOptions options;
     options.mode = ms::OpMode::kFast;
     auto backend = ms::make_backend(options);
     ms::Backend& be = *backend;
 
     const double peak = ms::cpu::sgemm_peak_flops();
-    fmt::print("bench_ops: {} OpenMP threads, OpenBLAS core {}, sgemm peak probe (768x1024x768) {:.1f} GFLOP/s\n",
-               omp_get_max_threads(), openblas_get_corename(), peak / 1e9);
+    fmt::print("bench_ops: {} OpenMP threads, OpenBLAS core {}, sgemm peak probe {:.1f} GFLOP/s; B {} T {}\n",
+               omp_get_max_threads(), openblas_get_corename(), peak / 1e9, B, T);
     {
-        // The model's own largest per-layer GEMM shape: (256, 768) @ (3072, 768)^T.
+        // The model's own largest per-layer GEMM shape: (N, 768) @ (3072, 768)^T.
         auto a = filled(N * C), w = filled(4 * C * C), o = filled(N * 4 * C);
         const Timing tm = time_op(repeats, [&] {
             be.matmul_forward(
                 {.inp = t(a, {N, C}), .weight = t(w, {4 * C, C}), .bias = Tensor(), .out = t(o, {N, 4 * C})});
         });
-        fmt::print("  sgemm at 256x3072x768 (fc fwd shape): {:.1f} GFLOP/s\n\n",
+        fmt::print("  sgemm at {}x3072x768 (fc fwd shape): {:.1f} GFLOP/s\n\n", N,
                    2.0 * N * C * 4 * C / tm.seconds / 1e9);
     }
 

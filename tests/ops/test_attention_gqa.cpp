@@ -6,9 +6,10 @@
 // run the same operations on the same values, so out, lse and dQ must equal the multi-head ones bit for bit; dK and
 // dV sum the group's terms in one accumulator (double in kReference, fp32 in kFast) and round once, where the
 // multi-head op rounds each head's, so they are checked against the double group sums within measured tolerances
-// (and bit for bit when NKV = NH, a group of one). NH = 4, NKV in {1, 2, 4}, B = 2, T in {16, 33}, HS in {8, 16}.
-// NKV = 0 must be NKV = NH bit for bit; the fast backward must not depend on the thread count; an NKV that does not
-// divide NH is refused with a sentence naming both.
+// (and bit for bit when NKV = NH, a group of one). NH = 4, NKV in {1, 2, 4}, B = 2, T in {16, 33}, HS in {8, 16}; fast
+// against reference also at T = 150, where the fast path's query blocks of 64 rows are three, the last one partial. NKV
+// = 0 must be NKV = NH bit for bit; the fast backward must not depend on the thread count; an NKV that does not divide
+// NH is refused with a sentence naming both.
 //
 // Tolerances: scale-free (max |got - want| / max |want|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured over the
 // shapes above:
@@ -82,7 +83,7 @@ TEST(AttentionGqa, FastMatchesReference) {
     for (DType d : {DType::kF32, DType::kBF16}) {
         const Tol tol = d == DType::kF32 ? Tol{1e-6, 4e-7, 1.5e-6} : Tol{6e-3, 4e-7, 1.2e-2};
         for (int NKV : {1, 2}) {
-            for (int T : {16, 33}) {
+            for (int T : {16, 33, 150}) {
                 const GqaShape s{kB, T, kNH, NKV, 16};
                 const std::string tag = std::string(dtype_name(d)) + " " + s.tag();
                 SCOPED_TRACE(tag);
@@ -118,7 +119,7 @@ TEST(AttentionGqa, FastBackwardDoesNotDependOnTheThreadCount) {
     auto fast = make_cpu_backend(OpMode::kFast);
     const int saved_threads = omp_get_max_threads();
     for (DType d : {DType::kF32, DType::kBF16}) {
-        const GqaShape s{kB, 33, kNH, 2, 16};
+        const GqaShape s{kB, 150, kNH, 2, 16};
         const Inputs in = make_inputs(d, s, 9);
         omp_set_num_threads(1);
         const AttentionResult one = run_attention(*fast, d, kB, s.T, kNH, s.NKV, s.HS, in.qkv, in.dout);

@@ -12,12 +12,16 @@
 //   dK and dV of a key/value head are the sums of those terms over its G query heads, added in head order into one
 //   accumulator per element (so G = 1 is multi-head attention, bit for bit).
 // Nothing of size (B, NH, T, T) exists. The fast forward runs the (b, h) pairs in parallel, the fast backward the
-// (b, key/value head) pairs (each walks its group's query heads in order); both walk query rows in tiles, in order,
-// with attention_tiles.h's kernels and thread-local buffers that grow once; each task writes only its own columns,
-// so there are no races and the result does not depend on the thread count.
+// (b, key/value head) pairs (each walks its group's query heads in order); a head's query rows go in blocks of
+// kQueryBlock, and a block's products (S = Q K^T, O = P V; in the backward also dP = dO V^T, dQ = dS K, and dK, dV
+// added for the keys [0, e) the block sees) are single-threaded OpenBLAS sgemm calls whose shapes follow from T and HS
+// alone, with the softmax between them in per-thread scratch of kQueryBlock x T. Each task writes only its own
+// columns, so there are no races and the result does not depend on the thread count or on the layout around a head.
 // Precision: qkv, out, dout and dqkv are D; lse is fp32. For bf16 / fp16 the fast path converts qkv (and dout, out)
 // into fp32 scratch once (each K and V row is read T times), accumulates each (b, h)'s output rows and dq/dk/dv in
 // per-thread fp32 scratch, and rounds every element once on store.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,7 +29,7 @@
 #include <vector>
 
 #include "engine/backends/cpu/ops.h"
-#include "engine/backends/cpu/ops/attention_tiles.h"
+#include "engine/backends/cpu/ops/column_blocks.h"
 #include "engine/backends/cpu/ops/precision.h"
 #include "engine/backends/cpu/ops/vec_math.h"
 
@@ -191,32 +195,121 @@ const float* as_f32(const Tensor& t, Scratch slot) {
     }
 }
 
+// Query rows per block of the fast paths: a block's products are GEMMs of this many rows, and its last rows'
+// masked keys (at most kQueryBlock - 1 past a row's own) are the causal work computed and discarded.
+constexpr int64_t kQueryBlock = 64;
+
+// The fast paths' per-thread scratch, grown once: a query block's scores then probabilities (s), and in the backward
+// dO V^T then the scores' gradients (dp), each kQueryBlock rows of up to T keys; o, a block's output rows (16-bit D).
+struct BlockScratch {
+    std::vector<float> s, dp, o;
+};
+
+BlockScratch& block_scratch(int64_t T, int64_t HS) {
+    thread_local BlockScratch x;
+    const auto grow = [](std::vector<float>& v, int64_t n) {
+        if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+    };
+    grow(x.s, kQueryBlock * T);
+    grow(x.dp, kQueryBlock * T);
+    grow(x.o, kQueryBlock * HS);
+    return x;
+}
+
+// A query block: rows [t0, t0 + rows) of a head, which see keys [0, e) between them, e = t0 + rows (row t sees
+// [0, t + 1); its scores past those get probability 0).
+struct QueryBlock {
+    int64_t t0, rows, e;
+};
+
+inline QueryBlock query_block(int64_t t0, int64_t T) {
+    const int64_t rows = std::min(kQueryBlock, T - t0);
+    return {t0, rows, t0 + rows};
+}
+
+// Row r of the block's scores s (ld e, already times the scale): probabilities p_u = exp(s_u - shift) for u < n, 0
+// for n <= u < e; returns their sum, in 16 lanes (lane k sums u = k mod 16 in order, then the lanes in order).
+inline float exp_row(float* s, int64_t n, int64_t e, float shift) {
+    constexpr int64_t kLanes = 16;
+    float lanes[kLanes] = {};
+    int64_t u = 0;
+    for (; u + kLanes <= n; u += kLanes) {
+#pragma omp simd
+        for (int64_t k = 0; k < kLanes; ++k) {
+            s[u + k] = exp_approx(s[u + k] - shift);
+            lanes[k] += s[u + k];
+        }
+    }
+    for (int64_t k = 0; u + k < n; ++k) {
+        s[u + k] = exp_approx(s[u + k] - shift);
+        lanes[k] += s[u + k];
+    }
+    std::fill(s + n, s + e, 0.0f);
+    float sum = 0.0f;
+    for (float lane : lanes) sum += lane;
+    return sum;
+}
+
+// C (rows x cols, ldc) = alpha * A (rows x inner) B + beta * C, with A and B each as stored or transposed.
+inline void gemm(bool ta, bool tb, int64_t rows, int64_t cols, int64_t inner, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
+                static_cast<int>(cols), static_cast<int>(inner), alpha, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
 template <class D>
 void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
+    use_single_threaded_blas();
     const float* qkv = as_f32<D>(a.qkv, Scratch::kA);
     D* out = a.out.as<D>();
     float* lse = a.lse.f32();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
 #pragma omp parallel for schedule(static)
     for (int64_t bh = 0; bh < s.B * s.NH; ++bh) {
         const int64_t b = bh / s.NH, h = bh % s.NH;
         const HeadView<float> hv = head_view(qkv, s, b, h);
+        BlockScratch& x = block_scratch(s.T, s.HS);
         D* o = out + b * s.T * s.C + h * s.HS;
-        tiles::head_forward(
-            hv.q, hv.stride, hv.k, hv.v, hv.stride, s.T, s.HS, 0, s.T, [](int64_t t) { return t + 1; },
-            [&](int64_t t, const float* o_t, float row_lse) {
-                for (int64_t d = 0; d < s.HS; ++d) o[t * s.C + d] = from_float<D>(o_t[d]);
-                lse[bh * s.T + t] = row_lse;
-            });
+        for (int64_t t0 = 0; t0 < s.T; t0 += kQueryBlock) {
+            const QueryBlock q = query_block(t0, s.T);
+            gemm(false, true, q.rows, q.e, s.HS, scale, hv.q + t0 * hv.stride, hv.stride, hv.k, hv.stride, 0.0f,
+                 x.s.data(), q.e);
+            float inv_sum[kQueryBlock];  // the rows' probabilities are normalised in their output rows
+            for (int64_t r = 0; r < q.rows; ++r) {
+                float* p = x.s.data() + r * q.e;
+                const int64_t n = t0 + r + 1;
+                const float max = max_f32(p, n);
+                const float sum = exp_row(p, n, q.e, max);
+                inv_sum[r] = 1.0f / sum;
+                lse[bh * s.T + t0 + r] = max + std::log(sum);
+            }
+            float* o_rows = x.o.data();  // fp32: the output rows themselves, normalised in place
+            int64_t ldo = s.HS;
+            if constexpr (kIsF32<D>) {
+                o_rows = o + t0 * s.C;
+                ldo = s.C;
+            }
+            gemm(false, false, q.rows, s.HS, q.e, 1.0f, x.s.data(), q.e, hv.v, hv.stride, 0.0f, o_rows, ldo);
+            for (int64_t r = 0; r < q.rows; ++r) {
+                float* o_r = o_rows + r * ldo;
+                D* dst = o + (t0 + r) * s.C;
+#pragma omp simd
+                for (int64_t d = 0; d < s.HS; ++d) dst[d] = from_float<D>(o_r[d] * inv_sum[r]);
+            }
+        }
     }
 }
 
 template <class D>
 void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
+    use_single_threaded_blas();
     const float* qkv = as_f32<D>(a.qkv, Scratch::kA);
     const float* dout = as_f32<D>(a.dout, Scratch::kB);
     const float* out = as_f32<D>(a.out, Scratch::kC);
     const float* lse = a.lse.f32();
     D* dqkv = a.dqkv.as<D>();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.HS));
     // fp32: dq/dk/dv accumulate in dqkv itself (row stride W). Otherwise in this thread's fp32 scratch (T, 3*HS), row
     // stride 3*HS, [dq | dk | dv]: dq rounded into dqkv once its query head is done, dk and dv once the group is.
     const int64_t acc_stride = kIsF32<D> ? s.W : 3 * s.HS;
@@ -244,30 +337,40 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
                 }
             }
         };
-        tiles::HeadScratch& x = tiles::head_scratch();
-        const HeadView<float> kv_view = head_view(qkv, s, b, kv * s.G);
-        const int64_t np = tiles::load_keys(x, kv_view.k, kv_view.v, kv_view.stride, s.T, s.HS, true);
+        BlockScratch& x = block_scratch(s.T, s.HS);
         for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
             float* dq = acc + (kIsF32<D> ? q_column(s, h) : 0);
-            for (int64_t t = 0; t < s.T; ++t) std::fill_n(dq + t * acc_stride, s.HS, 0.0f);
             const HeadView<float> hv = head_view(qkv, s, b, h);
-            const int64_t rows = b * s.T * s.C + h * s.HS;  // the head's first row of dout and out
-            const tiles::HeadGrads g{.q = hv.q,
-                                     .dO = dout + rows,
-                                     .O = out + rows,
-                                     .lse = lse + (b * s.NH + h) * s.T,
-                                     .k = hv.k,
-                                     .q_stride = hv.stride,
-                                     .dO_stride = s.C,
-                                     .O_stride = s.C,
-                                     .k_stride = hv.stride,
-                                     .dq = dq,
-                                     .dk = dk,
-                                     .dv = dv,
-                                     .dq_stride = acc_stride,
-                                     .dkv_stride = acc_stride};
-            tiles::head_backward(
-                g, s.HS, np, 0, s.T, [](int64_t t) { return t + 1; }, x);
+            const float* dO = dout + b * s.T * s.C + h * s.HS;
+            const float* O = out + b * s.T * s.C + h * s.HS;
+            const float* row_lse = lse + (b * s.NH + h) * s.T;
+            for (int64_t t0 = 0; t0 < s.T; t0 += kQueryBlock) {
+                const QueryBlock q = query_block(t0, s.T);
+                const float* q_rows = hv.q + t0 * hv.stride;
+                const float* dO_rows = dO + t0 * s.C;
+                gemm(false, true, q.rows, q.e, s.HS, scale, q_rows, hv.stride, hv.k, hv.stride, 0.0f, x.s.data(), q.e);
+                gemm(false, true, q.rows, q.e, s.HS, 1.0f, dO_rows, s.C, hv.v, hv.stride, 0.0f, x.dp.data(), q.e);
+                for (int64_t r = 0; r < q.rows; ++r) {
+                    const int64_t t = t0 + r, n = t + 1;
+                    const float D_t = dot_f32(dO + t * s.C, O + t * s.C, s.HS);
+                    const float shift = row_lse[t];
+                    float* p = x.s.data() + r * q.e;
+                    float* ds = x.dp.data() + r * q.e;
+#pragma omp simd
+                    for (int64_t u = 0; u < n; ++u) {
+                        p[u] = exp_approx(p[u] - shift);
+                        ds[u] = p[u] * (ds[u] - D_t) * scale;
+                    }
+                    std::fill(p + n, p + q.e, 0.0f);
+                    std::fill(ds + n, ds + q.e, 0.0f);
+                }
+                // dq of the block's rows (all their keys are in the block: written, not added); dk and dv of keys
+                // [0, e) added, the blocks in order, then the group's heads in order
+                gemm(false, false, q.rows, s.HS, q.e, 1.0f, x.dp.data(), q.e, hv.k, hv.stride, 0.0f,
+                     dq + t0 * acc_stride, acc_stride);
+                gemm(true, false, q.e, s.HS, q.rows, 1.0f, x.dp.data(), q.e, q_rows, hv.stride, 1.0f, dk, acc_stride);
+                gemm(true, false, q.e, s.HS, q.rows, 1.0f, x.s.data(), q.e, dO_rows, s.C, 1.0f, dv, acc_stride);
+            }
             if constexpr (!kIsF32<D>) store(0, q_column(s, h));
         }
         if constexpr (!kIsF32<D>) {

@@ -1,5 +1,5 @@
-// attention_tiles.h: the fast attention paths' kernels for one query head (attention.cpp's causal self-attention,
-// attention_block.cpp's ring blocks), in fp32.
+// attention_tiles.h: the kernels of attention_block.cpp's fast path (ring blocks; CLIP's and self-play's
+// bidirectional attention) for one query head, in fp32.
 //
 // Query rows go in tiles of kTile, so that a tile's scores, softmax sums and weighted rows are kTile independent
 // chains of additions: one row alone is a chain as long as its keys, whose latency bounds a row-at-a-time loop. A

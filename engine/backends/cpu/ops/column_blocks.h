@@ -20,7 +20,8 @@
 
 namespace ms::cpu {
 
-// OpenBLAS is told once to run single-threaded: the parallelism comes from the OpenMP slices.
+// OpenBLAS is told once to run single-threaded: the parallelism comes from the OpenMP slices (and, in attention.cpp,
+// from the heads).
 inline void use_single_threaded_blas() {
     static const bool done = [] {
         openblas_set_num_threads(1);
