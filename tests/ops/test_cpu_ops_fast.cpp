@@ -142,7 +142,7 @@ std::vector<OpCase> layernorm_cases() {
 }
 
 // K = 515 crosses OpenBLAS's K blocking; M = 129 is one past a multiple of every vector width; M = 3100 is cut into
-// 21 blocks of 144 columns and one of 76 (matmul.cpp: block_width), shared unevenly by 2 and by 3 threads.
+// tiles of 784 columns, the last one 748 wide (column_blocks.h: output_tiles), shared unevenly by 3 threads.
 std::vector<OpCase> matmul_cases() {
     std::vector<OpCase> cases;
     struct Shape {

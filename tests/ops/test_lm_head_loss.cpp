@@ -167,7 +167,7 @@ std::string label(DType d, const char* what) { return std::string(dtype_name(d))
 
 // Not multiples of any block: chunks of 8 rows leave a last one of 5; C = 53, Vp = 67 with 61 real columns.
 constexpr Shape kSmall{37, 53, 67, 61};
-// Several of the fast path's column blocks (block_width(1000) = 128) and chunks.
+// Several of the fast path's tiles (output_tiles(70, 1000): 4 of 80 x 256) and chunks.
 constexpr Shape kWide{70, 96, 1000, 990};
 
 MS_OP_TEST(LmHeadLoss, ReferenceIsTheUnfusedReferenceOpsBitForBit, kExact, OpKind::kLmHeadLoss) {

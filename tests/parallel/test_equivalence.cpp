@@ -714,8 +714,9 @@ TEST(EquivalenceZero2, TracksZero1OnTheSameLayout) {
     }
 }
 
-// One rank on 1 and on 3 threads: the same bits. hidden_size 160 makes the CPU matmuls span several column blocks
-// (matmul.cpp: block_width), which 3 threads share unevenly (c_attn 480 columns, c_fc 640, a K of 160 for dinp).
+// One rank on 1 and on 3 threads: the same bits. hidden_size 160 makes the CPU matmuls' outputs and weight gradients
+// span several tiles (column_blocks.h: output_tiles, weight_tiles; c_attn's 480 columns over 64 rows are 4 tiles of
+// 64 x 128, the last 96 wide), which 3 threads share unevenly.
 // ctest also runs this under OPENBLAS_CORETYPE=Haswell (tests/CMakeLists.txt), whose AVX2 sgemm kernel gives a
 // column bits that depend on the width of the call it is in.
 TEST(EquivalenceExact, OneRankOnOneAndThreeThreadsIsBitIdentical) {

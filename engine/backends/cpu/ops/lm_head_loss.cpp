@@ -11,16 +11,16 @@
 //   dlogits in place                           (cross_entropy_backward; rounded to D)
 //   dlnf_chunk = dlogits @ wte                 (matmul_backward's dinp, overwritten)
 //   dwte += dlogits^T @ lnf_chunk              (matmul_backward's dweight: one fp32 product per chunk added in)
-// Fast path: one OpenMP team for the whole call; the GEMMs are single-threaded sgemm calls on the fixed column blocks
-// of column_blocks.h (the logits and dwte by blocks of the Vp vocabulary rows, dlnf by blocks of C), the row phases
-// split over rows, with barriers between phases. A row's statistics use the loops of cross_entropy.cpp's fast path
-// (an fp32 max, the exp-sum in float blocks of kBlock columns added in double), so for fp32 a row's loss and dlogits
-// are those of the cross-entropy ops on the same logits. Every output element comes from the same calls in the same
-// order whatever the thread count: the results do not depend on it. bf16 / fp16: lnf and wte are converted to fp32
-// once per call (thread-local scratch, as matmul.cpp does), the logits and dlogits are rounded to D in the fp32
-// scratch (so sgemm reads them directly), and dlnf is rounded once on store from an fp32 (R, C) staging buffer.
-// A D dwte (16-bit gradients): each chunk's block of dwte rows is computed by the same sgemm call into a thread's
-// fp32 block scratch zeroed first (what an fp32 dwte starting at 0 would get added), then rounded into dwte once.
+// Fast path: one OpenMP team for the whole call; the GEMMs are single-threaded sgemm calls on the tiles of
+// column_blocks.h, those matmul.cpp cuts the same products into (output_tiles for the logits and dlnf, weight_tiles
+// for dwte), the row phases split over rows, with barriers between phases. A row's statistics use the loops of
+// cross_entropy.cpp's fast path (an fp32 max, the exp-sum in float blocks of kBlock columns added in double), so for
+// fp32 a row's loss and dlogits are those of the cross-entropy ops on the same logits. Every output element comes from
+// the same calls in the same order whatever the thread count: the results do not depend on it. bf16 / fp16: lnf and wte
+// are converted to fp32 once per call (thread-local scratch, as matmul.cpp does), the logits and dlogits are rounded to
+// D in the fp32 scratch (so sgemm reads them directly), and dlnf is rounded once on store from an fp32 (R, C) staging
+// buffer. A D dwte (16-bit gradients): each chunk's tile of dwte is computed by the same sgemm call into a thread's
+// fp32 tile scratch zeroed first (what an fp32 dwte starting at 0 would get added), then rounded into dwte once.
 // Reference path: naive loops with double accumulators, no chunks: bit-identical to the reference modes of
 // matmul_forward, cross_entropy_forward, cross_entropy_backward and matmul_backward called on the whole logits (with
 // the loss formed as the model forms it); it allocates its (N, Vp) dlogits, being the executable spec for tests. A D
@@ -250,26 +250,27 @@ void fast(const LmHeadLossArgs& a, const HeadShape& s) {
     const float* dloss = backward ? a.dloss.f32() : nullptr;
     float* losses = a.losses.f32();
     G* dwte = backward ? a.dwte.as<G>() : nullptr;
-    // A D dwte: each thread's block of the chunk's fp32 product (at most width rows of C), zeroed before its sgemm.
-    const int64_t block_elems = block_width(s.Vp) * s.C;
-    float* dwte_blocks = kIsF32<G> || !backward
-                             ? nullptr
-                             : scratch_f32(Scratch::kGrad, static_cast<size_t>(omp_get_max_threads() * block_elems));
+    // A D dwte: each thread's tile of the chunk's fp32 product (at most tile_rows x tile_cols), zeroed before its
+    // sgemm.
+    const TileGrid dwte_tiles = weight_tiles(s.Vp, s.C);
+    const int64_t tile_elems = dwte_tiles.tile_rows * dwte_tiles.tile_cols;
+    float* dwte_scratch = kIsF32<G> || !backward
+                              ? nullptr
+                              : scratch_f32(Scratch::kGrad, static_cast<size_t>(omp_get_max_threads() * tile_elems));
 #pragma omp parallel
     {
         if constexpr (!kIsF32<D>) {
             convert_to_f32_team(a.lnf.as<D>(), lnf_conv, s.N * s.C);
             convert_to_f32_team(a.wte.as<D>(), wte_conv, s.Vp * s.C);  // the implicit barrier: both complete below
         }
-        const Slice vocab = thread_columns(s.Vp), cols = thread_columns(s.C);
         for (int64_t r0 = 0; r0 < s.N; r0 += s.R) {
             const int rows = static_cast<int>(std::min(s.R, s.N - r0));
             const float* x = lnf_f + r0 * s.C;
-            // logits[:, b] (rows, b) = x (rows, C) @ wte[b, :]^T (C, b)
-            for_each_block(s.Vp, vocab, [&](const Slice& b) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, b.size(), C, 1.0f, x, C, wte_f + b.begin * C,
-                            C, 0.0f, logits + b.begin, Vp);
-                for (int i = 0; i < rows; ++i) round_through<D>(logits + i * s.Vp + b.begin, b.size());
+            for_each_thread_tile(output_tiles(rows, s.Vp), [&](const Slice& i, const Slice& b) {
+                // logits[i, b] = x[i, :] (i, C) @ wte[b, :]^T (C, b)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i.size(), b.size(), C, 1.0f, x + i.begin * s.C, C,
+                            wte_f + b.begin * C, C, 0.0f, logits + i.begin * s.Vp + b.begin, Vp);
+                for (int64_t r = i.begin; r < i.end; ++r) round_through<D>(logits + r * s.Vp + b.begin, b.size());
             });
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -278,32 +279,34 @@ void fast(const LmHeadLossArgs& a, const HeadShape& s) {
             }  // the implicit barrier: every dlogit is written
             if (backward) {
                 float* dx = kIsF32<D> ? a.dlnf.f32() + r0 * s.C : dlnf_f;
-                for_each_block(s.C, cols, [&](const Slice& b) {
-                    // dlnf[:, b] (rows, b) = dlogits (rows, Vp) @ wte[:, b] (Vp, b)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, b.size(), Vp, 1.0f, logits, Vp,
-                                wte_f + b.begin, C, 0.0f, dx + b.begin, C);
+                for_each_thread_tile(output_tiles(rows, s.C), [&](const Slice& i, const Slice& b) {
+                    // dlnf[i, b] = dlogits[i, :] (i, Vp) @ wte[:, b] (Vp, b)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i.size(), b.size(), Vp, 1.0f,
+                                logits + i.begin * s.Vp, Vp, wte_f + b.begin, C, 0.0f, dx + i.begin * s.C + b.begin, C);
                     if constexpr (!kIsF32<D>) {
                         D* dlnf = a.dlnf.as<D>() + r0 * s.C;
-                        for (int i = 0; i < rows; ++i) {
+                        for (int64_t r = i.begin; r < i.end; ++r) {
                             for (int64_t k = b.begin; k < b.end; ++k)
-                                dlnf[i * s.C + k] = from_float<D>(dx[i * s.C + k]);
+                                dlnf[r * s.C + k] = from_float<D>(dx[r * s.C + k]);
                         }
                     }
                 });
-                for_each_block(s.Vp, vocab, [&](const Slice& b) {
-                    // dwte[b, :] (b, C) += dlogits[:, b]^T (b, rows) @ x (rows, C); the padded rows' dlogits are 0
-                    if (b.begin >= s.valid) return;
-                    const auto product_into = [&](float* out) {
-                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), C, rows, 1.0f, logits + b.begin,
-                                    Vp, x, C, 1.0f, out, C);
+                for_each_thread_tile(dwte_tiles, [&](const Slice& v, const Slice& b) {
+                    // dwte[v, b] += dlogits[:, v]^T (v, rows) @ x[:, b] (rows, b); the padded rows' dlogits are 0
+                    if (v.begin >= s.valid) return;
+                    const auto product_into = [&](float* out, int ldc) {
+                        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, v.size(), b.size(), rows, 1.0f,
+                                    logits + v.begin, Vp, x + b.begin, C, 1.0f, out, ldc);
                     };
                     if constexpr (kIsF32<G>) {
-                        product_into(dwte + b.begin * s.C);
+                        product_into(dwte + v.begin * s.C + b.begin, C);
                     } else {
-                        float* block = dwte_blocks + omp_get_thread_num() * block_elems;
-                        std::fill_n(block, b.size() * s.C, 0.0f);
-                        product_into(block);
-                        add_rounded_range(dwte + b.begin * s.C, block, b.size() * s.C);
+                        float* tile = dwte_scratch + omp_get_thread_num() * tile_elems;
+                        std::fill_n(tile, v.size() * b.size(), 0.0f);
+                        product_into(tile, b.size());
+                        for (int64_t r = 0; r < v.size(); ++r) {
+                            add_rounded_range(dwte + (v.begin + r) * s.C + b.begin, tile + r * b.size(), b.size());
+                        }
                     }
                 });
             }

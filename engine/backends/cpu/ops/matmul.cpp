@@ -3,19 +3,18 @@
 // Layouts (row-major): inp/dinp (N, K), weight/dweight (M, K) (Linear orientation), bias/dbias (M), out/dout (N, M).
 // Backward: dinp = dout @ weight (= or += per `accumulate`, skipped when dinp is undefined),
 //           dweight += dout^T @ inp,  dbias += sum_n dout[n, :].
-// Fast path: one thread pool for the whole backend. The output columns (dweight's rows) are cut into fixed blocks,
-// each one single-threaded OpenBLAS sgemm call, shared out over the OpenMP team (column_blocks.h says why that keeps
-// the bits independent of the thread count); bias and dbias are done on the same blocks.
-// Reference path: triple loops with double accumulators.
-// GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in the same
-// mode: bit-identical to the two ops called one after the other.
-// Precision: inp, weight, bias, out, dout and dinp are D; dweight and dbias are fp32 or D. For D = fp32 sgemm reads
-// and writes the tensors themselves. For bf16 / fp16 the fast path first converts the D operands into thread-local
-// fp32 scratch (exact), runs the same sgemm slices on it, and rounds each fp32 result (accumulator plus bias; for
-// kAdd, old value plus new term) once into the D output; an fp32 dweight or dbias accumulates straight into its
-// tensor. A D dweight gets each block's product computed by the same sgemm call into fp32 scratch zeroed first (what
-// an fp32 dweight starting at 0 would hold), then rounded into it once; a D dbias gets each column's fp32 sum rounded
-// in once.
+// Fast path: one thread pool for the whole backend. out, dinp and dweight are each cut into tiles fixed by their
+// shape (column_blocks.h, output_tiles and weight_tiles), each one single-threaded OpenBLAS sgemm call, shared out over
+// the OpenMP team (column_blocks.h says why fixed cuts keep the bits independent of the thread count); the bias is
+// seeded on the forward's tiles, dbias summed over fixed column blocks. Reference path: triple loops with double
+// accumulators. GELU fusion (backend.h: gelu_out, gelu_inp): the matmul as above, then gelu.cpp's op on its output, in
+// the same mode: bit-identical to the two ops called one after the other. Precision: inp, weight, bias, out, dout and
+// dinp are D; dweight and dbias are fp32 or D. For D = fp32 sgemm reads and writes the tensors themselves. For bf16 /
+// fp16 the fast path first converts the D operands into thread-local fp32 scratch (exact), runs the same sgemm tiles on
+// it, and rounds each fp32 result (accumulator plus bias; for kAdd, old value plus new term) once into the D output; an
+// fp32 dweight or dbias accumulates straight into its tensor. A D dweight gets each tile's product computed by the same
+// sgemm call into fp32 scratch zeroed first (what an fp32 dweight starting at 0 would hold), then rounded into it once;
+// a D dbias gets each column's fp32 sum rounded in once.
 #include <cblas.h>
 
 #include <algorithm>
@@ -64,13 +63,13 @@ void forward_reference(const MatmulForwardArgs& a, const MatmulShape& s) {
     }
 }
 
-// Columns `cols` (one block) of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
+// The tile (rows, cols) of out (fp32) = inp @ weight^T + bias, inp and weight fp32, bias D.
 template <class B>
-void forward_block(const float* inp, const float* weight, const B* bias, float* out, const MatmulShape& s,
-                   const Slice& cols) {
-    // Seed the block with the bias, then let sgemm add the product into it (beta = 1).
+void forward_tile(const float* inp, const float* weight, const B* bias, float* out, const MatmulShape& s,
+                  const Slice& rows, const Slice& cols) {
+    // Seed the tile with the bias, then let sgemm add the product into it (beta = 1).
     if (bias) {
-        for (int64_t n = 0; n < s.N; ++n) {
+        for (int64_t n = rows.begin; n < rows.end; ++n) {
             if constexpr (kIsF32<B>) {
                 std::copy(bias + cols.begin, bias + cols.end, out + n * s.M + cols.begin);
             } else {
@@ -78,10 +77,10 @@ void forward_block(const float* inp, const float* weight, const B* bias, float* 
             }
         }
     }
-    // out[:, cols] (N, m) = inp (N, K) @ weight[cols, :]^T (K, m)
-    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, cols.size(), K, 1.0f, inp, K, weight + cols.begin * s.K, K,
-                bias ? 1.0f : 0.0f, out + cols.begin, M);
+    // out[rows, cols] (n, m) = inp[rows, :] (n, K) @ weight[cols, :]^T (K, m)
+    const int K = static_cast<int>(s.K), M = static_cast<int>(s.M);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows.size(), cols.size(), K, 1.0f, inp + rows.begin * s.K, K,
+                weight + cols.begin * s.K, K, bias ? 1.0f : 0.0f, out + rows.begin * s.M + cols.begin, M);
 }
 
 template <class D>
@@ -91,9 +90,11 @@ void forward_fast(const MatmulForwardArgs& a, const MatmulShape& s) {
     const D* weight = a.weight.as<D>();
     const D* bias = a.bias.defined() ? a.bias.as<D>() : nullptr;
     D* out = a.out.as<D>();
+    const TileGrid tiles = output_tiles(s.N, s.M);
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        for_each_block(s.M, thread_columns(s.M), [&](const Slice& b) { forward_block(inp, weight, bias, out, s, b); });
+        for_each_thread_tile(
+            tiles, [&](const Slice& rows, const Slice& cols) { forward_tile(inp, weight, bias, out, s, rows, cols); });
     } else {
         float* inp_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.K));
         float* weight_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.M * s.K));
@@ -102,11 +103,13 @@ void forward_fast(const MatmulForwardArgs& a, const MatmulShape& s) {
         {
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: both complete below
-            const Slice cols = thread_columns(s.M);
-            for_each_block(s.M, cols, [&](const Slice& b) { forward_block(inp_f, weight_f, bias, out_f, s, b); });
-            for (int64_t n = 0; n < s.N; ++n) {
-                for (int64_t m = cols.begin; m < cols.end; ++m) out[n * s.M + m] = from_float<D>(out_f[n * s.M + m]);
-            }
+            for_each_thread_tile(tiles, [&](const Slice& rows, const Slice& cols) {
+                forward_tile(inp_f, weight_f, bias, out_f, s, rows, cols);
+                for (int64_t n = rows.begin; n < rows.end; ++n) {
+                    for (int64_t m = cols.begin; m < cols.end; ++m)
+                        out[n * s.M + m] = from_float<D>(out_f[n * s.M + m]);
+                }
+            });
         }
     }
 }
@@ -167,55 +170,47 @@ void bias_backward_slice(const float* dout, G* dbias, int64_t N, int64_t M, int6
     }
 }
 
-// dweight (M, K) += the product sgemm(c) writes at `c` (a block of dweight, leading dimension K: rows x cols). An fp32
-// dweight takes it in place; a D dweight gets it in the same place of `acc` (M, K) fp32, zeroed first, and then
-// rounded in once per element.
+// The tile (rows, cols) of dweight (M, K) += the product sgemm(c) writes at `c` (the tile's first element, leading
+// dimension K). An fp32 dweight takes it in place; a D dweight gets it in the same place of `acc` (M, K) fp32, zeroed
+// first, and then rounded in once per element.
 template <class G, class Gemm>
-void dweight_block(G* dweight, float* acc, int64_t offset, int64_t rows, int64_t cols, int64_t K, Gemm&& sgemm) {
+void dweight_tile(G* dweight, float* acc, const Slice& rows, const Slice& cols, int64_t K, Gemm&& sgemm) {
+    const int64_t offset = rows.begin * K + cols.begin;
     if constexpr (kIsF32<G>) {
         sgemm(dweight + offset);
     } else {
-        for (int64_t r = 0; r < rows; ++r) std::fill_n(acc + offset + r * K, cols, 0.0f);
+        for (int64_t r = rows.begin; r < rows.end; ++r) std::fill_n(acc + r * K + cols.begin, cols.size(), 0.0f);
         sgemm(acc + offset);
-        for (int64_t r = 0; r < rows; ++r) add_rounded_range(dweight + offset + r * K, acc + offset + r * K, cols);
+        for (int64_t r = rows.begin; r < rows.end; ++r) {
+            add_rounded_range(dweight + r * K + cols.begin, acc + r * K + cols.begin, cols.size());
+        }
     }
 }
 
-// The calling thread's share of the backward on fp32 operands: columns k_cols of dinp (= or += per dinp_beta,
-// skipped when dinp is null), and of dweight (+=, fp32 or D: dweight_block) its columns k_cols when K > M, else its
-// rows m_rows; dbias (+=) over m_rows. k_cols and m_rows are thread_columns ranges, computed block by block. Every
-// block's call packs again the operand that spans the whole reduction: inp (N, K) when dweight is cut by rows, dout
-// (N, M) when by columns, so dweight is cut along the longer of its two dims, which keeps the operand packed again
-// the smaller one.
+// The calling thread's share of the backward on fp32 operands: its tiles of dinp (N, K) (= or += per dinp_beta,
+// skipped when dinp is null) and of dweight (M, K) (+=, fp32 or D: dweight_tile), and dbias (+=) over its columns
+// thread_columns(M).
 template <class G, class GB>
-void backward_slices(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta, G* dweight,
-                     float* dweight_acc, GB* dbias, const MatmulShape& s, const Slice& k_cols, const Slice& m_rows) {
-    const int N = static_cast<int>(s.N), K = static_cast<int>(s.K), M = static_cast<int>(s.M);
+void backward_tiles(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta, G* dweight,
+                    float* dweight_acc, GB* dbias, const MatmulShape& s) {
+    const int K = static_cast<int>(s.K), M = static_cast<int>(s.M), N = static_cast<int>(s.N);
     if (dinp) {
-        for_each_block(s.K, k_cols, [&](const Slice& b) {
-            // dinp[:, b] (N, k) = dout (N, M) @ weight[:, b] (M, k)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, b.size(), M, 1.0f, dout, M, weight + b.begin, K,
-                        dinp_beta, dinp + b.begin, K);
+        for_each_thread_tile(output_tiles(s.N, s.K), [&](const Slice& rows, const Slice& cols) {
+            // dinp[rows, cols] (n, k) = dout[rows, :] (n, M) @ weight[:, cols] (M, k)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows.size(), cols.size(), M, 1.0f,
+                        dout + rows.begin * s.M, M, weight + cols.begin, K, dinp_beta,
+                        dinp + rows.begin * s.K + cols.begin, K);
         });
     }
-    if (s.K > s.M) {
-        for_each_block(s.K, k_cols, [&](const Slice& b) {
-            // dweight[:, b] (M, k) += dout^T (M, N) @ inp[:, b] (N, k)
-            dweight_block(dweight, dweight_acc, b.begin, s.M, b.size(), s.K, [&](float* c) {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, b.size(), N, 1.0f, dout, M, inp + b.begin, K,
-                            1.0f, c, K);
-            });
+    for_each_thread_tile(weight_tiles(s.M, s.K), [&](const Slice& rows, const Slice& cols) {
+        // dweight[rows, cols] (m, k) += dout[:, rows]^T (m, N) @ inp[:, cols] (N, k)
+        dweight_tile(dweight, dweight_acc, rows, cols, s.K, [&](float* c) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows.size(), cols.size(), N, 1.0f, dout + rows.begin,
+                        M, inp + cols.begin, K, 1.0f, c, K);
         });
-    } else {
-        for_each_block(s.M, m_rows, [&](const Slice& b) {
-            // dweight[b, :] (m, K) += dout[:, b]^T (m, N) @ inp (N, K)
-            dweight_block(dweight, dweight_acc, b.begin * s.K, b.size(), s.K, s.K, [&](float* c) {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, b.size(), K, N, 1.0f, dout + b.begin, M, inp, K,
-                            1.0f, c, K);
-            });
-        });
-    }
-    if (dbias && m_rows.size() > 0) bias_backward_slice(dout, dbias, s.N, s.M, m_rows.begin, m_rows.end);
+    });
+    const Slice m_cols = thread_columns(s.M);
+    if (dbias && m_cols.size() > 0) bias_backward_slice(dout, dbias, s.N, s.M, m_cols.begin, m_cols.end);
 }
 
 // G, GB: the storage types of dweight and dbias (float or D).
@@ -228,13 +223,12 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
     D* dinp = a.dinp.defined() ? a.dinp.as<D>() : nullptr;
     G* dweight = a.dweight.as<G>();
     GB* dbias = a.dbias.defined() ? a.dbias.as<GB>() : nullptr;
-    // A D dweight's fp32 contribution (dweight_block).
+    // A D dweight's fp32 contribution (dweight_tile).
     float* dweight_acc = kIsF32<G> ? nullptr : scratch_f32(Scratch::kGrad, static_cast<size_t>(s.M * s.K));
     const bool add = a.accumulate == Accumulate::kAdd;
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        backward_slices(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dweight_acc, dbias, s, thread_columns(s.K),
-                        thread_columns(s.M));
+        backward_tiles(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dweight_acc, dbias, s);
     } else {
         float* dout_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.M));
         float* inp_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.N * s.K));
@@ -246,16 +240,16 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
             convert_to_f32_team(dout, dout_f, s.N * s.M);
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: all complete below
-            const Slice k_cols = thread_columns(s.K);
-            backward_slices(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dweight_acc, dbias, s, k_cols,
-                            thread_columns(s.M));
-            if (dinp) {
-                for (int64_t n = 0; n < s.N; ++n) {
-                    for (int64_t k = k_cols.begin; k < k_cols.end; ++k) {
-                        const float g = dinp_f[n * s.K + k];
-                        dinp[n * s.K + k] = from_float<D>(add ? to_float(dinp[n * s.K + k]) + g : g);
+            backward_tiles(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dweight_acc, dbias, s);
+            if (dinp) {  // this thread's own dinp tiles, as backward_tiles computed them
+                for_each_thread_tile(output_tiles(s.N, s.K), [&](const Slice& rows, const Slice& cols) {
+                    for (int64_t n = rows.begin; n < rows.end; ++n) {
+                        for (int64_t k = cols.begin; k < cols.end; ++k) {
+                            const float g = dinp_f[n * s.K + k];
+                            dinp[n * s.K + k] = from_float<D>(add ? to_float(dinp[n * s.K + k]) + g : g);
+                        }
                     }
-                }
+                });
             }
         }
     }
