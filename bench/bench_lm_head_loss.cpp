@@ -6,7 +6,7 @@
 // Each line: the median ms per call of `repeats` calls after one warm-up (the variants interleaved call by call), the
 // GFLOP/s of the three GEMMs (6 N C Vp flops), and the logits memory the call holds (unfused: the (N, Vp) logits;
 // fused: its scratch). The chunk rows
-// given on the command line (default 32 64 128 256) are timed too, at both thread counts, to show the backend's
+// given on the command line (default 128 256 512 1024) are timed too, at both thread counts, to show the backend's
 // choice (lm_head_loss_chunk_rows) against its neighbours. OPENBLAS_CORETYPE as in bench_ops.cpp.
 #include <cblas.h>
 #include <fmt/format.h>
@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
     const int repeats = argc > 1 ? std::atoi(argv[1]) : 3;
     std::vector<int64_t> sweep;
     for (int i = 2; i < argc; ++i) sweep.push_back(std::atoll(argv[i]));
-    if (argc <= 2) sweep = {32, 64, 128, 256};
+    if (argc <= 2) sweep = {128, 256, 512, 1024};
     ms::BackendOptions options;
     options.mode = ms::OpMode::kFast;
     auto backend = ms::make_backend(options);

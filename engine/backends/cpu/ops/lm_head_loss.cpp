@@ -43,11 +43,11 @@ namespace ms {
 
 namespace {
 
-// The CPU's chunk. Every chunk streams wte twice and dwte in and out (4 Vp C floats) whatever its row count, so the
-// rows must amortise that: 256 rows make it about 96 GEMM flops per byte. A chunk of GPT-2's 50304-column logits
-// cannot stay in L2 (one row is 196 KiB), and smaller chunks (32 to 128 rows) ran slower than the unfused ops in
-// bench/bench_lm_head_loss.cpp; 256 rows hold 49 MiB of logits where the unfused ops at N = 8 * 256 hold 393 MiB.
-constexpr int64_t kCpuChunkRows = 256;
+// The CPU's chunk. Every chunk streams wte twice and dwte in and out (4 Vp C floats) whatever its row count, and its
+// dwte product's inner dimension is its row count, so the rows must amortise both; a chunk of GPT-2's 50304-column
+// logits cannot stay in L2 anyway (one row is 196 KiB). 512 rows hold 98 MiB of fp32 logits, where the unfused ops
+// at N = 8 x 1024 hold 1.5 GiB.
+constexpr int64_t kCpuChunkRows = 512;
 // A GPU's chunk: up to 2^26 logits (128 MiB in bf16) in rows of a multiple of 64.
 constexpr int64_t kGpuChunkLogits = int64_t{1} << 26;
 
