@@ -56,8 +56,9 @@ inline Slice thread_columns(int64_t n) {
 }
 
 // The tiles matmul.cpp cuts an output into: a grid of tiles whose sizes are a function of the output's shape alone
-// (near target_rows x target_cols, multiples of 16, at least kMinTiles of them where the shape allows), each tile one
-// single-threaded sgemm call, each OpenMP thread a contiguous run of whole tiles (row by row). Why tiles and not
+// (near target_rows x target_cols, multiples of 16, at least kMinTiles of them unless the tiles' larger side is under
+// 4 panels), each tile one single-threaded sgemm call, each OpenMP thread a contiguous run of whole tiles (row by
+// row). Why tiles and not
 // column blocks: a call packs its two operands' tiles again, (tile_rows + tile_cols) x inner floats for 2 x
 // tile_rows x tile_cols x inner flops, so near-square tiles of several hundred rows waste the least; a block of all
 // the rows packs the operand spanning them once per block.
@@ -78,7 +79,7 @@ inline TileGrid tile_grid(int64_t rows, int64_t cols, int64_t target_rows, int64
     const auto size = [](int64_t n, int64_t parts) { return ((n + parts - 1) / parts + kPanel - 1) / kPanel * kPanel; };
     int64_t down = std::max<int64_t>(1, (rows + target_rows / 2) / target_rows);
     int64_t across = std::max<int64_t>(1, (cols + target_cols / 2) / target_cols);
-    // more tiles for small outputs: cut the dimension whose tiles are larger, while both keep a few panels
+    // more tiles for small outputs: halve the tiles' larger side while it is 4 panels or more
     while (down * across < kMinTiles) {
         const int64_t r = size(rows, down), c = size(cols, across);
         if (std::max(r, c) < 4 * kPanel) break;
