@@ -4,16 +4,17 @@
 #   eval "$(bash .devdeps/unpack-deps.sh .devdeps /tmp/prefix)" && bash scripts/gpu-check.sh
 # Steps, in priority order, each bounded by `timeout` and by one overall deadline (MS_GPU_CHECK_BUDGET seconds,
 # default 400), none stopping the others when it fails:
-#   1. configure + build with CUDA for the GPU present (CMAKE_CUDA_ARCHITECTURES=native; MS_CUDA_ARCH overrides);
+#   1. configure + build with CUDA for the GPU present (CMAKE_CUDA_ARCHITECTURES=native, or 90a on compute capability
+#      9.0 so the wgmma forward is built; MS_CUDA_ARCH overrides);
 #   2. ctest -L gpu: every CUDA kernel on the device against the CPU backend (cuda_device_kernels), the trainer on
 #      the GPU against the CPU on tests/parallel/tiny.yaml (test_gpu: GpuTrain.*, which print their measured errors):
 #      fp32 and bf16 as one rank and as tp2 x pp2 x dp2 (8 ranks on the one GPU, MPI), fp16 as one rank, and fp16's
 #      dynamic loss scaling from 2^32 (skipped iterations, no NaN, the loss falls); the one-rank runs train on NCCL
 #      (run.comm: auto); and the NCCL communicator as one rank, every collective in fp32/bf16/fp16/int32
 #      (nccl_one_rank: tests/gpu/test_nccl.cpp); the mma.sync attention kernels against the CPU up to T = 1024, bf16
-#      and fp16, two runs bit-identical (test_gpu_attention);
+#      and fp16, two runs bit-identical, and the wgmma forward where built (test_gpu_attention);
 #   3. the kernel benchmark, fp32 and bf16 (bench/gpu/kernel_bench.cpp: bandwidth as % of a device copy, attention
-#      TFLOP/s), and the GEMM benchmark (bench/gpu/gemm_bench.cpp: the 124M shapes in bf16, cuBLASLt vs cuBLAS);
+#      TFLOP/s, mma.sync beside wgmma at T 1024 and 4096), and the GEMM benchmark (bench/gpu/gemm_bench.cpp: the 124M shapes in bf16, cuBLASLt vs cuBLAS);
 #   4. the GPT-2 124M benchmark, mindspeed-train (run.backend: cuda) in bf16 mixed precision, fp32 and TF32 against
 #      PyTorch bf16 autocast, fp32 and TF32 with torch.compile (bench/gpu/gpt2_bench.py; the bf16 pair first), at
 #      micro-batch MS_GPU_BENCH_BATCH (default 16 sequences of 1024: micro-batch 4's GEMMs and kernels are too small
@@ -69,7 +70,11 @@ run_step() {
 
 log "== gpu-check $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (with local changes)') on $(hostname)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
-arch=${MS_CUDA_ARCH:-native}
+# sm_90a on a compute capability 9.0 GPU (H100, H200): the wgmma kernels need the architecture-specific target, which
+# "native" (sm_90) does not give; every other GPU builds for itself.
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+arch=${MS_CUDA_ARCH:-$([ "$cc" = 9.0 ] && echo 90a || echo native)}
+log "CUDA architectures: $arch (compute capability ${cc:-unknown})"
 
 run_step configure 90 "$out/configure.log" \
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch"

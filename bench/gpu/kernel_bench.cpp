@@ -12,7 +12,10 @@
 //     launched directly, for comparison; and the tensor-core backward's two forms side by side, launched directly
 //     (attention_tc.cuh) at B = 4, 8, 16 (NH=12, T=1024, HS=64, bf16): split (a dQ kernel and a dK/dV kernel, 7
 //     products) and fused (one kernel, dQ added across key tiles in a fixed order through fp32 scratch, 5 products),
-//     both with the same FLOP count (5 products), so the TFLOP/s compare times;
+//     both with the same FLOP count (5 products), so the TFLOP/s compare times; and at T = 1024 and 4096 (B * T =
+//     16384) the mma.sync forward beside the Hopper wgmma forward in its two schedules (attention_tc_forward_wgmma;
+//     sm_90a builds on compute capability 9.0 only) and the fused backward, with forward + backward for each wgmma
+//     one;
 //   - the Llama ops at the same sizes (RMSNorm forward and backward, RoPE on Q and K with NKV = 4, SwiGLU over
 //     F = 2048 forward and backward), as bandwidth;
 //   - at GPT-2 124M's micro-batch 16 in bf16: the cross-entropy forward as two pieces beside its one-read form
@@ -406,6 +409,62 @@ int main() {
             MS_CUDA_CHECK(cudaFree(p));
         }
         MS_CUDA_CHECK(cudaFree(lse));
+    }
+
+    // causal attention forward at T = 1024 and 4096 (HS 64, NH 12, B * T = 16384 rows): the shipped mma.sync kernel
+    // beside the Hopper wgmma one (attention_tc_forward_wgmma, where the GPU and build have it), and the fused
+    // backward, launched directly on the default stream
+    {
+        const int nh = static_cast<int>(NH), hs = 64;
+        for (const int t : {1024, 4096}) {
+            const int b = 16384 / t;
+            const int64_t rows = int64_t{b} * t, c = int64_t{nh} * hs;
+            auto* qkv = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, rows * 3 * c, 0.1f));
+            auto* out = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, rows * c, 0.0f));
+            auto* dout = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, rows * c, 0.01f));
+            auto* dqkv = static_cast<ms::bf16*>(device_values(*be, DType::kBF16, rows * 3 * c, 0.0f));
+            float* lse = device_floats(static_cast<size_t>(b * nh * t), 1.0f);
+            void* scratch = nullptr;
+            MS_CUDA_CHECK(cudaMalloc(&scratch, ms::cuda::attention_tc_backward_scratch_bytes(b, t, nh, hs)));
+            const double full = 2.0 * b * nh * double(t) * t * hs;  // causal: half of it per product
+            const std::string at = fmt::format(" (B{} T{} HS{})", b, t, hs);
+            const double mma_ms =
+                time_ms(*be, [&] { ms::cuda::attention_tc_forward(out, lse, qkv, b, t, nh, hs, nullptr); });
+            const double bwd_ms = time_ms(*be, [&] {
+                ms::cuda::attention_tc_backward(dqkv, dout, qkv, out, lse, scratch, b, t, nh, hs,
+                                                ms::cuda::AttentionTcBackward::kFused, nullptr);
+            });
+            MS_CUDA_CHECK(cudaGetLastError());
+            std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", ("attention mma.sync forward" + at).c_str(),
+                        "bf16", mma_ms, full / (mma_ms * 1e9));
+            std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", ("attention fused backward" + at).c_str(), "bf16",
+                        bwd_ms, 2.5 * full / (bwd_ms * 1e9));
+            if (ms::cuda::attention_wgmma_supported()) {
+                for (const auto schedule : {ms::cuda::WgmmaSchedule::kSerial, ms::cuda::WgmmaSchedule::kOverlapped}) {
+                    const std::string name =
+                        std::string(schedule == ms::cuda::WgmmaSchedule::kSerial ? "serial" : "overlapped") + at;
+                    const double wg_ms = time_ms(*be, [&] {
+                        ms::cuda::attention_tc_forward_wgmma(out, lse, qkv, b, t, nh, nh, hs, schedule, nullptr);
+                    });
+                    MS_CUDA_CHECK(cudaGetLastError());
+                    std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", ("attention wgmma fwd " + name).c_str(),
+                                "bf16", wg_ms, full / (wg_ms * 1e9));
+                    std::printf("%-40s | %-4s | %8.3f ms | %7.2f TFLOP/s\n", ("wgmma fwd + fused bwd " + name).c_str(),
+                                "bf16", wg_ms + bwd_ms, 3.5 * full / ((wg_ms + bwd_ms) * 1e9));
+                }
+            } else {
+                std::printf(
+                    "attention wgmma forward%s: not run (needs compute capability 9.0 and a build for "
+                    "CMAKE_CUDA_ARCHITECTURES=90a)\n",
+                    at.c_str());
+            }
+            std::fflush(stdout);
+            for (void* p : {static_cast<void*>(qkv), static_cast<void*>(out), static_cast<void*>(dout),
+                            static_cast<void*>(dqkv), scratch}) {
+                MS_CUDA_CHECK(cudaFree(p));
+            }
+            MS_CUDA_CHECK(cudaFree(lse));
+        }
     }
 
     // The loss and the embedding at GPT-2 124M's micro-batch 16 (N = 16384 rows, padded vocabulary 50304, bf16).

@@ -17,7 +17,8 @@
 // Ring attention (kernels/attention_block.cu, the GPU twin of tests/ops/test_cuda_emu_attention_block.cpp): the block
 // forward and backward in fp32, bf16 and fp16 (NH 8, NKV 2 and 8, HS 64 and 32, T 300: rows and keys in many 32-row
 // chunks) against the CPU reference, fp32 outputs within the emulation test's tolerances, two runs bit-identical;
-// copy_columns bit-identical to the CPU backend's. Skips without a CUDA device (ctest -L gpu).
+// copy_columns bit-identical to the CPU backend's. The Hopper wgmma forward at the HS 64 shapes, where the GPU has it.
+// Skips without a CUDA device (ctest -L gpu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -206,6 +207,76 @@ TEST(GpuAttentionTc, Bf16MatchesTheCpuReference) {
 TEST(GpuAttentionTc, Fp16MatchesTheCpuReference) {
     if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
     for (const Shape& s : kShapes) check_attention_on_gpu<fp16>(s, kFp16Tol);
+}
+
+// The Hopper forward (attention_tc_forward_wgmma, sm_90a, both schedules) at the HS 64 shapes above, out and lse
+// against the CPU reference within the same tolerances, and against the mma.sync forward within one unit in the last
+// place of S (on the emulation the two are bit-identical; a tensor core's accumulation order may move the fp32 sums'
+// last bits); outputs start as NaN; two runs give the same bits. Skips on a GPU or build without wgmma (compute
+// capability 9.0 and CMAKE_CUDA_ARCHITECTURES=90a: scripts/gpu-check.sh builds so on an H100 / H200).
+template <class S>
+void check_wgmma_forward_on_gpu(const Shape& s, cuda::WgmmaSchedule schedule, const Tolerances& tol) {
+    const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS, NKV = s.NKV > 0 ? s.NKV : NH;
+    const int W = C + 2 * NKV * HS;
+    SCOPED_TRACE(std::string(dtype_name(dtype_of<S>())) + " B " + std::to_string(B) + " T " + std::to_string(T) +
+                 " NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) +
+                 (schedule == cuda::WgmmaSchedule::kSerial ? " serial" : " overlapped"));
+    const size_t n_qkv = size_t{1} * B * T * W, n_out = size_t{1} * B * T * C, n_lse = size_t{1} * B * NH * T;
+    std::vector<S> qkv = to_s<S>(random_floats(n_qkv, 11 + T, -2.0f, 2.0f)), out_ref(n_out);
+    std::vector<float> lse_ref(n_lse);
+    const DType d = dtype_of<S>();
+    make_cpu_backend(OpMode::kReference)
+        ->attention_forward({.qkv = Tensor(qkv.data(), d, {B, T, W}),
+                             .out = Tensor(out_ref.data(), d, {B, T, C}),
+                             .lse = Tensor::f32(lse_ref.data(), {B, NH, T}),
+                             .NH = NH,
+                             .NKV = NKV});
+    const std::vector<float> out_want = to_f(out_ref);
+    DeviceBuf<S> d_qkv(n_qkv), d_out(n_out), d_mma(n_out);
+    DeviceBuf<float> d_lse(n_lse), d_lse_mma(n_lse);
+    ASSERT_TRUE(d_qkv.get() && d_out.get() && d_mma.get() && d_lse.get() && d_lse_mma.get());
+    MS_TEST_CUDA(d_qkv.upload(qkv));
+    cuda::attention_tc_forward(d_mma.get(), d_lse_mma.get(), d_qkv.get(), B, T, NH, NKV, HS, nullptr);
+    std::vector<S> first_out;
+    std::vector<float> first_lse;
+    for (int run = 0; run < 2; ++run) {
+        MS_TEST_CUDA(d_out.fill_nan());
+        MS_TEST_CUDA(d_lse.fill_nan());
+        cuda::attention_tc_forward_wgmma(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, NKV, HS, schedule, nullptr);
+        MS_TEST_CUDA(cudaDeviceSynchronize());
+        MS_TEST_CUDA(cudaGetLastError());
+        const std::vector<S> out = d_out.download();
+        const std::vector<float> lse = d_lse.download();
+        ASSERT_EQ(out.size(), n_out);
+        ASSERT_EQ(lse.size(), n_lse);
+        if (run == 0) {
+            const std::string tag = "wgmma ";
+            expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
+            expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
+            const std::vector<float> mma = to_f(d_mma.download());
+            expect_close(tag + "out vs mma.sync", error_on_scale(to_f(out), mma, mma),
+                         std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
+            first_out = out;
+            first_lse = lse;
+        } else {
+            EXPECT_TRUE(std::memcmp(out.data(), first_out.data(), n_out * sizeof(S)) == 0) << "out: two runs differ";
+            EXPECT_TRUE(bit_identical(lse, first_lse)) << "lse: two runs differ";
+        }
+    }
+}
+
+TEST(GpuAttentionTc, WgmmaForwardMatchesTheCpuReference) {
+    if (!have_gpu()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+    if (!cuda::attention_wgmma_supported()) {
+        GTEST_SKIP() << "SKIPPED: no wgmma here (needs compute capability 9.0 and a build for sm_90a)";
+    }
+    for (const Shape& s : kShapes) {
+        if (s.HS != cuda::kAttentionWgmmaHS) continue;
+        for (const auto schedule : {cuda::WgmmaSchedule::kSerial, cuda::WgmmaSchedule::kOverlapped}) {
+            check_wgmma_forward_on_gpu<bf16>(s, schedule, kBf16Tol);
+            check_wgmma_forward_on_gpu<fp16>(s, schedule, kFp16Tol);
+        }
+    }
 }
 
 // ---- ring attention (kernels/attention_block.cu): the scalar block kernels against the CPU reference ----

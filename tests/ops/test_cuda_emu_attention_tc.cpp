@@ -18,7 +18,8 @@
 // given scratch, the split one without), and to the scalar ones under AttentionKernels::kScalar; another that
 // CudaBackend runs the fused backward on the scratch it owns, twice, and the split one under
 // debug.cuda_attention_bwd: split (BackendOptions::cuda). A death test checks that the emulation catches a
-// fused backward whose blocks wait on blocks that have not run.
+// fused backward whose blocks wait on blocks that have not run. The Hopper forward (wgmma, HS 64) must give the
+// mma.sync forward's bits, multi-head and grouped-query.
 //
 // Tolerances are scale-free errors (max |tc - ref| / max |ref|), about 3x the largest MS_OP_TEST_VERBOSE=1 measured
 // over all T and HS (values below, mma.sync kernels). The reference computes in double and rounds once; the kernels
@@ -309,6 +310,44 @@ TEST(CudaEmuAttentionTcDeathTest, MisorderedFusedBackwardAborts) {
                                     NH, HS, cuda::AttentionTcBackward::kFusedMisorderedForTest, kStream),
         "waits for a flag to become 1, but it is 0");
 }
+
+// The Hopper forward (attention_tc_forward_wgmma: wgmma m64n64k16, the emulation's twin of the sm_90a kernel), in
+// both schedules (serial; the softmax overlapping the previous tile's P V), sums each product's 16 k in one
+// instruction and the k-slices in order, as the mma.sync forward does, and shares its softmax: on the emulation its
+// out and lse must be the mma.sync kernel's bits (which the test above holds to the
+// reference). Shapes: one row; a partial 128-row block; T = 130 (two blocks, the second of 2 rows, three key tiles);
+// T = 200 with grouped-query heads (NH 4, NKV 2: two query heads per key/value head). Outputs start as NaN.
+template <class S>
+void check_wgmma_forward() {
+    const int HS = 64;
+    struct Shape {
+        int B, T, NH, NKV;
+    };
+    for (const Shape& sh : {Shape{2, 1, 2, 2}, Shape{2, 17, 2, 2}, Shape{1, 130, 2, 2}, Shape{1, 200, 4, 2}}) {
+        SCOPED_TRACE(std::string(dtype_name(dtype_of<S>())) + " T " + std::to_string(sh.T) + " NH " +
+                     std::to_string(sh.NH) + " NKV " + std::to_string(sh.NKV));
+        const int64_t rows = int64_t{sh.B} * sh.T, C = int64_t{sh.NH} * HS, W = int64_t{sh.NH + 2 * sh.NKV} * HS;
+        HalfBuf<S> qkv(random_floats(static_cast<size_t>(rows * W), 21 + sh.T, -2.0f, 2.0f));
+        HalfBuf<S> out_mma(static_cast<size_t>(rows * C));
+        Guarded lse_mma(int64_t{sh.B} * sh.NH * sh.T, NAN);
+        cuda::attention_tc_forward(out_mma.data(), lse_mma.data(), qkv.data(), sh.B, sh.T, sh.NH, sh.NKV, HS, kStream);
+        for (const auto schedule : {cuda::WgmmaSchedule::kSerial, cuda::WgmmaSchedule::kOverlapped}) {
+            const char* name = schedule == cuda::WgmmaSchedule::kSerial ? "serial" : "overlapped";
+            HalfBuf<S> out_wg(static_cast<size_t>(rows * C));
+            Guarded lse_wg(int64_t{sh.B} * sh.NH * sh.T, NAN);
+            cuda::attention_tc_forward_wgmma(out_wg.data(), lse_wg.data(), qkv.data(), sh.B, sh.T, sh.NH, sh.NKV, HS,
+                                             schedule, kStream);
+            EXPECT_TRUE(out_wg.guards_intact() && lse_wg.guards_intact()) << name << ": a write outside";
+            EXPECT_TRUE(bit_identical(out_wg.values(), out_mma.values()))
+                << name << ": out differs from the mma.sync forward";
+            EXPECT_TRUE(bit_identical(lse_wg.values(), lse_mma.values()))
+                << name << ": lse differs from the mma.sync forward";
+        }
+    }
+}
+
+TEST(CudaEmuAttentionTc, WgmmaForwardIsTheMmaForwardBitForBitBf16) { check_wgmma_forward<bf16>(); }
+TEST(CudaEmuAttentionTc, WgmmaForwardIsTheMmaForwardBitForBitFp16) { check_wgmma_forward<fp16>(); }
 
 TEST(CudaEmuAttentionTc, EligibilityFollowsHeadSizeAndAlignment) {
     alignas(16) static unsigned char buf[64];

@@ -54,8 +54,20 @@ struct Fiber {
     ucontext_t context;
     dim3 thread_idx;
     bool done;
-    std::vector<AsyncCopy> copies;   // in issue order
-    std::vector<size_t> group_ends;  // per committed group, oldest first: its end in copies
+    std::vector<AsyncCopy> copies;         // in issue order
+    std::vector<size_t> group_ends;        // per committed group, oldest first: its end in copies
+    std::vector<size_t> unfenced_chunks;   // 16-byte chunks of dynamic shared memory its cp.async landed since its
+                                           // last fence.proxy.async (Runner::unfenced)
+    std::vector<WgmmaOp> wgmma_ops;        // queued wgmma (emu/wgmma_emu.h), in issue order
+    std::vector<size_t> wgmma_group_ends;  // per committed group, oldest first: its end in wgmma_ops
+};
+
+constexpr int kMaxWarpgroups = kMaxThreads / 128;
+
+// A warpgroup's exchange for wgmma: its barrier and the A operand (64 x 16, row-major) of the wgmma being run.
+struct Warpgroup {
+    Barrier barrier;
+    float a[64 * 16];
 };
 
 struct Runner {
@@ -64,6 +76,7 @@ struct Runner {
     size_t stride = 0;
     std::vector<Fiber> fibers = std::vector<Fiber>(kMaxThreads);
     Warp warps[kMaxWarps];
+    Warpgroup warpgroups[kMaxWarpgroups];
     Barrier block_barrier;
     int num_threads = 0;  // 0: no block is running
     int live = 0;         // threads of the block that have not returned
@@ -72,6 +85,9 @@ struct Runner {
     std::vector<unsigned char> dynamic_storage;  // dynamic shared memory, from the first kSharedAlign boundary in it
     unsigned char* dynamic_shared = nullptr;
     size_t dynamic_bytes = 0;
+    // per 16-byte chunk of dynamic shared memory: 1 + the thread whose cp.async landed there since that thread's last
+    // fence.proxy.async, or 0; wgmma (the async proxy) must not read a chunk that is not 0
+    std::vector<int> unfenced;
     void (*body)(const void*) = nullptr;
     const void* ctx = nullptr;
 
@@ -122,15 +138,22 @@ Warp& current_warp(Runner& r, unsigned mask) {
     return w;
 }
 
-// Lands the copies of the thread's oldest `groups` committed groups.
-void land_copies(Fiber& f, size_t groups) {
+// Lands the copies of the running thread's oldest `groups` committed groups (marking those in dynamic shared memory
+// as not yet visible to the async proxy).
+void land_copies(Runner& r, size_t groups) {
     if (groups == 0) return;
+    Fiber& f = r.fibers[r.current];
     const size_t end = f.group_ends[groups - 1];
     for (size_t i = 0; i < end; ++i) {
         if (f.copies[i].src != nullptr) {
             std::memcpy(f.copies[i].dst, f.copies[i].src, 16);
         } else {
             std::memset(f.copies[i].dst, 0, 16);
+        }
+        if (f.copies[i].dst >= r.dynamic_shared && f.copies[i].dst < r.dynamic_shared + r.dynamic_bytes) {
+            const size_t chunk = static_cast<size_t>(f.copies[i].dst - r.dynamic_shared) / 16;
+            r.unfenced[chunk] = r.current + 1;
+            f.unfenced_chunks.push_back(chunk);
         }
     }
     f.copies.erase(f.copies.begin(), f.copies.begin() + static_cast<std::ptrdiff_t>(end));
@@ -164,6 +187,9 @@ void run_block(Runner& r) {
         f.done = false;
         f.copies.clear();
         f.group_ends.clear();
+        f.unfenced_chunks.clear();
+        f.wgmma_ops.clear();
+        f.wgmma_group_ends.clear();
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = r.stacks + t * r.stride + (r.stride - kStackBytes);
         f.context.uc_stack.ss_size = kStackBytes;
@@ -176,10 +202,12 @@ void run_block(Runner& r) {
         r.warps[w].live = lanes;
         r.warps[w].live_mask = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
     }
+    for (Warpgroup& wg : r.warpgroups) wg.barrier = Barrier{};
     r.block_barrier = Barrier{};
     // poisoned, so a kernel that reads dynamic shared memory before writing it fails its test (data() of an empty
     // vector may be null, which memset must not get even for 0 bytes)
     if (r.dynamic_bytes > 0) std::memset(r.dynamic_shared, 0xff, r.dynamic_bytes);
+    r.unfenced.assign((r.dynamic_bytes + 15) / 16, 0);
     r.live = n;
     while (r.live > 0) {
         const uint64_t before = r.progress;
@@ -297,7 +325,7 @@ void cp_async_wait(int pending) {
     MS_CHECK(r.num_threads > 0, "cuda_emu: cp.async.wait_group outside a kernel");
     Fiber& f = r.fibers[r.current];
     const size_t groups = f.group_ends.size();
-    land_copies(f, groups > static_cast<size_t>(pending) ? groups - static_cast<size_t>(pending) : 0);
+    land_copies(r, groups > static_cast<size_t>(pending) ? groups - static_cast<size_t>(pending) : 0);
 }
 
 void syncthreads() {
@@ -323,6 +351,110 @@ uint64_t shuffle(unsigned mask, uint64_t bits, int src) {
 }
 
 int lane_id() { return runner().current % 32; }
+
+uint64_t wgmma_shared_address(const void* p) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: a wgmma descriptor outside a kernel");
+    const auto* b = static_cast<const unsigned char*>(p);
+    MS_CHECK(b >= r.dynamic_shared && b < r.dynamic_shared + r.dynamic_bytes && (b - r.dynamic_shared) % 16 == 0,
+             "cuda_emu: a wgmma descriptor for {}, which is not a 16-byte aligned address in the block's dynamic "
+             "shared memory",
+             p);
+    return static_cast<uint64_t>(b - r.dynamic_shared);
+}
+
+void fence_proxy_async() {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: fence.proxy.async outside a kernel");
+    Fiber& f = r.fibers[r.current];
+    for (size_t chunk : f.unfenced_chunks) {
+        if (r.unfenced[chunk] == r.current + 1) r.unfenced[chunk] = 0;
+    }
+    f.unfenced_chunks.clear();
+}
+
+void wgmma_issue(const WgmmaOp& op) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0 && r.num_threads % 128 == 0,
+             "cuda_emu: wgmma in a block of {} threads: it needs whole warpgroups (a multiple of 128)", r.num_threads);
+    r.fibers[r.current].wgmma_ops.push_back(op);
+}
+
+void wgmma_commit() {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: wgmma.commit_group outside a kernel");
+    Fiber& f = r.fibers[r.current];
+    f.wgmma_group_ends.push_back(f.wgmma_ops.size());
+}
+
+namespace {
+
+// Element (mn, k) of the no-swizzle operand `desc` describes (wgmma.cuh's layouts), 16-bit, as a float.
+float wgmma_element(const Runner& r, uint64_t desc, int mn, int k, bool mn_major, bool bf16_operands) {
+    MS_CHECK((desc >> 49 & 0x7) == 0 && (desc >> 62) == 0,
+             "cuda_emu: wgmma descriptor {:#x} asks for a swizzle or base offset; only the no-swizzle layout is "
+             "emulated",
+             desc);
+    const uint64_t start = (desc & 0x3FFF) << 4, lbo = (desc >> 16 & 0x3FFF) << 4, sbo = (desc >> 32 & 0x3FFF) << 4;
+    const uint64_t offset = mn_major ? start + (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
+                                     : start + (mn % 8) * 16 + (mn / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo;
+    MS_CHECK(offset + 2 <= r.dynamic_bytes,
+             "cuda_emu: wgmma reads element ({}, {}) at byte {} of {} bytes of dynamic shared memory (descriptor "
+             "{:#x})",
+             mn, k, offset, r.dynamic_bytes, desc);
+    const int writer = r.unfenced[offset / 16];
+    MS_CHECK(writer == 0,
+             "cuda_emu: wgmma reads byte {} of dynamic shared memory, which a cp.async of thread {} wrote with no "
+             "fence.proxy.async by that thread since (wgmma reads through the async proxy: cuda/wgmma.cuh)",
+             offset, writer - 1);
+    uint16_t bits;
+    std::memcpy(&bits, r.dynamic_shared + offset, 2);
+    return bf16_operands ? to_float(bf16{bits}) : to_float(fp16{bits});
+}
+
+// Runs one queued wgmma for the calling thread (warpgroup-collective).
+void run_wgmma(Runner& r, const WgmmaOp& op) {
+    const int in_group = r.current % 128, warp = in_group / 32, lane = in_group % 32, g = lane >> 2, t = lane % 4;
+    Warpgroup& wg = r.warpgroups[r.current / 128];
+    if (op.a_in_registers) {
+        for (int i = 0; i < 4; ++i) {
+            const int row = 16 * warp + g + 8 * (i % 2), k = 2 * t + 8 * (i / 2);
+            const uint16_t lo = static_cast<uint16_t>(op.a[i] & 0xffffu), hi = static_cast<uint16_t>(op.a[i] >> 16);
+            wg.a[row * 16 + k] = op.bf16 ? to_float(bf16{lo}) : to_float(fp16{lo});
+            wg.a[row * 16 + k + 1] = op.bf16 ? to_float(bf16{hi}) : to_float(fp16{hi});
+        }
+    }
+    wait(r, wg.barrier, 128);  // every thread has published its A fragment (and the kernel's earlier writes are done)
+    for (int j = 0; j < op.n / 8; ++j) {
+        for (int i = 0; i < 4; ++i) {
+            const int row = 16 * warp + g + 8 * (i / 2), col = 8 * j + 2 * t + i % 2;
+            float acc = op.accumulate ? op.d[4 * j + i] : 0.0f;
+            for (int k = 0; k < 16; ++k) {
+                const float a =
+                    op.a_in_registers ? wg.a[row * 16 + k] : wgmma_element(r, op.a_desc, row, k, false, op.bf16);
+                acc += a * wgmma_element(r, op.b_desc, col, k, op.b_mn_major, op.bf16);
+            }
+            op.d[4 * j + i] = acc;
+        }
+    }
+    wait(r, wg.barrier, 128);  // every thread has read the staging area before the next wgmma overwrites it
+}
+
+}  // namespace
+
+void wgmma_wait(int pending) {
+    Runner& r = runner();
+    MS_CHECK(r.num_threads > 0, "cuda_emu: wgmma.wait_group outside a kernel");
+    Fiber& f = r.fibers[r.current];
+    const size_t groups = f.wgmma_group_ends.size();
+    if (groups <= static_cast<size_t>(pending)) return;
+    const size_t landing = groups - static_cast<size_t>(pending), end = f.wgmma_group_ends[landing - 1];
+    for (size_t i = 0; i < end; ++i) run_wgmma(r, f.wgmma_ops[i]);
+    f.wgmma_ops.erase(f.wgmma_ops.begin(), f.wgmma_ops.begin() + static_cast<std::ptrdiff_t>(end));
+    f.wgmma_group_ends.erase(f.wgmma_group_ends.begin(),
+                             f.wgmma_group_ends.begin() + static_cast<std::ptrdiff_t>(landing));
+    for (size_t& e : f.wgmma_group_ends) e -= end;
+}
 
 void check_flag(const volatile int* flag, int expected) {
     const int value = *flag;

@@ -37,6 +37,9 @@
 //   - the PTX mma.sync m16n8k16 (bf16 / f16 operands, f32 accumulators) and ldmatrix .x4 [.trans], with their
 //     documented fragment layouts, and 16-byte cp.async with commit / wait_group (a copy lands at the wait that
 //     covers it), through the wrappers of cuda/mma.cuh: emu/mma_emu.h.
+//   - the sm_90a wgmma.mma_async m64n64k16 (bf16 / f16, f32 accumulators, no-swizzle shared-memory descriptors, A
+//     in shared memory or registers) with commit / wait_group, through the wrappers of cuda/wgmma.cuh, in blocks of
+//     whole warpgroups: emu/wgmma_emu.h.
 //   - cudaStream_t is opaque and launches are synchronous; cudaGetLastError() always returns cudaSuccess.
 // Not emulated: cooperative groups, __ballot/__any/match, half/bf16 arithmetic and vector types, textures,
 // clusters, launches from inside a kernel, host-device memory separation (kernels dereference host pointers).
@@ -201,4 +204,5 @@ inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 
 #include "engine/backends/cuda/emu/mma_emu.h"
+#include "engine/backends/cuda/emu/wgmma_emu.h"
 #include "engine/backends/cuda/emu/wmma_emu.h"

@@ -81,12 +81,20 @@ fused 65040 (dK/dV's, dS^T 9216, the ticket; 28176 / 40464 / 52752 at HS 16 / 32
 Registers: the fused kernel is capped for 3 blocks per SM on sm_90 (MS_FUSED_MIN_BLOCKS: 3 x 65 KB of shared memory
 fit in 227 KB, and 3 x 128 threads at up to 170 registers in 64 K). What ptxas gives each kernel, and what has and has
 not run on a GPU, is in docs/gpu.md; kMtForward / kMtDq / MS_FUSED_MIN_BLOCKS are the knobs to compare on a GPU.
-Room left: HS 128, wgmma (sm_90) instead of mma.sync, a ticket order that starts the long key tiles earlier. The
-former nvcuda::wmma version (scores through shared memory) is bench/gpu/attention_wmma.cu, for comparison in
-gpu_kernel_bench.
+The Hopper forward (attention_tc_forward_wgmma, sm_90a, HS 64): the forward's walk and equations with the products on
+wgmma.mma_async m64n64k16 (cuda/wgmma.cuh): one warpgroup (the same 128 threads) owns 128 query rows as two m64 tiles;
+per 64-key tile S = Q K^T takes Q and K from shared memory by descriptor, O += P V takes P from registers (the D
+fragment of two 8-key blocks is the A fragment of a 16-key slice, as with mma.sync) and V as an MN-major operand.
+Tiles are staged by cp.async in the no-swizzle core-matrix layout (WgSmem), each thread fencing its copies for
+wgmma's async proxy before the barrier. Two schedules (WgmmaSchedule, the kernel's comment): serial, and the softmax
+of tile j overlapping P_{j-1} V_{j-1} on the tensor cores (FlashAttention-3's overlap within a warpgroup). Room left
+there: the backward on wgmma, a producer warp with TMA, two warpgroups ping-ponging.
+Room left: HS 128, a ticket order that starts the long key tiles earlier. The former nvcuda::wmma version (scores
+through shared memory) is bench/gpu/attention_wmma.cu, for comparison in gpu_kernel_bench.
 */
 #include "engine/backends/cuda/kernels/attention_tc.cuh"
 #include "engine/backends/cuda/mma.cuh"
+#include "engine/backends/cuda/wgmma.cuh"
 
 #if defined(__CUDACC__)
 #define MS_UNROLL _Pragma("unroll")
@@ -881,6 +889,236 @@ __global__ void __launch_bounds__(kThreads, MS_FUSED_MIN_BLOCKS)
 }
 
 // ----------------------------------------------------------------------------
+// The Hopper forward (wgmma, sm_90a; attention_tc_forward_wgmma)
+
+// m64 tiles per block: one warpgroup (kThreads) owns 64 kWgMt query rows, each wgmma of its walk a 64-row product.
+constexpr int kWgMt = 2;
+constexpr int kWgRows = 64 * kWgMt;
+constexpr int kWgHS = kAttentionWgmmaHS;  // the head size it is instantiated for (GPT-2's 64)
+// (K, V) tile buffers per schedule (the kernel's header)
+__host__ __device__ constexpr int wg_stages(WgmmaSchedule schedule) {
+    return schedule == WgmmaSchedule::kOverlapped ? 3 : 2;
+}
+
+// Shared memory of the wgmma forward: tiles in the no-swizzle core-matrix layout of wgmma.cuh, row r, column c of a
+// (rows, HS) tile at byte (r / 8) kBand + (c / 8) kChunk + (r % 8) 16 + (c % 8) 2, so 16-byte column chunk c / 8 of
+// rows 8 b .. 8 b + 7 is one 128-byte core matrix; a tile is K-major for Q and K (SBO kBand, LBO kChunk) and MN-major
+// for V as the (keys, head) B operand of P V (SBO kChunk, LBO kBand). No padding: each core matrix is 128 contiguous
+// bytes, which the tensor cores read without bank conflicts.
+template <int HS>
+struct WgSmemOf {
+    static constexpr uint32_t kChunk = 128;             // bytes between column chunks of a band
+    static constexpr uint32_t kBand = HS / 8 * kChunk;  // bytes between 8-row bands
+    __host__ __device__ static constexpr size_t tile(int rows) { return size_t(rows) / 8 * kBand; }
+    // Q and `stages` buffers of a (K, V) tile pair
+    static constexpr size_t forward(int stages) { return tile(kWgRows) + 2 * size_t(stages) * tile(kBc); }
+};
+using WgSmem = WgSmemOf<kWgHS>;
+
+// As load_tile, into the core-matrix layout: copy i (16 bytes) goes to byte 16 i of the tile, which is row
+// 8 (i / kWgHS) + i % 8, column chunk (i / 8) % (kWgHS / 8): consecutive threads fill consecutive 16 bytes of shared
+// memory, and a warp reads 8 rows x 64 bytes of global memory (whole 32-byte sectors).
+template <class S, int kRows>
+__device__ __forceinline__ void load_tile_cm(S* dst, const S* src, int row0, int T, int64_t stride) {
+    constexpr int kChunks = kWgHS / 8;
+    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+        const int r = 8 * (i / (8 * kChunks)) + i % 8, c = 8 * ((i / 8) % kChunks);
+        const bool live = row0 + r < T;
+        cp_async16(dst + 8 * i, src + static_cast<int64_t>(live ? row0 + r : 0) * stride + c, live);
+    }
+}
+
+// The online softmax of one walked tile for the wgmma forward, on the S accumulators of m64 tile rows q0m + 16 warp +
+// g (+ 8) (the mma.sync forward's equations and order): scale and mask s (in units of scale_log2), update the running
+// max m and the running sum l (this thread's share), and leave exp2(s - m) in s; returns nothing in O, whose
+// rescaling by `correction` the caller does once the products writing O are done.
+__device__ __forceinline__ void wg_softmax(float (&s)[kBc / 8][4], float (&m)[2], float (&l)[2], float (&correction)[2],
+                                           int q0m, int k0, float scale_log2, int warp, int g, int t) {
+    const int r0 = q0m + 16 * warp + g;  // this thread's rows r0, r0 + 8
+    const bool diagonal = k0 + kBc - 1 > q0m;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    MS_UNROLL
+    for (int j = 0; j < kBc / 8; ++j) {
+        MS_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            const int row = r0 + 8 * (i / 2), key = k0 + 8 * j + 2 * t + i % 2;
+            float& x = s[j][i];
+            x = diagonal && key > row ? -INFINITY : x * scale_log2;
+            tile_max[i / 2] = fmaxf(tile_max[i / 2], x);
+        }
+    }
+    MS_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const float m_new = fmaxf(m[r], quad_max(tile_max[r]));
+        correction[r] = exp2f(m[r] - m_new);
+        m[r] = m_new;
+        l[r] *= correction[r];
+    }
+    MS_UNROLL
+    for (int j = 0; j < kBc / 8; ++j) {
+        MS_UNROLL
+        for (int i = 0; i < 4; ++i) {
+            float& x = s[j][i];
+            x = exp2f(x - m[i / 2]);
+            l[i / 2] += x;
+        }
+    }
+}
+
+// grid (query tiles of kWgRows, NH, B), block kThreads (one warpgroup). The forward kernel's walk, equations and
+// rounding (P rounded to S for P V, l summing the fp32 P, O and lse as there), with the products on wgmma: per key
+// tile S = Q K^T as HS / 16 m64n64k16 per m64 tile (A = Q, B = K, both from shared memory), then O += P V as
+// kBc / 16 m64n64k16 (A = P from registers, B = V MN-major). Each product sums its 16 k in one instruction and the
+// k-slices in order, as the mma.sync kernel does, so on the CPU emulation the two give the same bits.
+// Schedules (WgmmaSchedule): kSerial issues S_j, waits, runs the softmax, issues P_j V_j and waits, with the tiles
+// double-buffered; kOverlapped issues S_j and P_{j-1} V_{j-1} together, waits for S_j only and runs the softmax of
+// tile j while the tensor cores still add P_{j-1} V_{j-1} (FlashAttention-3's overlap within a warpgroup), then
+// waits for that and rescales O: the same operations on O in the same order, with three tile buffers (V_{j-1} in use,
+// K_j in use, tile j + 1 landing).
+// Every m64 tile runs every walked tile, with no branch around a wgmma (a branch there makes ptxas serialise the
+// wgmma and hold more registers). On the block's last key tile the first m64 tile sees no key (k0 is past its rows):
+// there its masked row max leaves m, l and O exactly as they were (correction exp2(0) = 1, P = 0), as its running
+// max is already finite from key tile 0.
+template <class S, HeadGroups kGroups, WgmmaSchedule kSchedule>
+__global__ void __launch_bounds__(kThreads)
+    attention_wgmma_forward_kernel(S* __restrict__ out, float* __restrict__ lse, const S* __restrict__ qkv, int T,
+                                   int NH, int NKV, float scale) {
+    constexpr int HS = kWgHS, kJ = kBc / 8;  // kJ 8-key accumulator blocks per walked tile
+    constexpr bool kOverlap = kSchedule == WgmmaSchedule::kOverlapped;
+    constexpr int kStages = wg_stages(kSchedule);
+    using L = WgSmem;
+    MS_TC_SHARED(smem);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane % 4;
+    S* s_q = reinterpret_cast<S*>(smem);            // (kWgRows, HS)
+    unsigned char* s_kv = smem + L::tile(kWgRows);  // kStages x [K (kBc, HS), V (kBc, HS)]
+    const auto k_tile = [&](int j) { return s_kv + (j % kStages) * 2 * L::tile(kBc); };
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kWgRows;
+    const int64_t C = static_cast<int64_t>(NH) * HS;
+    const QkvHead<S> qh = qkv_head(qkv, b, h, T, NH, kv_heads<kGroups>(NH, NKV), HS);
+    const int64_t stride = qh.stride;
+    const float scale_log2 = scale * kLog2e;
+    const auto load_kv = [&](int j) {
+        load_tile_cm<S, kBc>(reinterpret_cast<S*>(k_tile(j)), qh.k, j * kBc, T, stride);
+        load_tile_cm<S, kBc>(reinterpret_cast<S*>(k_tile(j) + L::tile(kBc)), qh.v, j * kBc, T, stride);
+        cp_async_commit();
+    };
+    // O += P V over the kBc keys of walked tile j, for every m64 tile (issued, not waited)
+    const auto issue_pv = [&](float(&o)[kWgMt][HS / 8][4], const uint32_t(&pa)[kWgMt][kBc / 16][4], int j) {
+        wgmma_fence();
+        MS_UNROLL
+        for (int mt = 0; mt < kWgMt; ++mt) {
+            wgmma_fence_operand(o[mt]);
+            MS_UNROLL
+            for (int jj = 0; jj < kBc / 16; ++jj) {
+                wgmma_m64n64k16_rs_mn<S>(o[mt], pa[mt][jj],
+                                         wgmma_desc(k_tile(j) + L::tile(kBc) + jj * 2 * L::kBand, L::kBand, L::kChunk),
+                                         true);
+            }
+        }
+        wgmma_commit();
+    };
+
+    const int k_end = q0 + kWgRows < T ? q0 + kWgRows : T, tiles = (k_end + kBc - 1) / kBc;
+    load_tile_cm<S, kWgRows>(s_q, qh.q, q0, T, stride);
+    load_kv(0);  // one group with Q
+
+    float o[kWgMt][HS / 8][4];
+    zero(o);
+    float m[kWgMt][2], l[kWgMt][2];  // as the mma.sync forward's: rows 64 mt + 16 warp + g (+ 8)
+    MS_UNROLL
+    for (int mt = 0; mt < kWgMt; ++mt) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    uint32_t pa[kWgMt][kBc / 16][4];  // P of the last tile's softmax, rounded: live until the P V reading it is done
+    for (int j = 0; j < tiles; ++j) {
+        const int k0 = j * kBc;
+        cp_async_wait<0>();
+        fence_proxy_async_shared();  // what this thread's copies wrote is visible to wgmma (the async proxy)
+        // tile j (and Q) have landed; every product reading the buffer tile j + 1 goes to is done (waited before)
+        __syncthreads();
+        if (j + 1 < tiles) load_kv(j + 1);
+
+        float s[kWgMt][kJ][4];
+        wgmma_fence();
+        MS_UNROLL
+        for (int mt = 0; mt < kWgMt; ++mt) {
+            wgmma_fence_operand(s[mt]);
+            MS_UNROLL
+            for (int f = 0; f < HS / 16; ++f) {
+                wgmma_m64n64k16_ss<S>(s[mt],
+                                      wgmma_desc(smem + mt * L::tile(64) + f * 2 * L::kChunk, L::kChunk, L::kBand),
+                                      wgmma_desc(k_tile(j) + f * 2 * L::kChunk, L::kChunk, L::kBand), f > 0);
+            }
+        }
+        wgmma_commit();
+        if (kOverlap && j > 0) {
+            issue_pv(o, pa, j - 1);
+            wgmma_wait<1>();  // S_j; P_{j-1} V_{j-1} may still run
+        } else {
+            wgmma_wait<0>();
+        }
+        float correction[kWgMt][2];
+        MS_UNROLL
+        for (int mt = 0; mt < kWgMt; ++mt) {
+            wgmma_fence_operand(s[mt]);
+            wg_softmax(s[mt], m[mt], l[mt], correction[mt], q0 + 64 * mt, k0, scale_log2, warp, g, t);
+        }
+        if (kOverlap) wgmma_wait<0>();  // P_{j-1} V_{j-1} is in O
+        MS_UNROLL
+        for (int mt = 0; mt < kWgMt; ++mt) {
+            wgmma_fence_operand(o[mt]);
+            MS_UNROLL
+            for (int jj = 0; jj < HS / 8; ++jj) {
+                MS_UNROLL
+                for (int i = 0; i < 4; ++i) o[mt][jj][i] *= correction[mt][i / 2];
+            }
+            MS_UNROLL
+            for (int jj = 0; jj < kBc / 16; ++jj) to_a<S>(pa[mt][jj], s[mt][2 * jj], s[mt][2 * jj + 1]);
+        }
+        if (!kOverlap) {
+            issue_pv(o, pa, j);
+            wgmma_wait<0>();
+        }
+    }
+    if (kOverlap) {
+        issue_pv(o, pa, tiles - 1);
+        wgmma_wait<0>();
+    }
+    float* lse_row = lse + (static_cast<int64_t>(b) * NH + h) * T;
+    MS_UNROLL
+    for (int mt = 0; mt < kWgMt; ++mt) {
+        wgmma_fence_operand(o[mt]);
+        const int w0 = q0 + 64 * mt + 16 * warp;
+        float inv_l[2];
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            l[mt][r] = quad_sum(l[mt][r]);
+            inv_l[r] = 1.0f / l[mt][r];
+        }
+        store_rows<S, HS>(out + static_cast<int64_t>(b) * T * C + static_cast<int64_t>(h) * HS, C, w0, T, o[mt], inv_l,
+                          lane);
+        MS_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const int row = w0 + g + 8 * r;
+            if (t == 0 && row < T) lse_row[row] = m[mt][r] / kLog2e + logf(l[mt][r]);
+        }
+    }
+}
+
+#if defined(__CUDACC__)
+// Writes 1 to *out when this file was compiled for sm_90a (wgmma), 0 otherwise (attention_wgmma_supported).
+__global__ void wgmma_compiled_kernel(int* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+#endif
+
+// ----------------------------------------------------------------------------
 // launch helpers
 
 template <class Kernel>
@@ -945,6 +1183,17 @@ void backward_fused_hs(S* dqkv, const S* dout, const S* qkv, const S* out, const
     MS_CUDA_LAUNCH_CHECK();
 }
 
+template <class S, WgmmaSchedule kSchedule>
+void forward_wgmma(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+    const auto kernel = NKV == NH ? attention_wgmma_forward_kernel<S, HeadGroups::kOne, kSchedule>
+                                  : attention_wgmma_forward_kernel<S, HeadGroups::kGrouped, kSchedule>;
+    const size_t bytes = WgSmem::forward(wg_stages(kSchedule));
+    opt_in_shared(kernel, bytes);
+    ms_launch(kernel, tile_grid(B, T, NH, kWgRows), dim3(kThreads), bytes, stream, out, lse, qkv, T, NH, NKV,
+              1.0f / sqrtf(static_cast<float>(kWgHS)));
+    MS_CUDA_LAUNCH_CHECK();
+}
+
 // NKV dividing NH (the grids' key/value head axis and the group walks rely on it).
 void check_kv_heads(int NH, int NKV) {
     MS_ASSERT(NKV > 0 && NH % NKV == 0, "attention (tensor cores): NKV = %d key/value heads do not divide NH = %d", NKV,
@@ -967,6 +1216,46 @@ void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH
     check_kv_heads(NH, NKV);
     launch_attention_tc("tensor cores", B, T, NH, HS, {out, qkv},
                         [&](auto hs) { forward_hs<S, decltype(hs)::value>(out, lse, qkv, B, T, NH, NKV, stream); });
+}
+
+bool attention_wgmma_supported() {
+#if defined(__CUDACC__)
+    static const bool supported = [] {
+        int device = 0, major = 0;
+        if (cudaGetDevice(&device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess || major != 9) {
+            return false;
+        }
+        int* flag = nullptr;
+        int compiled = 0;
+        MS_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+        ms_launch(wgmma_compiled_kernel, dim3(1), dim3(1), 0, nullptr, flag);
+        const bool ran = cudaGetLastError() == cudaSuccess &&
+                         cudaMemcpy(&compiled, flag, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+        MS_CUDA_CHECK(cudaFree(flag));
+        return ran && compiled == 1;
+    }();
+    return supported;
+#else
+    return true;  // the CPU emulation runs wgmma
+#endif
+}
+
+template <class S>
+void attention_tc_forward_wgmma(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, int HS,
+                                WgmmaSchedule schedule, cudaStream_t stream) {
+    check_kv_heads(NH, NKV);
+    MS_ASSERT(HS == kWgHS, "attention (wgmma): HS = %d; the wgmma forward is built for HS = %d only", HS, kWgHS);
+    MS_ASSERT(attention_wgmma_supported(),
+              "attention (wgmma): this GPU or build has no wgmma (it needs compute capability 9.0 and a build for "
+              "CMAKE_CUDA_ARCHITECTURES=90a)");
+    launch_attention_tc("wgmma", B, T, NH, HS, {out, qkv}, [&](auto) {
+        if (schedule == WgmmaSchedule::kOverlapped) {
+            forward_wgmma<S, WgmmaSchedule::kOverlapped>(out, lse, qkv, B, T, NH, NKV, stream);
+        } else {
+            forward_wgmma<S, WgmmaSchedule::kSerial>(out, lse, qkv, B, T, NH, NKV, stream);
+        }
+    });
 }
 
 template <class S>
@@ -993,6 +1282,8 @@ void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, c
 
 #define MS_INSTANTIATE(S)                                                                                             \
     template void attention_tc_forward<S>(S*, float*, const S*, int, int, int, int, int, cudaStream_t);               \
+    template void attention_tc_forward_wgmma<S>(S*, float*, const S*, int, int, int, int, int, WgmmaSchedule,         \
+                                                cudaStream_t);                                                        \
     template void attention_tc_backward<S>(S*, const S*, const S*, const S*, const float*, void*, int, int, int, int, \
                                            int, AttentionTcBackward, cudaStream_t);
 MS_INSTANTIATE(::ms::bf16)

@@ -84,6 +84,19 @@ template <class S>
 void attention_tc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, void* scratch, int B,
                            int T, int NH, int NKV, int HS, AttentionTcBackward kind, cudaStream_t stream);
 
+// The Hopper forward (attention_tc.cu): attention_tc_forward's results on wgmma instead of mma.sync, HS = 64 only,
+// where attention_wgmma_supported() (a GPU of compute capability 9.0 running a build for sm_90a; always on the CPU
+// emulation). Not dispatched by attention_forward yet: tests and gpu_kernel_bench call it.
+// schedule: kSerial waits for each product before the softmax that reads it and before the next tile; kOverlapped
+// runs a tile's softmax while the previous tile's P V is still on the tensor cores (attention_tc.cu). Same bits on
+// the emulation; which is faster is for gpu_kernel_bench to say.
+inline constexpr int kAttentionWgmmaHS = 64;
+enum class WgmmaSchedule : uint8_t { kSerial, kOverlapped };
+bool attention_wgmma_supported();
+template <class S>
+void attention_tc_forward_wgmma(S* out, float* lse, const S* qkv, int B, int T, int NH, int NKV, int HS,
+                                WgmmaSchedule schedule, cudaStream_t stream);
+
 // Multi-head attention (NKV = NH).
 template <class S>
 void attention_tc_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int HS, cudaStream_t stream) {
