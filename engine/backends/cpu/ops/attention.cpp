@@ -200,18 +200,21 @@ const float* as_f32(const Tensor& t, Scratch slot) {
 constexpr int64_t kQueryBlock = 64;
 
 // The fast paths' per-thread scratch, grown once: a query block's scores then probabilities (s), and in the backward
-// dO V^T then the scores' gradients (dp), each kQueryBlock rows of up to T keys; o, a block's output rows (16-bit D).
+// dO V^T then the scores' gradients (dp, grown only by the backward), each kQueryBlock rows of up to T keys; o, a
+// block's output rows (16-bit D).
 struct BlockScratch {
     std::vector<float> s, dp, o;
 };
 
-BlockScratch& block_scratch(int64_t T, int64_t HS) {
+enum class Pass : bool { kForward, kBackward };
+
+BlockScratch& block_scratch(int64_t T, int64_t HS, Pass pass) {
     thread_local BlockScratch x;
     const auto grow = [](std::vector<float>& v, int64_t n) {
         if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
     };
     grow(x.s, kQueryBlock * T);
-    grow(x.dp, kQueryBlock * T);
+    if (pass == Pass::kBackward) grow(x.dp, kQueryBlock * T);
     grow(x.o, kQueryBlock * HS);
     return x;
 }
@@ -269,7 +272,7 @@ void forward_fast(const AttentionForwardArgs& a, const AttentionShape& s) {
     for (int64_t bh = 0; bh < s.B * s.NH; ++bh) {
         const int64_t b = bh / s.NH, h = bh % s.NH;
         const HeadView<float> hv = head_view(qkv, s, b, h);
-        BlockScratch& x = block_scratch(s.T, s.HS);
+        BlockScratch& x = block_scratch(s.T, s.HS, Pass::kForward);
         D* o = out + b * s.T * s.C + h * s.HS;
         for (int64_t t0 = 0; t0 < s.T; t0 += kQueryBlock) {
             const QueryBlock q = query_block(t0, s.T);
@@ -337,7 +340,7 @@ void backward_fast(const AttentionBackwardArgs& a, const AttentionShape& s) {
                 }
             }
         };
-        BlockScratch& x = block_scratch(s.T, s.HS);
+        BlockScratch& x = block_scratch(s.T, s.HS, Pass::kBackward);
         for (int64_t h = kv * s.G; h < (kv + 1) * s.G; ++h) {
             float* dq = acc + (kIsF32<D> ? q_column(s, h) : 0);
             const HeadView<float> hv = head_view(qkv, s, b, h);

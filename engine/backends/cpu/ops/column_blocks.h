@@ -3,7 +3,7 @@
 //
 // The output is cut into tiles whose sizes are a function of its shape alone (tile_grid), each tile is one
 // single-threaded OpenBLAS sgemm call, and each OpenMP thread takes a contiguous run of whole tiles; column blocks
-// (block_width, thread_columns) share out the column-wise work beside them (matmul's dbias).
+// (thread_columns) share out the column-wise work beside them (matmul's dbias).
 // Why not OpenBLAS's own threads: its pthread pool and OpenMP's idle-spinning workers fight over the cores.
 // Why tiles fixed by the shape and not one call per thread: OpenBLAS's sgemm kernels give a column bits that
 // depend on the width of the call it is in and on its place there (the AVX2 Haswell/Zen and the Cooperlake
@@ -37,19 +37,13 @@ struct Slice {
     int size() const { return static_cast<int>(end - begin); }
 };
 
-// The width of the blocks n columns are cut into: a multiple of 16 (whole sgemm panels), at least kMinWidth so that
-// the operand every block's call packs again (the one spanning all the columns) is packed few times, and wide
-// enough that there are at most kMaxBlocks blocks. 24 blocks divide evenly over 1, 2, 3, 4, 6, 8, 12 and 24 threads.
-inline int64_t block_width(int64_t n) {
-    constexpr int64_t kPanel = 16, kMinWidth = 128, kMaxBlocks = 24;
-    const int64_t even = ((n + kMaxBlocks - 1) / kMaxBlocks + kPanel - 1) / kPanel * kPanel;
-    return std::max(kMinWidth, even);
-}
-
-// The calling OpenMP thread's columns of n: a contiguous run of whole blocks (possibly none), the blocks shared out
-// as evenly as their count allows.
+// The calling OpenMP thread's columns of n for column-wise work beside the GEMMs (matmul's dbias, where each column's
+// sum is one thread's, in a fixed order, whatever the split): a contiguous run of whole blocks (possibly none), the
+// blocks a multiple of 16 wide (whole vector panels), at least 128 and at most 24 of them (24 divide evenly over 1,
+// 2, 3, 4, 6, 8, 12 and 24 threads), shared out as evenly as their count allows.
 inline Slice thread_columns(int64_t n) {
-    const int64_t width = block_width(n);
+    constexpr int64_t kPanel = 16, kMinWidth = 128, kMaxBlocks = 24;
+    const int64_t width = std::max(kMinWidth, ((n + kMaxBlocks - 1) / kMaxBlocks + kPanel - 1) / kPanel * kPanel);
     const int64_t blocks = (n + width - 1) / width;
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     return {std::min(n, blocks * t / threads * width), std::min(n, blocks * (t + 1) / threads * width)};

@@ -187,15 +187,15 @@ void dweight_tile(G* dweight, float* acc, const Slice& rows, const Slice& cols, 
     }
 }
 
-// The calling thread's share of the backward on fp32 operands: its tiles of dinp (N, K) (= or += per dinp_beta,
-// skipped when dinp is null) and of dweight (M, K) (+=, fp32 or D: dweight_tile), and dbias (+=) over its columns
-// thread_columns(M).
+// The calling thread's share of the backward on fp32 operands: its tiles of dinp (N, K) in dinp_tiles (= or += per
+// dinp_beta, skipped when dinp is null) and of dweight (M, K) (+=, fp32 or D: dweight_tile), and dbias (+=) over its
+// columns thread_columns(M).
 template <class G, class GB>
-void backward_tiles(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta, G* dweight,
-                    float* dweight_acc, GB* dbias, const MatmulShape& s) {
+void backward_tiles(const float* dout, const float* inp, const float* weight, float* dinp, float dinp_beta,
+                    const TileGrid& dinp_tiles, G* dweight, float* dweight_acc, GB* dbias, const MatmulShape& s) {
     const int K = static_cast<int>(s.K), M = static_cast<int>(s.M), N = static_cast<int>(s.N);
     if (dinp) {
-        for_each_thread_tile(output_tiles(s.N, s.K), [&](const Slice& rows, const Slice& cols) {
+        for_each_thread_tile(dinp_tiles, [&](const Slice& rows, const Slice& cols) {
             // dinp[rows, cols] (n, k) = dout[rows, :] (n, M) @ weight[:, cols] (M, k)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows.size(), cols.size(), M, 1.0f,
                         dout + rows.begin * s.M, M, weight + cols.begin, K, dinp_beta,
@@ -226,9 +226,10 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
     // A D dweight's fp32 contribution (dweight_tile).
     float* dweight_acc = kIsF32<G> ? nullptr : scratch_f32(Scratch::kGrad, static_cast<size_t>(s.M * s.K));
     const bool add = a.accumulate == Accumulate::kAdd;
+    const TileGrid dinp_tiles = output_tiles(s.N, s.K);
     if constexpr (kIsF32<D>) {
 #pragma omp parallel
-        backward_tiles(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dweight, dweight_acc, dbias, s);
+        backward_tiles(dout, inp, weight, dinp, add ? 1.0f : 0.0f, dinp_tiles, dweight, dweight_acc, dbias, s);
     } else {
         float* dout_f = scratch_f32(Scratch::kA, static_cast<size_t>(s.N * s.M));
         float* inp_f = scratch_f32(Scratch::kB, static_cast<size_t>(s.N * s.K));
@@ -240,9 +241,9 @@ void backward_fast(const MatmulBackwardArgs& a, const MatmulShape& s) {
             convert_to_f32_team(dout, dout_f, s.N * s.M);
             convert_to_f32_team(inp, inp_f, s.N * s.K);
             convert_to_f32_team(weight, weight_f, s.M * s.K);  // the implicit barrier: all complete below
-            backward_tiles(dout_f, inp_f, weight_f, dinp_f, 0.0f, dweight, dweight_acc, dbias, s);
+            backward_tiles(dout_f, inp_f, weight_f, dinp_f, 0.0f, dinp_tiles, dweight, dweight_acc, dbias, s);
             if (dinp) {  // this thread's own dinp tiles, as backward_tiles computed them
-                for_each_thread_tile(output_tiles(s.N, s.K), [&](const Slice& rows, const Slice& cols) {
+                for_each_thread_tile(dinp_tiles, [&](const Slice& rows, const Slice& cols) {
                     for (int64_t n = rows.begin; n < rows.end; ++n) {
                         for (int64_t k = cols.begin; k < cols.end; ++k) {
                             const float g = dinp_f[n * s.K + k];
