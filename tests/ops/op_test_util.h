@@ -68,6 +68,22 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0
     return v;
 }
 
+// n small integers in [-8, 8] as floats: exact in bf16 and fp16, and every product and partial sum of a 16-term dot
+// product of them exact in fp32, so the emulated tensor-core instructions can be compared with == against a loop.
+inline std::vector<float> small_ints(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> dist(-8, 8);
+    std::vector<float> v(n);
+    for (float& x : v) x = static_cast<float>(dist(rng));
+    return v;
+}
+
+// lo and hi rounded to S (bf16 or fp16) in one 32-bit operand register, lo in the low half (the PTX fragments' order).
+template <class S>
+uint32_t bits_of(float lo, float hi) {
+    return static_cast<uint32_t>(from_float<S>(lo).bits) | static_cast<uint32_t>(from_float<S>(hi).bits) << 16;
+}
+
 inline std::vector<int32_t> random_ints(size_t n, uint32_t seed, int32_t lo, int32_t hi_inclusive) {
     std::mt19937 rng(seed);
     std::uniform_int_distribution<int32_t> dist(lo, hi_inclusive);

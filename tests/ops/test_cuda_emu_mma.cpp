@@ -10,13 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <random>
 #include <type_traits>
 #include <vector>
 
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/mma.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/op_test_util.h"
 
 namespace ms::test {
 namespace {
@@ -24,11 +24,6 @@ namespace {
 // The documented A element (row, col) of register i, half h (0: low) for lane (g, t).
 int a_row(int g, int i) { return g + 8 * (i % 2); }
 int a_col(int t, int i, int h) { return 2 * t + 8 * (i / 2) + h; }
-
-template <class S>
-uint32_t bits_of(float lo, float hi) {
-    return static_cast<uint32_t>(from_float<S>(lo).bits) | static_cast<uint32_t>(from_float<S>(hi).bits) << 16;
-}
 
 // a (16, 16), b (16, 8) as (k, n), c and d (16, 8): row-major.
 template <class S>
@@ -43,14 +38,6 @@ __global__ void mma_kernel(float* d, const float* a, const float* b, const float
     for (int i = 0; i < 2; ++i) fb[i] = bits_of<S>(b[(2 * t + 8 * i) * 8 + g], b[(2 * t + 8 * i + 1) * 8 + g]);
     cuda::mma_m16n8k16<S>(fd, fa, fb, fc);
     for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = fd[i];
-}
-
-std::vector<float> small_ints(size_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> dist(-8, 8);
-    std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(dist(rng));
-    return v;
 }
 
 template <class S>

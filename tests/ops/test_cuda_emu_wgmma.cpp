@@ -14,13 +14,13 @@
 
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "engine/backends/cuda/common.cuh"
 #include "engine/backends/cuda/mma.cuh"
 #include "engine/backends/cuda/wgmma.cuh"
 #include "engine/core/half.h"
+#include "tests/ops/op_test_util.h"
 
 namespace ms::test {
 namespace {
@@ -36,11 +36,6 @@ uint32_t k_major(int mn, int k, uint32_t lbo, uint32_t sbo) {
 }
 uint32_t mn_major(int mn, int k, uint32_t lbo, uint32_t sbo) {
     return (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo;
-}
-
-template <class S>
-uint32_t bits_of(float lo, float hi) {
-    return static_cast<uint32_t>(from_float<S>(lo).bits) | static_cast<uint32_t>(from_float<S>(hi).bits) << 16;
 }
 
 // D element (row, col) of accumulator register (j, i) for thread `thread` of the warpgroup.
@@ -86,14 +81,6 @@ __global__ void wgmma_kernel(float* d, float* seen, const float* a, const float*
     for (int j = 0; j < 8; ++j) {
         for (int i = 0; i < 4; ++i) d[d_row(thread, i) * 64 + d_col(thread, j, i)] = acc[j][i];
     }
-}
-
-std::vector<float> small_ints(size_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> dist(-8, 8);
-    std::vector<float> v(n);
-    for (float& x : v) x = static_cast<float>(dist(rng));
-    return v;
 }
 
 template <class S, bool kARegisters>
