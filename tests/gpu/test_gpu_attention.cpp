@@ -215,12 +215,9 @@ TEST(GpuAttentionTc, Fp16MatchesTheCpuReference) {
 // last bits); outputs start as NaN; two runs give the same bits. Skips on a GPU or build without wgmma (compute
 // capability 9.0 and CMAKE_CUDA_ARCHITECTURES=90a: scripts/gpu-check.sh builds so on an H100 / H200).
 template <class S>
-void check_wgmma_forward_on_gpu(const Shape& s, cuda::WgmmaSchedule schedule, const Tolerances& tol) {
+void check_wgmma_forward_on_gpu(const Shape& s, const Tolerances& tol) {
     const int B = s.B, T = s.T, NH = s.NH, HS = s.HS, C = NH * HS, NKV = s.NKV > 0 ? s.NKV : NH;
     const int W = C + 2 * NKV * HS;
-    SCOPED_TRACE(std::string(dtype_name(dtype_of<S>())) + " B " + std::to_string(B) + " T " + std::to_string(T) +
-                 " NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) +
-                 (schedule == cuda::WgmmaSchedule::kSerial ? " serial" : " overlapped"));
     const size_t n_qkv = size_t{1} * B * T * W, n_out = size_t{1} * B * T * C, n_lse = size_t{1} * B * NH * T;
     std::vector<S> qkv = to_s<S>(random_floats(n_qkv, 11 + T, -2.0f, 2.0f)), out_ref(n_out);
     std::vector<float> lse_ref(n_lse);
@@ -237,30 +234,37 @@ void check_wgmma_forward_on_gpu(const Shape& s, cuda::WgmmaSchedule schedule, co
     ASSERT_TRUE(d_qkv.get() && d_out.get() && d_mma.get() && d_lse.get() && d_lse_mma.get());
     MS_TEST_CUDA(d_qkv.upload(qkv));
     cuda::attention_tc_forward(d_mma.get(), d_lse_mma.get(), d_qkv.get(), B, T, NH, NKV, HS, nullptr);
-    std::vector<S> first_out;
-    std::vector<float> first_lse;
-    for (int run = 0; run < 2; ++run) {
-        MS_TEST_CUDA(d_out.fill_nan());
-        MS_TEST_CUDA(d_lse.fill_nan());
-        cuda::attention_tc_forward_wgmma(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, NKV, HS, schedule, nullptr);
-        MS_TEST_CUDA(cudaDeviceSynchronize());
-        MS_TEST_CUDA(cudaGetLastError());
-        const std::vector<S> out = d_out.download();
-        const std::vector<float> lse = d_lse.download();
-        ASSERT_EQ(out.size(), n_out);
-        ASSERT_EQ(lse.size(), n_lse);
-        if (run == 0) {
-            const std::string tag = "wgmma ";
-            expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
-            expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
-            const std::vector<float> mma = to_f(d_mma.download());
-            expect_close(tag + "out vs mma.sync", error_on_scale(to_f(out), mma, mma),
-                         std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
-            first_out = out;
-            first_lse = lse;
-        } else {
-            EXPECT_TRUE(std::memcmp(out.data(), first_out.data(), n_out * sizeof(S)) == 0) << "out: two runs differ";
-            EXPECT_TRUE(bit_identical(lse, first_lse)) << "lse: two runs differ";
+    MS_TEST_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> mma = to_f(d_mma.download());
+    for (const auto schedule : {cuda::WgmmaSchedule::kSerial, cuda::WgmmaSchedule::kOverlapped}) {
+        const std::string tag = std::string(dtype_name(d)) + " B " + std::to_string(B) + " T " + std::to_string(T) +
+                                " NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) +
+                                (schedule == cuda::WgmmaSchedule::kSerial ? " wgmma serial " : " wgmma overlapped ");
+        SCOPED_TRACE(tag);
+        std::vector<S> first_out;
+        std::vector<float> first_lse;
+        for (int run = 0; run < 2; ++run) {
+            MS_TEST_CUDA(d_out.fill_nan());
+            MS_TEST_CUDA(d_lse.fill_nan());
+            cuda::attention_tc_forward_wgmma(d_out.get(), d_lse.get(), d_qkv.get(), B, T, NH, NKV, HS, schedule,
+                                             nullptr);
+            MS_TEST_CUDA(cudaDeviceSynchronize());
+            MS_TEST_CUDA(cudaGetLastError());
+            const std::vector<S> out = d_out.download();
+            const std::vector<float> lse = d_lse.download();
+            ASSERT_EQ(out.size(), n_out);
+            ASSERT_EQ(lse.size(), n_lse);
+            if (run == 0) {
+                expect_close(tag + "out", error_on_scale(to_f(out), out_want, out_want), tol.out);
+                expect_close(tag + "lse", max_rel_error(lse, lse_ref), tol.lse);
+                expect_close(tag + "out vs mma.sync", error_on_scale(to_f(out), mma, mma),
+                             std::is_same_v<S, bf16> ? 0x1p-7 : 0x1p-10);
+                first_out = out;
+                first_lse = lse;
+            } else {
+                EXPECT_TRUE(std::memcmp(out.data(), first_out.data(), n_out * sizeof(S)) == 0) << "out: runs differ";
+                EXPECT_TRUE(bit_identical(lse, first_lse)) << "lse: two runs differ";
+            }
         }
     }
 }
@@ -272,10 +276,8 @@ TEST(GpuAttentionTc, WgmmaForwardMatchesTheCpuReference) {
     }
     for (const Shape& s : kShapes) {
         if (s.HS != cuda::kAttentionWgmmaHS) continue;
-        for (const auto schedule : {cuda::WgmmaSchedule::kSerial, cuda::WgmmaSchedule::kOverlapped}) {
-            check_wgmma_forward_on_gpu<bf16>(s, schedule, kBf16Tol);
-            check_wgmma_forward_on_gpu<fp16>(s, schedule, kFp16Tol);
-        }
+        check_wgmma_forward_on_gpu<bf16>(s, kBf16Tol);
+        check_wgmma_forward_on_gpu<fp16>(s, kFp16Tol);
     }
 }
 
