@@ -905,15 +905,13 @@ __host__ __device__ constexpr int wg_stages(WgmmaSchedule schedule) {
 // rows 8 b .. 8 b + 7 is one 128-byte core matrix; a tile is K-major for Q and K (SBO kBand, LBO kChunk) and MN-major
 // for V as the (keys, head) B operand of P V (SBO kChunk, LBO kBand). No padding: each core matrix is 128 contiguous
 // bytes, which the tensor cores read without bank conflicts.
-template <int HS>
-struct WgSmemOf {
-    static constexpr uint32_t kChunk = 128;             // bytes between column chunks of a band
-    static constexpr uint32_t kBand = HS / 8 * kChunk;  // bytes between 8-row bands
+struct WgSmem {
+    static constexpr uint32_t kChunk = 128;                // bytes between column chunks of a band
+    static constexpr uint32_t kBand = kWgHS / 8 * kChunk;  // bytes between 8-row bands
     __host__ __device__ static constexpr size_t tile(int rows) { return size_t(rows) / 8 * kBand; }
     // Q and `stages` buffers of a (K, V) tile pair
     static constexpr size_t forward(int stages) { return tile(kWgRows) + 2 * size_t(stages) * tile(kBc); }
 };
-using WgSmem = WgSmemOf<kWgHS>;
 
 // As load_tile, into the core-matrix layout: copy i (16 bytes) goes to byte 16 i of the tile, which is row
 // 8 (i / kWgHS) + i % 8, column chunk (i / 8) % (kWgHS / 8): consecutive threads fill consecutive 16 bytes of shared
@@ -929,9 +927,10 @@ __device__ __forceinline__ void load_tile_cm(S* dst, const S* src, int row0, int
 }
 
 // The online softmax of one walked tile for the wgmma forward, on the S accumulators of m64 tile rows q0m + 16 warp +
-// g (+ 8) (the mma.sync forward's equations and order): scale and mask s (in units of scale_log2), update the running
-// max m and the running sum l (this thread's share), and leave exp2(s - m) in s; returns nothing in O, whose
-// rescaling by `correction` the caller does once the products writing O are done.
+// g (+ 8) (the mma.sync forward's equations and order, written out there over its [16-key block][m16 tile] layout; one
+// helper for both, over an accessor, compiled to more registers in both kernels: docs/gpu.md): scale and mask s (in
+// units of scale_log2), update the running max m and the running sum l (this thread's share), and leave exp2(s - m) in
+// s; returns nothing in O, whose rescaling by `correction` the caller does once the products writing O are done.
 __device__ __forceinline__ void wg_softmax(float (&s)[kBc / 8][4], float (&m)[2], float (&l)[2], float (&correction)[2],
                                            int q0m, int k0, float scale_log2, int warp, int g, int t) {
     const int r0 = q0m + 16 * warp + g;  // this thread's rows r0, r0 + 8
